@@ -1,0 +1,137 @@
+//! Engine settings, each with a default and a `STRAIT_*` environment override.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// How a rendezvous (large) message's bytes move once the receiver has matched it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RndvMode {
+    /// Use [`RndvMode::RemoteRead`] where the device supports it, else [`RndvMode::Copy`].
+    Auto,
+    /// The receiver copies straight from the sender's buffer (one copy; on shm this is
+    /// `process_vm_readv`).
+    RemoteRead,
+    /// The sender pushes the bytes through the device in chunks and the receiver copies
+    /// each chunk out as it arrives (two copies, overlapped: fine-grained pipelining).
+    Copy,
+}
+
+/// Engine configuration. Build with [`Config::default`] or [`Config::from_env`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Messages up to this many bytes travel eagerly (inline); larger ones use the
+    /// rendezvous protocol. `STRAIT_EAGER_THRESHOLD`, default 8192.
+    pub eager_threshold: usize,
+    /// Credits per endpoint: how many eager/RTS messages may be outstanding at the
+    /// receiver before it returns credits. `STRAIT_CREDITS`, default 64.
+    pub credits: u16,
+    /// How long a blocking wait spins before it sleeps; zero never spins.
+    /// `STRAIT_SPIN_US` (microseconds), default 100.
+    pub spin: Duration,
+    /// Rendezvous data movement. `STRAIT_RNDV_MODE` = `auto` | `remote-read` | `copy`.
+    pub rndv_mode: RndvMode,
+    /// Chunk size for pipelined (copy-mode) transfers. `STRAIT_CHUNK_SIZE`, default 65536.
+    pub chunk_size: usize,
+    /// Copy-mode messages at least this long are pipelined in `chunk_size` pieces;
+    /// shorter ones move as one piece (coarse-grained). `STRAIT_PIPELINE_THRESHOLD`,
+    /// default 65536.
+    pub pipeline_threshold: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            eager_threshold: 8192,
+            credits: 64,
+            spin: Duration::from_micros(100),
+            rndv_mode: RndvMode::Auto,
+            chunk_size: 65536,
+            pipeline_threshold: 65536,
+        }
+    }
+}
+
+/// A `STRAIT_*` variable held a value that could not be used.
+#[derive(Debug, Error)]
+#[error("environment variable {var}={value:?}: {why}")]
+pub struct ConfigError {
+    /// Variable name.
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+/// Reads a `STRAIT_*` size or count: a non-negative integer with an optional k/M
+/// (binary) suffix; `Ok(None)` when the variable is unset.
+pub fn env_num(var: &'static str) -> Result<Option<u64>, ConfigError> {
+    match std::env::var(var) {
+        Ok(v) => {
+            let t = v.trim();
+            let (num, mult) = match t.as_bytes().last() {
+                Some(b'k' | b'K') => (&t[..t.len() - 1], 1024),
+                Some(b'm' | b'M') => (&t[..t.len() - 1], 1024 * 1024),
+                _ => (t, 1),
+            };
+            num.parse::<u64>().ok().and_then(|n| n.checked_mul(mult)).map(Some).ok_or(ConfigError {
+                var,
+                value: v.clone(),
+                why: "expected a non-negative integer (k/M suffix allowed)",
+            })
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+impl Config {
+    /// Defaults overridden by any `STRAIT_*` variables that are set.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut c = Config::default();
+        if let Some(v) = env_num("STRAIT_EAGER_THRESHOLD")? {
+            c.eager_threshold = v as usize;
+        }
+        if let Some(v) = env_num("STRAIT_CREDITS")? {
+            if v == 0 || v > u16::MAX as u64 {
+                return Err(ConfigError {
+                    var: "STRAIT_CREDITS",
+                    value: v.to_string(),
+                    why: "must be 1..=65535",
+                });
+            }
+            c.credits = v as u16;
+        }
+        if let Some(v) = env_num("STRAIT_SPIN_US")? {
+            c.spin = Duration::from_micros(v);
+        }
+        if let Ok(v) = std::env::var("STRAIT_RNDV_MODE") {
+            c.rndv_mode = match v.trim() {
+                "auto" => RndvMode::Auto,
+                "remote-read" | "cma" => RndvMode::RemoteRead,
+                "copy" => RndvMode::Copy,
+                _ => {
+                    return Err(ConfigError {
+                        var: "STRAIT_RNDV_MODE",
+                        value: v,
+                        why: "expected auto, remote-read or copy",
+                    })
+                }
+            };
+        }
+        if let Some(v) = env_num("STRAIT_CHUNK_SIZE")? {
+            if v == 0 {
+                return Err(ConfigError {
+                    var: "STRAIT_CHUNK_SIZE",
+                    value: v.to_string(),
+                    why: "must be positive",
+                });
+            }
+            c.chunk_size = v as usize;
+        }
+        if let Some(v) = env_num("STRAIT_PIPELINE_THRESHOLD")? {
+            c.pipeline_threshold = v as usize;
+        }
+        Ok(c)
+    }
+}

@@ -1,0 +1,751 @@
+//! The per-endpoint protocol state machine: eager and rendezvous sends, tag matching,
+//! the unexpected-message queue, credit-based flow control with delayed (and
+//! piggybacked) credit returns.
+//!
+//! Everything here is pure logic over a [`Device`]: no system call is made except
+//! through the device, so the same engine runs over shared memory, UDP and the
+//! simulator.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use strait_wire::{decode, Header, FIN_OK, FIN_REMOTE_READ_FAILED, FIN_TRUNCATED, MAX_HEADER_LEN};
+
+use crate::api::{Completion, EpId, OpKind, Status};
+use crate::config::{Config, RndvMode};
+use crate::device::{Device, DeviceError, RxFrame};
+use crate::region::RegionInner;
+use crate::worker::EndpointStats;
+
+/// A borrowed view of part of a memory region, kept alive by its Arc.
+pub(crate) struct Buf {
+    pub(crate) region: Arc<RegionInner>,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+}
+
+impl Buf {
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: `off <= region.len()` was checked when the descriptor was posted.
+        unsafe { self.region.ptr().add(self.off) }
+    }
+}
+
+pub(crate) struct PostedRecv {
+    tag: u64,
+    mask: u64,
+    buf: Buf,
+    ctx: u64,
+}
+
+enum UnexpectedMsg {
+    Eager { tag: u64, data: Vec<u8> },
+    Rts { tag: u64, len: u64, msg_id: u32, addr: u64 },
+}
+
+/// A message queued for sending that needs a credit.
+struct QueuedMsg {
+    tag: u64,
+    buf: Buf,
+    ctx: u64,
+    rndv: bool,
+}
+
+/// A control frame queued for sending (needs no credit).
+#[derive(Clone, Copy)]
+enum Ctrl {
+    Cts { msg_id: u32, accept: u32 },
+    Fin { msg_id: u32, status: u32 },
+    Credit,
+    Close,
+}
+
+#[derive(PartialEq, Eq)]
+enum RndvSendState {
+    /// RTS is out; waiting for CTS (copy mode) or FIN (remote read).
+    Announced,
+    /// Pushing DATA frames: next offset and bytes accepted.
+    Pushing { next: usize, accept: usize },
+}
+
+struct RndvSend {
+    msg_id: u32,
+    tag: u64,
+    buf: Buf,
+    ctx: u64,
+    state: RndvSendState,
+}
+
+/// A matched rendezvous message whose bytes are arriving by DATA frames.
+struct RndvRecv {
+    msg_id: u32,
+    tag: u64,
+    msg_len: u64,
+    buf: Buf,
+    accept: usize,
+    received: usize,
+    ctx: u64,
+}
+
+/// A matched RTS that still needs its data movement started.
+struct RndvStart {
+    tag: u64,
+    msg_len: u64,
+    msg_id: u32,
+    addr: u64,
+    recv: PostedRecv,
+}
+
+/// What the frame handler decided; applied after the device releases the frame.
+pub(crate) struct EpState {
+    pub(crate) id: EpId,
+    /// Why the endpoint stopped, if it did.
+    pub(crate) failed: Option<Status>,
+    /// The peer sent Close: no more messages will arrive.
+    peer_closed: bool,
+    window: u16,
+    /// Credits this side may still spend on messages.
+    credits: u16,
+    /// Credits freed locally that the peer has not been told about yet.
+    credits_owed: u16,
+    next_seq: u32,
+    expected_seq: u32,
+    next_msg_id: u32,
+    eager_limit: usize,
+    max_payload: usize,
+    chunk: usize,
+    pipeline_threshold: usize,
+    mode: RndvMode,
+    remote_read_ok: bool,
+    msgq: VecDeque<QueuedMsg>,
+    ctrlq: VecDeque<Ctrl>,
+    posted: VecDeque<PostedRecv>,
+    unexpected: VecDeque<UnexpectedMsg>,
+    spare_bufs: Vec<Vec<u8>>,
+    rndv_sends: Vec<RndvSend>,
+    rndv_recvs: Vec<RndvRecv>,
+    rndv_starts: VecDeque<RndvStart>,
+    /// A frame could not be sent for lack of device room.
+    pub(crate) tx_blocked: bool,
+    pub(crate) stats: EndpointStats,
+    corrupt: Option<String>,
+}
+
+pub(crate) struct Endpoint<D: Device> {
+    pub(crate) dev: D,
+    pub(crate) st: EpState,
+}
+
+fn tag_matches(msg_tag: u64, want: u64, mask: u64) -> bool {
+    (msg_tag ^ want) & mask == 0
+}
+
+fn complete_recv(
+    cq: &mut VecDeque<Completion>,
+    ep: EpId,
+    r: PostedRecv,
+    tag: u64,
+    len: usize,
+    status: Status,
+) {
+    r.buf.region.recvs.fetch_sub(1, Ordering::Release);
+    cq.push_back(Completion { ep, op: OpKind::Recv, ctx: r.ctx, tag, len, status });
+}
+
+fn complete_send(cq: &mut VecDeque<Completion>, ep: EpId, buf: Buf, ctx: u64, tag: u64, status: Status) {
+    let len = buf.len;
+    buf.region.sends.fetch_sub(1, Ordering::Release);
+    cq.push_back(Completion { ep, op: OpKind::Send, ctx, tag, len, status });
+}
+
+impl EpState {
+    pub(crate) fn new(id: EpId, cfg: &Config, max_frame: usize) -> Self {
+        let max_payload = max_frame.saturating_sub(MAX_HEADER_LEN).max(1);
+        EpState {
+            id,
+            failed: None,
+            peer_closed: false,
+            window: cfg.credits,
+            credits: cfg.credits,
+            credits_owed: 0,
+            next_seq: 0,
+            expected_seq: 0,
+            next_msg_id: 1,
+            eager_limit: cfg.eager_threshold.min(max_payload),
+            max_payload,
+            chunk: cfg.chunk_size.min(max_payload),
+            pipeline_threshold: cfg.pipeline_threshold,
+            mode: cfg.rndv_mode,
+            remote_read_ok: true,
+            msgq: VecDeque::new(),
+            ctrlq: VecDeque::new(),
+            posted: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            spare_bufs: Vec::new(),
+            rndv_sends: Vec::new(),
+            rndv_recvs: Vec::new(),
+            rndv_starts: VecDeque::new(),
+            tx_blocked: false,
+            stats: EndpointStats::default(),
+            corrupt: None,
+        }
+    }
+
+    /// True while any operation of this endpoint is unfinished.
+    pub(crate) fn outstanding(&self) -> bool {
+        !self.msgq.is_empty()
+            || !self.posted.is_empty()
+            || !self.rndv_sends.is_empty()
+            || !self.rndv_recvs.is_empty()
+            || !self.rndv_starts.is_empty()
+    }
+
+    /// True if a frame that can go now (it does not wait for credits) is queued, so
+    /// owed credits will ride on it.
+    pub(crate) fn tx_pending(&self) -> bool {
+        !self.ctrlq.is_empty()
+            || (!self.msgq.is_empty() && self.credits > 0)
+            || self.rndv_sends.iter().any(|s| matches!(s.state, RndvSendState::Pushing { .. }))
+    }
+
+    /// Why the endpoint was torn down as corrupt, if it was.
+    pub(crate) fn last_error(&self) -> Option<&str> {
+        self.corrupt.as_deref()
+    }
+
+    /// Matches a new receive against the unexpected queue, else queues it.
+    pub(crate) fn post_recv(&mut self, recv: PostedRecv, cq: &mut VecDeque<Completion>) {
+        let pos = self.unexpected.iter().position(|u| {
+            let t = match u {
+                UnexpectedMsg::Eager { tag, .. } | UnexpectedMsg::Rts { tag, .. } => *tag,
+            };
+            tag_matches(t, recv.tag, recv.mask)
+        });
+        let Some(pos) = pos else {
+            self.posted.push_back(recv);
+            return;
+        };
+        match self.unexpected.remove(pos) {
+            Some(UnexpectedMsg::Eager { tag, data }) => {
+                let n = data.len().min(recv.buf.len);
+                // SAFETY: `recv.buf` lies inside its region (checked at post) and the
+                // region's in-flight receive count keeps the application out of it.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), recv.buf.ptr(), n) };
+                let status = if data.len() > recv.buf.len { Status::Truncated } else { Status::Ok };
+                let len = data.len();
+                self.spare_bufs.push(data);
+                self.credits_owed += 1;
+                complete_recv(cq, self.id, recv, tag, len, status);
+            }
+            Some(UnexpectedMsg::Rts { tag, len, msg_id, addr }) => {
+                self.credits_owed += 1;
+                self.rndv_starts.push_back(RndvStart { tag, msg_len: len, msg_id, addr, recv });
+            }
+            None => {}
+        }
+    }
+
+    pub(crate) fn queue_send(&mut self, tag: u64, buf: Buf, ctx: u64) {
+        let rndv = buf.len > self.eager_limit;
+        self.msgq.push_back(QueuedMsg { tag, buf, ctx, rndv });
+    }
+
+    pub(crate) fn queue_close(&mut self) {
+        self.ctrlq.push_back(Ctrl::Close);
+    }
+
+    /// Handles one received frame. Never panics on peer input: a malformed frame is
+    /// counted and marks the endpoint corrupt.
+    fn on_frame(&mut self, f: &RxFrame<'_>, cq: &mut VecDeque<Completion>) {
+        let mut hb = [0u8; MAX_HEADER_LEN];
+        let n = f.len().min(MAX_HEADER_LEN);
+        if !f.read(0, &mut hb[..n]) {
+            return self.reject("frame shorter than it claims".into());
+        }
+        let (h, hlen) = match decode(&hb[..n]) {
+            Ok(x) => x,
+            Err(e) => return self.reject(format!("bad header: {e}")),
+        };
+        let payload = f.len() - hlen;
+        let returned = h.credits();
+        if returned > 0 {
+            match self.credits.checked_add(returned) {
+                Some(c) if c <= self.window => self.credits = c,
+                _ => return self.reject(format!("peer returned {returned} credits beyond the window")),
+            }
+        }
+        match h {
+            Header::Eager { seq, tag, .. } => {
+                if !self.check_seq(seq) {
+                    return;
+                }
+                if payload > self.eager_limit {
+                    return self.reject(format!("eager payload {payload} above limit {}", self.eager_limit));
+                }
+                if let Some(pos) = self.posted.iter().position(|r| tag_matches(tag, r.tag, r.mask)) {
+                    let Some(r) = self.posted.remove(pos) else { return };
+                    let n = payload.min(r.buf.len);
+                    // SAFETY: `r.buf` lies inside its region, which no one else touches
+                    // while the receive is in flight; the frame range is bounds-checked.
+                    unsafe { f.read_raw(hlen, r.buf.ptr(), n) };
+                    let status = if payload > r.buf.len { Status::Truncated } else { Status::Ok };
+                    self.credits_owed += 1;
+                    complete_recv(cq, self.id, r, tag, payload, status);
+                } else {
+                    let mut data = self.spare_bufs.pop().unwrap_or_default();
+                    data.clear();
+                    data.resize(payload, 0);
+                    f.read(hlen, &mut data);
+                    self.stats.unexpected += 1;
+                    self.unexpected.push_back(UnexpectedMsg::Eager { tag, data });
+                }
+            }
+            Header::Rts { seq, tag, len, msg_id, addr, .. } => {
+                if !self.check_seq(seq) {
+                    return;
+                }
+                if len > u32::MAX as u64 {
+                    return self.reject(format!("rendezvous length {len} too large"));
+                }
+                if let Some(pos) = self.posted.iter().position(|r| tag_matches(tag, r.tag, r.mask)) {
+                    let Some(r) = self.posted.remove(pos) else { return };
+                    self.credits_owed += 1;
+                    self.rndv_starts.push_back(RndvStart { tag, msg_len: len, msg_id, addr, recv: r });
+                } else {
+                    self.stats.unexpected += 1;
+                    self.unexpected.push_back(UnexpectedMsg::Rts { tag, len, msg_id, addr });
+                }
+            }
+            Header::Cts { msg_id, accept, .. } => {
+                let Some(s) = self.rndv_sends.iter_mut().find(|s| s.msg_id == msg_id) else {
+                    return self.reject(format!("CTS for unknown transfer {msg_id}"));
+                };
+                if s.state != RndvSendState::Announced || accept as usize > s.buf.len {
+                    return self.reject(format!("CTS for transfer {msg_id} out of place"));
+                }
+                s.state = RndvSendState::Pushing { next: 0, accept: accept as usize };
+            }
+            Header::Data { msg_id, offset, .. } => {
+                let Some(i) = self.rndv_recvs.iter().position(|r| r.msg_id == msg_id) else {
+                    return self.reject(format!("DATA for unknown transfer {msg_id}"));
+                };
+                let r = &mut self.rndv_recvs[i];
+                if offset != r.received as u64 || payload > r.accept - r.received {
+                    return self.reject(format!("DATA for transfer {msg_id} at {offset} out of place"));
+                }
+                // SAFETY: the destination range [received, received+payload) lies
+                // within the accepted part of the posted buffer (checked above).
+                unsafe { f.read_raw(hlen, r.buf.ptr().add(r.received), payload) };
+                r.received += payload;
+                if r.received == r.accept {
+                    let r = self.rndv_recvs.swap_remove(i);
+                    let status = if (r.accept as u64) < r.msg_len { Status::Truncated } else { Status::Ok };
+                    let recv = PostedRecv { tag: r.tag, mask: 0, buf: r.buf, ctx: r.ctx };
+                    complete_recv(cq, self.id, recv, r.tag, r.msg_len as usize, status);
+                }
+            }
+            Header::Fin { msg_id, status, .. } => {
+                let Some(i) = self.rndv_sends.iter().position(|s| s.msg_id == msg_id) else {
+                    return self.reject(format!("FIN for unknown transfer {msg_id}"));
+                };
+                let s = self.rndv_sends.swap_remove(i);
+                let st = match status {
+                    FIN_OK => Status::Ok,
+                    FIN_TRUNCATED => Status::Truncated,
+                    _ => Status::RemoteReadFailed,
+                };
+                complete_send(cq, self.id, s.buf, s.ctx, s.tag, st);
+            }
+            Header::Credit { .. } => {}
+            Header::Close { .. } => self.peer_closed = true,
+        }
+    }
+
+    fn check_seq(&mut self, seq: u32) -> bool {
+        if seq != self.expected_seq {
+            self.reject(format!("sequence {seq}, expected {}", self.expected_seq));
+            return false;
+        }
+        self.expected_seq = self.expected_seq.wrapping_add(1);
+        true
+    }
+
+    fn reject(&mut self, why: String) {
+        self.stats.frames_rejected += 1;
+        if self.corrupt.is_none() {
+            self.corrupt = Some(why);
+        }
+    }
+
+    /// Fails every unfinished operation with `status` and stops the endpoint.
+    pub(crate) fn fail(&mut self, status: Status, cq: &mut VecDeque<Completion>) {
+        if self.failed.is_none() {
+            self.failed = Some(status);
+        }
+        let id = self.id;
+        for m in self.msgq.drain(..) {
+            complete_send(cq, id, m.buf, m.ctx, m.tag, status);
+        }
+        for s in self.rndv_sends.drain(..) {
+            complete_send(cq, id, s.buf, s.ctx, s.tag, status);
+        }
+        for r in self.rndv_recvs.drain(..) {
+            let recv = PostedRecv { tag: r.tag, mask: 0, buf: r.buf, ctx: r.ctx };
+            complete_recv(cq, id, recv, r.tag, 0, status);
+        }
+        for s in self.rndv_starts.drain(..) {
+            complete_recv(cq, id, s.recv, s.tag, 0, status);
+        }
+        for r in self.posted.drain(..) {
+            let tag = r.tag;
+            complete_recv(cq, id, r, tag, 0, status);
+        }
+        self.ctrlq.clear();
+    }
+
+    /// Receives posted after the peer closed can only be served from the
+    /// unexpected queue; everything else ends with `PeerGone`.
+    fn settle_after_peer_close(&mut self, cq: &mut VecDeque<Completion>) {
+        let id = self.id;
+        for r in self.posted.drain(..) {
+            let tag = r.tag;
+            complete_recv(cq, id, r, tag, 0, Status::PeerGone);
+        }
+        for s in self.rndv_sends.drain(..) {
+            complete_send(cq, id, s.buf, s.ctx, s.tag, Status::PeerGone);
+        }
+        for m in self.msgq.drain(..) {
+            complete_send(cq, id, m.buf, m.ctx, m.tag, Status::PeerGone);
+        }
+        for r in self.rndv_recvs.drain(..) {
+            let recv = PostedRecv { tag: r.tag, mask: 0, buf: r.buf, ctx: r.ctx };
+            complete_recv(cq, id, recv, r.tag, 0, Status::PeerGone);
+        }
+        self.failed = Some(Status::PeerGone);
+    }
+
+    pub(crate) fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// Serves a receive posted after the endpoint stopped, from already-arrived
+    /// messages only. Returns the receive back if nothing matches.
+    pub(crate) fn post_recv_after_close(
+        &mut self,
+        recv: PostedRecv,
+        cq: &mut VecDeque<Completion>,
+    ) -> Result<(), PostedRecv> {
+        let pos = self.unexpected.iter().position(|u| match u {
+            UnexpectedMsg::Eager { tag, .. } => tag_matches(*tag, recv.tag, recv.mask),
+            UnexpectedMsg::Rts { .. } => false,
+        });
+        match pos.and_then(|p| self.unexpected.remove(p)) {
+            Some(UnexpectedMsg::Eager { tag, data }) => {
+                let n = data.len().min(recv.buf.len);
+                // SAFETY: as in `post_recv`.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), recv.buf.ptr(), n) };
+                let status = if data.len() > recv.buf.len { Status::Truncated } else { Status::Ok };
+                complete_recv(cq, self.id, recv, tag, data.len(), status);
+                Ok(())
+            }
+            _ => Err(recv),
+        }
+    }
+}
+
+impl PostedRecv {
+    pub(crate) fn new(tag: u64, mask: u64, buf: Buf, ctx: u64) -> Self {
+        PostedRecv { tag, mask, buf, ctx }
+    }
+
+    /// Gives up a receive that was never queued: releases its hold on the region.
+    pub(crate) fn into_buf_release(self) {
+        self.buf.region.recvs.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Largest number of frames consumed per endpoint per progress call, so that one
+/// busy endpoint cannot starve the others.
+const RX_BATCH: usize = 64;
+
+impl<D: Device> Endpoint<D> {
+    /// One pass of the engine over this endpoint. Returns the work done.
+    pub(crate) fn progress(&mut self, cq: &mut VecDeque<Completion>) -> usize {
+        if self.st.failed.is_some() {
+            return 0;
+        }
+        let mut work = 0;
+        // 1. Receive.
+        while work < RX_BATCH {
+            let st = &mut self.st;
+            match self.dev.recv_frame(&mut |f| st.on_frame(f, cq)) {
+                Ok(true) => work += 1,
+                Ok(false) => break,
+                Err(e) => {
+                    self.device_failed(e, cq);
+                    return work + 1;
+                }
+            }
+            if self.st.corrupt.is_some() {
+                // The reason stays in `corrupt` (see `last_error`) rather than on
+                // stderr, so a hostile peer cannot flood the log.
+                self.st.stats.device = self.dev.stats();
+                self.st.fail(Status::Corrupt, cq);
+                self.dev.shutdown();
+                return work + 1;
+            }
+        }
+        // 2. Start matched rendezvous transfers.
+        while let Some(s) = self.st.rndv_starts.pop_front() {
+            self.start_rndv_recv(s, cq);
+            work += 1;
+        }
+        // 3. Delayed credit return: only when half the window is owed and no
+        // outgoing frame will carry it.
+        if self.st.credits_owed >= self.st.window.div_ceil(2) && !self.st.tx_pending() {
+            self.st.ctrlq.push_back(Ctrl::Credit);
+        }
+        // 4. Transmit.
+        let sent = self.flush(cq);
+        work += sent;
+        if sent > 0 || work > 0 {
+            if let Err(e) = self.dev.doorbell() {
+                self.device_failed(e, cq);
+            }
+        }
+        if self.st.peer_closed && self.st.failed.is_none() {
+            self.st.settle_after_peer_close(cq);
+            work += 1;
+        }
+        work
+    }
+
+    pub(crate) fn device_failed(&mut self, e: DeviceError, cq: &mut VecDeque<Completion>) {
+        let status = match e {
+            DeviceError::Corrupt(_) => Status::Corrupt,
+            _ => Status::PeerGone,
+        };
+        self.st.stats.device = self.dev.stats();
+        self.st.fail(status, cq);
+    }
+
+    fn start_rndv_recv(&mut self, s: RndvStart, cq: &mut VecDeque<Completion>) {
+        let accept = (s.msg_len as usize).min(s.recv.buf.len);
+        let use_read = match self.st.mode {
+            RndvMode::Copy => false,
+            RndvMode::RemoteRead | RndvMode::Auto => {
+                self.st.remote_read_ok && self.dev.supports_remote_read()
+            }
+        };
+        if use_read {
+            // SAFETY: the destination is the accepted prefix of the posted buffer.
+            let r = unsafe { self.dev.remote_read(s.addr, s.recv.buf.ptr(), accept) };
+            match r {
+                Ok(()) => {
+                    let (status, fin) = if (accept as u64) < s.msg_len {
+                        (Status::Truncated, FIN_TRUNCATED)
+                    } else {
+                        (Status::Ok, FIN_OK)
+                    };
+                    self.st.ctrlq.push_back(Ctrl::Fin { msg_id: s.msg_id, status: fin });
+                    complete_recv(cq, self.st.id, s.recv, s.tag, s.msg_len as usize, status);
+                    return;
+                }
+                Err(DeviceError::Unsupported) => self.st.remote_read_ok = false,
+                Err(e) => {
+                    // The peer may have died (ESRCH) or its buffer may be unreadable;
+                    // tell it, fail this receive, and let liveness checks decide the rest.
+                    if self.dev.check_peer().is_err() {
+                        self.st.rndv_starts.push_front(s);
+                        self.device_failed(e, cq);
+                        return;
+                    }
+                    self.st.ctrlq.push_back(Ctrl::Fin { msg_id: s.msg_id, status: FIN_REMOTE_READ_FAILED });
+                    complete_recv(
+                        cq,
+                        self.st.id,
+                        s.recv,
+                        s.tag,
+                        s.msg_len as usize,
+                        Status::RemoteReadFailed,
+                    );
+                    return;
+                }
+            }
+        }
+        self.st.ctrlq.push_back(Ctrl::Cts { msg_id: s.msg_id, accept: accept as u32 });
+        if accept == 0 {
+            let status = if s.msg_len > 0 { Status::Truncated } else { Status::Ok };
+            complete_recv(cq, self.st.id, s.recv, s.tag, s.msg_len as usize, status);
+        } else {
+            let PostedRecv { buf, ctx, .. } = s.recv;
+            self.st.rndv_recvs.push(RndvRecv {
+                msg_id: s.msg_id,
+                tag: s.tag,
+                msg_len: s.msg_len,
+                buf,
+                accept,
+                received: 0,
+                ctx,
+            });
+        }
+    }
+
+    /// Sends what can be sent: control frames first (they need no credits and must
+    /// never wait behind messages), then rendezvous data, then credited messages.
+    fn flush(&mut self, cq: &mut VecDeque<Completion>) -> usize {
+        let mut sent = 0;
+        self.st.tx_blocked = false;
+        while let Some(&c) = self.st.ctrlq.front() {
+            let credits = self.st.credits_owed;
+            let h = match c {
+                Ctrl::Cts { msg_id, accept } => Header::Cts { credits, msg_id, accept },
+                Ctrl::Fin { msg_id, status } => Header::Fin { credits, msg_id, status },
+                Ctrl::Credit => {
+                    if credits == 0 {
+                        self.st.ctrlq.pop_front();
+                        continue;
+                    }
+                    self.st.stats.credit_frames_sent += 1;
+                    Header::Credit { credits }
+                }
+                Ctrl::Close => Header::Close { credits },
+            };
+            match self.send_header(&h, None) {
+                Ok(true) => {
+                    self.st.ctrlq.pop_front();
+                    self.st.credits_owed -= credits;
+                    sent += 1;
+                }
+                Ok(false) => {
+                    self.st.tx_blocked = true;
+                    return sent;
+                }
+                Err(e) => {
+                    self.device_failed(e, cq);
+                    return sent;
+                }
+            }
+        }
+        // Rendezvous data (copy mode), pipelined in chunks.
+        let mut i = 0;
+        while i < self.st.rndv_sends.len() {
+            let RndvSendState::Pushing { next, accept } = self.st.rndv_sends[i].state else {
+                i += 1;
+                continue;
+            };
+            // Below the pipelining threshold the message moves as one piece (as far as
+            // the device allows): the receiver starts copying only after the sender
+            // has written it all (coarse-grained). Above it, chunk k is copied out
+            // while chunk k+1 is written in (fine-grained).
+            let piece = if accept >= self.st.pipeline_threshold {
+                self.st.chunk
+            } else {
+                accept.clamp(1, self.st.max_payload)
+            };
+            let mut next = next;
+            while next < accept {
+                let n = piece.min(accept - next);
+                let s = &self.st.rndv_sends[i];
+                let h = Header::Data { credits: self.st.credits_owed, msg_id: s.msg_id, offset: next as u64 };
+                // SAFETY: [next, next+n) lies inside the send buffer (accept <= len).
+                let src = unsafe { (s.buf.ptr().add(next) as *const u8, n) };
+                match self.send_header(&h, Some(src)) {
+                    Ok(true) => {
+                        self.st.credits_owed = 0;
+                        next += n;
+                        sent += 1;
+                    }
+                    Ok(false) => {
+                        self.st.tx_blocked = true;
+                        break;
+                    }
+                    Err(e) => {
+                        self.device_failed(e, cq);
+                        return sent;
+                    }
+                }
+            }
+            if next >= accept {
+                let s = self.st.rndv_sends.swap_remove(i);
+                let status = if accept < s.buf.len { Status::Truncated } else { Status::Ok };
+                complete_send(cq, self.st.id, s.buf, s.ctx, s.tag, status);
+            } else {
+                self.st.rndv_sends[i].state = RndvSendState::Pushing { next, accept };
+                return sent;
+            }
+        }
+        // Messages, in order, while credits last.
+        while self.st.credits > 0 {
+            let Some(m) = self.st.msgq.front() else { break };
+            let seq = self.st.next_seq;
+            let credits = self.st.credits_owed;
+            let res = if m.rndv {
+                let msg_id = self.st.next_msg_id;
+                let h = Header::Rts {
+                    credits,
+                    seq,
+                    tag: m.tag,
+                    len: m.buf.len as u64,
+                    msg_id,
+                    addr: m.buf.ptr() as u64,
+                };
+                self.send_header(&h, None)
+            } else {
+                let h = Header::Eager { credits, seq, tag: m.tag };
+                let src = (m.buf.ptr() as *const u8, m.buf.len);
+                self.send_header(&h, Some(src))
+            };
+            match res {
+                Ok(true) => {
+                    let Some(m) = self.st.msgq.pop_front() else { break };
+                    self.st.credits -= 1;
+                    self.st.credits_owed -= credits;
+                    self.st.next_seq = self.st.next_seq.wrapping_add(1);
+                    sent += 1;
+                    if m.rndv {
+                        let msg_id = self.st.next_msg_id;
+                        self.st.next_msg_id = self.st.next_msg_id.wrapping_add(1).max(1);
+                        self.st.stats.rndv_sent += 1;
+                        self.st.rndv_sends.push(RndvSend {
+                            msg_id,
+                            tag: m.tag,
+                            buf: m.buf,
+                            ctx: m.ctx,
+                            state: RndvSendState::Announced,
+                        });
+                    } else {
+                        self.st.stats.eager_sent += 1;
+                        complete_send(cq, self.st.id, m.buf, m.ctx, m.tag, Status::Ok);
+                    }
+                }
+                Ok(false) => {
+                    self.st.tx_blocked = true;
+                    break;
+                }
+                Err(e) => {
+                    self.device_failed(e, cq);
+                    break;
+                }
+            }
+        }
+        sent
+    }
+
+    /// Writes one frame: header, then `payload` (raw pointer and length) if any.
+    fn send_header(&mut self, h: &Header, payload: Option<(*const u8, usize)>) -> Result<bool, DeviceError> {
+        let mut hb = [0u8; MAX_HEADER_LEN];
+        let hlen = h.encode(&mut hb);
+        let plen = payload.map_or(0, |p| p.1);
+        self.dev.send_frame(hlen + plen, &mut |w| {
+            w.write(0, &hb[..hlen]);
+            if let Some((ptr, len)) = payload {
+                // SAFETY: the payload pointer/length describe part of a memory region
+                // kept alive (and out of the application's hands) by the operation.
+                let src = unsafe { std::slice::from_raw_parts(ptr, len) };
+                w.write(hlen, src);
+            }
+        })
+    }
+}

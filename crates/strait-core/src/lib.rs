@@ -1,0 +1,17 @@
+//! strait's native messaging API and protocol engine.
+
+pub mod api;
+pub mod config;
+pub mod device;
+mod engine;
+pub mod loopback;
+pub mod notifier;
+pub mod region;
+pub mod worker;
+
+pub use api::{Completion, EpId, OpKind, PostError, Status, WaitError};
+pub use config::{Config, ConfigError, RndvMode};
+pub use device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
+pub use notifier::Notifier;
+pub use region::{MemoryRegion, RegionBusy};
+pub use worker::{EndpointStats, Worker};

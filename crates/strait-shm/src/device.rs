@@ -1,0 +1,646 @@
+//! The connection setup and the [`Device`] implementation.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use strait_core::config::env_num;
+use strait_core::device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
+use strait_core::notifier::notify_fd;
+use strait_core::{ConfigError, Notifier};
+use thiserror::Error;
+
+use crate::ring::{self, AtomicU64, Consumer, Producer, RingControl, RingMemory};
+use crate::sys::{self, Mapping};
+
+const MAGIC: u64 = 0x3130_4d48_5354_5253; // "SRTSHM01"
+const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 4096;
+/// Offset of ring `k`'s control block; each word sits on its own 128-byte pair of
+/// cache lines so that the producer's and consumer's writes never share one.
+const fn ring_ctl(k: usize) -> usize {
+    1024 + k * 1024
+}
+const TAIL: usize = 0;
+const HEAD: usize = 256;
+const SLEEP: usize = 512;
+/// Set by a side that shuts down (in the control block of the ring it produces).
+const CLOSED: usize = 768;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+const HELLO_LEN: usize = 32;
+
+/// A value at a known address in every strait process: a peer reads it with
+/// `process_vm_readv` at setup to learn whether single-copy reads work.
+static PROBE: u64 = 0x4542_4f52_5054_5253; // "SRTPROBE"
+
+/// Settings of the shm device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// Bytes of each direction's ring (a multiple of 4096, 64 KiB to 1 GiB). The
+    /// largest frame is a quarter of it; copy-mode rendezvous chunks are clamped to
+    /// that.
+    pub ring_bytes: usize,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig { ring_bytes: 1 << 20 }
+    }
+}
+
+impl ShmConfig {
+    /// Defaults, overridden by `STRAIT_SHM_RING_SIZE` (k/M suffixes allowed).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut c = ShmConfig::default();
+        if let Some(v) = env_num("STRAIT_SHM_RING_SIZE")? {
+            c.ring_bytes = v as usize;
+            if c.validate().is_err() {
+                return Err(ConfigError {
+                    var: "STRAIT_SHM_RING_SIZE",
+                    value: v.to_string(),
+                    why: "must be a multiple of 4096 between 64 KiB and 1 GiB",
+                });
+            }
+        }
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), ShmError> {
+        if !self.ring_bytes.is_multiple_of(4096) || !(64 << 10..=1 << 30).contains(&self.ring_bytes) {
+            return Err(ShmError::Config(format!(
+                "ring_bytes {} must be a multiple of 4096 between 64 KiB and 1 GiB",
+                self.ring_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Errors setting up an shm connection.
+#[derive(Debug, Error)]
+pub enum ShmError {
+    /// A socket or memory system call failed.
+    #[error("{op} ({name}): {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The endpoint name.
+        name: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The other side is not a compatible strait peer, or broke the handshake.
+    #[error("handshake with {name} failed: {why}")]
+    Handshake {
+        /// The endpoint name.
+        name: String,
+        /// What went wrong.
+        why: String,
+    },
+    /// Invalid settings.
+    #[error("invalid shm settings: {0}")]
+    Config(String),
+}
+
+fn io_err<'a>(op: &'static str, name: &'a str) -> impl FnOnce(io::Error) -> ShmError + 'a {
+    move |source| ShmError::Io { op, name: name.to_string(), source }
+}
+
+fn hs_err(name: &str, why: impl Into<String>) -> ShmError {
+    ShmError::Handshake { name: name.to_string(), why: why.into() }
+}
+
+/// Accepts shm connections under a name.
+///
+/// A name that starts with `/` is a filesystem path for the rendezvous socket
+/// (removed when the listener is dropped); any other name is an abstract Unix socket
+/// name, visible only inside the network namespace and never a file.
+#[derive(Debug)]
+pub struct ShmListener {
+    sock: OwnedFd,
+    name: String,
+}
+
+impl ShmListener {
+    /// Binds and listens on `name`.
+    pub fn bind(name: &str) -> Result<ShmListener, ShmError> {
+        let (sa, len) = sys::unix_addr(name).map_err(io_err("address", name))?;
+        let sock = sys::seqpacket_socket().map_err(io_err("socket", name))?;
+        // SAFETY: `sa` is an initialised sockaddr_un of length `len`.
+        sys::cvt(unsafe { libc::bind(sock.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) })
+            .map_err(io_err("bind", name))?;
+        // SAFETY: plain syscall.
+        sys::cvt(unsafe { libc::listen(sock.as_raw_fd(), 128) }).map_err(io_err("listen", name))?;
+        Ok(ShmListener { sock, name: name.to_string() })
+    }
+
+    /// The name this listener was bound to.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The listening socket, for use in an event loop: it is readable when a
+    /// connection is waiting for [`ShmListener::accept`].
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Waits for a connection and completes the handshake; `notifier` is the eventfd
+    /// of the worker the device will be attached to (the peer writes it to wake that
+    /// worker). A peer that stalls the handshake is dropped after 5 s.
+    pub fn accept(&self, notifier: &Notifier) -> Result<ShmDevice, ShmError> {
+        let conn = loop {
+            // SAFETY: accept4 without an address buffer.
+            let fd = unsafe {
+                libc::accept4(
+                    self.sock.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
+            };
+            if fd >= 0 {
+                // SAFETY: fresh fd owned by nobody else.
+                break unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io_err("accept", &self.name)(e));
+            }
+        };
+        let name = &self.name;
+        sys::set_timeouts(conn.as_raw_fd(), Some(HANDSHAKE_TIMEOUT)).map_err(io_err("setsockopt", name))?;
+        let mut hello = [0u8; 64];
+        let (n, mut fds) =
+            sys::recv_with_fds(conn.as_raw_fd(), &mut hello).map_err(io_err("handshake recv", name))?;
+        let refuse = |why: String| {
+            let _ = sys::send_with_fds(conn.as_raw_fd(), &reply(1, 0), &[]);
+            hs_err(name, why)
+        };
+        if n != HELLO_LEN || fds.len() != 2 {
+            return Err(refuse(format!(
+                "hello of {n} bytes with {} fds (expected {HELLO_LEN} and 2)",
+                fds.len()
+            )));
+        }
+        let magic = u64::from_le_bytes(hello[0..8].try_into().expect("8 bytes"));
+        let version = u32::from_le_bytes(hello[8..12].try_into().expect("4 bytes"));
+        let ring_bytes = u32::from_le_bytes(hello[12..16].try_into().expect("4 bytes")) as usize * 4096;
+        let probe_addr = u64::from_le_bytes(hello[16..24].try_into().expect("8 bytes"));
+        if magic != MAGIC || version != VERSION {
+            return Err(refuse(format!(
+                "not a strait shm peer of version {VERSION} (magic {magic:#x}, version {version})"
+            )));
+        }
+        let cfg = ShmConfig { ring_bytes };
+        cfg.validate().map_err(|e| refuse(e.to_string()))?;
+        let peer_wake = fds.pop().expect("two fds");
+        let memfd = fds.pop().expect("two fds");
+        let total = HEADER_BYTES + 2 * ring_bytes;
+        sys::check_memfd(&memfd, total).map_err(refuse)?;
+        let map = Mapping::map(&memfd, total).map_err(io_err("mmap", name))?;
+        drop(memfd);
+        // SAFETY: the mapping is at least HEADER_BYTES long and page-aligned.
+        let hdr_magic = unsafe { std::ptr::read_volatile(map.ptr.cast::<u64>()) };
+        if hdr_magic != MAGIC {
+            return Err(refuse("shared memory header has the wrong magic".into()));
+        }
+        sys::send_with_fds(
+            conn.as_raw_fd(),
+            &reply(0, std::ptr::addr_of!(PROBE) as u64),
+            &[notifier.as_raw_fd()],
+        )
+        .map_err(io_err("handshake send", name))?;
+        sys::set_timeouts(conn.as_raw_fd(), None).map_err(io_err("setsockopt", name))?;
+        ShmDevice::new(map, ring_bytes, conn, peer_wake, Side::Acceptor, probe_addr, name)
+    }
+}
+
+fn reply(status: u32, probe_addr: u64) -> [u8; HELLO_LEN] {
+    let mut r = [0u8; HELLO_LEN];
+    r[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+    r[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    r[12..16].copy_from_slice(&status.to_le_bytes());
+    r[16..24].copy_from_slice(&probe_addr.to_le_bytes());
+    r
+}
+
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        if self.name.starts_with('/') {
+            let _ = std::fs::remove_file(&self.name);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Connector,
+    Acceptor,
+}
+
+/// The ring data area inside the mapping.
+struct RingData {
+    base: *mut u8,
+    size: usize,
+}
+
+impl RingMemory for RingData {
+    fn size(&self) -> usize {
+        self.size
+    }
+    unsafe fn store(&self, offset: usize, src: &[u8]) {
+        // SAFETY: the caller keeps the range inside the data area (trait contract).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(offset), src.len()) }
+    }
+    unsafe fn load(&self, offset: usize, dst: &mut [u8]) {
+        // SAFETY: as above; the bytes are only copied, so a concurrent hostile write
+        // yields garbage that the ring's validation rejects, never undefined reads of
+        // Rust objects.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(offset), dst.as_mut_ptr(), dst.len()) }
+    }
+}
+
+/// One end of an shm connection: a [`Device`] for [`strait_core::Worker::attach`].
+pub struct ShmDevice {
+    map: Mapping,
+    sock: OwnedFd,
+    peer_wake: OwnedFd,
+    peer_pid: Option<libc::pid_t>,
+    remote_read_ok: bool,
+    tx: Producer,
+    rx: Consumer,
+    tx_data: RingData,
+    rx_data: RingData,
+    tx_ring: usize,
+    rx_ring: usize,
+    tx_blocked: Option<usize>,
+    max_payload: usize,
+    failed: Option<DeviceError>,
+    shut: bool,
+    stats: DeviceStats,
+}
+
+// SAFETY: the raw pointers point into the device's own shared mapping, which lives as
+// long as the device and is not tied to a thread; all shared words are atomics.
+unsafe impl Send for ShmDevice {}
+
+impl std::fmt::Debug for ShmDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmDevice")
+            .field("peer_pid", &self.peer_pid)
+            .field("remote_read", &self.remote_read_ok)
+            .field("ring_bytes", &self.tx_data.size)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl ShmDevice {
+    /// Connects to the listener named `name` (see [`ShmListener`]); `notifier` is the
+    /// eventfd of the worker the device will be attached to.
+    pub fn connect(name: &str, cfg: &ShmConfig, notifier: &Notifier) -> Result<ShmDevice, ShmError> {
+        cfg.validate()?;
+        let (sa, len) = sys::unix_addr(name).map_err(io_err("address", name))?;
+        let sock = sys::seqpacket_socket().map_err(io_err("socket", name))?;
+        loop {
+            // SAFETY: `sa` is an initialised sockaddr_un of length `len`.
+            let r = unsafe { libc::connect(sock.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) };
+            if r == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io_err("connect", name)(e));
+            }
+        }
+        let total = HEADER_BYTES + 2 * cfg.ring_bytes;
+        let memfd = sys::sealed_memfd(total).map_err(io_err("memfd", name))?;
+        let map = Mapping::map(&memfd, total).map_err(io_err("mmap", name))?;
+        // SAFETY: the fresh mapping is page-aligned and at least HEADER_BYTES long;
+        // the peer has not seen it yet.
+        unsafe {
+            std::ptr::write_volatile(map.ptr.cast::<u64>(), MAGIC);
+            std::ptr::write_volatile(map.ptr.add(8).cast::<u32>(), VERSION);
+            std::ptr::write_volatile(map.ptr.add(12).cast::<u32>(), (cfg.ring_bytes / 4096) as u32);
+        }
+        let mut hello = [0u8; HELLO_LEN];
+        hello[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        hello[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        hello[12..16].copy_from_slice(&((cfg.ring_bytes / 4096) as u32).to_le_bytes());
+        hello[16..24].copy_from_slice(&(std::ptr::addr_of!(PROBE) as u64).to_le_bytes());
+        sys::set_timeouts(sock.as_raw_fd(), Some(HANDSHAKE_TIMEOUT)).map_err(io_err("setsockopt", name))?;
+        sys::send_with_fds(sock.as_raw_fd(), &hello, &[memfd.as_raw_fd(), notifier.as_raw_fd()])
+            .map_err(io_err("handshake send", name))?;
+        drop(memfd);
+        let mut buf = [0u8; 64];
+        let (n, mut fds) =
+            sys::recv_with_fds(sock.as_raw_fd(), &mut buf).map_err(io_err("handshake recv", name))?;
+        if n == 0 {
+            return Err(hs_err(name, "listener closed the connection during the handshake"));
+        }
+        let status = u32::from_le_bytes(buf[12..16].try_into().expect("4 bytes"));
+        if n != HELLO_LEN || u64::from_le_bytes(buf[0..8].try_into().expect("8 bytes")) != MAGIC {
+            return Err(hs_err(name, "the listener is not a strait shm endpoint"));
+        }
+        if status != 0 || fds.len() != 1 {
+            return Err(hs_err(name, "the listener refused the connection (see its error for why)"));
+        }
+        let probe_addr = u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes"));
+        let peer_wake = fds.pop().expect("one fd");
+        sys::set_timeouts(sock.as_raw_fd(), None).map_err(io_err("setsockopt", name))?;
+        ShmDevice::new(map, cfg.ring_bytes, sock, peer_wake, Side::Connector, probe_addr, name)
+    }
+
+    fn new(
+        map: Mapping,
+        ring_bytes: usize,
+        sock: OwnedFd,
+        peer_wake: OwnedFd,
+        side: Side,
+        probe_addr: u64,
+        name: &str,
+    ) -> Result<ShmDevice, ShmError> {
+        let peer_pid = sys::peer_pid(sock.as_raw_fd()).map_err(io_err("SO_PEERCRED", name))?;
+        // Ring 0 carries connector -> acceptor, ring 1 the other way.
+        let (tx_ring, rx_ring) = match side {
+            Side::Connector => (0, 1),
+            Side::Acceptor => (1, 0),
+        };
+        // SAFETY: both data areas lie inside the mapping (HEADER_BYTES + 2 rings).
+        let data = |k: usize| RingData {
+            base: unsafe { map.ptr.add(HEADER_BYTES + k * ring_bytes) },
+            size: ring_bytes,
+        };
+        let remote_read_ok = match peer_pid {
+            Some(pid) => {
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into a local u64.
+                let r = unsafe { sys::vm_read(pid, probe_addr, (&mut v as *mut u64).cast(), 8) };
+                r.is_ok() && v == PROBE
+            }
+            None => false,
+        };
+        Ok(ShmDevice {
+            tx_data: data(tx_ring),
+            rx_data: data(rx_ring),
+            map,
+            sock,
+            peer_wake,
+            peer_pid,
+            remote_read_ok,
+            tx: Producer::new(ring_bytes),
+            rx: Consumer::new(ring_bytes),
+            tx_ring,
+            rx_ring,
+            tx_blocked: None,
+            max_payload: ring::max_payload(ring_bytes),
+            failed: None,
+            shut: false,
+            stats: DeviceStats::default(),
+        })
+    }
+
+    /// A control word. The reference is not tied to `&self` so that the ring state
+    /// (`self.tx`, `self.rx`) can be borrowed mutably beside it; it stays valid as
+    /// long as the mapping, which every caller (a method of `self`) outlives.
+    fn word<'a>(&self, ring: usize, at: usize) -> &'a AtomicU64 {
+        // SAFETY: the control words lie inside the header page of the mapping,
+        // 8-byte aligned; AtomicU64 has the layout of u64, and the memory is only ever
+        // accessed atomically by both processes. The mapping outlives every use (the
+        // references never escape a method of the device that owns it).
+        unsafe { &*self.map.ptr.add(ring_ctl(ring) + at).cast::<AtomicU64>() }
+    }
+
+    fn ctl<'a>(&self, ring: usize) -> RingControl<'a> {
+        RingControl { tail: self.word(ring, TAIL), head: self.word(ring, HEAD) }
+    }
+
+    /// True if the peer can be read with single-copy remote reads.
+    pub fn remote_read_available(&self) -> bool {
+        self.remote_read_ok
+    }
+
+    /// The peer's process id, if visible.
+    pub fn peer_pid(&self) -> Option<i32> {
+        self.peer_pid
+    }
+
+    fn corrupt(&mut self, why: String) -> DeviceError {
+        self.stats.frames_rejected += 1;
+        self.failed = Some(DeviceError::Corrupt(why.clone()));
+        DeviceError::Corrupt(why)
+    }
+
+    fn check_failed(&self) -> Result<(), DeviceError> {
+        match &self.failed {
+            None => Ok(()),
+            Some(DeviceError::Corrupt(w)) => Err(DeviceError::Corrupt(w.clone())),
+            Some(e) => Err(DeviceError::PeerGone(e.to_string())),
+        }
+    }
+
+    fn peer_hung_up(&self) -> Result<bool, DeviceError> {
+        if self.word(self.rx_ring, CLOSED).load(ring::Ordering::Acquire) != 0 {
+            return Ok(true);
+        }
+        let ev = sys::poll_now(self.sock.as_raw_fd(), libc::POLLIN | libc::POLLRDHUP)
+            .map_err(|source| DeviceError::Io { op: "poll", source })?;
+        Ok(ev & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+    }
+}
+
+impl Device for ShmDevice {
+    fn max_frame_len(&self) -> usize {
+        self.max_payload
+    }
+
+    fn send_frame(
+        &mut self,
+        len: usize,
+        fill: &mut dyn FnMut(&mut FrameWriter<'_>),
+    ) -> Result<bool, DeviceError> {
+        self.check_failed()?;
+        if len > self.max_payload {
+            return Err(DeviceError::FrameTooLong { len, max: self.max_payload });
+        }
+        let ctl = self.ctl(self.tx_ring);
+        let slot = match self.tx.reserve(ctl, &self.tx_data, len) {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                self.tx_blocked = Some(len);
+                return Ok(false);
+            }
+            Err(e) => return Err(self.corrupt(e.0)),
+        };
+        // SAFETY: the slot is inside the tx data area and reserved for us until commit.
+        let mut w = unsafe { FrameWriter::from_raw(self.tx_data.base.add(slot.offset), len) };
+        fill(&mut w);
+        let ctl = self.ctl(self.tx_ring);
+        self.tx.commit(ctl, slot);
+        self.tx_blocked = None;
+        self.stats.frames_sent += 1;
+        Ok(true)
+    }
+
+    fn recv_frame(&mut self, handle: &mut dyn FnMut(&RxFrame<'_>)) -> Result<bool, DeviceError> {
+        self.check_failed()?;
+        let ctl = self.ctl(self.rx_ring);
+        let slot = match self.rx.peek(ctl, &self.rx_data) {
+            Ok(Some(s)) => s,
+            Ok(None) => return Ok(false),
+            Err(e) => return Err(self.corrupt(e.0)),
+        };
+        // SAFETY: the validated slot lies inside the rx data area; the peer will not
+        // reuse it before we release it (and if it does anyway, RxFrame only copies).
+        let f = unsafe { RxFrame::from_raw(self.rx_data.base.add(slot.offset), slot.len) };
+        handle(&f);
+        let ctl = self.ctl(self.rx_ring);
+        self.rx.release(ctl, slot);
+        self.stats.frames_received += 1;
+        Ok(true)
+    }
+
+    fn doorbell(&mut self) -> Result<(), DeviceError> {
+        // The peer's flag sits in the control block of the ring it consumes.
+        if ring::peer_needs_wake(self.word(self.tx_ring, SLEEP)) {
+            self.stats.wakeups_sent += 1;
+            if let Err(source) = notify_fd(self.peer_wake.as_raw_fd()) {
+                return Err(DeviceError::Io { op: "eventfd write", source });
+            }
+        }
+        Ok(())
+    }
+
+    fn arm_sleep(&mut self) -> Result<bool, DeviceError> {
+        self.check_failed()?;
+        ring::announce_sleep(self.word(self.rx_ring, SLEEP));
+        let rx_ctl = self.ctl(self.rx_ring);
+        let has_data = match self.rx.has_data(rx_ctl) {
+            Ok(d) => d,
+            Err(e) => {
+                ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
+                return Err(self.corrupt(e.0));
+            }
+        };
+        let room = match self.tx_blocked {
+            Some(len) => {
+                let tx_ctl = self.ctl(self.tx_ring);
+                match self.tx.has_room(tx_ctl, len) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
+                        return Err(self.corrupt(e.0));
+                    }
+                }
+            }
+            None => false,
+        };
+        if has_data || room {
+            ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn disarm_sleep(&mut self) {
+        ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
+    }
+
+    fn event_fd(&self) -> Option<RawFd> {
+        Some(self.sock.as_raw_fd())
+    }
+
+    fn check_peer(&mut self) -> Result<(), DeviceError> {
+        self.check_failed()?;
+        if !self.peer_hung_up()? {
+            return Ok(());
+        }
+        // Frames the peer published before it went away are still delivered.
+        let ctl = self.ctl(self.rx_ring);
+        match self.rx.has_data(ctl) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let e = DeviceError::PeerGone("the peer closed the connection or exited".into());
+                self.failed = Some(DeviceError::PeerGone("the peer closed the connection or exited".into()));
+                Err(e)
+            }
+            Err(e) => Err(self.corrupt(e.0)),
+        }
+    }
+
+    fn supports_remote_read(&self) -> bool {
+        self.remote_read_ok
+    }
+
+    unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {
+        let Some(pid) = self.peer_pid.filter(|_| self.remote_read_ok) else {
+            return Err(DeviceError::Unsupported);
+        };
+        // SAFETY: the caller guarantees `dst` for `len` bytes.
+        let r = unsafe { sys::vm_read(pid, remote_addr, dst, len) };
+        // A dead peer's pid could in principle be reused by another process before we
+        // read; its socket hangs up before the pid is freed, so check after reading.
+        if self.peer_hung_up()? {
+            return Err(DeviceError::PeerGone("the peer exited during a remote read".into()));
+        }
+        match r {
+            Ok(()) => {
+                self.stats.remote_reads += 1;
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                Err(DeviceError::PeerGone("the peer process no longer exists".into()))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                self.remote_read_ok = false;
+                Err(DeviceError::Unsupported)
+            }
+            Err(source) => Err(DeviceError::Io { op: "process_vm_readv", source }),
+        }
+    }
+
+    fn shutdown(&mut self) {
+        if self.shut {
+            return;
+        }
+        self.shut = true;
+        self.word(self.tx_ring, CLOSED).store(1, ring::Ordering::Release);
+        // SAFETY: plain syscall on our socket; the peer sees the hang-up.
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+}
+
+impl Drop for ShmDevice {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_bounds() {
+        assert!(ShmConfig::default().validate().is_ok());
+        assert!(ShmConfig { ring_bytes: 4096 }.validate().is_err());
+        assert!(ShmConfig { ring_bytes: (1 << 20) + 1 }.validate().is_err());
+    }
+
+    #[test]
+    fn names_map_to_abstract_or_path_addresses() {
+        let (sa, len) = sys::unix_addr("x").unwrap();
+        assert_eq!(sa.sun_path[0], 0);
+        assert_eq!(len as usize, 2 + 1 + "strait.shm.x".len());
+        let (sa, _) = sys::unix_addr("/tmp/s").unwrap();
+        assert_eq!(sa.sun_path[0] as u8, b'/');
+        assert!(sys::unix_addr("").is_err());
+        assert!(sys::unix_addr(&"n".repeat(200)).is_err());
+    }
+}

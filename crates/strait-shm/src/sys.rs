@@ -1,0 +1,289 @@
+//! Thin, checked wrappers over the system calls the shm device needs.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Builds the address for `name`: a filesystem path if it starts with '/', else an
+/// abstract name `\0strait.shm.<name>` (no file anyone could open).
+pub(crate) fn unix_addr(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes: Vec<u8> = if name.starts_with('/') {
+        name.as_bytes().to_vec()
+    } else {
+        let mut v = vec![0u8];
+        v.extend_from_slice(b"strait.shm.");
+        v.extend_from_slice(name.as_bytes());
+        v
+    };
+    if name.is_empty() || bytes.len() >= sa.sun_path.len() || name.as_bytes().contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "shm endpoint name {name:?} is empty, too long (max {} bytes) or has a NUL",
+                sa.sun_path.len() - 13
+            ),
+        ));
+    }
+    for (d, s) in sa.sun_path.iter_mut().zip(&bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = size_of::<libc::sa_family_t>() + bytes.len() + usize::from(name.starts_with('/'));
+    Ok((sa, len as libc::socklen_t))
+}
+
+pub(crate) fn seqpacket_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub(crate) fn set_timeouts(fd: RawFd, t: Option<Duration>) -> io::Result<()> {
+    let tv = match t {
+        Some(t) => libc::timeval { tv_sec: t.as_secs() as libc::time_t, tv_usec: t.subsec_micros() as _ },
+        None => libc::timeval { tv_sec: 0, tv_usec: 0 },
+    };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: passes a pointer to a local timeval of the stated size.
+        cvt(unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&tv as *const libc::timeval).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Sends one message with `fds` attached (SCM_RIGHTS).
+pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let mut cbuf = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    // SAFETY: msghdr is plain old data.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
+        assert!(space <= size_of::<[u64; 8]>(), "too many fds for the control buffer");
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: the control buffer is large enough (asserted) and aligned (u64);
+        // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len());
+        }
+    }
+    // SAFETY: `msg` points at live locals for the duration of the call.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != data.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "short handshake send"));
+    }
+    Ok(())
+}
+
+/// Receives one message into `buf`, returning its length and any fds that came with
+/// it (close-on-exec). A zero length means the peer hung up.
+pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut cbuf = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr is plain old data.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<[u64; 8]>() as _;
+    let n = loop {
+        // SAFETY: `msg` points at live locals for the duration of the call.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walks the control messages the kernel wrote into `cbuf`, using the
+    // CMSG macros that stay within `msg_controllen`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "handshake carried too many descriptors"));
+    }
+    Ok((n, fds))
+}
+
+/// The connected peer's process id (SO_PEERCRED), if visible in our pid namespace.
+pub(crate) fn peer_pid(sock: RawFd) -> io::Result<Option<libc::pid_t>> {
+    // SAFETY: ucred is plain old data.
+    let mut cred: libc::ucred = unsafe { zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: passes a pointer to a local ucred and its length.
+    cvt(unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok((cred.pid > 0).then_some(cred.pid))
+}
+
+/// Polls `fd` without blocking; returns its revents.
+pub(crate) fn poll_now(fd: RawFd, events: libc::c_short) -> io::Result<libc::c_short> {
+    let mut p = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: one live pollfd, zero timeout.
+    cvt(unsafe { libc::poll(&mut p, 1, 0) })?;
+    Ok(p.revents)
+}
+
+/// Reads `len` bytes at `remote` in process `pid` into `dst` with process_vm_readv,
+/// continuing after partial reads.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes.
+pub(crate) unsafe fn vm_read(pid: libc::pid_t, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let local = libc::iovec {
+            // SAFETY: `done < len`, inside the caller's buffer.
+            iov_base: unsafe { dst.add(done) }.cast(),
+            iov_len: len - done,
+        };
+        let rem =
+            libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
+        // SAFETY: the local iovec is valid per the caller's contract; the remote one is
+        // checked by the kernel against the other process's mappings.
+        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &rem, 1, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "remote read made no progress"));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// A shared mapping, unmapped on drop.
+pub(crate) struct Mapping {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+}
+
+impl Mapping {
+    pub(crate) fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: maps `len` bytes of a file we hold; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the region `map` created; nothing refers to it after
+        // the owning device is dropped.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Creates a sealed memfd of `len` bytes (size fixed: shrink, grow and further
+/// sealing are forbidden, so the peer cannot truncate it under us).
+pub(crate) fn sealed_memfd(len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: passes a NUL-terminated literal.
+    let fd = cvt(unsafe {
+        libc::memfd_create(c"strait-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    })?;
+    // SAFETY: fresh fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscalls on the fd we own.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+    // SAFETY: as above.
+    cvt(unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// Checks that a received fd is a memfd of exactly `len` bytes that can no longer
+/// shrink (a peer that could truncate it could make us fault).
+pub(crate) fn check_memfd(fd: &OwnedFd, len: usize) -> Result<(), String> {
+    // SAFETY: stat is plain old data; fstat fills it.
+    let mut st: libc::stat = unsafe { zeroed() };
+    // SAFETY: passes a pointer to a local stat.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(format!("fstat: {}", io::Error::last_os_error()));
+    }
+    if st.st_size as u64 != len as u64 {
+        return Err(format!("shared memory is {} bytes, expected {len}", st.st_size));
+    }
+    // SAFETY: plain syscall.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err("shared memory is not a sealable memfd".into());
+    }
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    if seals & need != need {
+        return Err(format!("shared memory seals {seals:#x} lack shrink/grow/seal"));
+    }
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! Model check (loom) of the shm ring and its sleep/wake doorbell, run by the test
+//! command as `RUSTFLAGS="--cfg loom" cargo test -p strait-shm --release --test loom_ring`.
+//!
+//! It drives the real `strait_shm::ring` code (compiled against loom's atomics) over
+//! a data area made of loom cells, so loom reports any read of frame bytes that is
+//! not ordered after their write (a torn message), and explores every interleaving
+//! and every weak-memory outcome it models for:
+//! * frames arrive complete, once, in order, across wrap-around and padding;
+//! * no lost wake-up: a consumer that decides to sleep is woken by the producer's
+//!   doorbell, and a producer sleeping on a full ring is woken by the consumer;
+//! * the same wake-up protocol without its fences loses a wake-up (the model must
+//!   catch the broken variant, or it proves nothing).
+#![cfg(loom)]
+
+use loom::cell::UnsafeCell;
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use strait_shm::ring::{
+    announce_sleep, peer_needs_wake, withdraw_sleep, Consumer, Producer, RingControl, RingMemory,
+};
+
+struct LoomMem(Vec<UnsafeCell<u8>>);
+
+impl LoomMem {
+    fn new(size: usize) -> Self {
+        LoomMem((0..size).map(|_| UnsafeCell::new(0)).collect())
+    }
+}
+
+impl RingMemory for LoomMem {
+    fn size(&self) -> usize {
+        self.0.len()
+    }
+    unsafe fn store(&self, offset: usize, src: &[u8]) {
+        for (i, b) in src.iter().enumerate() {
+            // SAFETY: loom checks that no other access races with this one.
+            self.0[offset + i].with_mut(|p| unsafe { *p = *b });
+        }
+    }
+    unsafe fn load(&self, offset: usize, dst: &mut [u8]) {
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *d = self.0[offset + i].with(|p| unsafe { *p });
+        }
+    }
+}
+
+struct Shared {
+    mem: LoomMem,
+    tail: AtomicU64,
+    head: AtomicU64,
+    consumer_sleeps: AtomicU64,
+    producer_sleeps: AtomicU64,
+}
+
+impl Shared {
+    fn new(size: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            mem: LoomMem::new(size),
+            tail: AtomicU64::new(0),
+            head: AtomicU64::new(0),
+            consumer_sleeps: AtomicU64::new(0),
+            producer_sleeps: AtomicU64::new(0),
+        })
+    }
+    fn ctl(&self) -> RingControl<'_> {
+        RingControl { tail: &self.tail, head: &self.head }
+    }
+}
+
+fn payload(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|k| (i * 31 + k) as u8).collect()
+}
+
+fn try_push(p: &mut Producer, s: &Shared, data: &[u8]) -> bool {
+    match p.reserve(s.ctl(), &s.mem, data.len()).expect("honest consumer") {
+        Some(slot) => {
+            // SAFETY: the slot is reserved for the producer.
+            unsafe { s.mem.store(slot.offset, data) };
+            p.commit(s.ctl(), slot);
+            true
+        }
+        None => false,
+    }
+}
+
+fn try_pop(c: &mut Consumer, s: &Shared) -> Option<Vec<u8>> {
+    let slot = c.peek(s.ctl(), &s.mem).expect("honest producer")?;
+    let mut v = vec![0; slot.len];
+    // SAFETY: the slot was published and not yet released.
+    unsafe { s.mem.load(slot.offset, &mut v) };
+    c.release(s.ctl(), slot);
+    Some(v)
+}
+
+/// Three maximal frames through a 320-byte ring (five cells, two per frame): the
+/// third needs padding and wraps, and the producer must wait for room. Every byte read must be ordered after
+/// its write (loom's cell checking), and frames arrive intact and in order.
+#[test]
+fn frames_arrive_whole_and_in_order_across_wrap() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let s = Shared::new(320);
+        let sizes = [72usize, 72, 72];
+        let sp = s.clone();
+        let prod = thread::spawn(move || {
+            let mut p = Producer::new(320);
+            for (i, &len) in sizes.iter().enumerate() {
+                while !try_push(&mut p, &sp, &payload(i, len)) {
+                    thread::yield_now();
+                }
+            }
+        });
+        let mut c = Consumer::new(320);
+        let mut got = 0;
+        while got < sizes.len() {
+            match try_pop(&mut c, &s) {
+                Some(v) => {
+                    assert_eq!(v, payload(got, sizes[got]), "frame {got} torn or out of order");
+                    got += 1;
+                }
+                None => thread::yield_now(),
+            }
+        }
+        prod.join().unwrap();
+    });
+}
+
+/// The consumer announces sleep and re-checks; the producer publishes and rings.
+/// If the consumer went to sleep, the producer must have seen its flag.
+fn consumer_wakeup(fenced: bool) {
+    loom::model(move || {
+        let s = Shared::new(256);
+        let sp = s.clone();
+        let prod = thread::spawn(move || {
+            let mut p = Producer::new(256);
+            assert!(try_push(&mut p, &sp, &[7; 8]));
+            if fenced {
+                peer_needs_wake(&sp.consumer_sleeps)
+            } else {
+                sp.consumer_sleeps.swap(0, Ordering::Relaxed) != 0
+            }
+        });
+        let mut c = Consumer::new(256);
+        let slept = if fenced {
+            announce_sleep(&s.consumer_sleeps);
+            let data = c.has_data(s.ctl()).unwrap();
+            if data {
+                withdraw_sleep(&s.consumer_sleeps);
+            }
+            !data
+        } else {
+            s.consumer_sleeps.store(1, Ordering::Relaxed);
+            let data = s.tail.load(Ordering::Relaxed) != 0;
+            !data
+        };
+        let woke = prod.join().unwrap();
+        assert!(!slept || woke, "lost wake-up: the consumer sleeps on a published frame");
+    });
+}
+
+#[test]
+fn no_lost_wakeup_for_a_sleeping_consumer() {
+    consumer_wakeup(true);
+}
+
+#[test]
+#[should_panic(expected = "lost wake-up")]
+fn broken_doorbell_without_fences_loses_a_wakeup() {
+    consumer_wakeup(false);
+}
+
+/// A producer finds the ring full, announces sleep and re-checks for room; the
+/// consumer frees a frame and rings. If the producer sleeps, it must be woken.
+#[test]
+fn no_lost_wakeup_for_a_producer_waiting_for_room() {
+    loom::model(|| {
+        let s = Shared::new(256);
+        let mut p = Producer::new(256);
+        for i in 0..4 {
+            assert!(try_push(&mut p, &s, &payload(i, 8)));
+        }
+        assert!(!try_push(&mut p, &s, &payload(4, 8)));
+        let sc = s.clone();
+        let cons = thread::spawn(move || {
+            let mut c = Consumer::new(256);
+            assert_eq!(try_pop(&mut c, &sc).unwrap(), payload(0, 8));
+            peer_needs_wake(&sc.producer_sleeps)
+        });
+        announce_sleep(&s.producer_sleeps);
+        let room = p.has_room(s.ctl(), 8).unwrap();
+        if room {
+            withdraw_sleep(&s.producer_sleeps);
+        }
+        let woke = cons.join().unwrap();
+        assert!(room || woke, "lost wake-up: the producer sleeps on free room");
+    });
+}

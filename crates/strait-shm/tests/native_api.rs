@@ -1,0 +1,312 @@
+//! The native messaging API between two real processes over the shm device: every
+//! size class, both rendezvous modes, polling and blocking waits, and the faults a
+//! peer can cause (death mid-rendezvous, malformed frames).
+//!
+//! The test binary re-executes itself as the peer: `STRAIT_TEST_ROLE` selects the
+//! child's role in the `child` test, which does nothing in a normal run.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use strait_core::{Completion, Config, Device, EpId, MemoryRegion, OpKind, RndvMode, Status, Worker};
+use strait_shm::{ShmConfig, ShmDevice, ShmListener};
+
+type W = Worker<ShmDevice>;
+
+const SIZES: &[usize] =
+    &[0, 1, 8, 40, 41, 64, 1000, 4096, 8192, 8193, 65_536, 65_537, 300_000, 1 << 20, 4 << 20];
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn cfg(mode: RndvMode, spin: Duration) -> Config {
+    Config {
+        rndv_mode: mode,
+        spin,
+        chunk_size: 16 * 1024,
+        pipeline_threshold: 64 * 1024,
+        ..Config::default()
+    }
+}
+
+fn mode_name(m: RndvMode) -> &'static str {
+    match m {
+        RndvMode::Auto => "auto",
+        RndvMode::RemoteRead => "remote-read",
+        RndvMode::Copy => "copy",
+    }
+}
+
+fn spawn_child(role: &str, name: &str, mode: RndvMode, spin: Duration) -> Child {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env("STRAIT_TEST_ROLE", role)
+        .env("STRAIT_TEST_NAME", name)
+        .env("STRAIT_TEST_MODE", mode_name(mode))
+        .env("STRAIT_TEST_SPIN_US", spin.as_micros().to_string());
+    // SAFETY: prctl in the child between fork and exec is async-signal-safe; it makes
+    // the child die with the test process instead of lingering.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd.spawn().expect("spawn child")
+}
+
+fn unique(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!("test-{}-{}-{}", tag, std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+fn wait_for(w: &mut W, op: OpKind, polling: bool) -> Completion {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = if polling {
+            match w.poll() {
+                Some(c) => c,
+                None => {
+                    assert!(Instant::now() < deadline, "timed out polling for {op:?}");
+                    continue;
+                }
+            }
+        } else {
+            w.wait(Some(Duration::from_secs(20))).expect("wait")
+        };
+        if c.op == op {
+            return c;
+        }
+    }
+}
+
+/// Echo peer: receives every size in turn and sends it back.
+fn echo(w: &mut W, ep: EpId, polling: bool) {
+    for (i, &len) in SIZES.iter().enumerate() {
+        let mut mr = MemoryRegion::new(len).unwrap();
+        w.post_recv(ep, &mut mr, 0..len, i as u64, u64::MAX, 0).unwrap();
+        let c = wait_for(w, OpKind::Recv, polling);
+        assert_eq!((c.status, c.len, c.tag), (Status::Ok, len, i as u64));
+        w.post_send(ep, &mr, 0..len, i as u64 + 1000, 0).unwrap();
+        let c = wait_for(w, OpKind::Send, polling);
+        assert_eq!(c.status, Status::Ok);
+    }
+}
+
+fn echo_roundtrip(mode: RndvMode, polling: bool) {
+    let spin = if polling { Duration::from_micros(100) } else { Duration::ZERO };
+    let name = unique("echo");
+    let listener = ShmListener::bind(&name).unwrap();
+    let mut child = spawn_child(if polling { "echo-poll" } else { "echo-block" }, &name, mode, spin);
+    let mut w = W::new(cfg(mode, spin)).unwrap();
+    let dev = listener.accept(w.notifier()).unwrap();
+    let ep = w.attach(dev);
+    for (i, &len) in SIZES.iter().enumerate() {
+        let data = pattern(i as u64, len);
+        let mut out = MemoryRegion::new(len).unwrap();
+        out.write_at(0, &data).unwrap();
+        // Receive a bit more than sent: the completion must report the true length.
+        let mut back = MemoryRegion::new(len + 16).unwrap();
+        w.post_recv(ep, &mut back, 0..len + 16, i as u64 + 1000, u64::MAX, 0).unwrap();
+        w.post_send(ep, &out, 0..len, i as u64, 0).unwrap();
+        let mut got = [false; 2];
+        while !(got[0] && got[1]) {
+            let c = if polling { w.poll() } else { Some(w.wait(Some(Duration::from_secs(20))).unwrap()) };
+            let Some(c) = c else { continue };
+            assert_eq!(c.status, Status::Ok, "size {len}: {c:?}");
+            got[(c.op == OpKind::Recv) as usize] = true;
+            if c.op == OpKind::Recv {
+                assert_eq!(c.len, len);
+            }
+        }
+        assert_eq!(&back.bytes().unwrap()[..len], &data[..], "size {len} came back different");
+    }
+    let st = w.stats(ep).unwrap();
+    assert!(st.eager_sent > 0 && st.rndv_sent > 0, "{st:?}");
+    assert!(child.wait().unwrap().success(), "child failed");
+}
+
+#[test]
+fn every_size_class_polling_remote_read() {
+    echo_roundtrip(RndvMode::RemoteRead, true);
+}
+
+#[test]
+fn every_size_class_polling_pipelined_copy() {
+    echo_roundtrip(RndvMode::Copy, true);
+}
+
+#[test]
+fn every_size_class_blocking_remote_read() {
+    echo_roundtrip(RndvMode::RemoteRead, false);
+}
+
+#[test]
+fn every_size_class_blocking_pipelined_copy() {
+    echo_roundtrip(RndvMode::Copy, false);
+}
+
+/// The sender's peer dies after it got the RTS: the sender's outstanding send must
+/// end with an error completion within a second, for either rendezvous mode.
+fn receiver_dies_mid_rendezvous(mode: RndvMode) {
+    let name = unique("die-recv");
+    let listener = ShmListener::bind(&name).unwrap();
+    let mut child = spawn_child("stall-then-die", &name, mode, Duration::ZERO);
+    let mut w = W::new(cfg(mode, Duration::from_micros(50))).unwrap();
+    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let len = 64 << 20;
+    let out = MemoryRegion::new(len).unwrap();
+    w.post_send(ep, &out, 0..len, 1, 7).unwrap();
+    // The child tells us (with a tiny message) that it has the RTS and is about to
+    // stall; then we kill it mid-transfer.
+    let mut note = MemoryRegion::new(8).unwrap();
+    w.post_recv(ep, &mut note, 0..8, 2, u64::MAX, 8).unwrap();
+    let c = wait_for(&mut w, OpKind::Recv, false);
+    assert_eq!(c.status, Status::Ok);
+    child.kill().unwrap();
+    let killed = Instant::now();
+    let c = w.wait(Some(Duration::from_secs(5))).expect("an error completion, not a hang");
+    assert_eq!((c.op, c.ctx), (OpKind::Send, 7));
+    assert_eq!(c.status, Status::PeerGone);
+    assert!(killed.elapsed() < Duration::from_secs(1), "took {:?}", killed.elapsed());
+    child.wait().unwrap();
+}
+
+#[test]
+fn receiver_dies_mid_rendezvous_remote_read() {
+    receiver_dies_mid_rendezvous(RndvMode::RemoteRead);
+}
+
+#[test]
+fn receiver_dies_mid_rendezvous_pipelined_copy() {
+    receiver_dies_mid_rendezvous(RndvMode::Copy);
+}
+
+/// The receiver has matched an RTS but the sender died: the receive fails with an
+/// error completion (remote read finds no process; copy mode sees the hang-up).
+fn sender_dies_mid_rendezvous(mode: RndvMode) {
+    let name = unique("die-send");
+    let listener = ShmListener::bind(&name).unwrap();
+    let mut child = spawn_child("send-big-then-die", &name, mode, Duration::ZERO);
+    let mut w = W::new(cfg(mode, Duration::from_micros(50))).unwrap();
+    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    // Wait until the RTS is here (it lands in the unexpected queue), then kill.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while w.stats(ep).unwrap().unexpected == 0 {
+        w.progress();
+        assert!(Instant::now() < deadline, "RTS never arrived");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let len = 64 << 20;
+    let mut inbox = MemoryRegion::new(len).unwrap();
+    w.post_recv(ep, &mut inbox, 0..len, 1, u64::MAX, 3).unwrap();
+    let c = w.wait(Some(Duration::from_secs(5))).expect("an error completion, not a hang");
+    assert_eq!((c.op, c.ctx), (OpKind::Recv, 3));
+    assert!(matches!(c.status, Status::PeerGone | Status::RemoteReadFailed), "{c:?}");
+    assert!(killed.elapsed() < Duration::from_secs(1), "took {:?}", killed.elapsed());
+}
+
+#[test]
+fn sender_dies_mid_rendezvous_remote_read() {
+    sender_dies_mid_rendezvous(RndvMode::RemoteRead);
+}
+
+#[test]
+fn sender_dies_mid_rendezvous_pipelined_copy() {
+    sender_dies_mid_rendezvous(RndvMode::Copy);
+}
+
+/// A peer that speaks the device protocol correctly but sends a malformed protocol
+/// header: the frame is rejected, counted, the endpoint fails with `Corrupt`, and
+/// this process carries on.
+#[test]
+fn malformed_protocol_frame_is_rejected() {
+    let name = unique("garbage");
+    let listener = ShmListener::bind(&name).unwrap();
+    let mut child = spawn_child("garbage", &name, RndvMode::Auto, Duration::ZERO);
+    let mut w = W::new(cfg(RndvMode::Auto, Duration::ZERO)).unwrap();
+    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let mut inbox = MemoryRegion::new(64).unwrap();
+    w.post_recv(ep, &mut inbox, 0..64, 0, 0, 1).unwrap();
+    let c = w.wait(Some(Duration::from_secs(5))).expect("an error completion");
+    assert_eq!(c.status, Status::Corrupt);
+    let st = w.stats(ep).unwrap();
+    assert!(st.frames_rejected >= 1);
+    let (status, why) = w.endpoint_error(ep).unwrap();
+    assert_eq!(status, Status::Corrupt);
+    assert!(why.unwrap().contains("unknown frame kind"));
+    child.wait().unwrap();
+    // This process still works: a fresh connection carries traffic.
+    echo_roundtrip(RndvMode::Auto, true);
+}
+
+/// Child roles; a no-op unless `STRAIT_TEST_ROLE` is set.
+#[test]
+fn child() {
+    let Ok(role) = std::env::var("STRAIT_TEST_ROLE") else { return };
+    let name = std::env::var("STRAIT_TEST_NAME").unwrap();
+    let mode = match std::env::var("STRAIT_TEST_MODE").unwrap().as_str() {
+        "copy" => RndvMode::Copy,
+        "remote-read" => RndvMode::RemoteRead,
+        _ => RndvMode::Auto,
+    };
+    let spin = Duration::from_micros(std::env::var("STRAIT_TEST_SPIN_US").unwrap().parse().unwrap());
+    let mut w = W::new(cfg(mode, spin)).unwrap();
+    let dev = ShmDevice::connect(&name, &ShmConfig::default(), w.notifier()).unwrap();
+    match role.as_str() {
+        "echo-poll" | "echo-block" => {
+            let ep = w.attach(dev);
+            echo(&mut w, ep, role == "echo-poll");
+        }
+        "stall-then-die" => {
+            let ep = w.attach(dev);
+            // Wait for the RTS to arrive (unexpected), tell the parent, and in copy
+            // mode let the transfer start; then stall until killed.
+            while w.stats(ep).unwrap().unexpected == 0 {
+                w.progress();
+            }
+            let len = 64 << 20;
+            let mut inbox = MemoryRegion::new(len).unwrap();
+            if mode == RndvMode::Copy {
+                // Answer with CTS so the parent starts pushing, take a few chunks,
+                // then stop draining the ring.
+                w.post_recv(ep, &mut inbox, 0..len, 1, u64::MAX, 0).unwrap();
+                for _ in 0..100 {
+                    w.progress();
+                }
+            }
+            let note = MemoryRegion::new(8).unwrap();
+            w.post_send(ep, &note, 0..8, 2, 0).unwrap();
+            w.progress();
+            std::thread::sleep(Duration::from_secs(30));
+        }
+        "send-big-then-die" => {
+            let ep = w.attach(dev);
+            let len = 64 << 20;
+            let out = MemoryRegion::new(len).unwrap();
+            w.post_send(ep, &out, 0..len, 1, 0).unwrap();
+            std::thread::sleep(Duration::from_secs(30));
+        }
+        "garbage" => {
+            let mut dev = dev;
+            let frame = [0xffu8; 24];
+            assert!(dev.send_frame(frame.len(), &mut |fw| fw.write(0, &frame)).unwrap());
+            dev.doorbell().unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        other => panic!("unknown role {other}"),
+    }
+}

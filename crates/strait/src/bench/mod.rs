@@ -1,0 +1,32 @@
+//! `strait bench`: the transports it compares.
+//!
+//! The harness, statistics, kernel transports and the spin-floor live in
+//! [`strait_anatomy`]; strait's own transport, which needs the engine, lives here.
+
+use strait_anatomy::{BenchError, TransportSpec};
+
+pub mod native;
+pub mod shm;
+
+/// Every transport `strait bench` knows, in report order: strait's native path
+/// first, then the kernel paths, then the physical floor.
+pub fn specs() -> Vec<&'static dyn TransportSpec> {
+    let mut v: Vec<&'static dyn TransportSpec> = Vec::new();
+    v.push(&shm::StraitShm);
+    v.extend(strait_anatomy::builtin_specs());
+    v
+}
+
+/// Looks transports up by name, in the order given.
+pub fn select(names: &[String]) -> Result<Vec<&'static dyn TransportSpec>, BenchError> {
+    let all = specs();
+    names
+        .iter()
+        .map(|n| {
+            all.iter().copied().find(|s| s.name() == n).ok_or_else(|| BenchError::UnknownTransport {
+                name: n.clone(),
+                known: all.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
+            })
+        })
+        .collect()
+}

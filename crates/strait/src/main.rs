@@ -1,0 +1,324 @@
+//! The `strait` command.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use strait_anatomy::harness::{self, BenchConfig, Peer, PeerLauncher, Progress};
+use strait_anatomy::kernel;
+use strait_anatomy::report::{compact_stamp, render_svg, render_table, rfc3339};
+use strait_anatomy::size::{format_size, parse_size_list};
+use strait_anatomy::sys::SyscallCounter;
+use strait_anatomy::{BenchError, BenchReport, Clock, MachineInfo, TransportInfo};
+
+/// strait: a user-level communication stack.
+#[derive(Debug, Parser)]
+#[command(name = "strait", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Measure strait's shared-memory path against the kernel's paths and the
+    /// machine's physical floor, side by side in one run.
+    Bench(BenchArgs),
+    /// Internal: the peer process of one benchmark transport.
+    #[command(name = "__bench-peer", hide = true)]
+    BenchPeer {
+        /// Transport name.
+        transport: String,
+        /// Number of inherited descriptors (at fds 3, 4, ...).
+        nfds: usize,
+        /// Transport-specific arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// Human-readable tables.
+    Table,
+    /// One JSON document on stdout.
+    Json,
+}
+
+/// A comma-separated size list flag.
+#[derive(Debug, Clone)]
+struct SizeList(Vec<u64>);
+
+fn sizes(text: &str) -> Result<SizeList, String> {
+    let v = parse_size_list(text).map_err(|e| e.to_string())?;
+    if v.contains(&0) {
+        return Err("sizes must be at least 1 byte".into());
+    }
+    Ok(SizeList(v))
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    /// Most warm-up iterations per transport and size (also capped at half a batch's time).
+    #[arg(long, default_value_t = 1000)]
+    warmup: u64,
+    /// Most ping-pong iterations per latency batch.
+    #[arg(long, default_value_t = 20_000)]
+    iters: u64,
+    /// Most messages per bandwidth batch.
+    #[arg(long, default_value_t = 100_000)]
+    bw_msgs: u64,
+    /// Interleaved rounds per size (each round runs one batch on every transport).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Target duration of one batch in milliseconds (iterations are sized to fit).
+    #[arg(long, default_value_t = 40.0)]
+    batch_ms: f64,
+    /// Iterations of the separate syscall-counting pass per cell (0 = do not count).
+    #[arg(long, default_value_t = 200)]
+    count_iters: u64,
+    /// Ping-pong message sizes (K/M/G suffixes are binary).
+    #[arg(long, default_value = "8,64,512,4K,32K,256K,1M", value_parser = sizes)]
+    lat_sizes: SizeList,
+    /// Streaming message sizes.
+    #[arg(long, default_value = "1K,4K,16K,64K,256K,1M,4M", value_parser = sizes)]
+    bw_sizes: SizeList,
+    /// Transports to compare, comma-separated (default: all; see --list-transports).
+    #[arg(long, value_delimiter = ',')]
+    transports: Option<Vec<String>>,
+    /// Directory under which bench-<UTC timestamp>/ is created.
+    #[arg(long, default_value = "results")]
+    out: PathBuf,
+    /// Busy-poll the kernel transports (O_NONBLOCK and retry) instead of blocking.
+    #[arg(long)]
+    kernel_spin: bool,
+    /// Never draw a progress bar (it is drawn only when stderr is a terminal).
+    #[arg(long)]
+    no_progress: bool,
+    /// List the transports and exit.
+    #[arg(long)]
+    list_transports: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Cmd::Bench(args) => bench(args),
+        Cmd::BenchPeer { transport, nfds, args } => peer(&transport, nfds, &args),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strait: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn peer(transport: &str, nfds: usize, args: &[String]) -> Result<(), BenchError> {
+    if std::env::var(kernel::BUSY_POLL_ENV).is_ok_and(|v| v == "1") {
+        kernel::set_busy_poll(true);
+    }
+    let spec = strait::bench::select(&[transport.to_owned()])?;
+    harness::peer_main(spec[0], nfds, args)
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./,=:+@%".contains(c)) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The command line that reproduces this run: every setting explicit, plus the
+/// `STRAIT_*` environment that configures the engine.
+fn repro_command(a: &BenchArgs, transports: &[String]) -> String {
+    let mut env: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("STRAIT_"))
+        .map(|(k, v)| format!("{k}={}", shell_quote(&v)))
+        .collect();
+    env.sort();
+    let exe = std::env::args().next().unwrap_or_else(|| "strait".into());
+    let join = |v: &[u64]| v.iter().map(|&s| format_size(s)).collect::<Vec<_>>().join(",");
+    let mut parts = env;
+    parts.push(shell_quote(&exe));
+    parts.push("bench".into());
+    parts.push(format!("--format {}", if a.format == Format::Json { "json" } else { "table" }));
+    parts.push(format!("--warmup {}", a.warmup));
+    parts.push(format!("--iters {}", a.iters));
+    parts.push(format!("--bw-msgs {}", a.bw_msgs));
+    parts.push(format!("--rounds {}", a.rounds));
+    parts.push(format!("--batch-ms {}", a.batch_ms));
+    parts.push(format!("--count-iters {}", a.count_iters));
+    if a.kernel_spin {
+        parts.push("--kernel-spin".into());
+    }
+    parts.push(format!("--lat-sizes {}", join(&a.lat_sizes.0)));
+    parts.push(format!("--bw-sizes {}", join(&a.bw_sizes.0)));
+    parts.push(format!("--transports {}", transports.join(",")));
+    parts.push(format!("--out {}", shell_quote(&a.out.to_string_lossy())));
+    parts.join(" ")
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), BenchError> {
+    std::fs::write(path, text).map_err(|e| BenchError::Output { path: path.display().to_string(), source: e })
+}
+
+/// `out/bench-<stamp>`, with a numeric suffix if that already exists.
+fn result_dir(out: &Path, stamp: &str) -> Result<PathBuf, BenchError> {
+    std::fs::create_dir_all(out)
+        .map_err(|e| BenchError::Output { path: out.display().to_string(), source: e })?;
+    for n in 0..1000 {
+        let name = if n == 0 { format!("bench-{stamp}") } else { format!("bench-{stamp}-{n}") };
+        let dir = out.join(name);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(BenchError::Output { path: dir.display().to_string(), source: e }),
+        }
+    }
+    Err(BenchError::Output {
+        path: out.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "too many runs in one second"),
+    })
+}
+
+fn bench(a: BenchArgs) -> Result<(), BenchError> {
+    if a.list_transports {
+        for s in strait::bench::specs() {
+            println!("{:<12} {}", s.name(), s.description());
+        }
+        return Ok(());
+    }
+    if !(a.batch_ms > 0.0 && a.batch_ms.is_finite()) {
+        return Err(BenchError::Protocol("--batch-ms must be a positive number".into()));
+    }
+    let names: Vec<String> = match &a.transports {
+        Some(v) => v.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect(),
+        None => strait::bench::specs().iter().map(|s| s.name().to_owned()).collect(),
+    };
+    let specs = strait::bench::select(&names)?;
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let command = repro_command(&a, &names);
+    let cfg = BenchConfig {
+        warmup: a.warmup,
+        iters: a.iters.max(1),
+        bw_msgs: a.bw_msgs.max(1),
+        rounds: a.rounds,
+        batch_ms: a.batch_ms,
+        count_iters: a.count_iters,
+        lat_sizes: a.lat_sizes.0.clone(),
+        bw_sizes: a.bw_sizes.0.clone(),
+    };
+
+    let clock = Clock::new();
+    let (counter, counter_desc) = if a.count_iters == 0 {
+        (None, "not counted (--count-iters 0)".to_owned())
+    } else {
+        match SyscallCounter::open() {
+            Ok(c) => (Some(c), "perf_event_open on raw_syscalls:sys_enter, per process".to_owned()),
+            Err(e) => {
+                eprintln!("strait bench: syscalls per message will be null: {e}");
+                (None, format!("unavailable: {e}"))
+            }
+        }
+    };
+
+    let show_bar = !a.no_progress && std::io::stderr().is_terminal();
+    let bar = if show_bar {
+        let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} {msg}") {
+            b.set_style(style.progress_chars("=> "));
+        }
+        Some(b)
+    } else {
+        None
+    };
+    let warn = |bar: &Option<ProgressBar>, msg: &str| match bar {
+        Some(b) => b.suspend(|| eprintln!("strait bench: {msg}")),
+        None => eprintln!("strait bench: {msg}"),
+    };
+
+    let mut launcher = PeerLauncher::default();
+    if a.kernel_spin {
+        kernel::set_busy_poll(true);
+        launcher.env.push((kernel::BUSY_POLL_ENV.to_owned(), "1".to_owned()));
+    }
+    let mut peers: Vec<Option<Peer>> = Vec::with_capacity(specs.len());
+    for s in &specs {
+        match Peer::spawn(*s, &launcher) {
+            Ok(p) => peers.push(Some(p)),
+            Err(e) => {
+                warn(&bar, &format!("{}: cannot start: {e}", s.name()));
+                peers.push(None);
+            }
+        }
+    }
+    let mut on_progress = |p: Progress| match p {
+        Progress::Total(n) => {
+            if let Some(b) = &bar {
+                b.set_length(n);
+            }
+        }
+        Progress::Step(n, msg) => {
+            if let Some(b) = &bar {
+                b.set_position(n);
+                b.set_message(msg);
+            }
+        }
+        Progress::Warn(msg) => warn(&bar, &msg),
+    };
+    let mut results = harness::run(&cfg, &specs, &mut peers, &clock, counter.as_ref(), &mut on_progress);
+    for p in peers.into_iter().flatten() {
+        p.shutdown();
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    // Transports that never started still get (empty) rows saying why.
+    for r in &mut results {
+        if r.samples == 0 && r.note.is_none() {
+            r.note = Some("no measurement".into());
+        }
+    }
+
+    let machine = MachineInfo::collect(&clock, rfc3339(started), command.clone(), counter_desc);
+    let transports = specs
+        .iter()
+        .map(|s| TransportInfo {
+            name: s.name().to_owned(),
+            description: s.description().to_owned(),
+            busy_poll: s.polls(),
+        })
+        .collect();
+    let report = BenchReport { machine, results, transports };
+    let json = report.to_json();
+    let dir = result_dir(&a.out, &compact_stamp(started))?;
+    let json_path = dir.join("bench.json");
+    let svg_path = dir.join("bench.svg");
+    write_file(&json_path, &json)?;
+    write_file(&svg_path, &render_svg(&report))?;
+
+    let mut stdout = std::io::stdout().lock();
+    let io = |e| BenchError::io("write stdout", e);
+    match a.format {
+        Format::Json => {
+            writeln!(stdout, "{json}").map_err(io)?;
+            eprintln!("wrote {} and {}", json_path.display(), svg_path.display());
+            eprintln!("reproduce with: {command}");
+        }
+        Format::Table => {
+            write!(stdout, "{}", render_table(&report)).map_err(io)?;
+            writeln!(stdout, "\nwrote {} and {}", json_path.display(), svg_path.display()).map_err(io)?;
+            writeln!(stdout, "reproduce with: {command}").map_err(io)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! Runs the built `strait bench --format json` with tiny iteration counts and checks
+//! the document's schema, that the numbers are positive and plausible, and that the
+//! result files exist.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn tmp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("strait-bench-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn transports() -> Vec<&'static str> {
+    vec!["strait-shm", "kernel-tcp", "pipe", "spin-floor"]
+}
+
+fn num(v: &Value, k: &str) -> Option<f64> {
+    v.get(k).and_then(Value::as_f64)
+}
+
+#[test]
+fn bench_json_schema_values_and_files() {
+    let out = tmp_dir("json");
+    let ts = transports();
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args([
+            "bench",
+            "--format",
+            "json",
+            "--no-progress",
+            "--rounds",
+            "2",
+            "--batch-ms",
+            "3",
+            "--warmup",
+            "20",
+        ])
+        .args(["--iters", "300", "--bw-msgs", "200", "--count-iters", "20"])
+        .args(["--lat-sizes", "8,4K", "--bw-sizes", "4K,64K", "--transports", &ts.join(",")])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "strait bench failed: {stderr}");
+    let stdout = String::from_utf8(o.stdout).expect("utf-8 stdout");
+    // Exactly one JSON document on stdout, nothing else.
+    let doc: Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("stdout is not one JSON doc: {e}\n{stdout}"));
+
+    let m = &doc["machine"];
+    for k in ["cpu_model", "kernel", "hostname", "timestamp", "command"] {
+        assert!(m[k].as_str().is_some_and(|s| !s.is_empty()), "machine.{k}: {m}");
+    }
+    assert!(m["cores"].as_u64().is_some_and(|c| c >= 1));
+    assert!(m.get("tsc_ghz").is_some(), "tsc_ghz present (maybe null)");
+    if let Some(g) = m["tsc_ghz"].as_f64() {
+        assert!((0.1..20.0).contains(&g), "tsc_ghz {g}");
+    }
+    assert!(m["command"].as_str().unwrap_or("").contains("bench"));
+
+    let rows = doc["results"].as_array().expect("results array");
+    // 2 latency + 2 bandwidth sizes per transport.
+    assert_eq!(rows.len(), ts.len() * 4, "{rows:#?}");
+    let keys = [
+        "transport",
+        "kind",
+        "size_bytes",
+        "p50_ns",
+        "p99_ns",
+        "p999_ns",
+        "gbytes_per_s",
+        "syscalls_per_msg",
+        "cpu_ns_per_msg",
+        "samples",
+    ];
+    let counting = !m["syscall_counter"].as_str().unwrap_or("").starts_with("unavailable");
+    for r in rows {
+        for k in keys {
+            assert!(r.get(k).is_some(), "row lacks {k}: {r}");
+        }
+        let t = r["transport"].as_str().unwrap_or("");
+        assert!(ts.contains(&t), "{t}");
+        let size = r["size_bytes"].as_u64().expect("size");
+        assert!(r["samples"].as_u64().unwrap_or(0) > 0, "no samples: {r}");
+        let (p50, p99, p999) =
+            (num(r, "p50_ns").unwrap(), num(r, "p99_ns").unwrap(), num(r, "p999_ns").unwrap());
+        assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{r}");
+        let cpu = num(r, "cpu_ns_per_msg").expect("cpu");
+        assert!(cpu > 0.0 && cpu < 1e9, "{r}");
+        if counting {
+            let s = num(r, "syscalls_per_msg").expect("syscalls counted");
+            assert!((0.0..1000.0).contains(&s), "{r}");
+            if t == "spin-floor" {
+                // None on the data path; a futex sleep/wake only if a process was
+                // descheduled for longer than the spin budget (a loaded machine).
+                assert!(s < 1.5, "the floor makes (almost) no syscalls: {r}");
+            }
+            if t == "kernel-tcp" || t == "pipe" {
+                assert!(s >= 1.9, "a kernel path makes >= 2 syscalls per message: {r}");
+            }
+        }
+        match r["kind"].as_str() {
+            Some("latency") => {
+                assert!(r["gbytes_per_s"].is_null());
+                // One-way latency on one host: above 20 ns, below 100 ms.
+                assert!(p50 > 20.0 && p50 < 1e8, "{r}");
+            }
+            Some("bandwidth") => {
+                let g = num(r, "gbytes_per_s").expect("GB/s");
+                assert!(g > 0.001 && g < 1000.0, "{r}");
+                // GB/s and per-message p50 agree.
+                assert!((size as f64 / p50 - g).abs() / g < 1e-6, "{r}");
+            }
+            other => panic!("kind {other:?}"),
+        }
+    }
+
+    // Files: exactly one bench-<stamp> directory with both files.
+    let dirs: Vec<PathBuf> = std::fs::read_dir(&out).expect("out dir").flatten().map(|e| e.path()).collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("bench-") && name.ends_with('Z'), "{name}");
+    let json = std::fs::read_to_string(dirs[0].join("bench.json")).expect("bench.json");
+    let file_doc: Value = serde_json::from_str(&json).expect("bench.json parses");
+    assert_eq!(file_doc, doc, "bench.json equals stdout");
+    let svg = std::fs::read_to_string(dirs[0].join("bench.svg")).expect("bench.svg");
+    assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+    assert!(stderr.contains("bench.json"), "says where it wrote: {stderr}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn table_output_and_udp_skip() {
+    let out = tmp_dir("table");
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args([
+            "bench",
+            "--no-progress",
+            "--rounds",
+            "1",
+            "--batch-ms",
+            "2",
+            "--warmup",
+            "10",
+            "--iters",
+            "100",
+        ])
+        .args(["--bw-msgs", "50", "--count-iters", "0", "--lat-sizes", "64,100K", "--bw-sizes", "100K"])
+        .args(["--transports", "kernel-udp,unix-stream"])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run strait");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("unix-stream") && s.contains("kernel-udp"), "{s}");
+    assert!(s.contains("skipped: a UDP datagram carries at most 65507 bytes"), "{s}");
+    assert!(s.contains("datagrams of <="), "{s}");
+    assert!(s.contains("reproduce with:") && s.contains("--transports kernel-udp,unix-stream"), "{s}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn bad_flags_are_errors() {
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["bench", "--transports", "carrier-pigeon", "--out", "/nonexistent-never-created"])
+        .output()
+        .expect("run strait");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown transport"));
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["bench", "--lat-sizes", "8,4Q"])
+        .output()
+        .expect("run");
+    assert!(!o.status.success());
+}

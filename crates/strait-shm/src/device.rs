@@ -10,7 +10,7 @@ use strait_core::notifier::notify_fd;
 use strait_core::{ConfigError, Notifier};
 use thiserror::Error;
 
-use crate::ring::{self, AtomicU64, Consumer, Producer, RingControl, RingMemory};
+use crate::ring::{self, AtomicU64, Consumer, Producer, RingMemory};
 use crate::sys::{self, Mapping};
 
 const MAGIC: u64 = 0x3130_4d48_5354_5253; // "SRTSHM01"
@@ -21,7 +21,6 @@ const HEADER_BYTES: usize = 4096;
 const fn ring_ctl(k: usize) -> usize {
     1024 + k * 1024
 }
-const TAIL: usize = 0;
 const HEAD: usize = 256;
 const SLEEP: usize = 512;
 /// Set by a side that shuts down (in the control block of the ring it produces).
@@ -250,6 +249,16 @@ impl RingMemory for RingData {
     fn size(&self) -> usize {
         self.size
     }
+    fn header(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset.is_multiple_of(ring::CELL) && offset < self.size,
+            "header offset {offset} off the cell grid"
+        );
+        // SAFETY: cell offsets inside the data area are 8-byte aligned (the area starts
+        // on a page) and in bounds (asserted); both processes access header words only
+        // atomically.
+        unsafe { &*self.base.add(offset).cast::<AtomicU64>() }
+    }
     unsafe fn store(&self, offset: usize, src: &[u8]) {
         // SAFETY: the caller keeps the range inside the data area (trait contract).
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(offset), src.len()) }
@@ -413,10 +422,6 @@ impl ShmDevice {
         unsafe { &*self.map.ptr.add(ring_ctl(ring) + at).cast::<AtomicU64>() }
     }
 
-    fn ctl<'a>(&self, ring: usize) -> RingControl<'a> {
-        RingControl { tail: self.word(ring, TAIL), head: self.word(ring, HEAD) }
-    }
-
     /// True if the peer can be read with single-copy remote reads.
     pub fn remote_read_available(&self) -> bool {
         self.remote_read_ok
@@ -465,8 +470,7 @@ impl Device for ShmDevice {
         if len > self.max_payload {
             return Err(DeviceError::FrameTooLong { len, max: self.max_payload });
         }
-        let ctl = self.ctl(self.tx_ring);
-        let slot = match self.tx.reserve(ctl, &self.tx_data, len) {
+        let slot = match self.tx.reserve(self.word(self.tx_ring, HEAD), len) {
             Ok(Some(s)) => s,
             Ok(None) => {
                 self.tx_blocked = Some(len);
@@ -477,8 +481,7 @@ impl Device for ShmDevice {
         // SAFETY: the slot is inside the tx data area and reserved for us until commit.
         let mut w = unsafe { FrameWriter::from_raw(self.tx_data.base.add(slot.offset), len) };
         fill(&mut w);
-        let ctl = self.ctl(self.tx_ring);
-        self.tx.commit(ctl, slot);
+        self.tx.commit(&self.tx_data, slot);
         self.tx_blocked = None;
         self.stats.frames_sent += 1;
         Ok(true)
@@ -486,8 +489,7 @@ impl Device for ShmDevice {
 
     fn recv_frame(&mut self, handle: &mut dyn FnMut(&RxFrame<'_>)) -> Result<bool, DeviceError> {
         self.check_failed()?;
-        let ctl = self.ctl(self.rx_ring);
-        let slot = match self.rx.peek(ctl, &self.rx_data) {
+        let slot = match self.rx.peek(&self.rx_data) {
             Ok(Some(s)) => s,
             Ok(None) => return Ok(false),
             Err(e) => return Err(self.corrupt(e.0)),
@@ -496,8 +498,7 @@ impl Device for ShmDevice {
         // reuse it before we release it (and if it does anyway, RxFrame only copies).
         let f = unsafe { RxFrame::from_raw(self.rx_data.base.add(slot.offset), slot.len) };
         handle(&f);
-        let ctl = self.ctl(self.rx_ring);
-        self.rx.release(ctl, slot);
+        self.rx.release(self.word(self.rx_ring, HEAD), &self.rx_data, slot);
         self.stats.frames_received += 1;
         Ok(true)
     }
@@ -516,25 +517,15 @@ impl Device for ShmDevice {
     fn arm_sleep(&mut self) -> Result<bool, DeviceError> {
         self.check_failed()?;
         ring::announce_sleep(self.word(self.rx_ring, SLEEP));
-        let rx_ctl = self.ctl(self.rx_ring);
-        let has_data = match self.rx.has_data(rx_ctl) {
-            Ok(d) => d,
-            Err(e) => {
-                ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
-                return Err(self.corrupt(e.0));
-            }
-        };
+        let has_data = self.rx.has_data(&self.rx_data);
         let room = match self.tx_blocked {
-            Some(len) => {
-                let tx_ctl = self.ctl(self.tx_ring);
-                match self.tx.has_room(tx_ctl, len) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
-                        return Err(self.corrupt(e.0));
-                    }
+            Some(len) => match self.tx.has_room(self.word(self.tx_ring, HEAD), len) {
+                Ok(r) => r,
+                Err(e) => {
+                    ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
+                    return Err(self.corrupt(e.0));
                 }
-            }
+            },
             None => false,
         };
         if has_data || room {
@@ -558,16 +549,12 @@ impl Device for ShmDevice {
             return Ok(());
         }
         // Frames the peer published before it went away are still delivered.
-        let ctl = self.ctl(self.rx_ring);
-        match self.rx.has_data(ctl) {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                let e = DeviceError::PeerGone("the peer closed the connection or exited".into());
-                self.failed = Some(DeviceError::PeerGone("the peer closed the connection or exited".into()));
-                Err(e)
-            }
-            Err(e) => Err(self.corrupt(e.0)),
+        if self.rx.has_data(&self.rx_data) {
+            return Ok(());
         }
+        let why = "the peer closed the connection or exited";
+        self.failed = Some(DeviceError::PeerGone(why.into()));
+        Err(DeviceError::PeerGone(why.into()))
     }
 
     fn supports_remote_read(&self) -> bool {

@@ -2,22 +2,27 @@
 //!
 //! One ring carries frames in one direction. Positions are byte counts that only
 //! grow (`u64`, never wrap in practice); a position's offset in the data area is
-//! `pos % size`. Frames start on 64-byte cells so that a frame header never shares a
-//! cache line with the previous frame's tail. A frame is an 8-byte header
-//! (`len: u32`, `kind: u32`) followed by `len` payload bytes, contiguous in memory:
-//! a frame that would run past the end of the data area is preceded by a padding
-//! header and placed at the start of the next lap.
+//! `pos % size`. Frames start on 64-byte cells. A frame is an 8-byte header word
+//! (`len` in the low half, a kind tag with the lap number in the high half) followed
+//! by `len` payload bytes, contiguous in memory: a frame that would run past the end
+//! of the data area is preceded by a padding header and placed at the start of the
+//! next lap.
 //!
-//! The producer publishes frames by storing its position (`tail`, Release) after
-//! writing them; the consumer frees space by storing its position (`head`, Release)
-//! after reading. Each side caches the other's position and reloads it only when it
-//! runs out (of data or of room), so a steady stream touches the other side's line
-//! once per batch rather than once per frame.
+//! The header word is the publication: the producer writes the payload, then stores
+//! the header (Release); the consumer polls the header word of the cell at its
+//! position (Acquire), so a message costs the consumer one cache-line transfer (the
+//! line holding the header and the first 56 payload bytes), with no separate "tail"
+//! line to fetch. For this to be sound, a cell's first word must never hold stale
+//! bytes that could look like a header: the consumer zeroes the first word of every
+//! cell it has consumed before it hands the space back (`head`, Release), and the
+//! producer only reuses space below the consumer's `head` (Acquire). The producer
+//! caches `head` and reloads it only when it runs out of room.
 //!
 //! The peer is not trusted: every position and header read from shared memory is
-//! validated, and a violation is reported as [`Corrupt`] instead of being followed.
+//! validated (kind, lap, length), and a violation is reported as [`Corrupt`] instead
+//! of being followed.
 //!
-//! Sleeping uses a flag per consumer and the classic store/fence/load handshake on
+//! Sleeping uses a flag per sleeper and the classic store/fence/load handshake on
 //! both sides ([`announce_sleep`] / [`peer_needs_wake`]): with a sequentially
 //! consistent fence between each side's store and its load, at least one of the two
 //! sees the other's store, so a frame published while the consumer decides to sleep
@@ -37,8 +42,8 @@ pub use std::sync::atomic::{fence, AtomicU64, Ordering};
 pub const CELL: usize = 64;
 /// Bytes of the per-frame header.
 pub const FRAME_HDR: usize = 8;
-const KIND_FRAME: u32 = 0x3146_5253; // "SRF1"
-const KIND_PAD: u32 = 0x3150_5253; // "SRP1"
+const KIND_FRAME: u64 = 0x5346; // "SF"
+const KIND_PAD: u64 = 0x5350; // "SP"
 
 /// The peer broke the ring protocol; the string says how.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -49,6 +54,8 @@ pub struct Corrupt(pub String);
 pub trait RingMemory {
     /// Size of the data area in bytes: a multiple of [`CELL`].
     fn size(&self) -> usize;
+    /// The header word at a cell-aligned `offset` (below `size()`).
+    fn header(&self, offset: usize) -> &AtomicU64;
     /// Copies `src` to `offset`.
     ///
     /// # Safety
@@ -63,15 +70,6 @@ pub trait RingMemory {
     unsafe fn load(&self, offset: usize, dst: &mut [u8]);
 }
 
-/// The two shared positions of one ring.
-#[derive(Clone, Copy)]
-pub struct RingControl<'a> {
-    /// Producer position: everything below it is published.
-    pub tail: &'a AtomicU64,
-    /// Consumer position: everything below it has been read and may be overwritten.
-    pub head: &'a AtomicU64,
-}
-
 /// A frame reserved by the producer or found by the consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
@@ -79,6 +77,10 @@ pub struct Slot {
     pub offset: usize,
     /// Payload length.
     pub len: usize,
+    /// Ring position of the frame's first cell (or of the padding before it).
+    pub start: u64,
+    /// Ring position of the frame's header.
+    pub at: u64,
     /// Ring position just past this frame.
     pub end: u64,
 }
@@ -87,11 +89,9 @@ fn frame_span(len: usize) -> u64 {
     (FRAME_HDR + len).div_ceil(CELL) as u64 * CELL as u64
 }
 
-fn header(len: u32, kind: u32) -> [u8; FRAME_HDR] {
-    let mut h = [0u8; FRAME_HDR];
-    h[..4].copy_from_slice(&len.to_le_bytes());
-    h[4..].copy_from_slice(&kind.to_le_bytes());
-    h
+fn header_word(kind: u64, pos: u64, size: u64, len: usize) -> u64 {
+    let lap = (pos / size) & 0xffff;
+    (kind << 48) | (lap << 32) | len as u64
 }
 
 /// Largest payload a ring of `size` bytes carries: a quarter of the ring, so that a
@@ -114,9 +114,10 @@ impl Producer {
         Producer { tail: 0, head_cache: 0, size: size as u64 }
     }
 
-    fn reload_head(&mut self, ctl: RingControl<'_>) -> Result<(), Corrupt> {
-        let h = ctl.head.load(Ordering::Acquire);
-        if h > self.tail || self.tail - h > self.size || !h.is_multiple_of(CELL as u64) {
+    fn reload_head(&mut self, head: &AtomicU64) -> Result<(), Corrupt> {
+        let h = head.load(Ordering::Acquire);
+        if h > self.tail || self.tail - h > self.size || !h.is_multiple_of(CELL as u64) || h < self.head_cache
+        {
             return Err(Corrupt(format!(
                 "consumer position {h} is impossible (producer at {}, ring of {} bytes)",
                 self.tail, self.size
@@ -134,50 +135,46 @@ impl Producer {
         (pad, span)
     }
 
-    /// True if a frame of `len` payload bytes fits now (reloads the consumer position).
-    pub fn has_room(&mut self, ctl: RingControl<'_>, len: usize) -> Result<bool, Corrupt> {
-        self.reload_head(ctl)?;
+    /// True if a frame of `len` payload bytes fits now (reloads the consumer position
+    /// from `head`).
+    pub fn has_room(&mut self, head: &AtomicU64, len: usize) -> Result<bool, Corrupt> {
+        self.reload_head(head)?;
         let (pad, span) = self.needed(len);
         Ok(self.tail + pad + span - self.head_cache <= self.size)
     }
 
-    /// Reserves a frame of `len` payload bytes and writes its header; the caller fills
-    /// the payload at `slot.offset` and calls [`Producer::commit`]. `Ok(None)` if the
-    /// ring is full.
+    /// Reserves a frame of `len` payload bytes; the caller fills the payload at
+    /// `slot.offset` and calls [`Producer::commit`]. `Ok(None)` if the ring is full.
     ///
     /// # Panics
     /// If `len > max_payload(size)`: the device checks lengths before calling.
-    pub fn reserve<M: RingMemory>(
-        &mut self,
-        ctl: RingControl<'_>,
-        mem: &M,
-        len: usize,
-    ) -> Result<Option<Slot>, Corrupt> {
+    pub fn reserve(&mut self, head: &AtomicU64, len: usize) -> Result<Option<Slot>, Corrupt> {
         assert!(len <= max_payload(self.size as usize), "frame longer than the ring allows");
         let (pad, span) = self.needed(len);
         if self.tail + pad + span - self.head_cache > self.size {
-            self.reload_head(ctl)?;
+            self.reload_head(head)?;
             if self.tail + pad + span - self.head_cache > self.size {
                 return Ok(None);
             }
         }
-        let mut pos = self.tail;
-        if pad > 0 {
-            // SAFETY: the offset is cell-aligned and below `size`, so the 8 header
-            // bytes fit; the space is free (checked against the consumer position).
-            unsafe { mem.store((pos % self.size) as usize, &header(0, KIND_PAD)) };
-            pos += pad;
-        }
-        let offset = (pos % self.size) as usize;
-        // SAFETY: `offset + FRAME_HDR + len <= size` by the padding rule; free space.
-        unsafe { mem.store(offset, &header(len as u32, KIND_FRAME)) };
-        Ok(Some(Slot { offset: offset + FRAME_HDR, len, end: pos + span }))
+        let at = self.tail + pad;
+        let offset = (at % self.size) as usize + FRAME_HDR;
+        Ok(Some(Slot { offset, len, start: self.tail, at, end: at + span }))
     }
 
-    /// Publishes a reserved frame (and any padding before it).
-    pub fn commit(&mut self, ctl: RingControl<'_>, slot: Slot) {
+    /// Publishes a reserved frame (and any padding before it): the payload must be
+    /// written by now.
+    pub fn commit<M: RingMemory>(&mut self, mem: &M, slot: Slot) {
+        let size = self.size;
+        // The frame first, then the padding that leads the consumer to it, so the
+        // consumer never follows padding to a cell that is not yet published.
+        mem.header((slot.at % size) as usize)
+            .store(header_word(KIND_FRAME, slot.at, size, slot.len), Ordering::Release);
+        if slot.at != slot.start {
+            mem.header((slot.start % size) as usize)
+                .store(header_word(KIND_PAD, slot.start, size, 0), Ordering::Release);
+        }
         self.tail = slot.end;
-        ctl.tail.store(self.tail, Ordering::Release);
     }
 }
 
@@ -185,82 +182,69 @@ impl Producer {
 #[derive(Debug)]
 pub struct Consumer {
     head: u64,
-    tail_cache: u64,
     size: u64,
 }
 
 impl Consumer {
     /// A consumer at position 0 of a ring of `size` bytes.
     pub fn new(size: usize) -> Self {
-        Consumer { head: 0, tail_cache: 0, size: size as u64 }
+        Consumer { head: 0, size: size as u64 }
     }
 
-    fn reload_tail(&mut self, ctl: RingControl<'_>) -> Result<(), Corrupt> {
-        let t = ctl.tail.load(Ordering::Acquire);
-        if t < self.tail_cache || t - self.head > self.size || !t.is_multiple_of(CELL as u64) {
-            return Err(Corrupt(format!(
-                "producer position {t} is impossible (consumer at {}, ring of {} bytes)",
-                self.head, self.size
-            )));
-        }
-        self.tail_cache = t;
-        Ok(())
-    }
-
-    /// True if a frame is waiting (reloads the producer position).
-    pub fn has_data(&mut self, ctl: RingControl<'_>) -> Result<bool, Corrupt> {
-        self.reload_tail(ctl)?;
-        Ok(self.tail_cache != self.head)
+    /// True if a frame (or padding) is waiting.
+    pub fn has_data<M: RingMemory>(&self, mem: &M) -> bool {
+        mem.header((self.head % self.size) as usize).load(Ordering::Acquire) != 0
     }
 
     /// The next frame, validated, without releasing it; `Ok(None)` if none is there.
-    pub fn peek<M: RingMemory>(&mut self, ctl: RingControl<'_>, mem: &M) -> Result<Option<Slot>, Corrupt> {
-        if self.head == self.tail_cache {
-            self.reload_tail(ctl)?;
-            if self.head == self.tail_cache {
+    pub fn peek<M: RingMemory>(&self, mem: &M) -> Result<Option<Slot>, Corrupt> {
+        let size = self.size;
+        let max = max_payload(size as usize);
+        let mut at = self.head;
+        loop {
+            let off = (at % size) as usize;
+            let h = mem.header(off).load(Ordering::Acquire);
+            if h == 0 {
                 return Ok(None);
             }
-        }
-        let max = max_payload(self.size as usize);
-        let mut padded = false;
-        loop {
-            let off = (self.head % self.size) as usize;
-            let mut h = [0u8; FRAME_HDR];
-            // SAFETY: `off` is cell-aligned and below `size`; 8 bytes fit.
-            unsafe { mem.load(off, &mut h) };
-            let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-            let kind = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-            match kind {
-                KIND_PAD if !padded && off != 0 => {
-                    // Skip to the next lap; published with the next release.
-                    self.head += self.size - off as u64;
-                    padded = true;
-                    if self.head >= self.tail_cache {
-                        return Err(Corrupt("padding with no frame after it".into()));
-                    }
-                }
-                KIND_FRAME => {
-                    let end = self.head + frame_span(len.min(max));
-                    if len > max || off + FRAME_HDR + len > self.size as usize || end > self.tail_cache {
-                        return Err(Corrupt(format!(
-                            "frame header at {} claims {len} bytes (limit {max}, {} published)",
-                            self.head,
-                            self.tail_cache - self.head
-                        )));
-                    }
-                    return Ok(Some(Slot { offset: off + FRAME_HDR, len, end }));
-                }
-                _ => {
-                    return Err(Corrupt(format!("bad frame header kind {kind:#x} at position {}", self.head)))
-                }
+            let len = (h & 0xffff_ffff) as usize;
+            if h == header_word(KIND_PAD, at, size, 0) && at == self.head && off != 0 {
+                at += size - off as u64;
+                continue;
             }
+            if h != header_word(KIND_FRAME, at, size, len) {
+                return Err(Corrupt(format!("bad frame header {h:#018x} at ring position {at}")));
+            }
+            if len > max || off + FRAME_HDR + len > size as usize {
+                return Err(Corrupt(format!(
+                    "frame header at ring position {at} claims {len} bytes (limit {max}, {} to the end of the ring)",
+                    size as usize - off - FRAME_HDR
+                )));
+            }
+            return Ok(Some(Slot {
+                offset: off + FRAME_HDR,
+                len,
+                start: self.head,
+                at,
+                end: at + frame_span(len),
+            }));
         }
     }
 
-    /// Frees a frame returned by [`Consumer::peek`] (and any padding before it).
-    pub fn release(&mut self, ctl: RingControl<'_>, slot: Slot) {
+    /// Frees a frame returned by [`Consumer::peek`] (and any padding before it): the
+    /// first word of every cell it covered is zeroed, then `head` is published.
+    pub fn release<M: RingMemory>(&mut self, head: &AtomicU64, mem: &M, slot: Slot) {
+        let size = self.size;
+        if slot.at != slot.start {
+            mem.header((slot.start % size) as usize).store(0, Ordering::Relaxed);
+        }
+        let mut p = slot.at;
+        while p < slot.end {
+            mem.header((p % size) as usize).store(0, Ordering::Relaxed);
+            p += CELL as u64;
+        }
         self.head = slot.end;
-        ctl.head.store(self.head, Ordering::Release);
+        head.store(self.head, Ordering::Release);
     }
 }
 
@@ -288,114 +272,125 @@ mod tests {
     use super::*;
     use std::cell::UnsafeCell;
 
-    struct Mem(UnsafeCell<Vec<u8>>);
+    /// Test memory: words, so header words can be handed out as atomics.
+    struct Mem(Vec<AtomicU64>, UnsafeCell<()>);
+    impl Mem {
+        fn new(size: usize) -> Mem {
+            Mem((0..size / 8).map(|_| AtomicU64::new(0)).collect(), UnsafeCell::new(()))
+        }
+        fn bytes(&self) -> *mut u8 {
+            self.0.as_ptr() as *mut u8
+        }
+    }
     impl RingMemory for Mem {
         fn size(&self) -> usize {
-            // SAFETY: single-threaded test; no outstanding mutable borrow.
-            unsafe { (*self.0.get()).len() }
+            self.0.len() * 8
+        }
+        fn header(&self, offset: usize) -> &AtomicU64 {
+            &self.0[offset / 8]
         }
         unsafe fn store(&self, offset: usize, src: &[u8]) {
             // SAFETY: single-threaded test; bounds per the trait contract.
-            unsafe { (&mut *self.0.get())[offset..offset + src.len()].copy_from_slice(src) }
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.bytes().add(offset), src.len()) }
         }
         unsafe fn load(&self, offset: usize, dst: &mut [u8]) {
             // SAFETY: as above.
-            unsafe { dst.copy_from_slice(&(&*self.0.get())[offset..offset + dst.len()]) }
+            unsafe { std::ptr::copy_nonoverlapping(self.bytes().add(offset), dst.as_mut_ptr(), dst.len()) }
         }
     }
 
-    fn push(p: &mut Producer, ctl: RingControl<'_>, m: &Mem, data: &[u8]) -> bool {
-        match p.reserve(ctl, m, data.len()).unwrap() {
+    fn push(p: &mut Producer, head: &AtomicU64, m: &Mem, data: &[u8]) -> bool {
+        match p.reserve(head, data.len()).unwrap() {
             Some(s) => {
                 // SAFETY: reserved slot.
                 unsafe { m.store(s.offset, data) };
-                p.commit(ctl, s);
+                p.commit(m, s);
                 true
             }
             None => false,
         }
     }
 
-    fn pop(c: &mut Consumer, ctl: RingControl<'_>, m: &Mem) -> Option<Vec<u8>> {
-        let s = c.peek(ctl, m).unwrap()?;
+    fn pop(c: &mut Consumer, head: &AtomicU64, m: &Mem) -> Option<Vec<u8>> {
+        let s = c.peek(m).unwrap()?;
         let mut v = vec![0; s.len];
         // SAFETY: slot inside the ring.
         unsafe { m.load(s.offset, &mut v) };
-        c.release(ctl, s);
+        c.release(head, m, s);
         Some(v)
     }
 
     #[test]
     fn frames_wrap_with_padding_and_keep_order() {
         let size = 1024;
-        let m = Mem(UnsafeCell::new(vec![0; size]));
-        let (t, h) = (AtomicU64::new(0), AtomicU64::new(0));
-        let ctl = RingControl { tail: &t, head: &h };
+        let m = Mem::new(size);
+        let h = AtomicU64::new(0);
         let (mut p, mut c) = (Producer::new(size), Consumer::new(size));
         let mut next = 0u32;
         let mut expect = 0u32;
         for round in 0..2000usize {
+            // Payload bytes that look like headers must never be taken for one.
             let len = (round * 37) % (max_payload(size) + 1);
-            let data: Vec<u8> = (0..len).map(|i| (i as u32 ^ next) as u8).collect();
-            if push(&mut p, ctl, &m, &data) {
+            let data: Vec<u8> =
+                (0..len).map(|i| if i % 8 == 7 { 0x53 } else { (i as u32 ^ next) as u8 }).collect();
+            if push(&mut p, &h, &m, &data) {
                 next += 1;
             }
             if round % 3 != 0 {
-                while let Some(v) = pop(&mut c, ctl, &m) {
-                    assert!(v.iter().enumerate().all(|(i, &b)| b == (i as u32 ^ expect) as u8));
+                while let Some(v) = pop(&mut c, &h, &m) {
+                    assert!(v
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &b)| b == if i % 8 == 7 { 0x53 } else { (i as u32 ^ expect) as u8 }));
                     expect += 1;
                 }
             }
         }
         assert!(next > 1000, "ring made too little progress: {next}");
+        assert!(expect + 2 >= next);
     }
 
     #[test]
     fn full_ring_refuses_then_accepts_after_release() {
         let size = 256;
-        let m = Mem(UnsafeCell::new(vec![0; size]));
-        let (t, h) = (AtomicU64::new(0), AtomicU64::new(0));
-        let ctl = RingControl { tail: &t, head: &h };
+        let m = Mem::new(size);
+        let h = AtomicU64::new(0);
         let (mut p, mut c) = (Producer::new(size), Consumer::new(size));
         for _ in 0..4 {
-            assert!(push(&mut p, ctl, &m, &[1; 8]));
+            assert!(push(&mut p, &h, &m, &[1; 8]));
         }
-        assert!(!push(&mut p, ctl, &m, &[2; 8]));
-        assert!(!p.has_room(ctl, 8).unwrap());
-        assert_eq!(pop(&mut c, ctl, &m).unwrap(), vec![1; 8]);
-        assert!(p.has_room(ctl, 8).unwrap());
-        assert!(push(&mut p, ctl, &m, &[2; 8]));
+        assert!(!push(&mut p, &h, &m, &[2; 8]));
+        assert!(!p.has_room(&h, 8).unwrap());
+        assert_eq!(pop(&mut c, &h, &m).unwrap(), vec![1; 8]);
+        assert!(p.has_room(&h, 8).unwrap());
+        assert!(push(&mut p, &h, &m, &[2; 8]));
     }
 
     #[test]
     fn hostile_positions_and_headers_are_rejected() {
         let size = 256;
-        let m = Mem(UnsafeCell::new(vec![0; size]));
-        let (t, h) = (AtomicU64::new(0), AtomicU64::new(0));
-        let ctl = RingControl { tail: &t, head: &h };
-        // Tail beyond a full ring.
-        t.store(size as u64 + 64, Ordering::Relaxed);
-        assert!(Consumer::new(size).peek(ctl, &m).is_err());
-        // Unaligned tail.
-        t.store(3, Ordering::Relaxed);
-        assert!(Consumer::new(size).has_data(ctl).is_err());
-        // Published cell whose header is garbage.
-        t.store(64, Ordering::Relaxed);
-        // SAFETY: single-threaded test.
-        unsafe { m.store(0, &[0xff; 8]) };
-        let e = Consumer::new(size).peek(ctl, &m).unwrap_err();
-        assert!(e.0.contains("bad frame header kind"), "{e}");
-        // A frame header claiming more than was published.
-        // SAFETY: as above.
-        unsafe { m.store(0, &header(60, KIND_FRAME)) };
-        assert!(Consumer::new(size).peek(ctl, &m).unwrap_err().0.contains("claims 60 bytes"));
-        // Padding at offset 0 (never legal) and padding followed by nothing.
-        // SAFETY: as above.
-        unsafe { m.store(0, &header(0, KIND_PAD)) };
-        assert!(Consumer::new(size).peek(ctl, &m).is_err());
-        // A consumer position ahead of the producer.
+        let m = Mem::new(size);
+        let h = AtomicU64::new(0);
+        let c = Consumer::new(size);
+        // Garbage in the header word.
+        m.header(0).store(0xffff_ffff_ffff_ffff, Ordering::Relaxed);
+        let e = c.peek(&m).unwrap_err();
+        assert!(e.0.contains("bad frame header"), "{e}");
+        // A valid-looking frame header from the wrong lap.
+        m.header(0).store(header_word(KIND_FRAME, size as u64, size as u64, 8), Ordering::Relaxed);
+        assert!(c.peek(&m).is_err());
+        // A frame header claiming more than the ring holds.
+        m.header(0).store(header_word(KIND_FRAME, 0, size as u64, 60), Ordering::Relaxed);
+        assert!(c.peek(&m).unwrap_err().0.contains("claims 60 bytes"));
+        // Padding at offset 0 (never legal).
+        m.header(0).store(header_word(KIND_PAD, 0, size as u64, 0), Ordering::Relaxed);
+        assert!(c.peek(&m).is_err());
+        // A consumer position ahead of the producer, or unaligned.
         h.store(128, Ordering::Relaxed);
-        assert!(Producer::new(size).has_room(ctl, 8).is_err());
+        assert!(Producer::new(size).has_room(&h, 8).is_err());
+        h.store(0, Ordering::Relaxed);
+        let mut p = Producer::new(size);
+        assert!(p.has_room(&h, 8).unwrap());
     }
 
     #[test]

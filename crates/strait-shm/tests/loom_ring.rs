@@ -2,53 +2,54 @@
 //! command as `RUSTFLAGS="--cfg loom" cargo test -p strait-shm --release --test loom_ring`.
 //!
 //! It drives the real `strait_shm::ring` code (compiled against loom's atomics) over
-//! a data area made of loom cells, so loom reports any read of frame bytes that is
-//! not ordered after their write (a torn message), and explores every interleaving
-//! and every weak-memory outcome it models for:
-//! * frames arrive complete, once, in order, across wrap-around and padding;
+//! a data area of loom atomics (relaxed loads and stores for the payload, so loom
+//! lets a payload read see any older value unless the header's release/acquire
+//! orders it), and explores every interleaving and every weak-memory outcome it
+//! models for:
+//! * frames arrive complete, once, in order, across wrap-around and padding, and
+//!   stale words left from an earlier lap are never taken for a header;
 //! * no lost wake-up: a consumer that decides to sleep is woken by the producer's
 //!   doorbell, and a producer sleeping on a full ring is woken by the consumer;
 //! * the same wake-up protocol without its fences loses a wake-up (the model must
 //!   catch the broken variant, or it proves nothing).
 #![cfg(loom)]
 
-use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use strait_shm::ring::{
-    announce_sleep, peer_needs_wake, withdraw_sleep, Consumer, Producer, RingControl, RingMemory,
-};
+use strait_shm::ring::{announce_sleep, peer_needs_wake, withdraw_sleep, Consumer, Producer, RingMemory};
 
-struct LoomMem(Vec<UnsafeCell<u8>>);
+/// The data area as 8-byte words.
+struct LoomMem(Vec<AtomicU64>);
 
 impl LoomMem {
     fn new(size: usize) -> Self {
-        LoomMem((0..size).map(|_| UnsafeCell::new(0)).collect())
+        LoomMem((0..size / 8).map(|_| AtomicU64::new(0)).collect())
     }
 }
 
 impl RingMemory for LoomMem {
     fn size(&self) -> usize {
-        self.0.len()
+        self.0.len() * 8
+    }
+    fn header(&self, offset: usize) -> &AtomicU64 {
+        &self.0[offset / 8]
     }
     unsafe fn store(&self, offset: usize, src: &[u8]) {
-        for (i, b) in src.iter().enumerate() {
-            // SAFETY: loom checks that no other access races with this one.
-            self.0[offset + i].with_mut(|p| unsafe { *p = *b });
+        assert!(offset % 8 == 0 && src.len() % 8 == 0, "model payloads are whole words");
+        for (i, w) in src.chunks(8).enumerate() {
+            self.0[offset / 8 + i].store(u64::from_le_bytes(w.try_into().unwrap()), Ordering::Relaxed);
         }
     }
     unsafe fn load(&self, offset: usize, dst: &mut [u8]) {
-        for (i, d) in dst.iter_mut().enumerate() {
-            // SAFETY: as above.
-            *d = self.0[offset + i].with(|p| unsafe { *p });
+        for (i, w) in dst.chunks_mut(8).enumerate() {
+            w.copy_from_slice(&self.0[offset / 8 + i].load(Ordering::Relaxed).to_le_bytes());
         }
     }
 }
 
 struct Shared {
     mem: LoomMem,
-    tail: AtomicU64,
     head: AtomicU64,
     consumer_sleeps: AtomicU64,
     producer_sleeps: AtomicU64,
@@ -58,14 +59,10 @@ impl Shared {
     fn new(size: usize) -> Arc<Shared> {
         Arc::new(Shared {
             mem: LoomMem::new(size),
-            tail: AtomicU64::new(0),
             head: AtomicU64::new(0),
             consumer_sleeps: AtomicU64::new(0),
             producer_sleeps: AtomicU64::new(0),
         })
-    }
-    fn ctl(&self) -> RingControl<'_> {
-        RingControl { tail: &self.tail, head: &self.head }
     }
 }
 
@@ -74,11 +71,11 @@ fn payload(i: usize, len: usize) -> Vec<u8> {
 }
 
 fn try_push(p: &mut Producer, s: &Shared, data: &[u8]) -> bool {
-    match p.reserve(s.ctl(), &s.mem, data.len()).expect("honest consumer") {
+    match p.reserve(&s.head, data.len()).expect("honest consumer") {
         Some(slot) => {
             // SAFETY: the slot is reserved for the producer.
             unsafe { s.mem.store(slot.offset, data) };
-            p.commit(s.ctl(), slot);
+            p.commit(&s.mem, slot);
             true
         }
         None => false,
@@ -86,16 +83,17 @@ fn try_push(p: &mut Producer, s: &Shared, data: &[u8]) -> bool {
 }
 
 fn try_pop(c: &mut Consumer, s: &Shared) -> Option<Vec<u8>> {
-    let slot = c.peek(s.ctl(), &s.mem).expect("honest producer")?;
+    let slot = c.peek(&s.mem).expect("honest producer")?;
     let mut v = vec![0; slot.len];
     // SAFETY: the slot was published and not yet released.
     unsafe { s.mem.load(slot.offset, &mut v) };
-    c.release(s.ctl(), slot);
+    c.release(&s.head, &s.mem, slot);
     Some(v)
 }
 
 /// Three maximal frames through a 320-byte ring (five cells, two per frame): the
-/// third needs padding and wraps, and the producer must wait for room. Every byte read must be ordered after
+/// third needs padding and wraps onto cells that hold the first frame's stale
+/// words, and the producer must wait for room. Every byte read must be ordered after
 /// its write (loom's cell checking), and frames arrive intact and in order.
 #[test]
 fn frames_arrive_whole_and_in_order_across_wrap() {
@@ -128,6 +126,39 @@ fn frames_arrive_whole_and_in_order_across_wrap() {
     });
 }
 
+/// Five one-cell frames through a four-cell ring: the consumer reaches the wrapped
+/// cell 0 while it may still hold the first lap's words, and must wait there for
+/// the new frame instead of taking stale words for one.
+#[test]
+fn stale_cells_from_an_earlier_lap_are_never_read_as_frames() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(|| {
+        let s = Shared::new(256);
+        let sp = s.clone();
+        let prod = thread::spawn(move || {
+            let mut p = Producer::new(256);
+            for i in 0..5 {
+                while !try_push(&mut p, &sp, &payload(i, 8)) {
+                    thread::yield_now();
+                }
+            }
+        });
+        let mut c = Consumer::new(256);
+        let mut got = 0;
+        while got < 5 {
+            match try_pop(&mut c, &s) {
+                Some(v) => {
+                    assert_eq!(v, payload(got, 8), "frame {got} stale, torn or out of order");
+                    got += 1;
+                }
+                None => thread::yield_now(),
+            }
+        }
+        prod.join().unwrap();
+    });
+}
+
 /// The consumer announces sleep and re-checks; the producer publishes and rings.
 /// If the consumer went to sleep, the producer must have seen its flag.
 fn consumer_wakeup(fenced: bool) {
@@ -146,14 +177,14 @@ fn consumer_wakeup(fenced: bool) {
         let mut c = Consumer::new(256);
         let slept = if fenced {
             announce_sleep(&s.consumer_sleeps);
-            let data = c.has_data(s.ctl()).unwrap();
+            let data = c.has_data(&s.mem);
             if data {
                 withdraw_sleep(&s.consumer_sleeps);
             }
             !data
         } else {
             s.consumer_sleeps.store(1, Ordering::Relaxed);
-            let data = s.tail.load(Ordering::Relaxed) != 0;
+            let data = s.mem.header(0).load(Ordering::Relaxed) != 0;
             !data
         };
         let woke = prod.join().unwrap();
@@ -190,7 +221,7 @@ fn no_lost_wakeup_for_a_producer_waiting_for_room() {
             peer_needs_wake(&sc.producer_sleeps)
         });
         announce_sleep(&s.producer_sleeps);
-        let room = p.has_room(s.ctl(), 8).unwrap();
+        let room = p.has_room(&s.head, 8).unwrap();
         if room {
             withdraw_sleep(&s.producer_sleeps);
         }

@@ -246,6 +246,25 @@ impl EpState {
         }
     }
 
+    /// Removes and returns the oldest posted receive that matches `tag`.
+    fn take_posted(&mut self, tag: u64) -> Option<PostedRecv> {
+        // The common case, the oldest receive matches, avoids the general removal.
+        if self.posted.front().is_some_and(|r| tag_matches(tag, r.tag, r.mask)) {
+            return self.posted.pop_front();
+        }
+        let pos = self.posted.iter().position(|r| tag_matches(tag, r.tag, r.mask))?;
+        self.posted.remove(pos)
+    }
+
+    /// True if frames wait to go out (for credits, ring room or a peer's answer).
+    pub(crate) fn tx_waiting(&self) -> bool {
+        !self.msgq.is_empty() || self.tx_pending()
+    }
+
+    pub(crate) fn has_rndv_starts(&self) -> bool {
+        !self.rndv_starts.is_empty()
+    }
+
     pub(crate) fn queue_send(&mut self, tag: u64, buf: Buf, ctx: u64) {
         let rndv = buf.len > self.eager_limit;
         self.msgq.push_back(QueuedMsg { tag, buf, ctx, rndv });
@@ -283,8 +302,7 @@ impl EpState {
                 if payload > self.eager_limit {
                     return self.reject(format!("eager payload {payload} above limit {}", self.eager_limit));
                 }
-                if let Some(pos) = self.posted.iter().position(|r| tag_matches(tag, r.tag, r.mask)) {
-                    let Some(r) = self.posted.remove(pos) else { return };
+                if let Some(r) = self.take_posted(tag) {
                     let n = payload.min(r.buf.len);
                     // SAFETY: `r.buf` lies inside its region, which no one else touches
                     // while the receive is in flight; the frame range is bounds-checked.
@@ -308,8 +326,7 @@ impl EpState {
                 if len > u32::MAX as u64 {
                     return self.reject(format!("rendezvous length {len} too large"));
                 }
-                if let Some(pos) = self.posted.iter().position(|r| tag_matches(tag, r.tag, r.mask)) {
-                    let Some(r) = self.posted.remove(pos) else { return };
+                if let Some(r) = self.take_posted(tag) {
                     self.credits_owed += 1;
                     self.rndv_starts.push_back(RndvStart { tag, msg_len: len, msg_id, addr, recv: r });
                 } else {
@@ -496,6 +513,17 @@ impl<D: Device> Endpoint<D> {
                 return work + 1;
             }
         }
+        work + self.progress_tx(cq)
+    }
+
+    /// The transmit half of [`Endpoint::progress`]: starts matched rendezvous
+    /// transfers, returns credits, flushes queued frames and rings the doorbell. A
+    /// post calls only this, so posting never pays for polling the receive side.
+    pub(crate) fn progress_tx(&mut self, cq: &mut VecDeque<Completion>) -> usize {
+        if self.st.failed.is_some() {
+            return 0;
+        }
+        let mut work = 0;
         // 2. Start matched rendezvous transfers.
         while let Some(s) = self.st.rndv_starts.pop_front() {
             self.start_rndv_recv(s, cq);
@@ -533,10 +561,9 @@ impl<D: Device> Endpoint<D> {
     fn start_rndv_recv(&mut self, s: RndvStart, cq: &mut VecDeque<Completion>) {
         let accept = (s.msg_len as usize).min(s.recv.buf.len);
         let use_read = match self.st.mode {
-            RndvMode::Copy => false,
-            RndvMode::RemoteRead | RndvMode::Auto => {
-                self.st.remote_read_ok && self.dev.supports_remote_read()
-            }
+            // See `RndvMode::Auto` for why the copy path is the default.
+            RndvMode::Copy | RndvMode::Auto => false,
+            RndvMode::RemoteRead => self.st.remote_read_ok && self.dev.supports_remote_read(),
         };
         if use_read {
             // SAFETY: the destination is the accepted prefix of the posted buffer.

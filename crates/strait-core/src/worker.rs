@@ -132,7 +132,11 @@ impl<D: Device> Worker<D> {
         mr.inner.sends.fetch_add(1, Ordering::AcqRel);
         let buf = Buf { region: Arc::clone(&mr.inner), off: range.start, len: range.end - range.start };
         e.st.queue_send(tag, buf, ctx);
-        e.progress(cq);
+        e.progress_tx(cq);
+        if e.st.tx_waiting() {
+            // Out of credits or ring room: what frees them arrives on the receive side.
+            e.progress(cq);
+        }
         Ok(())
     }
 
@@ -166,7 +170,10 @@ impl<D: Device> Worker<D> {
             };
         }
         e.st.post_recv(recv, cq);
-        e.progress(cq);
+        if e.st.has_rndv_starts() {
+            // It matched a rendezvous that already arrived: start moving data now.
+            e.progress_tx(cq);
+        }
         Ok(())
     }
 

@@ -35,7 +35,7 @@ static PROBE: u64 = 0x4542_4f52_5054_5253; // "SRTPROBE"
 /// Settings of the shm device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShmConfig {
-    /// Bytes of each direction's ring (a multiple of 4096, 64 KiB to 1 GiB). The
+    /// Bytes of each direction's ring (a power of two, 64 KiB to 1 GiB). The
     /// largest frame is a quarter of it; copy-mode rendezvous chunks are clamped to
     /// that.
     pub ring_bytes: usize,
@@ -57,7 +57,7 @@ impl ShmConfig {
                 return Err(ConfigError {
                     var: "STRAIT_SHM_RING_SIZE",
                     value: v.to_string(),
-                    why: "must be a multiple of 4096 between 64 KiB and 1 GiB",
+                    why: "must be a power of two between 64 KiB and 1 GiB",
                 });
             }
         }
@@ -65,9 +65,9 @@ impl ShmConfig {
     }
 
     fn validate(&self) -> Result<(), ShmError> {
-        if !self.ring_bytes.is_multiple_of(4096) || !(64 << 10..=1 << 30).contains(&self.ring_bytes) {
+        if !self.ring_bytes.is_power_of_two() || !(64 << 10..=1 << 30).contains(&self.ring_bytes) {
             return Err(ShmError::Config(format!(
-                "ring_bytes {} must be a multiple of 4096 between 64 KiB and 1 GiB",
+                "ring_bytes {} must be a power of two between 64 KiB and 1 GiB",
                 self.ring_bytes
             )));
         }
@@ -285,6 +285,13 @@ pub struct ShmDevice {
     tx_ring: usize,
     rx_ring: usize,
     tx_blocked: Option<usize>,
+    /// Frames published since the last doorbell.
+    tx_dirty: bool,
+    /// Ring space handed back to the peer since the last doorbell.
+    rx_freed: bool,
+    /// Consumed bytes are handed back in batches of this size (or sooner when
+    /// sending or going to sleep): see `ring::Consumer::publish`.
+    publish_batch: u64,
     max_payload: usize,
     failed: Option<DeviceError>,
     shut: bool,
@@ -404,6 +411,9 @@ impl ShmDevice {
             tx_ring,
             rx_ring,
             tx_blocked: None,
+            tx_dirty: false,
+            rx_freed: false,
+            publish_batch: (ring_bytes / 8) as u64,
             max_payload: ring::max_payload(ring_bytes),
             failed: None,
             shut: false,
@@ -456,6 +466,40 @@ impl ShmDevice {
     }
 }
 
+impl ShmDevice {
+    /// Wakes the peer if it announced sleep. Its flag sits in the control block of
+    /// the ring it consumes.
+    fn ring_peer(&mut self) -> Result<(), DeviceError> {
+        if ring::peer_needs_wake(self.word(self.tx_ring, SLEEP)) {
+            self.stats.wakeups_sent += 1;
+            if let Err(source) = notify_fd(self.peer_wake.as_raw_fd()) {
+                return Err(DeviceError::Io { op: "eventfd write", source });
+            }
+        }
+        Ok(())
+    }
+
+    fn arm_sleep_announced(&mut self) -> Result<bool, DeviceError> {
+        ring::announce_sleep(self.word(self.rx_ring, SLEEP));
+        let has_data = self.rx.has_data(&self.rx_data);
+        let room = match self.tx_blocked {
+            Some(len) => match self.tx.has_room(self.word(self.tx_ring, HEAD), len) {
+                Ok(r) => r,
+                Err(e) => {
+                    ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
+                    return Err(self.corrupt(e.0));
+                }
+            },
+            None => false,
+        };
+        if has_data || room {
+            ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
 impl Device for ShmDevice {
     fn max_frame_len(&self) -> usize {
         self.max_payload
@@ -483,6 +527,7 @@ impl Device for ShmDevice {
         fill(&mut w);
         self.tx.commit(&self.tx_data, slot);
         self.tx_blocked = None;
+        self.tx_dirty = true;
         self.stats.frames_sent += 1;
         Ok(true)
     }
@@ -498,41 +543,38 @@ impl Device for ShmDevice {
         // reuse it before we release it (and if it does anyway, RxFrame only copies).
         let f = unsafe { RxFrame::from_raw(self.rx_data.base.add(slot.offset), slot.len) };
         handle(&f);
-        self.rx.release(self.word(self.rx_ring, HEAD), &self.rx_data, slot);
+        self.rx.release(slot);
+        if self.rx.unpublished() >= self.publish_batch {
+            self.rx_freed |= self.rx.publish(self.word(self.rx_ring, HEAD), &self.rx_data);
+        }
         self.stats.frames_received += 1;
         Ok(true)
     }
 
     fn doorbell(&mut self) -> Result<(), DeviceError> {
-        // The peer's flag sits in the control block of the ring it consumes.
-        if ring::peer_needs_wake(self.word(self.tx_ring, SLEEP)) {
-            self.stats.wakeups_sent += 1;
-            if let Err(source) = notify_fd(self.peer_wake.as_raw_fd()) {
-                return Err(DeviceError::Io { op: "eventfd write", source });
-            }
+        if self.tx_dirty {
+            // Hand back consumed space now, behind our frames in store order, so the
+            // cache-line transfers of zeroing never delay a frame.
+            self.rx_freed |= self.rx.publish(self.word(self.rx_ring, HEAD), &self.rx_data);
         }
-        Ok(())
+        if !(self.tx_dirty || self.rx_freed) {
+            return Ok(());
+        }
+        self.tx_dirty = false;
+        self.rx_freed = false;
+        self.ring_peer()
     }
 
     fn arm_sleep(&mut self) -> Result<bool, DeviceError> {
         self.check_failed()?;
-        ring::announce_sleep(self.word(self.rx_ring, SLEEP));
-        let has_data = self.rx.has_data(&self.rx_data);
-        let room = match self.tx_blocked {
-            Some(len) => match self.tx.has_room(self.word(self.tx_ring, HEAD), len) {
-                Ok(r) => r,
-                Err(e) => {
-                    ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
-                    return Err(self.corrupt(e.0));
-                }
-            },
-            None => false,
-        };
-        if has_data || room {
-            ring::withdraw_sleep(self.word(self.rx_ring, SLEEP));
-            return Ok(false);
+        // Everything consumed goes back before we sleep, and a peer waiting for that
+        // room is woken.
+        if self.rx.publish(self.word(self.rx_ring, HEAD), &self.rx_data) || self.tx_dirty || self.rx_freed {
+            self.tx_dirty = false;
+            self.rx_freed = false;
+            self.ring_peer()?;
         }
-        Ok(true)
+        self.arm_sleep_announced()
     }
 
     fn disarm_sleep(&mut self) {
@@ -618,6 +660,7 @@ mod tests {
         assert!(ShmConfig::default().validate().is_ok());
         assert!(ShmConfig { ring_bytes: 4096 }.validate().is_err());
         assert!(ShmConfig { ring_bytes: (1 << 20) + 1 }.validate().is_err());
+        assert!(ShmConfig { ring_bytes: 3 << 20 }.validate().is_err());
     }
 
     #[test]

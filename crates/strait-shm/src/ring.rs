@@ -52,7 +52,7 @@ pub struct Corrupt(pub String);
 
 /// The memory a ring's frames live in.
 pub trait RingMemory {
-    /// Size of the data area in bytes: a multiple of [`CELL`].
+    /// Size of the data area in bytes: a power of two, at least four [`CELL`]s.
     fn size(&self) -> usize;
     /// The header word at a cell-aligned `offset` (below `size()`).
     fn header(&self, offset: usize) -> &AtomicU64;
@@ -90,7 +90,7 @@ fn frame_span(len: usize) -> u64 {
 }
 
 fn header_word(kind: u64, pos: u64, size: u64, len: usize) -> u64 {
-    let lap = (pos / size) & 0xffff;
+    let lap = (pos >> size.trailing_zeros()) & 0xffff;
     (kind << 48) | (lap << 32) | len as u64
 }
 
@@ -110,7 +110,11 @@ pub struct Producer {
 
 impl Producer {
     /// A producer at position 0 of a ring of `size` bytes.
+    ///
+    /// # Panics
+    /// If `size` is not a power of two of at least 4 cells.
     pub fn new(size: usize) -> Self {
+        assert!(size.is_power_of_two() && size >= 4 * CELL, "ring size {size} must be a power of two >= 256");
         Producer { tail: 0, head_cache: 0, size: size as u64 }
     }
 
@@ -129,7 +133,7 @@ impl Producer {
 
     /// Bytes of ring a frame of `len` needs at the current position, padding included.
     fn needed(&self, len: usize) -> (u64, u64) {
-        let off = self.tail % self.size;
+        let off = self.tail & (self.size - 1);
         let span = frame_span(len);
         let pad = if off + span > self.size { self.size - off } else { 0 };
         (pad, span)
@@ -158,7 +162,7 @@ impl Producer {
             }
         }
         let at = self.tail + pad;
-        let offset = (at % self.size) as usize + FRAME_HDR;
+        let offset = (at & (self.size - 1)) as usize + FRAME_HDR;
         Ok(Some(Slot { offset, len, start: self.tail, at, end: at + span }))
     }
 
@@ -168,10 +172,10 @@ impl Producer {
         let size = self.size;
         // The frame first, then the padding that leads the consumer to it, so the
         // consumer never follows padding to a cell that is not yet published.
-        mem.header((slot.at % size) as usize)
+        mem.header((slot.at & (size - 1)) as usize)
             .store(header_word(KIND_FRAME, slot.at, size, slot.len), Ordering::Release);
         if slot.at != slot.start {
-            mem.header((slot.start % size) as usize)
+            mem.header((slot.start & (size - 1)) as usize)
                 .store(header_word(KIND_PAD, slot.start, size, 0), Ordering::Release);
         }
         self.tail = slot.end;
@@ -182,18 +186,23 @@ impl Producer {
 #[derive(Debug)]
 pub struct Consumer {
     head: u64,
+    published: u64,
     size: u64,
 }
 
 impl Consumer {
     /// A consumer at position 0 of a ring of `size` bytes.
+    ///
+    /// # Panics
+    /// If `size` is not a power of two of at least 4 cells.
     pub fn new(size: usize) -> Self {
-        Consumer { head: 0, size: size as u64 }
+        assert!(size.is_power_of_two() && size >= 4 * CELL, "ring size {size} must be a power of two >= 256");
+        Consumer { head: 0, published: 0, size: size as u64 }
     }
 
     /// True if a frame (or padding) is waiting.
     pub fn has_data<M: RingMemory>(&self, mem: &M) -> bool {
-        mem.header((self.head % self.size) as usize).load(Ordering::Acquire) != 0
+        mem.header((self.head & (self.size - 1)) as usize).load(Ordering::Acquire) != 0
     }
 
     /// The next frame, validated, without releasing it; `Ok(None)` if none is there.
@@ -202,7 +211,7 @@ impl Consumer {
         let max = max_payload(size as usize);
         let mut at = self.head;
         loop {
-            let off = (at % size) as usize;
+            let off = (at & (size - 1)) as usize;
             let h = mem.header(off).load(Ordering::Acquire);
             if h == 0 {
                 return Ok(None);
@@ -231,20 +240,38 @@ impl Consumer {
         }
     }
 
-    /// Frees a frame returned by [`Consumer::peek`] (and any padding before it): the
-    /// first word of every cell it covered is zeroed, then `head` is published.
-    pub fn release<M: RingMemory>(&mut self, head: &AtomicU64, mem: &M, slot: Slot) {
-        let size = self.size;
-        if slot.at != slot.start {
-            mem.header((slot.start % size) as usize).store(0, Ordering::Relaxed);
+    /// Consumes a frame returned by [`Consumer::peek`] (and any padding before it).
+    /// The space goes back to the producer only at the next [`Consumer::publish`].
+    pub fn release(&mut self, slot: Slot) {
+        self.head = slot.end;
+    }
+
+    /// Bytes consumed but not yet handed back to the producer.
+    pub fn unpublished(&self) -> u64 {
+        self.head - self.published
+    }
+
+    /// Hands consumed space back to the producer: zeroes the first word of every
+    /// consumed cell, then stores `head` (Release). Returns whether anything was
+    /// handed back.
+    ///
+    /// Publishing is batched on purpose: zeroing a cell takes its cache line back
+    /// from the producer, and doing that on every frame would put a cache-line
+    /// round trip in front of the next store (stores leave the core in order) and
+    /// in front of the doorbell's fence.
+    pub fn publish<M: RingMemory>(&mut self, head: &AtomicU64, mem: &M) -> bool {
+        if self.head == self.published {
+            return false;
         }
-        let mut p = slot.at;
-        while p < slot.end {
-            mem.header((p % size) as usize).store(0, Ordering::Relaxed);
+        let size = self.size;
+        let mut p = self.published;
+        while p < self.head {
+            mem.header((p & (size - 1)) as usize).store(0, Ordering::Relaxed);
             p += CELL as u64;
         }
-        self.head = slot.end;
+        self.published = self.head;
         head.store(self.head, Ordering::Release);
+        true
     }
 }
 
@@ -316,7 +343,8 @@ mod tests {
         let mut v = vec![0; s.len];
         // SAFETY: slot inside the ring.
         unsafe { m.load(s.offset, &mut v) };
-        c.release(head, m, s);
+        c.release(s);
+        c.publish(head, m);
         Some(v)
     }
 

@@ -87,31 +87,32 @@ fn try_pop(c: &mut Consumer, s: &Shared) -> Option<Vec<u8>> {
     let mut v = vec![0; slot.len];
     // SAFETY: the slot was published and not yet released.
     unsafe { s.mem.load(slot.offset, &mut v) };
-    c.release(&s.head, &s.mem, slot);
+    c.release(slot);
+    c.publish(&s.head, &s.mem);
     Some(v)
 }
 
-/// Three maximal frames through a 320-byte ring (five cells, two per frame): the
-/// third needs padding and wraps onto cells that hold the first frame's stale
-/// words, and the producer must wait for room. Every byte read must be ordered after
+/// Five frames through a 512-byte ring (eight cells; one frame of one cell, then
+/// frames of two): the fifth needs padding and wraps onto cells that held the first
+/// frames, and the producer must wait for room. Every byte read must be ordered after
 /// its write (loom's cell checking), and frames arrive intact and in order.
 #[test]
 fn frames_arrive_whole_and_in_order_across_wrap() {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
     b.check(|| {
-        let s = Shared::new(320);
-        let sizes = [72usize, 72, 72];
+        let s = Shared::new(512);
+        let sizes = [8usize, 72, 72, 72, 72];
         let sp = s.clone();
         let prod = thread::spawn(move || {
-            let mut p = Producer::new(320);
+            let mut p = Producer::new(512);
             for (i, &len) in sizes.iter().enumerate() {
                 while !try_push(&mut p, &sp, &payload(i, len)) {
                     thread::yield_now();
                 }
             }
         });
-        let mut c = Consumer::new(320);
+        let mut c = Consumer::new(512);
         let mut got = 0;
         while got < sizes.len() {
             match try_pop(&mut c, &s) {

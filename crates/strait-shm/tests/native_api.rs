@@ -15,7 +15,7 @@ use strait_shm::{ShmConfig, ShmDevice, ShmListener};
 type W = Worker<ShmDevice>;
 
 const SIZES: &[usize] =
-    &[0, 1, 8, 40, 41, 64, 1000, 4096, 8192, 8193, 65_536, 65_537, 300_000, 1 << 20, 4 << 20];
+    &[0, 1, 8, 40, 41, 64, 1000, 4096, 8192, 8193, 32_768, 32_769, 65_536, 65_537, 300_000, 1 << 20, 4 << 20];
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -253,6 +253,84 @@ fn malformed_protocol_frame_is_rejected() {
     echo_roundtrip(RndvMode::Auto, true);
 }
 
+const TRUNC_SIZES: &[usize] = &[100, 40_000, 300_000];
+
+/// Receive buffers smaller than the messages: each receive completes `Truncated`
+/// with the full message length, the accepted prefix is right, and not one byte
+/// past the posted range is written.
+fn truncation(mode: RndvMode) {
+    let name = unique("trunc");
+    let listener = ShmListener::bind(&name).unwrap();
+    let mut child = spawn_child("send-trunc", &name, mode, Duration::ZERO);
+    let mut w = W::new(cfg(mode, Duration::from_micros(50))).unwrap();
+    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    for (i, &len) in TRUNC_SIZES.iter().enumerate() {
+        let take = len / 2;
+        let mut mr = MemoryRegion::new(len + 4096).unwrap();
+        mr.bytes_mut().unwrap().fill(0xee);
+        w.post_recv(ep, &mut mr, 0..take, i as u64, u64::MAX, 0).unwrap();
+        let c = wait_for(&mut w, OpKind::Recv, false);
+        assert_eq!((c.status, c.len), (Status::Truncated, len), "size {len}: {c:?}");
+        let b = mr.bytes().unwrap();
+        assert_eq!(&b[..take], &pattern(i as u64, len)[..take], "size {len}: prefix differs");
+        assert!(b[take..].iter().all(|&x| x == 0xee), "size {len}: bytes written past the buffer");
+    }
+    assert!(child.wait().unwrap().success(), "sender failed (its sends must complete too)");
+}
+
+#[test]
+fn truncation_remote_read() {
+    truncation(RndvMode::RemoteRead);
+}
+
+#[test]
+fn truncation_pipelined_copy() {
+    truncation(RndvMode::Copy);
+}
+
+/// The shared memory is handed only to the two ends of a connection: a second
+/// process connecting to the same name gets a connection of its own and never sees
+/// the first one's traffic, and nothing is created in the filesystem or /dev/shm.
+#[test]
+fn a_process_without_the_memfd_cannot_reach_the_ring() {
+    let name = unique("isolation");
+    let listener = ShmListener::bind(&name).unwrap();
+    let mut owner = spawn_child("echo-block", &name, RndvMode::Auto, Duration::ZERO);
+    let mut w = W::new(cfg(RndvMode::Auto, Duration::ZERO)).unwrap();
+    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let mut intruder = spawn_child("intruder", &name, RndvMode::Auto, Duration::ZERO);
+    let ep2 = w.attach(listener.accept(w.notifier()).unwrap());
+    // Traffic on the first connection while the intruder listens on its own.
+    for (i, &len) in SIZES.iter().enumerate() {
+        let data = pattern(i as u64, len);
+        let mut out = MemoryRegion::new(len).unwrap();
+        out.write_at(0, &data).unwrap();
+        let mut back = MemoryRegion::new(len).unwrap();
+        w.post_recv(ep, &mut back, 0..len, i as u64 + 1000, u64::MAX, 0).unwrap();
+        w.post_send(ep, &out, 0..len, i as u64, 0).unwrap();
+        let mut got = 0;
+        while got < 2 {
+            let c = w.wait(Some(Duration::from_secs(20))).unwrap();
+            assert_eq!((c.ep, c.status), (ep, Status::Ok), "{c:?}");
+            got += 1;
+        }
+        assert_eq!(back.bytes().unwrap(), &data[..]);
+    }
+    assert!(owner.wait().unwrap().success());
+    // The intruder saw nothing of it (it fails if anything arrives), and there is no
+    // shared-memory object anyone else could open.
+    assert!(intruder.wait().unwrap().success(), "the intruder received something");
+    assert_eq!(w.stats(ep2).unwrap().device.frames_received, 0);
+    let leaked: Vec<_> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().contains("strait")).collect()
+        })
+        .unwrap_or_default();
+    assert!(leaked.is_empty(), "shared memory visible in /dev/shm: {leaked:?}");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(maps.lines().filter(|l| l.contains("strait-shm")).all(|l| l.contains("memfd:")), "{maps}");
+}
+
 /// Child roles; a no-op unless `STRAIT_TEST_ROLE` is set.
 #[test]
 fn child() {
@@ -299,6 +377,30 @@ fn child() {
             let out = MemoryRegion::new(len).unwrap();
             w.post_send(ep, &out, 0..len, 1, 0).unwrap();
             std::thread::sleep(Duration::from_secs(30));
+        }
+        "send-trunc" => {
+            let ep = w.attach(dev);
+            for (i, &len) in TRUNC_SIZES.iter().enumerate() {
+                let mut out = MemoryRegion::new(len).unwrap();
+                out.write_at(0, &pattern(i as u64, len)).unwrap();
+                w.post_send(ep, &out, 0..len, i as u64, 0).unwrap();
+                let c = wait_for(&mut w, OpKind::Send, false);
+                // An eager send is done once it left; a rendezvous sender learns of
+                // the truncation from the receiver.
+                let expect =
+                    if len > Config::default().eager_threshold { Status::Truncated } else { Status::Ok };
+                assert_eq!(c.status, expect, "send of {len}");
+            }
+        }
+        "intruder" => {
+            let ep = w.attach(dev);
+            let mut inbox = MemoryRegion::new(1 << 20).unwrap();
+            w.post_recv(ep, &mut inbox, 0..1 << 20, 0, 0, 0).unwrap();
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < deadline {
+                assert!(w.poll().is_none(), "the intruder received a completion");
+            }
+            assert_eq!(w.stats(ep).unwrap().device.frames_received, 0);
         }
         "garbage" => {
             let mut dev = dev;

@@ -256,6 +256,11 @@ impl EpState {
         self.posted.remove(pos)
     }
 
+    /// True if the transmit half of progress has anything to do.
+    fn tx_work(&self) -> bool {
+        !self.rndv_starts.is_empty() || self.tx_waiting() || self.credits_owed >= self.window.div_ceil(2)
+    }
+
     /// True if frames wait to go out (for credits, ring room or a peer's answer).
     pub(crate) fn tx_waiting(&self) -> bool {
         !self.msgq.is_empty() || self.tx_pending()
@@ -512,6 +517,10 @@ impl<D: Device> Endpoint<D> {
                 self.dev.shutdown();
                 return work + 1;
             }
+        }
+        if work == 0 && !self.st.tx_work() && !self.st.peer_closed {
+            // Nothing arrived and nothing waits to go out: the idle poll stops here.
+            return 0;
         }
         work + self.progress_tx(cq)
     }

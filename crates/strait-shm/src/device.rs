@@ -249,6 +249,7 @@ impl RingMemory for RingData {
     fn size(&self) -> usize {
         self.size
     }
+    #[inline]
     fn header(&self, offset: usize) -> &AtomicU64 {
         assert!(
             offset.is_multiple_of(ring::CELL) && offset < self.size,
@@ -448,11 +449,20 @@ impl ShmDevice {
         DeviceError::Corrupt(why)
     }
 
+    #[inline]
     fn check_failed(&self) -> Result<(), DeviceError> {
-        match &self.failed {
+        match self.failed {
             None => Ok(()),
-            Some(DeviceError::Corrupt(w)) => Err(DeviceError::Corrupt(w.clone())),
-            Some(e) => Err(DeviceError::PeerGone(e.to_string())),
+            Some(_) => Err(self.failure()),
+        }
+    }
+
+    #[cold]
+    fn failure(&self) -> DeviceError {
+        match &self.failed {
+            Some(DeviceError::Corrupt(w)) => DeviceError::Corrupt(w.clone()),
+            Some(e) => DeviceError::PeerGone(e.to_string()),
+            None => DeviceError::PeerGone("no failure recorded".into()),
         }
     }
 

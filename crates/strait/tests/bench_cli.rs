@@ -17,12 +17,21 @@ fn transports() -> Vec<&'static str> {
     vec!["strait-shm", "kernel-tcp", "pipe", "spin-floor"]
 }
 
+/// Benchmark runs spin both cores: two at once would starve each other (and turn
+/// the spin floor's rare futex fallback into the rule), so they take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn num(v: &Value, k: &str) -> Option<f64> {
     v.get(k).and_then(Value::as_f64)
 }
 
 #[test]
 fn bench_json_schema_values_and_files() {
+    let _turn = turn();
     let out = tmp_dir("json");
     let ts = transports();
     let o = Command::new(env!("CARGO_BIN_EXE_strait"))
@@ -135,6 +144,7 @@ fn bench_json_schema_values_and_files() {
 
 #[test]
 fn table_output_and_udp_skip() {
+    let _turn = turn();
     let out = tmp_dir("table");
     let o = Command::new(env!("CARGO_BIN_EXE_strait"))
         .args([

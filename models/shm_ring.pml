@@ -61,11 +61,12 @@
  *                    at its position it only ever finds 0, padding of this lap, or a
  *                    valid frame header of this lap (no stale header words)
  * W2 holds for a consumer that waits with Worker::wait (it sleeps when idle, and
- * arm_sleep rings). -DBUSY_POLL models an application that only calls Worker::poll():
- * it never sleeps, so the room it hands back in recv_frame is never rung for, and W2
- * FAILS (with weak fairness, pan -f): see models/README.md. -DRING_AFTER_RX (not the
- * code) adds a doorbell at the end of a receive pass that handed space back, with
- * which W2 holds for the busy poller too.
+ * arm_sleep rings) and, with -DBUSY_POLL, for an application that only calls
+ * Worker::poll() and never sleeps: the room it hands back in recv_frame is rung for
+ * by the doorbell that ends every progress pass that received frames
+ * (Endpoint::progress_tx's `received`). -DBROKEN_NO_RING_AFTER_RX drops that
+ * doorbell (a bug these models found in an earlier version): W2 then fails for the
+ * busy poller (weak fairness, pan -f).
  *
  * Broken variants (each must be rejected by spin)
  *   -DBROKEN_NO_RECHECK_DATA   arm_sleep does not re-check rx data after announcing
@@ -276,21 +277,21 @@ peek:   /* Consumer::peek: one shared load per step, local checks folded in */
         :: c_head - c_pub >= BATCH -> publish(); rx_freed = true
         :: else -> skip
         fi;
-#ifdef RING_AFTER_RX
-        /* (not the code: a doorbell after a receive pass that handed space back) */
+#ifndef BROKEN_NO_RING_AFTER_RX
+        /* Endpoint::progress_tx(cq, received): a pass that received frames ends with
+         * the doorbell, which rings when space was handed back */
         if
         :: rx_freed -> doorbell(flagP, evP); rx_freed = false
         :: true -> skip
         fi
 #endif
-        /* progress_tx sends nothing here, so it does not ring the doorbell */
     :: expected == M -> break
     od;
     goto done;
 
 idle:
-#ifdef RING_AFTER_RX
-    /* (not the code: the pass that handed space back ends with a doorbell) */
+#ifndef BROKEN_NO_RING_AFTER_RX
+    /* the pass that handed space back ends with a doorbell */
     if
     :: rx_freed -> doorbell(flagP, evP); rx_freed = false
     :: else -> skip

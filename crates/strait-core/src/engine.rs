@@ -7,30 +7,14 @@
 //! simulator.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use strait_wire::{decode, Header, FIN_OK, FIN_REMOTE_READ_FAILED, FIN_TRUNCATED, MAX_HEADER_LEN};
 
 use crate::api::{Completion, EpId, OpKind, Status};
 use crate::config::{Config, RndvMode};
 use crate::device::{Device, DeviceError, RxFrame};
-use crate::region::RegionInner;
+use crate::region::Buf;
 use crate::worker::EndpointStats;
-
-/// A borrowed view of part of a memory region, kept alive by its Arc.
-pub(crate) struct Buf {
-    pub(crate) region: Arc<RegionInner>,
-    pub(crate) off: usize,
-    pub(crate) len: usize,
-}
-
-impl Buf {
-    fn ptr(&self) -> *mut u8 {
-        // SAFETY: `off <= region.len()` was checked when the descriptor was posted.
-        unsafe { self.region.ptr().add(self.off) }
-    }
-}
 
 pub(crate) struct PostedRecv {
     tag: u64,
@@ -149,13 +133,16 @@ fn complete_recv(
     len: usize,
     status: Status,
 ) {
-    r.buf.region.recvs.fetch_sub(1, Ordering::Release);
-    cq.push_back(Completion { ep, op: OpKind::Recv, ctx: r.ctx, tag, len, status });
+    let ctx = r.ctx;
+    // The hold goes before the completion is visible, so the application can read
+    // the bytes as soon as it sees the completion.
+    drop(r);
+    cq.push_back(Completion { ep, op: OpKind::Recv, ctx, tag, len, status });
 }
 
 fn complete_send(cq: &mut VecDeque<Completion>, ep: EpId, buf: Buf, ctx: u64, tag: u64, status: Status) {
     let len = buf.len;
-    buf.region.sends.fetch_sub(1, Ordering::Release);
+    drop(buf);
     cq.push_back(Completion { ep, op: OpKind::Send, ctx, tag, len, status });
 }
 
@@ -483,7 +470,7 @@ impl PostedRecv {
 
     /// Gives up a receive that was never queued: releases its hold on the region.
     pub(crate) fn into_buf_release(self) {
-        self.buf.region.recvs.fetch_sub(1, Ordering::Release);
+        drop(self);
     }
 }
 
@@ -522,13 +509,17 @@ impl<D: Device> Endpoint<D> {
             // Nothing arrived and nothing waits to go out: the idle poll stops here.
             return 0;
         }
-        work + self.progress_tx(cq)
+        work + self.progress_tx(cq, work)
     }
 
     /// The transmit half of [`Endpoint::progress`]: starts matched rendezvous
     /// transfers, returns credits, flushes queued frames and rings the doorbell. A
     /// post calls only this, so posting never pays for polling the receive side.
-    pub(crate) fn progress_tx(&mut self, cq: &mut VecDeque<Completion>) -> usize {
+    ///
+    /// `received` is how many frames the caller just consumed: the doorbell must ring
+    /// after those too, since consuming frees ring room a sleeping sender waits for
+    /// (the device makes the ring free when there is nothing to announce).
+    pub(crate) fn progress_tx(&mut self, cq: &mut VecDeque<Completion>, received: usize) -> usize {
         if self.st.failed.is_some() {
             return 0;
         }
@@ -546,7 +537,7 @@ impl<D: Device> Endpoint<D> {
         // 4. Transmit.
         let sent = self.flush(cq);
         work += sent;
-        if sent > 0 || work > 0 {
+        if sent > 0 || work > 0 || received > 0 {
             if let Err(e) = self.dev.doorbell() {
                 self.device_failed(e, cq);
             }

@@ -6,8 +6,8 @@
 //! would race with an operation in flight instead of handing out aliased slices.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use thiserror::Error;
 
@@ -21,33 +21,83 @@ pub struct RegionBusy {
     pub recvs: u32,
 }
 
+/// `RegionInner::state`: the handle was dropped.
+const ORPHANED: u64 = 1;
+/// `RegionInner::state`: one send in flight (bits 1..32).
+pub(crate) const SEND: u64 = 2;
+/// `RegionInner::state`: one receive in flight (bits 32..64).
+pub(crate) const RECV: u64 = 1 << 32;
+
+/// The mapping and its bookkeeping. It lives as long as the application's handle or
+/// any operation in flight, whichever ends last; one atomic word counts both, so
+/// starting and finishing an operation costs one atomic add each (an `Arc` beside
+/// separate counters cost two).
 pub(crate) struct RegionInner {
     ptr: *mut u8,
     len: usize,
     map_len: usize,
-    pub(crate) sends: AtomicU32,
-    pub(crate) recvs: AtomicU32,
+    state: AtomicU64,
 }
-
-// SAFETY: the mapping is plain memory owned by this struct; concurrent access is
-// governed by the in-flight counters checked by every accessor.
-unsafe impl Send for RegionInner {}
-// SAFETY: as above.
-unsafe impl Sync for RegionInner {}
 
 impl Drop for RegionInner {
     fn drop(&mut self) {
         if self.map_len > 0 {
             // SAFETY: `ptr`/`map_len` describe a mapping created in `MemoryRegion::new`
-            // and referenced by nothing else once the last Arc is gone.
+            // and referenced by nothing else once the handle and every operation are
+            // gone.
             unsafe { libc::munmap(self.ptr.cast(), self.map_len) };
         }
     }
 }
 
-impl RegionInner {
+/// Frees the region behind `inner`.
+///
+/// # Safety
+/// The caller must be the one party that saw the state become "orphaned, nothing in
+/// flight"; nothing may use `inner` afterwards.
+unsafe fn free(inner: NonNull<RegionInner>) {
+    fence(Ordering::Acquire);
+    // SAFETY: `inner` came from `Box::leak` in `MemoryRegion::new`, and the caller is
+    // the last user.
+    drop(unsafe { Box::from_raw(inner.as_ptr()) });
+}
+
+/// Part of a region held by an operation in flight; releases its hold when dropped.
+pub(crate) struct Buf {
+    inner: NonNull<RegionInner>,
+    kind: u64,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+}
+
+// SAFETY: a Buf is a counted hold on a region (see `RegionInner`); the bytes it names
+// are accessed by the engine only while the operation is in flight, and the
+// accessors of `MemoryRegion` refuse conflicting access meanwhile.
+unsafe impl Send for Buf {}
+
+impl Buf {
+    /// Starts an operation of `kind` ([`SEND`] or [`RECV`]) on `mr[off..off + len]`.
+    pub(crate) fn hold(mr: &MemoryRegion, kind: u64, off: usize, len: usize) -> Buf {
+        mr.inner().state.fetch_add(kind, Ordering::Acquire);
+        Buf { inner: mr.inner, kind, off, len }
+    }
+
+    /// Address of the first byte.
     pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr
+        // SAFETY: the hold keeps the region alive; `off <= len` was checked when the
+        // operation was posted.
+        unsafe { self.inner.as_ref().ptr.add(self.off) }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: the hold keeps the region alive until this decrement.
+        let prev = unsafe { self.inner.as_ref() }.state.fetch_sub(self.kind, Ordering::Release);
+        if prev == self.kind | ORPHANED {
+            // SAFETY: the handle is gone and this was the last operation.
+            unsafe { free(self.inner) };
+        }
     }
 }
 
@@ -56,14 +106,35 @@ impl RegionInner {
 /// Not `Clone`: the one handle is what the borrow checker uses to keep application
 /// access and engine access apart. `post_recv` takes it by `&mut`, so no slice from
 /// [`MemoryRegion::bytes`] can be alive when a receive starts writing; afterwards the
-/// accessors refuse while the receive is in flight.
+/// accessors refuse while the receive is in flight. Dropping the handle while
+/// operations are in flight is safe: the memory stays mapped until the last one
+/// completes.
 pub struct MemoryRegion {
-    pub(crate) inner: Arc<RegionInner>,
+    inner: NonNull<RegionInner>,
+}
+
+// SAFETY: the region is plain memory; every accessor checks the in-flight counts,
+// which are atomic, and `&mut` rules keep the application's own accesses apart.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for MemoryRegion {}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let prev = self.inner().state.fetch_or(ORPHANED, Ordering::AcqRel);
+        if prev == 0 {
+            // SAFETY: nothing was in flight, so nothing else refers to the region.
+            unsafe { free(self.inner) };
+        }
+    }
 }
 
 impl std::fmt::Debug for MemoryRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryRegion").field("addr", &self.inner.ptr).field("len", &self.inner.len).finish()
+        f.debug_struct("MemoryRegion")
+            .field("addr", &self.inner().ptr)
+            .field("len", &self.inner().len)
+            .finish()
     }
 }
 
@@ -71,15 +142,12 @@ impl MemoryRegion {
     /// Allocates a zeroed, page-aligned region of `len` bytes.
     pub fn new(len: usize) -> io::Result<Self> {
         if len == 0 {
-            return Ok(MemoryRegion {
-                inner: Arc::new(RegionInner {
-                    ptr: std::ptr::NonNull::dangling().as_ptr(),
-                    len: 0,
-                    map_len: 0,
-                    sends: AtomicU32::new(0),
-                    recvs: AtomicU32::new(0),
-                }),
-            });
+            return Ok(Self::wrap(RegionInner {
+                ptr: NonNull::dangling().as_ptr(),
+                len: 0,
+                map_len: 0,
+                state: AtomicU64::new(0),
+            }));
         }
         let page = 4096;
         let map_len = len.div_ceil(page) * page;
@@ -97,37 +165,37 @@ impl MemoryRegion {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(MemoryRegion {
-            inner: Arc::new(RegionInner {
-                ptr: p.cast(),
-                len,
-                map_len,
-                sends: AtomicU32::new(0),
-                recvs: AtomicU32::new(0),
-            }),
-        })
+        Ok(Self::wrap(RegionInner { ptr: p.cast(), len, map_len, state: AtomicU64::new(0) }))
+    }
+
+    fn wrap(inner: RegionInner) -> Self {
+        MemoryRegion { inner: NonNull::from(Box::leak(Box::new(inner))) }
+    }
+
+    fn inner(&self) -> &RegionInner {
+        // SAFETY: the handle keeps the region alive (it is freed only after the
+        // handle's drop marks it orphaned).
+        unsafe { self.inner.as_ref() }
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.inner.len
+        self.inner().len
     }
 
     /// True for a zero-length region.
     pub fn is_empty(&self) -> bool {
-        self.inner.len == 0
+        self.inner().len == 0
     }
 
     /// Address of the first byte (for diagnostics and single-copy transfers).
     pub fn addr(&self) -> usize {
-        self.inner.ptr as usize
+        self.inner().ptr as usize
     }
 
     fn busy(&self) -> RegionBusy {
-        RegionBusy {
-            sends: self.inner.sends.load(Ordering::Acquire),
-            recvs: self.inner.recvs.load(Ordering::Acquire),
-        }
+        let st = self.inner().state.load(Ordering::Acquire);
+        RegionBusy { sends: ((st >> 1) & 0x7fff_ffff) as u32, recvs: (st >> 32) as u32 }
     }
 
     /// The bytes, if no receive is writing into the region.
@@ -138,7 +206,7 @@ impl MemoryRegion {
         }
         // SAFETY: no receive is in flight, and none can be posted while this slice
         // borrows `self`, because `post_recv` needs `&mut MemoryRegion`.
-        Ok(unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) })
+        Ok(unsafe { std::slice::from_raw_parts(self.inner().ptr, self.inner().len) })
     }
 
     /// The bytes for writing, if no operation uses the region.
@@ -149,7 +217,7 @@ impl MemoryRegion {
         }
         // SAFETY: no operation is in flight and `&mut self` excludes every other
         // borrow of the only handle.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.inner.ptr, self.inner.len) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.inner().ptr, self.inner().len) })
     }
 
     /// Copies `src` into the region at `offset`, if no operation uses the region.
@@ -158,9 +226,12 @@ impl MemoryRegion {
         if b.recvs != 0 || b.sends != 0 {
             return Err(b);
         }
-        assert!(offset <= self.inner.len && src.len() <= self.inner.len - offset, "write_at out of bounds");
+        assert!(
+            offset <= self.inner().len && src.len() <= self.inner().len - offset,
+            "write_at out of bounds"
+        );
         // SAFETY: bounds checked, no operation in flight.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.inner.ptr.add(offset), src.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.inner().ptr.add(offset), src.len()) };
         Ok(())
     }
 
@@ -170,9 +241,47 @@ impl MemoryRegion {
         if b.recvs != 0 {
             return Err(b);
         }
-        assert!(offset <= self.inner.len && dst.len() <= self.inner.len - offset, "read_at out of bounds");
+        assert!(
+            offset <= self.inner().len && dst.len() <= self.inner().len - offset,
+            "read_at out of bounds"
+        );
         // SAFETY: bounds checked, no receive in flight.
-        unsafe { std::ptr::copy_nonoverlapping(self.inner.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(self.inner().ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_are_counted_and_outlive_the_handle() {
+        let mut mr = MemoryRegion::new(100).unwrap();
+        mr.bytes_mut().unwrap()[0] = 7;
+        let send = Buf::hold(&mr, SEND, 0, 10);
+        assert!(mr.bytes().is_ok(), "reading beside a send is fine");
+        assert_eq!(mr.bytes_mut().unwrap_err(), RegionBusy { sends: 1, recvs: 0 });
+        let recv = Buf::hold(&mr, RECV, 10, 10);
+        assert_eq!(mr.bytes().unwrap_err(), RegionBusy { sends: 1, recvs: 1 });
+        drop(mr);
+        // SAFETY: the holds keep the mapping alive after the handle is gone.
+        unsafe {
+            assert_eq!(*send.ptr(), 7);
+            *recv.ptr() = 1;
+        }
+        drop(send);
+        drop(recv);
+    }
+
+    #[test]
+    fn released_holds_free_the_region_for_the_application() {
+        let mut mr = MemoryRegion::new(4096).unwrap();
+        for _ in 0..1000 {
+            drop(Buf::hold(&mr, SEND, 0, 1));
+            drop(Buf::hold(&mr, RECV, 0, 1));
+        }
+        assert!(mr.bytes_mut().is_ok());
+        assert!(MemoryRegion::new(0).unwrap().bytes().unwrap().is_empty());
     }
 }

@@ -5,16 +5,14 @@ use std::collections::VecDeque;
 use std::io;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::api::{Completion, EpId, PostError, Status, WaitError};
 use crate::config::Config;
 use crate::device::{Device, DeviceStats};
-use crate::engine::{Buf, Endpoint, EpState, PostedRecv};
+use crate::engine::{Endpoint, EpState, PostedRecv};
 use crate::notifier::Notifier;
-use crate::region::MemoryRegion;
+use crate::region::{Buf, MemoryRegion, RECV, SEND};
 
 /// Per-endpoint protocol counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -129,10 +127,9 @@ impl<D: Device> Worker<D> {
         if let Some(status) = e.st.failed {
             return Err(PostError::Closed { ep, status });
         }
-        mr.inner.sends.fetch_add(1, Ordering::AcqRel);
-        let buf = Buf { region: Arc::clone(&mr.inner), off: range.start, len: range.end - range.start };
+        let buf = Buf::hold(mr, SEND, range.start, range.end - range.start);
         e.st.queue_send(tag, buf, ctx);
-        e.progress_tx(cq);
+        e.progress_tx(cq, 0);
         if e.st.tx_waiting() {
             // Out of credits or ring room: what frees them arrives on the receive side.
             e.progress(cq);
@@ -157,8 +154,7 @@ impl<D: Device> Worker<D> {
         let cq = &mut self.cq;
         let e =
             self.eps.get_mut(ep.0 as usize).and_then(|e| e.as_mut()).ok_or(PostError::UnknownEndpoint(ep))?;
-        mr.inner.recvs.fetch_add(1, Ordering::AcqRel);
-        let buf = Buf { region: Arc::clone(&mr.inner), off: range.start, len: range.end - range.start };
+        let buf = Buf::hold(mr, RECV, range.start, range.end - range.start);
         let recv = PostedRecv::new(tag, mask, buf, ctx);
         if let Some(status) = e.st.failed {
             return match e.st.post_recv_after_close(recv, cq) {
@@ -172,7 +168,7 @@ impl<D: Device> Worker<D> {
         e.st.post_recv(recv, cq);
         if e.st.has_rndv_starts() {
             // It matched a rendezvous that already arrived: start moving data now.
-            e.progress_tx(cq);
+            e.progress_tx(cq, 0);
         }
         Ok(())
     }

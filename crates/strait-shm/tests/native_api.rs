@@ -331,6 +331,28 @@ fn a_process_without_the_memfd_cannot_reach_the_ring() {
     assert!(maps.lines().filter(|l| l.contains("strait-shm")).all(|l| l.contains("memfd:")), "{maps}");
 }
 
+/// A sender that sleeps on a full ring is woken by a receiver that only polls (it
+/// never sleeps and never sends, so only its hand-back of ring room can wake the
+/// sender): a copy-mode transfer many times the ring's size completes.
+#[test]
+fn a_polling_receiver_wakes_a_sender_sleeping_on_a_full_ring() {
+    let name = unique("poll-only");
+    let listener = ShmListener::bind(&name).unwrap();
+    let mut child = spawn_child("poll-recv-only", &name, RndvMode::Copy, Duration::ZERO);
+    let mut w = W::new(cfg(RndvMode::Copy, Duration::ZERO)).unwrap();
+    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let len = 16 << 20;
+    let mut out = MemoryRegion::new(len).unwrap();
+    out.write_at(0, &pattern(9, len)).unwrap();
+    for i in 0..3 {
+        w.post_send(ep, &out, 0..len, i, 0).unwrap();
+        let c = w.wait(Some(Duration::from_secs(10))).expect("the sender was never woken");
+        assert_eq!((c.op, c.status), (OpKind::Send, Status::Ok));
+    }
+    assert!(w.stats(ep).unwrap().device.frames_sent > 3 * (len / (1 << 20)) as u64);
+    assert!(child.wait().unwrap().success());
+}
+
 /// Child roles; a no-op unless `STRAIT_TEST_ROLE` is set.
 #[test]
 fn child() {
@@ -401,6 +423,17 @@ fn child() {
                 assert!(w.poll().is_none(), "the intruder received a completion");
             }
             assert_eq!(w.stats(ep).unwrap().device.frames_received, 0);
+        }
+        "poll-recv-only" => {
+            let ep = w.attach(dev);
+            let len = 16 << 20;
+            let mut inbox = MemoryRegion::new(len).unwrap();
+            for i in 0..3 {
+                w.post_recv(ep, &mut inbox, 0..len, i, u64::MAX, 0).unwrap();
+                let c = wait_for(&mut w, OpKind::Recv, true);
+                assert_eq!((c.status, c.len), (Status::Ok, len));
+            }
+            assert_eq!(inbox.bytes().unwrap(), &pattern(9, len)[..]);
         }
         "garbage" => {
             let mut dev = dev;

@@ -410,7 +410,14 @@ impl EpState {
             let tag = r.tag;
             complete_recv(cq, id, r, tag, 0, status);
         }
-        self.ctrlq.clear();
+        if status == Status::Canceled {
+            // A local close: FINs still tell the peer how transfers that already
+            // moved their data ended; clear-to-sends would invite data for transfers
+            // that were just canceled.
+            self.ctrlq.retain(|c| !matches!(c, Ctrl::Cts { .. }));
+        } else {
+            self.ctrlq.clear();
+        }
     }
 
     /// Receives posted after the peer closed can only be served from the

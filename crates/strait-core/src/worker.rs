@@ -328,7 +328,9 @@ impl<D: Device> Worker<D> {
                 e.st.fail(Status::Canceled, cq);
                 e.st.failed = None;
                 e.st.queue_close();
-                e.progress(cq);
+                // Transmit only: receiving now could only bring frames for the
+                // transfers just canceled (which would read as a protocol violation).
+                e.progress_tx(cq, 0);
             }
             e.dev.shutdown();
         }

@@ -558,7 +558,11 @@ impl<D: Device> Endpoint<D> {
 
     pub(crate) fn device_failed(&mut self, e: DeviceError, cq: &mut VecDeque<Completion>) {
         let status = match e {
-            DeviceError::Corrupt(_) => Status::Corrupt,
+            DeviceError::Corrupt(why) => {
+                // Keep the first violation for `Worker::endpoint_error`.
+                self.st.corrupt.get_or_insert(why);
+                Status::Corrupt
+            }
             _ => Status::PeerGone,
         };
         self.st.stats.device = self.dev.stats();

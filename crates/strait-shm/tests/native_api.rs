@@ -353,6 +353,27 @@ fn a_polling_receiver_wakes_a_sender_sleeping_on_a_full_ring() {
     assert!(child.wait().unwrap().success());
 }
 
+/// A hostile peer that writes garbage straight into the shared ring (not through the
+/// device): the frame is rejected, counted, the endpoint fails `Corrupt` with the
+/// reason, and this process carries on.
+#[test]
+fn garbage_written_into_the_ring_is_rejected() {
+    let name = unique("ring-garbage");
+    let listener = ShmListener::bind(&name).unwrap();
+    let mut child = spawn_child("scribble-ring", &name, RndvMode::Auto, Duration::ZERO);
+    let mut w = W::new(cfg(RndvMode::Auto, Duration::ZERO)).unwrap();
+    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let mut inbox = MemoryRegion::new(64).unwrap();
+    w.post_recv(ep, &mut inbox, 0..64, 0, 0, 1).unwrap();
+    let c = w.wait(Some(Duration::from_secs(5))).expect("an error completion");
+    assert_eq!((c.status, c.ctx), (Status::Corrupt, 1));
+    assert!(w.stats(ep).unwrap().device.frames_rejected >= 1);
+    let (_, why) = w.endpoint_error(ep).unwrap();
+    assert!(why.unwrap_or_default().contains("bad frame header"));
+    assert!(child.wait().unwrap().success());
+    echo_roundtrip(RndvMode::Copy, true);
+}
+
 /// Child roles; a no-op unless `STRAIT_TEST_ROLE` is set.
 #[test]
 fn child() {
@@ -434,6 +455,19 @@ fn child() {
                 assert_eq!((c.status, c.len), (Status::Ok, len));
             }
             assert_eq!(inbox.bytes().unwrap(), &pattern(9, len)[..]);
+        }
+        "scribble-ring" => {
+            // Find our own mapping of the connection's memory, as any code in this
+            // process could, and write a bogus header word into the first cell of the
+            // ring we produce (ring 0, after the 4 KiB control page).
+            let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+            let line = maps.lines().find(|l| l.contains("memfd:strait-shm")).expect("the ring mapping");
+            let start = usize::from_str_radix(line.split('-').next().unwrap(), 16).unwrap();
+            // SAFETY: a deliberate hostile write into our own shared mapping (the
+            // test's point); the address is inside the mapping found above.
+            unsafe { std::ptr::write_volatile((start + 4096) as *mut u64, 0xdead_beef_0bad_f00d) };
+            let _dev = dev;
+            std::thread::sleep(Duration::from_millis(300));
         }
         "garbage" => {
             let mut dev = dev;

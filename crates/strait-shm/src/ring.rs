@@ -132,6 +132,7 @@ impl Producer {
     }
 
     /// Bytes of ring a frame of `len` needs at the current position, padding included.
+    #[inline]
     fn needed(&self, len: usize) -> (u64, u64) {
         let off = self.tail & (self.size - 1);
         let span = frame_span(len);
@@ -152,6 +153,7 @@ impl Producer {
     ///
     /// # Panics
     /// If `len > max_payload(size)`: the device checks lengths before calling.
+    #[inline]
     pub fn reserve(&mut self, head: &AtomicU64, len: usize) -> Result<Option<Slot>, Corrupt> {
         assert!(len <= max_payload(self.size as usize), "frame longer than the ring allows");
         let (pad, span) = self.needed(len);
@@ -168,6 +170,7 @@ impl Producer {
 
     /// Publishes a reserved frame (and any padding before it): the payload must be
     /// written by now.
+    #[inline]
     pub fn commit<M: RingMemory>(&mut self, mem: &M, slot: Slot) {
         let size = self.size;
         // The frame first, then the padding that leads the consumer to it, so the
@@ -201,6 +204,7 @@ impl Consumer {
     }
 
     /// True if a frame (or padding) is waiting.
+    #[inline]
     pub fn has_data<M: RingMemory>(&self, mem: &M) -> bool {
         mem.header((self.head & (self.size - 1)) as usize).load(Ordering::Acquire) != 0
     }
@@ -215,6 +219,7 @@ impl Consumer {
         self.peek_frame(mem)
     }
 
+    #[inline]
     fn peek_frame<M: RingMemory>(&self, mem: &M) -> Result<Option<Slot>, Corrupt> {
         let size = self.size;
         let max = max_payload(size as usize);
@@ -251,6 +256,7 @@ impl Consumer {
 
     /// Consumes a frame returned by [`Consumer::peek`] (and any padding before it).
     /// The space goes back to the producer only at the next [`Consumer::publish`].
+    #[inline]
     pub fn release(&mut self, slot: Slot) {
         self.head = slot.end;
     }

@@ -2,7 +2,7 @@
 //! device, with both ends on one thread (no cross-core transfer): the floor the
 //! engine itself puts under the one-way latency.
 use std::time::Instant;
-use strait::strait_core::{Config, MemoryRegion, Worker};
+use strait::strait_core::{Config, Device, MemoryRegion, Worker};
 use strait::strait_shm::{ShmConfig, ShmDevice, ShmListener};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,7 +15,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (wb, dev)
     });
     let a = ShmDevice::connect(&name, &ShmConfig::default(), wa.notifier())?;
-    let (mut wb, b) = h.join().expect("accept thread");
+    let (mut wb, mut b) = h.join().expect("accept thread");
+    let mut a = a;
+    // The bare device: a 48-byte frame (an 8-byte message and its header) out and in.
+    let frame = [7u8; 48];
+    let mut buf = [0u8; 48];
+    for round in 0..3 {
+        let n = 1_000_000;
+        let t = Instant::now();
+        for _ in 0..n {
+            a.send_frame(48, &mut |w| w.write(0, &frame))?;
+            a.doorbell()?;
+            b.recv_frame(&mut |f| {
+                f.read(0, &mut buf);
+            })?;
+        }
+        let dt = t.elapsed();
+        println!(
+            "device round {round}: {:.1} ns per frame (send+recv, one thread)",
+            dt.as_nanos() as f64 / n as f64
+        );
+    }
     let ea = wa.attach(a);
     let eb = wb.attach(b);
     let size: usize = std::env::args().nth(1).map(|s| s.parse().unwrap()).unwrap_or(8);

@@ -140,7 +140,14 @@ fn complete_recv(
     cq.push_back(Completion { ep, op: OpKind::Recv, ctx, tag, len, status });
 }
 
-fn complete_send(cq: &mut VecDeque<Completion>, ep: EpId, buf: Buf, ctx: u64, tag: u64, status: Status) {
+pub(crate) fn complete_send(
+    cq: &mut VecDeque<Completion>,
+    ep: EpId,
+    buf: Buf,
+    ctx: u64,
+    tag: u64,
+    status: Status,
+) {
     let len = buf.len;
     drop(buf);
     cq.push_back(Completion { ep, op: OpKind::Send, ctx, tag, len, status });
@@ -517,6 +524,51 @@ impl<D: Device> Endpoint<D> {
             return 0;
         }
         work + self.progress_tx(cq, work)
+    }
+
+    /// Sends a small message at once when nothing is queued ahead of it and a credit
+    /// is free: the common case of a ping-pong or request/response, without the
+    /// queues and passes of [`Endpoint::progress_tx`]. Hands the message back if it
+    /// must be queued instead.
+    pub(crate) fn try_send_eager_now(
+        &mut self,
+        tag: u64,
+        buf: Buf,
+        ctx: u64,
+        cq: &mut VecDeque<Completion>,
+    ) -> Option<Buf> {
+        let st = &self.st;
+        if buf.len > st.eager_limit
+            || st.credits == 0
+            || !st.msgq.is_empty()
+            || !st.ctrlq.is_empty()
+            || !st.rndv_starts.is_empty()
+            || !st.rndv_sends.is_empty()
+            || st.failed.is_some()
+        {
+            return Some(buf);
+        }
+        let credits = st.credits_owed;
+        let h = Header::Eager { credits, seq: st.next_seq, tag };
+        match self.send_header(&h, Some((buf.ptr() as *const u8, buf.len))) {
+            Ok(true) => {
+                let st = &mut self.st;
+                st.credits -= 1;
+                st.credits_owed -= credits;
+                st.next_seq = st.next_seq.wrapping_add(1);
+                st.stats.eager_sent += 1;
+                complete_send(cq, st.id, buf, ctx, tag, Status::Ok);
+                if let Err(e) = self.dev.doorbell() {
+                    self.device_failed(e, cq);
+                }
+                None
+            }
+            Ok(false) => Some(buf),
+            Err(e) => {
+                self.device_failed(e, cq);
+                Some(buf)
+            }
+        }
     }
 
     /// The transmit half of [`Endpoint::progress`]: starts matched rendezvous

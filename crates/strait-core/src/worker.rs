@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::api::{Completion, EpId, PostError, Status, WaitError};
 use crate::config::Config;
 use crate::device::{Device, DeviceStats};
-use crate::engine::{Endpoint, EpState, PostedRecv};
+use crate::engine::{complete_send, Endpoint, EpState, PostedRecv};
 use crate::notifier::Notifier;
 use crate::region::{Buf, MemoryRegion, RECV, SEND};
 
@@ -128,6 +128,12 @@ impl<D: Device> Worker<D> {
             return Err(PostError::Closed { ep, status });
         }
         let buf = Buf::hold(mr, SEND, range.start, range.end - range.start);
+        let Some(buf) = e.try_send_eager_now(tag, buf, ctx, cq) else { return Ok(()) };
+        if let Some(status) = e.st.failed {
+            // The device failed during the attempt: the message ends like the rest.
+            complete_send(cq, ep, buf, ctx, tag, status);
+            return Ok(());
+        }
         e.st.queue_send(tag, buf, ctx);
         e.progress_tx(cq, 0);
         if e.st.tx_waiting() {

@@ -1,0 +1,461 @@
+//! Test peer for libstrait_preload.so: a TCP client or server that checks socket
+//! semantics with plain libc calls (which the preload library interposes).
+//!
+//! `strait-preload-peer server MODE` listens on 127.0.0.1 (port 0), prints
+//! `PORT <n>` and serves one connection; `strait-preload-peer client PORT MODE`
+//! connects. Every check that fails panics (non-zero exit). Modes: echo, sink/source
+//! (byte counts and a hash, for one side without strait), flags, die, fork.
+
+use std::io::{BufRead, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use libc::c_int;
+
+const SIZES: &[usize] =
+    &[1, 2, 7, 63, 64, 65, 1000, 4095, 4096, 4097, 65535, 65536, 65537, 262_143, 262_145, 1_000_003];
+
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(2_654_435_761) >> 13) as u8
+}
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn write_all(fd: c_int, mut buf: &[u8]) {
+    while !buf.is_empty() {
+        // SAFETY: a live buffer.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        assert!(n > 0, "write: {}", std::io::Error::last_os_error());
+        buf = &buf[n as usize..];
+    }
+}
+
+fn read_some(fd: c_int, buf: &mut [u8]) -> usize {
+    // SAFETY: a live buffer.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "read: {}", std::io::Error::last_os_error());
+    n as usize
+}
+
+fn read_exact(fd: c_int, buf: &mut [u8]) {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = read_some(fd, &mut buf[got..]);
+        assert!(n > 0, "unexpected EOF after {got} of {} bytes", buf.len());
+        got += n;
+    }
+}
+
+fn fnv(h: &mut u64, data: &[u8]) {
+    for &b in data {
+        *h ^= b as u64;
+        *h = h.wrapping_mul(0x100_0000_01b3);
+    }
+}
+
+fn maps_has_strait() -> bool {
+    std::fs::read_to_string("/proc/self/maps").map(|m| m.contains("memfd:strait-tcp")).unwrap_or(false)
+}
+
+fn poll1(fd: c_int, events: i16, ms: c_int) -> i16 {
+    let mut p = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: one pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
+    p.revents
+}
+
+fn set_nonblock(fd: c_int, on: bool) {
+    // SAFETY: plain fcntl calls.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, if on { fl | libc::O_NONBLOCK } else { fl & !libc::O_NONBLOCK });
+    }
+}
+
+/// Echo: the server sends back everything until EOF; the client streams every size
+/// from a second thread and checks the echo byte for byte, then half-closes and
+/// expects EOF.
+fn echo_server(fd: c_int) {
+    let mut buf = vec![0u8; 70_000];
+    let mut total = 0u64;
+    loop {
+        let n = read_some(fd, &mut buf);
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        write_all(fd, &buf[..n]);
+    }
+    println!("echoed {total}");
+}
+
+fn echo_client(fd: c_int) {
+    let total: usize = SIZES.iter().sum();
+    let wfd = fd;
+    let writer = std::thread::spawn(move || {
+        let mut off = 0u64;
+        for &s in SIZES {
+            let v: Vec<u8> = (off..off + s as u64).map(pattern).collect();
+            // Alternate write, send and writev.
+            match s % 3 {
+                0 => write_all(wfd, &v),
+                1 => {
+                    let mut sent = 0;
+                    while sent < v.len() {
+                        // SAFETY: a live buffer.
+                        let n = unsafe { libc::send(wfd, v[sent..].as_ptr().cast(), v.len() - sent, 0) };
+                        assert!(n > 0);
+                        sent += n as usize;
+                    }
+                }
+                _ => {
+                    let (a, b) = v.split_at(v.len() / 2);
+                    let iov = [
+                        libc::iovec { iov_base: a.as_ptr() as *mut _, iov_len: a.len() },
+                        libc::iovec { iov_base: b.as_ptr() as *mut _, iov_len: b.len() },
+                    ];
+                    // SAFETY: two iovecs over a live buffer.
+                    let n = unsafe { libc::writev(wfd, iov.as_ptr(), 2) };
+                    assert_eq!(n as usize, v.len(), "blocking writev writes everything");
+                }
+            }
+            off += s as u64;
+        }
+        // SAFETY: plain syscall.
+        assert_eq!(unsafe { libc::shutdown(wfd, libc::SHUT_WR) }, 0);
+    });
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 100_000];
+    while got < total {
+        let n = read_some(fd, &mut buf);
+        assert!(n > 0, "EOF after {got} of {total}");
+        for (i, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(b, pattern((got + i) as u64), "byte {} differs", got + i);
+        }
+        got += n;
+    }
+    writer.join().expect("writer");
+    assert_eq!(read_some(fd, &mut buf), 0, "EOF after the echo");
+    println!("echo ok {total}");
+}
+
+fn source(fd: c_int, total: usize) {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut off = 0usize;
+    while off < total {
+        let n = (total - off).min(50_000);
+        let v: Vec<u8> = (off as u64..(off + n) as u64).map(pattern).collect();
+        fnv(&mut h, &v);
+        write_all(fd, &v);
+        off += n;
+    }
+    println!("sent {total} {h:016x}");
+}
+
+fn sink(fd: c_int) {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut total = 0usize;
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let n = read_some(fd, &mut buf);
+        if n == 0 {
+            break;
+        }
+        fnv(&mut h, &buf[..n]);
+        total += n;
+    }
+    println!("received {total} {h:016x}");
+}
+
+/// Flags, non-blocking operation, poll/select/epoll, FIONREAD and EPIPE (server side;
+/// the client follows the script in `flags_client`).
+fn flags_server(fd: c_int) {
+    let mut b = [0u8; 64];
+    // Non-blocking read of an empty connection.
+    // SAFETY: a live buffer.
+    let r = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 64, libc::MSG_DONTWAIT) };
+    assert!(r == -1 && errno() == libc::EAGAIN, "MSG_DONTWAIT on empty: {r} {}", errno());
+    assert_eq!(poll1(fd, libc::POLLIN, 30), 0, "nothing to read yet");
+    assert_eq!(poll1(fd, libc::POLLOUT, 0), libc::POLLOUT, "writable");
+    write_all(fd, b"g");
+    // The client sends "hello world".
+    assert_eq!(poll1(fd, libc::POLLIN, 5000), libc::POLLIN);
+    let mut avail: c_int = 0;
+    let t0 = Instant::now();
+    while avail < 11 && t0.elapsed() < Duration::from_secs(5) {
+        // SAFETY: FIONREAD into a local int.
+        assert_eq!(unsafe { libc::ioctl(fd, libc::FIONREAD, &mut avail) }, 0);
+    }
+    assert_eq!(avail, 11, "FIONREAD");
+    // SAFETY: live buffers below.
+    unsafe {
+        assert_eq!(libc::recv(fd, b.as_mut_ptr().cast(), 5, libc::MSG_PEEK), 5);
+        assert_eq!(&b[..5], b"hello");
+        assert_eq!(libc::recv(fd, b.as_mut_ptr().cast(), 5, 0), 5);
+        assert_eq!(&b[..5], b"hello");
+        assert_eq!(libc::recv(fd, b.as_mut_ptr().cast(), 6, libc::MSG_WAITALL), 6);
+        assert_eq!(&b[..6], b" world");
+    }
+    // MSG_WAITALL across several writes: the client sends 3 x 1000 bytes with pauses.
+    write_all(fd, b"w");
+    let mut big = vec![0u8; 3000];
+    // SAFETY: a live buffer.
+    let n = unsafe { libc::recv(fd, big.as_mut_ptr().cast(), 3000, libc::MSG_WAITALL) };
+    assert_eq!(n, 3000, "MSG_WAITALL gathers all");
+    assert!(big.iter().all(|&x| x == b'z'));
+
+    // epoll: the connection and a pipe (a kernel fd) in one set.
+    let mut pipe = [0 as c_int; 2];
+    // SAFETY: plain syscalls on locals.
+    unsafe {
+        assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        assert!(ep >= 0);
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 1 };
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), -1);
+        assert_eq!(errno(), libc::EEXIST);
+        let mut ev2 = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 2 };
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, pipe[0], &mut ev2), 0);
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        assert_eq!(libc::epoll_wait(ep, out.as_mut_ptr(), 8, 30), 0, "epoll: nothing ready");
+        write_all(fd, b"x"); // ask the client for one byte
+        let n = libc::epoll_wait(ep, out.as_mut_ptr(), 8, 5000);
+        assert_eq!(n, 1);
+        assert_eq!({ out[0].u64 }, 1);
+        assert!({ out[0].events } & libc::EPOLLIN as u32 != 0);
+        write_all(pipe[1], b"p");
+        let n = libc::epoll_wait(ep, out.as_mut_ptr(), 8, 5000);
+        assert_eq!(n, 2, "level-triggered: connection still readable, pipe readable");
+        let mut ids: Vec<u64> = out[..2].iter().map(|e| e.u64).collect();
+        ids.sort();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(read_some(fd, &mut b), 1);
+        assert_eq!(b[0], b'y');
+        let n = libc::epoll_wait(ep, out.as_mut_ptr(), 8, 0);
+        assert_eq!(n, 1);
+        assert_eq!({ out[0].u64 }, 2);
+        assert_eq!(read_some(pipe[0], &mut b), 1);
+        // Edge-triggered: one report per arrival.
+        let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: 3 };
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, &mut ev), 0);
+        write_all(fd, b"x");
+        assert_eq!(libc::epoll_wait(ep, out.as_mut_ptr(), 8, 5000), 1);
+        assert_eq!({ out[0].u64 }, 3);
+        assert_eq!(libc::epoll_wait(ep, out.as_mut_ptr(), 8, 20), 0, "edge already reported");
+        assert_eq!(read_some(fd, &mut b), 1);
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()), 0);
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()), -1);
+        assert_eq!(errno(), libc::ENOENT);
+        libc::close(ep);
+
+        // select with the connection and the pipe.
+        write_all(fd, b"x");
+        let mut rs: libc::fd_set = std::mem::zeroed();
+        libc::FD_ZERO(&mut rs);
+        libc::FD_SET(fd, &mut rs);
+        libc::FD_SET(pipe[0], &mut rs);
+        let mut tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
+        let n =
+            libc::select(fd.max(pipe[0]) + 1, &mut rs, std::ptr::null_mut(), std::ptr::null_mut(), &mut tv);
+        assert_eq!(n, 1, "select");
+        assert!(libc::FD_ISSET(fd, &rs) && !libc::FD_ISSET(pipe[0], &rs));
+        assert_eq!(read_some(fd, &mut b), 1);
+    }
+
+    // Non-blocking writes until the ring is full (the client does not read yet).
+    set_nonblock(fd, true);
+    let chunk = vec![b'f'; 65536];
+    let mut filled = 0usize;
+    loop {
+        // SAFETY: a live buffer.
+        let n = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
+        if n < 0 {
+            assert_eq!(errno(), libc::EAGAIN);
+            break;
+        }
+        filled += n as usize;
+        assert!(filled < 1 << 30, "never full");
+    }
+    assert_eq!(poll1(fd, libc::POLLOUT, 0), 0, "full: not writable");
+    println!("filled {filled}");
+    set_nonblock(fd, false);
+    write_all(fd, &(filled as u64).to_le_bytes());
+    // The client drains and closes: we see EOF, then writes fail with EPIPE.
+    assert_eq!(read_some(fd, &mut b), 0, "EOF after the client closed");
+    let r = poll1(fd, libc::POLLIN | libc::POLLRDHUP, 0);
+    assert!(r & libc::POLLRDHUP != 0, "POLLRDHUP {r:#x}");
+    // SAFETY: a live buffer.
+    let r = unsafe { libc::send(fd, b"late".as_ptr().cast(), 4, libc::MSG_NOSIGNAL) };
+    assert!(r == -1 && errno() == libc::EPIPE, "EPIPE: {r} {}", errno());
+    // SAFETY: counts SIGPIPE with a handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, on_sigpipe as *const () as libc::sighandler_t);
+        let r = libc::write(fd, b"late".as_ptr().cast(), 4);
+        assert!(r == -1 && errno() == libc::EPIPE);
+    }
+    assert_eq!(SIGPIPES.load(std::sync::atomic::Ordering::Relaxed), 1, "one SIGPIPE");
+    println!("flags ok");
+}
+
+static SIGPIPES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+extern "C" fn on_sigpipe(_: c_int) {
+    SIGPIPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn flags_client(fd: c_int) {
+    let mut b = [0u8; 64];
+    assert_eq!(read_some(fd, &mut b[..1]), 1);
+    assert_eq!(b[0], b'g');
+    write_all(fd, b"hello world");
+    read_exact(fd, &mut b[..1]);
+    assert_eq!(b[0], b'w');
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(10));
+        write_all(fd, &[b'z'; 1000]);
+    }
+    read_exact(fd, &mut b[..1]); // epoll LT test
+    write_all(fd, b"y");
+    read_exact(fd, &mut b[..1]); // epoll ET test
+    write_all(fd, b"e");
+    read_exact(fd, &mut b[..1]); // select test
+    write_all(fd, b"s");
+    // Let the server fill the ring, then drain it.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut n = 0usize;
+    let mut buf = vec![0u8; 65536];
+    // Read until the 8-byte count that follows the fill.
+    let mut all = Vec::new();
+    loop {
+        let k = read_some(fd, &mut buf);
+        assert!(k > 0);
+        all.extend_from_slice(&buf[..k]);
+        n += k;
+        if n >= 8 && all[..n - 8].iter().all(|&c| c == b'f') {
+            let cnt = u64::from_le_bytes(all[n - 8..].try_into().unwrap_or_default()) as usize;
+            if cnt == n - 8 {
+                break;
+            }
+        }
+        assert!(n < 1 << 30);
+    }
+    println!("drained {}", n - 8);
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let role = a.get(1).map(String::as_str).unwrap_or("");
+    let (stream, mode) = match role {
+        "server" => {
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            println!("PORT {}", l.local_addr().expect("addr").port());
+            std::io::stdout().flush().ok();
+            let mode = a[2].clone();
+            if mode == "fork" {
+                return fork_server(l);
+            }
+            let (s, _) = l.accept().expect("accept");
+            (s, mode)
+        }
+        "client" => {
+            let port: u16 = a[2].parse().expect("port");
+            (TcpStream::connect(("127.0.0.1", port)).expect("connect"), a[3].clone())
+        }
+        _ => {
+            eprintln!("usage: strait-preload-peer server MODE | client PORT MODE");
+            std::process::exit(2);
+        }
+    };
+    let fd = stream.as_raw_fd();
+    let before = Instant::now();
+    match (role, mode.as_str()) {
+        ("server", "echo") => echo_server(fd),
+        ("client", "echo") => echo_client(fd),
+        ("server", "sink") | ("client", "sink") => sink(fd),
+        ("client", m) | ("server", m) if m.starts_with("source") => {
+            source(fd, m.trim_start_matches("source").parse().unwrap_or(3_000_000))
+        }
+        ("server", "flags") => flags_server(fd),
+        ("client", "flags") => flags_client(fd),
+        ("client", "die") => {
+            write_all(fd, b"a");
+            // Wait for the server's go, then die without closing anything.
+            let mut b = [0u8; 1];
+            read_exact(fd, &mut b);
+            // SAFETY: kills this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        ("server", "die") => {
+            let mut b = [0u8; 4];
+            read_exact(fd, &mut b[..1]);
+            write_all(fd, b"k");
+            let t = Instant::now();
+            // SAFETY: a live buffer.
+            let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 4) };
+            assert!(n == 0 || (n < 0 && errno() == libc::ECONNRESET), "after peer death: {n} {}", errno());
+            println!("peer gone after {} ms", t.elapsed().as_millis());
+        }
+        ("client", "fork") => {
+            write_all(fd, b"ping");
+            let mut b = [0u8; 9];
+            read_exact(fd, &mut b);
+            assert_eq!(&b, b"pong from");
+            let mut rest = Vec::new();
+            let mut buf = [0u8; 64];
+            loop {
+                let n = read_some(fd, &mut buf);
+                if n == 0 {
+                    break;
+                }
+                rest.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(rest, b" child");
+            println!("fork ok");
+        }
+        _ => panic!("unknown mode {mode}"),
+    }
+    let _ = before;
+    println!("maps {}", if maps_has_strait() { "strait" } else { "kernel" });
+    // Keep the connection open until the output is out.
+    std::io::stdout().flush().ok();
+    drop(stream);
+}
+
+/// The vsftpd pattern: accept, fork a child for the connection, the parent closes its
+/// copy at once. The peer must not see end of stream before the child is done.
+fn fork_server(l: TcpListener) {
+    let (s, _) = l.accept().expect("accept");
+    let fd = s.as_raw_fd();
+    // SAFETY: fork in a single-threaded process.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let mut b = [0u8; 4];
+        read_exact(fd, &mut b);
+        assert_eq!(&b, b"ping");
+        std::thread::sleep(Duration::from_millis(50));
+        write_all(fd, b"pong from");
+        std::thread::sleep(Duration::from_millis(20));
+        write_all(fd, b" child");
+        // SAFETY: ends the child without running the parent's exit handlers twice.
+        unsafe { libc::_exit(0) };
+    }
+    drop(s);
+    let mut st = 0;
+    // SAFETY: waits for our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "child failed: {st:#x}");
+    println!("fork server ok");
+    println!("maps {}", if maps_has_strait() { "strait" } else { "kernel" });
+}
+
+#[allow(dead_code)]
+fn read_line(r: &mut impl BufRead) -> String {
+    let mut s = String::new();
+    r.read_line(&mut s).ok();
+    s
+}

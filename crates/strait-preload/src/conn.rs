@@ -1,0 +1,614 @@
+//! One accelerated TCP connection: a shared mapping with two byte rings (one per
+//! direction), an eventfd doorbell per side and a Unix socket whose hang-up tells
+//! that the peer process is gone.
+//!
+//! Layout of the mapping (a sealed memfd, handed only to the two ends):
+//!
+//! ```text
+//! 0      magic u64, version u32, ring bytes u32
+//! 64     state: 0 pending (connector waits), 1 attached, 2 kernel (given up)
+//! 128+64*s  holders of side s (processes that still hold the connection)
+//! 1024+1024*d  control block of direction d (0: connector -> acceptor):
+//!        +0 tail (producer) +64 write-closed (producer) +128 producer sleeps
+//!        +512 head (consumer) +576 read-closed (consumer) +640 consumer sleeps
+//! 4096 + d*ring  data of direction d
+//! ```
+//!
+//! Rings are byte rings: positions only grow, `pos % ring` is the offset. The peer is
+//! not trusted: a position that breaks `head <= tail <= head + ring` resets the
+//! connection instead of being followed. The positions of both ends live in shared
+//! memory (not in process memory), so a connection inherited over `fork` can be used
+//! by either process in turn.
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use libc::c_int;
+
+use crate::real;
+
+pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
+pub const VERSION: u32 = 1;
+pub const HDR: usize = 4096;
+const OFF_STATE: usize = 64;
+const fn off_holders(side: usize) -> usize {
+    128 + 64 * side
+}
+const fn ctl(d: usize) -> usize {
+    1024 + 1024 * d
+}
+const TAIL: usize = 0;
+const WCLOSED: usize = 64;
+const WSLEEP: usize = 128;
+const HEAD: usize = 512;
+const RCLOSED: usize = 576;
+const RSLEEP: usize = 640;
+
+pub const PENDING: u64 = 0;
+pub const ATTACHED: u64 = 1;
+pub const KERNEL: u64 = 2;
+
+/// Connection-level settings, read once from `STRAIT_*` variables.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub ring: usize,
+    pub spin: Duration,
+    pub attach_timeout: Duration,
+    pub announce_wait: Duration,
+    pub enabled: bool,
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    let v = v.trim();
+    let (num, mul) = match v.chars().last()? {
+        'k' | 'K' => (&v[..v.len() - 1], 1024),
+        'm' | 'M' => (&v[..v.len() - 1], 1024 * 1024),
+        _ => (v, 1),
+    };
+    num.parse::<u64>().ok().map(|n| n * mul)
+}
+
+impl Settings {
+    pub fn get() -> &'static Settings {
+        static S: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+        S.get_or_init(|| {
+            let ring = env_u64("STRAIT_RING_SIZE")
+                .map(|v| v as usize)
+                .filter(|v| v.is_power_of_two() && (4096..=1 << 30).contains(v))
+                .unwrap_or(256 << 10);
+            Settings {
+                ring,
+                spin: Duration::from_micros(env_u64("STRAIT_SPIN_US").unwrap_or(20)),
+                attach_timeout: Duration::from_millis(env_u64("STRAIT_ATTACH_TIMEOUT_MS").unwrap_or(1000)),
+                announce_wait: Duration::from_millis(env_u64("STRAIT_ANNOUNCE_WAIT_MS").unwrap_or(200)),
+                enabled: std::env::var("STRAIT_DISABLE").map(|v| v.is_empty() || v == "0").unwrap_or(true),
+            }
+        })
+    }
+}
+
+/// A shared mapping (unmapped on drop).
+pub struct Shm {
+    base: *mut u8,
+    len: usize,
+    ring: usize,
+}
+
+// SAFETY: the pointer is into a shared mapping owned by this value; every word both
+// processes write is accessed atomically, data bytes only by copying.
+unsafe impl Send for Shm {}
+// SAFETY: as above.
+unsafe impl Sync for Shm {}
+
+impl Shm {
+    /// Maps a memfd of `HDR + 2 * ring` bytes.
+    pub fn map(fd: c_int, ring: usize) -> Option<Shm> {
+        let len = HDR + 2 * ring;
+        // SAFETY: maps `len` bytes of a file we hold; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Shm { base: p.cast(), len, ring })
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off < HDR && off % 8 == 0);
+        // SAFETY: `off` is an 8-aligned offset inside the page-aligned header page.
+        unsafe { &*self.base.add(off).cast::<AtomicU64>() }
+    }
+
+    pub fn init_header(&self) {
+        self.word(0).store(MAGIC, Ordering::Relaxed);
+        self.word(8).store(VERSION as u64 | ((self.ring as u64) << 32), Ordering::Relaxed);
+        self.word(off_holders(0)).store(1, Ordering::Relaxed);
+        self.word(off_holders(1)).store(1, Ordering::Relaxed);
+    }
+
+    pub fn header_ok(&self) -> bool {
+        self.word(0).load(Ordering::Relaxed) == MAGIC
+            && self.word(8).load(Ordering::Relaxed) == VERSION as u64 | ((self.ring as u64) << 32)
+    }
+
+    pub fn state(&self) -> &AtomicU64 {
+        self.word(OFF_STATE)
+    }
+
+    fn data(&self, d: usize) -> *mut u8 {
+        // SAFETY: both data areas lie inside the mapping.
+        unsafe { self.base.add(HDR + d * self.ring) }
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly our mapping; nothing refers to it any more.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// Process-wide counters (printed at exit with `STRAIT_STATS=1`).
+pub static ACCELERATED: AtomicUsize = AtomicUsize::new(0);
+pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// One end of an accelerated connection.
+pub struct Conn {
+    pub shm: Shm,
+    /// 0: connector, 1: acceptor. We produce direction `side`, consume `1 - side`.
+    pub side: usize,
+    pub my_efd: c_int,
+    pub peer_efd: c_int,
+    pub unix: c_int,
+    pub nonblock: AtomicBool,
+    rd_shut: AtomicBool,
+    wr_shut: AtomicBool,
+    peer_dead: AtomicBool,
+    /// Descriptors of this process that refer to this connection.
+    pub fdrefs: AtomicUsize,
+    released: AtomicBool,
+    /// Counted in the statistics (connector side, once attached).
+    pub counted: AtomicBool,
+    rlock: Mutex<()>,
+    wlock: Mutex<()>,
+}
+
+/// Readiness of a connection, as poll bits.
+pub struct Ready {
+    pub bits: i16,
+    /// Ring positions, to tell new data/space for edge-triggered epoll.
+    pub rx_tail: u64,
+    pub tx_head: u64,
+}
+
+pub enum IoErr {
+    Again,
+    Pipe,
+    Reset,
+}
+
+impl Conn {
+    pub fn new(shm: Shm, side: usize, my_efd: c_int, peer_efd: c_int, unix: c_int, nonblock: bool) -> Conn {
+        Conn {
+            shm,
+            side,
+            my_efd,
+            peer_efd,
+            unix,
+            nonblock: AtomicBool::new(nonblock),
+            rd_shut: AtomicBool::new(false),
+            wr_shut: AtomicBool::new(false),
+            peer_dead: AtomicBool::new(false),
+            fdrefs: AtomicUsize::new(1),
+            released: AtomicBool::new(false),
+            counted: AtomicBool::new(false),
+            rlock: Mutex::new(()),
+            wlock: Mutex::new(()),
+        }
+    }
+
+    fn tx(&self) -> usize {
+        self.side
+    }
+    fn rx(&self) -> usize {
+        1 - self.side
+    }
+    fn w(&self, d: usize, off: usize) -> &AtomicU64 {
+        self.shm.word(ctl(d) + off)
+    }
+
+    pub fn state(&self) -> u64 {
+        self.shm.state().load(Ordering::Acquire)
+    }
+
+    /// Bytes waiting to be read, or `Err` if the peer broke the ring.
+    fn avail(&self) -> Result<(u64, u64), IoErr> {
+        let d = self.rx();
+        let tail = self.w(d, TAIL).load(Ordering::Acquire);
+        let head = self.w(d, HEAD).load(Ordering::Relaxed);
+        if tail < head || tail - head > self.shm.ring as u64 {
+            self.peer_dead.store(true, Ordering::Relaxed);
+            return Err(IoErr::Reset);
+        }
+        Ok((head, tail - head))
+    }
+
+    /// Free bytes in our transmit ring.
+    fn room(&self) -> Result<(u64, u64), IoErr> {
+        let d = self.tx();
+        let tail = self.w(d, TAIL).load(Ordering::Relaxed);
+        let head = self.w(d, HEAD).load(Ordering::Acquire);
+        if tail < head || tail - head > self.shm.ring as u64 {
+            self.peer_dead.store(true, Ordering::Relaxed);
+            return Err(IoErr::Reset);
+        }
+        Ok((tail, self.shm.ring as u64 - (tail - head)))
+    }
+
+    fn rx_eof(&self) -> bool {
+        self.rd_shut.load(Ordering::Relaxed)
+            || self.w(self.rx(), WCLOSED).load(Ordering::Acquire) != 0
+            || self.peer_dead.load(Ordering::Relaxed)
+    }
+
+    fn tx_broken(&self) -> bool {
+        self.w(self.tx(), RCLOSED).load(Ordering::Acquire) != 0 || self.peer_dead.load(Ordering::Relaxed)
+    }
+
+    fn ring_bell(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to the peer's eventfd.
+        unsafe { real::write(self.peer_efd, (&one as *const u64).cast(), 8) };
+    }
+
+    fn wake_if(&self, flag: &AtomicU64) {
+        fence(Ordering::SeqCst);
+        if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0 {
+            self.ring_bell();
+        }
+    }
+
+    /// Checks (with a zero-timeout poll) whether the peer's Unix socket hung up.
+    pub fn check_peer(&self) -> bool {
+        if self.peer_dead.load(Ordering::Relaxed) {
+            return true;
+        }
+        let mut p = libc::pollfd { fd: self.unix, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one pollfd on the stack.
+        let r = unsafe { real::poll(&mut p, 1, 0) };
+        if r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLIN) != 0 {
+            self.peer_dead.store(true, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    pub fn drain_bell(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: eventfd read into a local; the eventfd is non-blocking.
+        unsafe { real::read(self.my_efd, (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// Current readiness as poll bits (POLLIN/POLLOUT/POLLHUP/POLLRDHUP/POLLERR).
+    pub fn readiness(&self) -> Ready {
+        let mut bits = 0i16;
+        let (rx_tail, readable) = match self.avail() {
+            Ok((h, n)) => (h + n, n > 0 || self.rx_eof()),
+            Err(_) => (0, true),
+        };
+        if readable {
+            bits |= libc::POLLIN;
+        }
+        let (tx_head, writable) = match self.room() {
+            Ok((t, r)) => (t + r, r > 0 || self.tx_broken() || self.wr_shut.load(Ordering::Relaxed)),
+            Err(_) => (0, true),
+        };
+        if writable {
+            bits |= libc::POLLOUT;
+        }
+        let peer_wclosed = self.w(self.rx(), WCLOSED).load(Ordering::Acquire) != 0;
+        if peer_wclosed || self.peer_dead.load(Ordering::Relaxed) {
+            bits |= libc::POLLRDHUP;
+        }
+        let both_shut = (peer_wclosed || self.rd_shut.load(Ordering::Relaxed))
+            && (self.wr_shut.load(Ordering::Relaxed) || self.tx_broken());
+        if self.peer_dead.load(Ordering::Relaxed) || both_shut {
+            bits |= libc::POLLHUP;
+        }
+        Ready { bits, rx_tail, tx_head }
+    }
+
+    /// Announces that this thread is about to sleep waiting for data (`rx`) and/or
+    /// room (`tx`); the peer rings our eventfd when it changes either.
+    pub fn announce(&self, rx: bool, tx: bool) {
+        if rx {
+            self.w(self.rx(), RSLEEP).store(1, Ordering::Relaxed);
+        }
+        if tx {
+            self.w(self.tx(), WSLEEP).store(1, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// Blocks until `ready()` or `deadline`, spinning first; false on timeout.
+    fn wait(&self, rx: bool, deadline: Option<Instant>, ready: &dyn Fn(&Conn) -> bool) -> bool {
+        let s = Settings::get();
+        let spin_end = Instant::now() + s.spin;
+        while Instant::now() < spin_end {
+            if ready(self) {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        loop {
+            self.announce(rx, !rx);
+            if ready(self) {
+                return true;
+            }
+            let mut ms = 100; // safety net against a wake-up taken by another waiter
+            if let Some(d) = deadline {
+                let now = Instant::now();
+                if now >= d {
+                    return false;
+                }
+                ms = ms.min((d - now).as_millis() as c_int + 1);
+            }
+            let mut p = [
+                libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.unix, events: libc::POLLRDHUP, revents: 0 },
+            ];
+            // SAFETY: two pollfds on the stack.
+            let r = unsafe { real::poll(p.as_mut_ptr(), 2, ms) };
+            if r > 0 {
+                if p[0].revents != 0 {
+                    self.drain_bell();
+                }
+                if p[1].revents != 0 {
+                    self.check_peer();
+                }
+            }
+        }
+    }
+
+    /// Connector only: waits (bounded) until the acceptor attached or gave up.
+    /// True if the connection is carried by shared memory from now on.
+    pub fn settle(&self) -> bool {
+        match self.state() {
+            ATTACHED => return true,
+            KERNEL => return false,
+            _ => {}
+        }
+        let deadline = Instant::now() + Settings::get().attach_timeout;
+        loop {
+            let st = self.state();
+            if st != PENDING {
+                return st == ATTACHED;
+            }
+            if Instant::now() >= deadline || self.check_peer() {
+                return match self.shm.state().compare_exchange(
+                    PENDING,
+                    KERNEL,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => false,
+                    Err(st) => st == ATTACHED,
+                };
+            }
+            let mut p = libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd on the stack.
+            unsafe { real::poll(&mut p, 1, 5) };
+            if p.revents != 0 {
+                self.drain_bell();
+            }
+        }
+    }
+
+    /// Reads into the iovecs. `Ok(0)` is end of stream.
+    pub fn recv(
+        &self,
+        iov: &[(*mut u8, usize)],
+        peek: bool,
+        dontwait: bool,
+        waitall: bool,
+    ) -> Result<usize, IoErr> {
+        let want: usize = iov.iter().map(|v| v.1).sum();
+        if want == 0 {
+            return Ok(0);
+        }
+        let _g = self.rlock.lock().unwrap_or_else(|e| e.into_inner());
+        let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
+        let mut got = 0usize;
+        loop {
+            let (head, n) = self.avail()?;
+            if n > 0 {
+                let take = (n as usize).min(want - got);
+                self.copy_out(head, got, take, iov);
+                if !peek {
+                    self.w(self.rx(), HEAD).store(head + take as u64, Ordering::Release);
+                    self.wake_if(self.w(self.rx(), WSLEEP));
+                    got += take;
+                } else {
+                    return Ok(take);
+                }
+                if got == want || !waitall || nonblock {
+                    return Ok(got);
+                }
+                continue;
+            }
+            if self.rx_eof() {
+                return Ok(got);
+            }
+            if got > 0 && !waitall {
+                return Ok(got);
+            }
+            if nonblock {
+                if got > 0 {
+                    return Ok(got);
+                }
+                if self.check_peer() {
+                    continue;
+                }
+                return Err(IoErr::Again);
+            }
+            self.wait(true, None, &|c| {
+                matches!(c.avail(), Ok((_, n)) if n > 0) || c.rx_eof() || c.avail().is_err()
+            });
+        }
+    }
+
+    fn copy_out(&self, head: u64, skip: usize, len: usize, iov: &[(*mut u8, usize)]) {
+        let ring = self.shm.ring;
+        let base = self.shm.data(self.rx());
+        let mut pos = head;
+        let mut left = len;
+        let mut skip = skip;
+        for &(p, l) in iov {
+            if left == 0 {
+                break;
+            }
+            if skip >= l {
+                skip -= l;
+                continue;
+            }
+            let mut dst = skip;
+            skip = 0;
+            while dst < l && left > 0 {
+                let off = (pos % ring as u64) as usize;
+                let n = (l - dst).min(left).min(ring - off);
+                // SAFETY: `off + n <= ring` inside our data area; `p + dst + n` is
+                // inside the caller's buffer (`dst + n <= l`). The source may change
+                // under us (hostile peer): we only copy bytes.
+                unsafe { std::ptr::copy_nonoverlapping(base.add(off), p.add(dst), n) };
+                dst += n;
+                left -= n;
+                pos += n as u64;
+            }
+        }
+    }
+
+    /// Writes from the iovecs (all of it when blocking).
+    pub fn send(&self, iov: &[(*const u8, usize)], dontwait: bool) -> Result<usize, IoErr> {
+        let want: usize = iov.iter().map(|v| v.1).sum();
+        let _g = self.wlock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.wr_shut.load(Ordering::Relaxed) || self.tx_broken() {
+            return Err(IoErr::Pipe);
+        }
+        if want == 0 {
+            return Ok(0);
+        }
+        let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
+        let mut sent = 0usize;
+        let ring = self.shm.ring;
+        let base = self.shm.data(self.tx());
+        let (mut vi, mut vo) = (0usize, 0usize);
+        loop {
+            if self.tx_broken() {
+                return if sent > 0 { Ok(sent) } else { Err(IoErr::Pipe) };
+            }
+            let (tail, room) = self.room()?;
+            if room == 0 {
+                if nonblock {
+                    if sent > 0 {
+                        return Ok(sent);
+                    }
+                    if self.check_peer() {
+                        return Err(IoErr::Pipe);
+                    }
+                    return Err(IoErr::Again);
+                }
+                self.wait(false, None, &|c| matches!(c.room(), Ok((_, r)) if r > 0) || c.tx_broken());
+                continue;
+            }
+            let mut n = (room as usize).min(want - sent);
+            let chunk = n;
+            let mut pos = tail;
+            while n > 0 {
+                let (p, l) = iov[vi];
+                let take = (l - vo).min(n);
+                let mut k = 0;
+                while k < take {
+                    let off = (pos % ring as u64) as usize;
+                    let m = (take - k).min(ring - off);
+                    // SAFETY: `off + m <= ring` inside our data area, which the ring
+                    // protocol gives to the producer (below the consumer's head + ring);
+                    // `p + vo + k + m <= p + l` inside the caller's buffer.
+                    unsafe { std::ptr::copy_nonoverlapping(p.add(vo + k), base.add(off), m) };
+                    k += m;
+                    pos += m as u64;
+                }
+                vo += take;
+                n -= take;
+                if vo == l {
+                    vi += 1;
+                    vo = 0;
+                }
+            }
+            self.w(self.tx(), TAIL).store(tail + chunk as u64, Ordering::Release);
+            self.wake_if(self.w(self.tx(), RSLEEP));
+            sent += chunk;
+            if sent == want {
+                return Ok(sent);
+            }
+            while vi < iov.len() && iov[vi].1 == 0 {
+                vi += 1;
+            }
+        }
+    }
+
+    pub fn fionread(&self) -> usize {
+        self.avail().map(|(_, n)| n as usize).unwrap_or(0)
+    }
+
+    pub fn shutdown(&self, how: c_int) {
+        if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+            self.rd_shut.store(true, Ordering::Relaxed);
+        }
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            self.wr_shut.store(true, Ordering::Relaxed);
+            self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
+            self.ring_bell();
+        }
+    }
+
+    /// Called before `fork`: the child will hold the connection too.
+    pub fn add_holder(&self) {
+        self.shm.word(off_holders(self.side)).fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The last descriptor of this process was closed: if no other process holds our
+    /// side, the peer reads end of stream and its writes fail.
+    pub fn release(&self) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if self.state() != ATTACHED {
+            return;
+        }
+        let h = self.shm.word(off_holders(self.side));
+        if h.fetch_sub(1, Ordering::AcqRel) <= 1 {
+            self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
+            self.w(self.rx(), RCLOSED).store(1, Ordering::Release);
+            self.ring_bell();
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        for fd in [self.my_efd, self.peer_efd, self.unix] {
+            // SAFETY: these descriptors belong to this connection alone.
+            unsafe { real::close(fd) };
+        }
+    }
+}

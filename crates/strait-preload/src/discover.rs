@@ -1,0 +1,501 @@
+//! Finding out that both ends of a local TCP connection run under strait, and handing
+//! the connection's shared memory to the two ends only.
+//!
+//! * `listen()` on a TCP socket also binds an abstract Unix socket named
+//!   `strait.tcp.<netns inode>.<port>` (first process wins; nothing in the
+//!   filesystem; only visible in this network namespace).
+//! * `connect()` to a loopback address first connects a Unix socket to that name
+//!   (failing costs one system call when the listener is not under strait), then
+//!   does the real TCP connect, then sends a hello (its TCP address and port, the
+//!   ring size) with a sealed memfd and two eventfds over the Unix socket. Not one
+//!   byte is ever sent on the TCP connection.
+//! * `accept()` takes the kernel connection, and looks for the hello whose address
+//!   and port are the accepted connection's peer. The Unix connection was made
+//!   before the TCP SYN was sent, so it is already queued when the TCP connection is
+//!   accepted: an acceptor only waits (bounded) for hellos of Unix connections it
+//!   has already seen; a peer without strait costs one failed `accept4`.
+//! * Both sides agree through one word in shared memory (pending -> attached by the
+//!   acceptor, or pending -> kernel by the connector after a timeout), so a hello
+//!   that reaches a process that never accepts the matching TCP connection only
+//!   costs a bounded delay, then the connection runs through the kernel.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use libc::{c_int, sockaddr, sockaddr_storage, socklen_t};
+
+use crate::conn::{Conn, Settings, Shm, ATTACHED, HDR, KERNEL, MAGIC, PENDING, VERSION};
+use crate::real;
+
+const HELLO_LEN: usize = 48;
+
+/// Address key of a TCP endpoint: IPv4 (or v4-mapped IPv6) as `::ffff:a.b.c.d`.
+pub type Key = ([u8; 16], u16);
+
+fn netns() -> u64 {
+    static NS: OnceLock<u64> = OnceLock::new();
+    *NS.get_or_init(|| {
+        // SAFETY: stat is plain old data, filled by the call.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: NUL-terminated literal path and a local stat.
+        if unsafe { libc::stat(c"/proc/self/ns/net".as_ptr(), &mut st) } == 0 {
+            st.st_ino
+        } else {
+            0
+        }
+    })
+}
+
+fn unix_name(port: u16) -> (libc::sockaddr_un, socklen_t) {
+    // SAFETY: sockaddr_un is plain old data.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = format!("strait.tcp.{}.{}", netns(), port);
+    for (i, b) in name.bytes().enumerate() {
+        sa.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    (sa, len as socklen_t)
+}
+
+/// The key and loopback-ness of a socket address.
+pub fn key_of(sa: *const sockaddr, len: socklen_t) -> Option<(Key, bool)> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes an address of `len` bytes; we read the family first
+    // and the rest only if `len` covers it.
+    unsafe {
+        match (*sa).sa_family as c_int {
+            libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+                let s = &*sa.cast::<libc::sockaddr_in>();
+                let ip = s.sin_addr.s_addr.to_ne_bytes();
+                let mut k = [0u8; 16];
+                k[10] = 0xff;
+                k[11] = 0xff;
+                k[12..].copy_from_slice(&ip);
+                Some(((k, u16::from_be(s.sin_port)), ip[0] == 127))
+            }
+            libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+                let s = &*sa.cast::<libc::sockaddr_in6>();
+                let a = s.sin6_addr.s6_addr;
+                let mapped = a[..10].iter().all(|&b| b == 0) && a[10] == 0xff && a[11] == 0xff;
+                let lo = a == std::net::Ipv6Addr::LOCALHOST.octets() || (mapped && a[12] == 127);
+                Some(((a, u16::from_be(s.sin6_port)), lo))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn sock_key(fd: c_int, peer: bool) -> Option<Key> {
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut ss: sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<sockaddr_storage>() as socklen_t;
+    let p = (&mut ss as *mut sockaddr_storage).cast::<sockaddr>();
+    // SAFETY: a local sockaddr_storage and its length.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    };
+    if r != 0 {
+        return None;
+    }
+    key_of(p, len).map(|(k, _)| k)
+}
+
+fn is_tcp_stream(fd: c_int) -> bool {
+    let get = |opt| {
+        let mut v: c_int = 0;
+        let mut l = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: a local int and its length.
+        let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut c_int).cast(), &mut l) };
+        (r == 0).then_some(v)
+    };
+    get(libc::SO_TYPE) == Some(libc::SOCK_STREAM) && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+}
+
+fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
+    let mut cbuf = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    // SAFETY: msghdr is plain old data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: CMSG_SPACE is a pure computation; 3 fds fit in 64 bytes.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer is large enough and aligned; the CMSG macros stay in it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<c_int>(), fds.len());
+    }
+    // SAFETY: `msg` points at live locals.
+    let n = unsafe { real::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    n as usize == data.len()
+}
+
+/// Receives one hello without waiting: `Some(Ok)` got one, `Some(Err)` the socket is
+/// dead or sent garbage, `None` nothing yet.
+type HelloMsg = ([u8; HELLO_LEN], Vec<c_int>);
+
+fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
+    let mut buf = [0u8; HELLO_LEN + 16];
+    let mut cbuf = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr is plain old data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: `msg` points at live locals.
+    let n = unsafe { real::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = real::errno();
+        return if e == libc::EAGAIN || e == libc::EINTR { None } else { Some(Err(())) };
+    }
+    let mut fds = Vec::new();
+    // SAFETY: walks the control messages the kernel wrote, within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<c_int>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    fds.push(std::ptr::read_unaligned(data.add(i)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let mut out = [0u8; HELLO_LEN];
+    if n as usize != HELLO_LEN || fds.len() != 3 || msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        close_all(&fds);
+        return Some(Err(()));
+    }
+    out.copy_from_slice(&buf[..HELLO_LEN]);
+    Some(Ok((out, fds)))
+}
+
+fn close_all(fds: &[c_int]) {
+    for &fd in fds {
+        // SAFETY: descriptors we own.
+        unsafe { real::close(fd) };
+    }
+}
+
+fn same_user(sock: c_int) -> bool {
+    // SAFETY: ucred is plain old data.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as socklen_t;
+    // SAFETY: a local ucred and its length.
+    let r = unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: plain syscall.
+    r == 0 && cred.uid == unsafe { libc::geteuid() }
+}
+
+struct Hello {
+    key: Key,
+    ring: usize,
+    /// memfd, connector's eventfd, acceptor's eventfd.
+    fds: [c_int; 3],
+    unix: c_int,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct Pending {
+    hellos: Vec<Hello>,
+    waiting: Vec<c_int>,
+}
+
+/// The strait side of a listening TCP socket.
+pub struct Listener {
+    unix: c_int,
+    pending: Mutex<Pending>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let p = self.pending.get_mut().unwrap_or_else(|e| e.into_inner());
+        for h in p.hellos.drain(..) {
+            close_all(&h.fds);
+            close_all(&[h.unix]);
+        }
+        close_all(&p.waiting);
+        close_all(&[self.unix]);
+    }
+}
+
+/// After a successful `listen(fd)`: claims the rendezvous name for its port.
+pub fn on_listen(fd: c_int) {
+    if !Settings::get().enabled || crate::table::listener(fd).is_some() || !is_tcp_stream(fd) {
+        return;
+    }
+    let Some((_, port)) = sock_key(fd, false) else { return };
+    // SAFETY: plain syscall.
+    let u = unsafe {
+        real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
+    };
+    if u < 0 {
+        return;
+    }
+    let (sa, len) = unix_name(port);
+    // SAFETY: an initialised sockaddr_un of `len` bytes.
+    let ok = unsafe { libc::bind(u, (&sa as *const libc::sockaddr_un).cast(), len) } == 0
+        // SAFETY: plain syscall.
+        && unsafe { real::listen(u, 4096) } == 0;
+    if !ok {
+        close_all(&[u]);
+        return;
+    }
+    crate::table::add_listener(fd, Arc::new(Listener { unix: u, pending: Mutex::new(Pending::default()) }));
+}
+
+impl Listener {
+    /// Accepts queued Unix connections and reads the hellos that arrived.
+    fn pump(&self, p: &mut Pending) {
+        loop {
+            // SAFETY: accept4 without an address buffer.
+            let c = unsafe {
+                real::accept4(
+                    self.unix,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                )
+            };
+            if c < 0 {
+                break;
+            }
+            if same_user(c) {
+                p.waiting.push(c);
+            } else {
+                close_all(&[c]);
+            }
+        }
+        let mut i = 0;
+        while i < p.waiting.len() {
+            let c = p.waiting[i];
+            match recv_hello(c) {
+                None => i += 1,
+                Some(Err(())) => {
+                    close_all(&[c]);
+                    p.waiting.swap_remove(i);
+                }
+                Some(Ok((h, fds))) => {
+                    p.waiting.swap_remove(i);
+                    let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+                    let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+                    let ring = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default()) as usize;
+                    let port = u16::from_le_bytes(h[16..18].try_into().unwrap_or_default());
+                    let mut addr = [0u8; 16];
+                    addr.copy_from_slice(&h[32..48]);
+                    if magic != MAGIC || version != VERSION || !ring.is_power_of_two() || ring < 4096 {
+                        close_all(&fds);
+                        close_all(&[c]);
+                        continue;
+                    }
+                    p.hellos.push(Hello {
+                        key: (addr, port),
+                        ring,
+                        fds: [fds[0], fds[1], fds[2]],
+                        unix: c,
+                        at: Instant::now(),
+                    });
+                }
+            }
+        }
+        // Hellos nobody claimed for long: their connectors gave up already.
+        let now = Instant::now();
+        let stale = Settings::get().attach_timeout * 4;
+        p.hellos.retain(|h| {
+            let keep = now.duration_since(h.at) < stale;
+            if !keep {
+                close_all(&h.fds);
+                close_all(&[h.unix]);
+            }
+            keep
+        });
+    }
+
+    fn take(&self, key: Key) -> Option<Hello> {
+        let deadline = Instant::now() + Settings::get().announce_wait;
+        loop {
+            let waiting = {
+                let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                self.pump(&mut p);
+                if let Some(i) = p.hellos.iter().position(|h| h.key == key) {
+                    return Some(p.hellos.swap_remove(i));
+                }
+                if p.waiting.is_empty() {
+                    return None;
+                }
+                p.waiting.clone()
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let mut pfds: Vec<libc::pollfd> =
+                waiting.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+            let ms = (deadline - now).as_millis().clamp(1, 10) as c_int;
+            // SAFETY: a vector of pollfds and its length.
+            unsafe { real::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+        }
+    }
+}
+
+fn memfd_ok(fd: c_int, len: usize) -> bool {
+    // SAFETY: stat is plain old data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a local stat.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size as u64 != len as u64 {
+        return false;
+    }
+    // SAFETY: plain syscall.
+    let seals = unsafe { real::fcntl(fd, libc::F_GET_SEALS, 0) };
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    seals >= 0 && seals & need == need
+}
+
+/// After a kernel `accept` on `lfd` returned `fd`: attaches the shared memory the
+/// connecting strait peer announced, if any.
+pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
+    let Some(l) = crate::table::listener(lfd) else { return };
+    let Some(key) = sock_key(fd, true) else { return };
+    let Some(h) = l.take(key) else { return };
+    let [memfd, efd_c, efd_a] = h.fds;
+    let total = HDR + 2 * h.ring;
+    let shm = if memfd_ok(memfd, total) { Shm::map(memfd, h.ring) } else { None };
+    close_all(&[memfd]);
+    let Some(shm) = shm.filter(|s| s.header_ok()) else {
+        close_all(&[efd_c, efd_a, h.unix]);
+        crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    if shm.state().compare_exchange(PENDING, ATTACHED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        // The connector gave up waiting: the connection stays on the kernel path.
+        close_all(&[efd_c, efd_a, h.unix]);
+        crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let conn = Arc::new(Conn::new(shm, 1, efd_a, efd_c, h.unix, nonblock));
+    let one: u64 = 1;
+    // SAFETY: wakes the connector (8 bytes from a local to its eventfd).
+    unsafe { real::write(efd_c, (&one as *const u64).cast(), 8) };
+    crate::conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
+    crate::stats::note();
+    if let Some(old) = crate::table::insert(fd, conn) {
+        crate::table::drop_ref(old);
+    }
+}
+
+/// Before a TCP `connect` to `addr`: connects to the listener's rendezvous name.
+/// Returns the Unix socket if the listener runs under strait.
+pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
+    if !Settings::get().enabled {
+        return None;
+    }
+    let ((_, port), lo) = key_of(addr, len)?;
+    if !lo || !is_tcp_stream(fd) {
+        return None;
+    }
+    // SAFETY: plain syscall.
+    let u = unsafe { real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if u < 0 {
+        return None;
+    }
+    let (sa, slen) = unix_name(port);
+    // SAFETY: an initialised sockaddr_un of `slen` bytes.
+    if unsafe { real::connect(u, (&sa as *const libc::sockaddr_un).cast(), slen) } != 0 {
+        close_all(&[u]);
+        return None;
+    }
+    Some(u)
+}
+
+/// After the TCP connect started (or finished): sends the hello and registers the
+/// pending connection. On any failure the connection simply stays on the kernel.
+pub fn post_connect(fd: c_int, unix: c_int) {
+    let Some(key) = sock_key(fd, false) else {
+        close_all(&[unix]);
+        return;
+    };
+    let ring = Settings::get().ring;
+    // SAFETY: NUL-terminated literal name.
+    let memfd =
+        unsafe { libc::memfd_create(c"strait-tcp".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    // SAFETY: plain syscalls.
+    let efd_c = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // SAFETY: as above.
+    let efd_a = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    let cleanup = |fds: &[c_int]| {
+        close_all(&fds.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
+    };
+    if memfd < 0 || efd_c < 0 || efd_a < 0 {
+        cleanup(&[memfd, efd_c, efd_a, unix]);
+        return;
+    }
+    let total = HDR + 2 * ring;
+    // SAFETY: plain syscalls on the memfd we own.
+    let sized = unsafe {
+        libc::ftruncate(memfd, total as libc::off_t) == 0
+            && real::fcntl(
+                memfd,
+                libc::F_ADD_SEALS,
+                (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
+            ) == 0
+    };
+    let shm = if sized { Shm::map(memfd, ring) } else { None };
+    let Some(shm) = shm else {
+        cleanup(&[memfd, efd_c, efd_a, unix]);
+        return;
+    };
+    shm.init_header();
+    let mut h = [0u8; HELLO_LEN];
+    h[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(ring as u32).to_le_bytes());
+    h[16..18].copy_from_slice(&key.1.to_le_bytes());
+    h[32..48].copy_from_slice(&key.0);
+    let sent = send_fds(unix, &h, &[memfd, efd_c, efd_a]);
+    // The memfd is not kept open: only the two mappings hold the memory.
+    cleanup(&[memfd]);
+    if !sent {
+        cleanup(&[efd_c, efd_a, unix]);
+        return;
+    }
+    // SAFETY: plain syscall.
+    let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
+    let conn = Arc::new(Conn::new(shm, 0, efd_c, efd_a, unix, nonblock));
+    if let Some(old) = crate::table::insert(fd, conn) {
+        crate::table::drop_ref(old);
+    }
+}
+
+/// A pending connector whose peer never attached: back to the kernel for good.
+pub fn give_up(fd: c_int, conn: &Arc<Conn>) {
+    let _ = fd;
+    debug_assert_eq!(conn.state(), KERNEL);
+    crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+    crate::table::remove_conn(conn);
+}

@@ -1,0 +1,767 @@
+//! `libstrait_preload.so`: loaded with `LD_PRELOAD` (by `strait run`), it carries TCP
+//! connections between two processes that both run under strait on this host over
+//! per-connection shared memory, with no change to either program.
+//!
+//! * [`discover`]: how the two ends find each other (abstract Unix socket named by
+//!   network namespace and port; never a byte on the TCP connection).
+//! * [`conn`]: the shared-memory connection (two byte rings, eventfd doorbells).
+//! * [`poll`]: `poll`/`select`/`epoll` over mixed accelerated and kernel descriptors.
+//!
+//! Every exported function looks the descriptor up first; a descriptor that is not an
+//! accelerated connection goes straight to the real libc function. A panic inside
+//! this library never crosses into the host program: the call falls back to libc.
+
+mod conn;
+mod discover;
+mod poll;
+mod real;
+mod stats;
+mod table;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use libc::{c_int, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pollfd, sigset_t, size_t, ssize_t};
+use libc::{sockaddr, socklen_t, timespec};
+
+use conn::{Conn, IoErr, ATTACHED};
+
+/// Runs `body`; a panic falls back to `fallback` (the real libc call).
+fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(_) => fallback(),
+    }
+}
+
+/// The accelerated connection behind `fd`, after settling a pending connect.
+pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
+    let c = table::lookup(fd)?;
+    // A connector's first use waits (bounded) for the acceptor to attach.
+    if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
+        if !c.settle() {
+            discover::give_up(fd, &c);
+            return None;
+        }
+        if !c.counted.swap(true, Ordering::Relaxed) {
+            conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
+            stats::note();
+        }
+    }
+    Some(c)
+}
+
+fn io_result(r: Result<usize, IoErr>, sigpipe: bool) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(IoErr::Again) => real::fail(libc::EAGAIN),
+        Err(IoErr::Reset) => real::fail(libc::ECONNRESET),
+        Err(IoErr::Pipe) => {
+            if sigpipe {
+                // SAFETY: sends SIGPIPE to this thread, as the kernel would.
+                unsafe { libc::raise(libc::SIGPIPE) };
+            }
+            real::fail(libc::EPIPE)
+        }
+    }
+}
+
+fn do_recv(c: &Conn, iov: &[(*mut u8, usize)], flags: c_int) -> ssize_t {
+    let r = c.recv(
+        iov,
+        flags & libc::MSG_PEEK != 0,
+        flags & libc::MSG_DONTWAIT != 0,
+        flags & libc::MSG_WAITALL != 0,
+    );
+    io_result(r, false)
+}
+
+fn do_send(c: &Conn, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
+    io_result(c.send(iov, flags & libc::MSG_DONTWAIT != 0), flags & libc::MSG_NOSIGNAL == 0)
+}
+
+/// # Safety
+/// `iov` points at `n` iovecs (or n == 0).
+unsafe fn iovs_mut(iov: *const iovec, n: c_int) -> Vec<(*mut u8, usize)> {
+    if iov.is_null() || n <= 0 {
+        return Vec::new();
+    }
+    // SAFETY: per the caller.
+    unsafe { std::slice::from_raw_parts(iov, n as usize) }
+        .iter()
+        .map(|v| (v.iov_base.cast::<u8>(), v.iov_len))
+        .collect()
+}
+
+fn deadline_ms(ms: c_int) -> Option<Instant> {
+    (ms >= 0).then(|| Instant::now() + Duration::from_millis(ms as u64))
+}
+
+fn deadline_ts(t: *const timespec) -> Option<Instant> {
+    if t.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's timespec.
+    let t = unsafe { *t };
+    Some(Instant::now() + Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+}
+
+// ------------------------------------------------------------------ setup
+
+extern "C" fn before_fork() {
+    // The child holds every connection too: the peer must not see end of stream
+    // until both have closed it.
+    let _ = catch_unwind(|| {
+        for c in table::all_conns() {
+            if c.state() == ATTACHED {
+                c.add_holder();
+            }
+        }
+    });
+}
+
+extern "C" fn init() {
+    // SAFETY: registers a plain extern "C" function; no handlers after fork.
+    unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+    stats::init();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+// ------------------------------------------------------------------ sockets
+
+/// # Safety
+/// As for libc's `connect`.
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::connect(fd, addr, len) };
+    guard(real, || {
+        let Some(u) = discover::pre_connect(fd, addr, len) else { return real() };
+        let r = real();
+        let e = real::errno();
+        if r == 0 || e == libc::EINPROGRESS {
+            discover::post_connect(fd, u);
+        } else {
+            // SAFETY: our Unix socket.
+            unsafe { real::close(u) };
+        }
+        real::set_errno(e);
+        r
+    })
+}
+
+/// # Safety
+/// As for libc's `listen`.
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::listen(fd, backlog) };
+    guard(real, || {
+        let r = real();
+        if r == 0 {
+            let e = real::errno();
+            discover::on_listen(fd);
+            real::set_errno(e);
+        }
+        r
+    })
+}
+
+fn after_accept(lfd: c_int, fd: c_int, flags: c_int) -> c_int {
+    if fd >= 0 {
+        let e = real::errno();
+        discover::on_accept(lfd, fd, flags & libc::SOCK_NONBLOCK != 0);
+        real::set_errno(e);
+    }
+    fd
+}
+
+/// # Safety
+/// As for libc's `accept`.
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: forwarded arguments.
+    let r = unsafe { real::accept(fd, addr, len) };
+    guard(|| r, || after_accept(fd, r, 0))
+}
+
+/// # Safety
+/// As for libc's `accept4`.
+#[no_mangle]
+pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let r = unsafe { real::accept4(fd, addr, len, flags) };
+    guard(|| r, || after_accept(fd, r, flags))
+}
+
+/// # Safety
+/// As for libc's `read`.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::read(fd, buf, n) };
+    guard(real, || match accel(fd) {
+        Some(c) => do_recv(&c, &[(buf.cast(), n)], 0),
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for glibc's `__read_chk` (fortified `read`).
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
+    if n > buflen {
+        // SAFETY: what glibc does on a fortify failure.
+        unsafe { libc::abort() };
+    }
+    // SAFETY: forwarded.
+    unsafe { read(fd, buf, n) }
+}
+
+/// # Safety
+/// As for libc's `write`.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::write(fd, buf, n) };
+    guard(real, || match accel(fd) {
+        Some(c) => do_send(&c, &[(buf.cast(), n)], 0),
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for libc's `readv`.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::readv(fd, iov, n) };
+    guard(real, || match accel(fd) {
+        // SAFETY: the caller's iovecs.
+        Some(c) => do_recv(&c, &unsafe { iovs_mut(iov, n) }, 0),
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for libc's `writev`.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::writev(fd, iov, n) };
+    guard(real, || match accel(fd) {
+        Some(c) => {
+            // SAFETY: the caller's iovecs.
+            let v: Vec<(*const u8, usize)> =
+                unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
+            do_send(&c, &v, 0)
+        }
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for libc's `recv`.
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::recv(fd, buf, n, flags) };
+    guard(real, || match accel(fd) {
+        Some(c) => do_recv(&c, &[(buf.cast(), n)], flags),
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for glibc's `__recv_chk`.
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if n > buflen {
+        // SAFETY: what glibc does on a fortify failure.
+        unsafe { libc::abort() };
+    }
+    // SAFETY: forwarded.
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+/// # Safety
+/// As for libc's `send`.
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::send(fd, buf, n, flags) };
+    guard(real, || match accel(fd) {
+        Some(c) => do_send(&c, &[(buf.cast(), n)], flags),
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for libc's `recvfrom`.
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) };
+    guard(real, || match accel(fd) {
+        Some(c) => {
+            let r = do_recv(&c, &[(buf.cast(), n)], flags);
+            if r >= 0 && !addr.is_null() && !alen.is_null() {
+                // SAFETY: the caller's length word. TCP reports no source address.
+                unsafe { *alen = 0 };
+            }
+            r
+        }
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for glibc's `__recvfrom_chk`.
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen {
+        // SAFETY: what glibc does on a fortify failure.
+        unsafe { libc::abort() };
+    }
+    // SAFETY: forwarded.
+    unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
+}
+
+/// # Safety
+/// As for libc's `sendto`.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::sendto(fd, buf, n, flags, addr, alen) };
+    // A connected TCP socket ignores the address, as the kernel does.
+    guard(real, || match accel(fd) {
+        Some(c) => do_send(&c, &[(buf.cast(), n)], flags),
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for libc's `sendmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::sendmsg(fd, msg, flags) };
+    guard(real, || match (accel(fd), msg.is_null()) {
+        (Some(c), false) => {
+            // SAFETY: the caller's msghdr and its iovecs.
+            let v: Vec<(*const u8, usize)> = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) }
+                .iter()
+                .map(|&(p, l)| (p.cast_const(), l))
+                .collect();
+            do_send(&c, &v, flags)
+        }
+        _ => real(),
+    })
+}
+
+/// # Safety
+/// As for libc's `recvmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::recvmsg(fd, msg, flags) };
+    guard(real, || match (accel(fd), msg.is_null()) {
+        (Some(c), false) => {
+            // SAFETY: the caller's msghdr and its iovecs.
+            let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
+            let r = do_recv(&c, &v, flags);
+            if r >= 0 {
+                // SAFETY: the caller's msghdr: no address, no control data for TCP.
+                unsafe {
+                    (*msg).msg_namelen = 0;
+                    (*msg).msg_controllen = 0;
+                    (*msg).msg_flags = 0;
+                }
+            }
+            r
+        }
+        _ => real(),
+    })
+}
+
+/// # Safety
+/// As for libc's `sendfile`.
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, count: size_t) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::sendfile(out, inp, off, count) };
+    guard(real, || {
+        let Some(c) = accel(out) else { return real() };
+        let mut buf = vec![0u8; count.min(256 << 10)];
+        let mut done = 0usize;
+        while done < count {
+            let want = (count - done).min(buf.len());
+            // SAFETY: reads into our buffer; `off` is the caller's offset word.
+            let n = unsafe {
+                if off.is_null() {
+                    real::read(inp, buf.as_mut_ptr().cast(), want)
+                } else {
+                    libc::pread(inp, buf.as_mut_ptr().cast(), want, *off)
+                }
+            };
+            if n <= 0 {
+                if done == 0 {
+                    return n;
+                }
+                break;
+            }
+            let w = do_send(&c, &[(buf.as_ptr(), n as usize)], 0);
+            if w < 0 {
+                return if done == 0 { w } else { done as ssize_t };
+            }
+            if !off.is_null() {
+                // SAFETY: the caller's offset word.
+                unsafe { *off += w as libc::off_t };
+            } else if (w as usize) < n as usize {
+                // SAFETY: rewinds the file position by what was not sent.
+                unsafe { libc::lseek(inp, w as libc::off_t - n as libc::off_t, libc::SEEK_CUR) };
+            }
+            done += w as usize;
+            if (w as usize) < n as usize {
+                break;
+            }
+        }
+        done as ssize_t
+    })
+}
+
+/// # Safety
+/// As for libc's `close`.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // SAFETY: forwarded argument.
+    let real = || unsafe { real::close(fd) };
+    guard(real, || {
+        if let Some(c) = table::remove(fd) {
+            table::drop_ref(c);
+        }
+        table::remove_listener(fd);
+        poll::forget_set(fd);
+        real()
+    })
+}
+
+/// # Safety
+/// As for libc's `shutdown`.
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::shutdown(fd, how) };
+    guard(real, || {
+        if let Some(c) = accel(fd) {
+            if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
+                real::set_errno(libc::EINVAL);
+                return -1;
+            }
+            c.shutdown(how);
+            // The idle kernel socket follows, so its state answers as expected.
+            real();
+            return 0;
+        }
+        real()
+    })
+}
+
+fn dup_into(old: c_int, new: c_int) {
+    if new < 0 || old == new {
+        return;
+    }
+    let prev = match table::lookup(old) {
+        Some(c) => {
+            c.fdrefs.fetch_add(1, Ordering::AcqRel);
+            table::insert(new, c)
+        }
+        None => table::remove(new),
+    };
+    if let Some(p) = prev {
+        table::drop_ref(p);
+    }
+}
+
+/// # Safety
+/// As for libc's `dup`.
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwarded argument.
+    let r = unsafe { real::dup(fd) };
+    guard(
+        || r,
+        || {
+            if r >= 0 && table::any_live() {
+                dup_into(fd, r);
+            }
+            r
+        },
+    )
+}
+
+/// # Safety
+/// As for libc's `dup2`.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let r = unsafe { real::dup2(fd, new) };
+    guard(
+        || r,
+        || {
+            if r >= 0 && table::any_live() {
+                dup_into(fd, r);
+            }
+            r
+        },
+    )
+}
+
+/// # Safety
+/// As for libc's `dup3`.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let r = unsafe { real::dup3(fd, new, flags) };
+    guard(
+        || r,
+        || {
+            if r >= 0 && table::any_live() {
+                dup_into(fd, r);
+            }
+            r
+        },
+    )
+}
+
+fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: forwarded arguments.
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    if r < 0 || !table::any_live() {
+        return r;
+    }
+    let e = real::errno();
+    guard(
+        || (),
+        || match cmd {
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => dup_into(fd, r),
+            libc::F_SETFL => {
+                if let Some(c) = table::lookup(fd) {
+                    c.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
+                }
+            }
+            _ => {}
+        },
+    );
+    real::set_errno(e);
+    r
+}
+
+/// `fcntl` (variadic in C: the third argument arrives in the same register as a
+/// fixed one would on the supported ABIs).
+///
+/// # Safety
+/// As for libc's `fcntl`.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    fcntl_impl(fd, cmd, arg)
+}
+
+/// # Safety
+/// As for libc's `fcntl64`.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    fcntl_impl(fd, cmd, arg)
+}
+
+/// `ioctl`: FIONREAD and FIONBIO on accelerated sockets.
+///
+/// # Safety
+/// As for libc's `ioctl`.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::ioctl(fd, req, arg) };
+    if !table::any_live() {
+        return real();
+    }
+    guard(real, || {
+        if req == libc::FIONREAD && arg != 0 {
+            if let Some(c) = accel(fd) {
+                // SAFETY: FIONREAD's argument is an int pointer.
+                unsafe { *(arg as *mut c_int) = c.fionread().min(c_int::MAX as usize) as c_int };
+                return 0;
+            }
+        }
+        let r = real();
+        if r == 0 && req == libc::FIONBIO && arg != 0 {
+            if let Some(c) = table::lookup(fd) {
+                // SAFETY: FIONBIO's argument is an int pointer.
+                c.nonblock.store(unsafe { *(arg as *const c_int) } != 0, Ordering::Relaxed);
+            }
+        }
+        r
+    })
+}
+
+// ------------------------------------------------------------------ waiting
+
+/// # Safety
+/// As for libc's `poll`.
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::poll(fds, n, timeout) };
+    if !table::any_live() || fds.is_null() || n == 0 {
+        return real();
+    }
+    guard(real, || {
+        // SAFETY: the caller's array of `n` pollfds.
+        let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+        poll::poll(s, deadline_ms(timeout), None).unwrap_or_else(real)
+    })
+}
+
+/// # Safety
+/// As for glibc's `__poll_chk`.
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
+    if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
+        // SAFETY: what glibc does on a fortify failure.
+        unsafe { libc::abort() };
+    }
+    // SAFETY: forwarded.
+    unsafe { poll(fds, n, timeout) }
+}
+
+/// # Safety
+/// As for libc's `ppoll`.
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::ppoll(fds, n, t, mask) };
+    if !table::any_live() || fds.is_null() || n == 0 {
+        return real();
+    }
+    guard(real, || {
+        // SAFETY: the caller's array of `n` pollfds.
+        let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+        let m = (!mask.is_null()).then_some(mask);
+        poll::poll(s, deadline_ts(t), m).unwrap_or_else(real)
+    })
+}
+
+/// # Safety
+/// As for libc's `select`.
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *mut libc::timeval,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::select(n, r, w, e, t) };
+    if !table::any_live() {
+        return real();
+    }
+    guard(real, || {
+        let deadline = if t.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's timeval.
+            let tv = unsafe { *t };
+            Some(
+                Instant::now()
+                    + Duration::from_micros(tv.tv_sec.max(0) as u64 * 1_000_000 + tv.tv_usec.max(0) as u64),
+            )
+        };
+        // SAFETY: the caller's sets.
+        unsafe { poll::select(n, r, w, e, deadline, None) }.unwrap_or_else(real)
+    })
+}
+
+/// # Safety
+/// As for libc's `epoll_ctl`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    if !table::any_live() {
+        return real();
+    }
+    guard(real, || match accel(fd) {
+        Some(c) => poll::ctl(ep, op, fd, c, ev),
+        None => real(),
+    })
+}
+
+/// # Safety
+/// As for libc's `epoll_wait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::epoll_wait(ep, ev, max, timeout) };
+    guard(real, || {
+        // SAFETY: the caller's event buffer of `max` entries.
+        unsafe { poll::wait(ep, ev, max, deadline_ms(timeout), None) }.unwrap_or_else(real)
+    })
+}
+
+/// # Safety
+/// As for libc's `epoll_pwait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    ev: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::epoll_pwait(ep, ev, max, timeout, mask) };
+    guard(real, || {
+        let m = (!mask.is_null()).then_some(mask);
+        // SAFETY: the caller's event buffer of `max` entries.
+        unsafe { poll::wait(ep, ev, max, deadline_ms(timeout), m) }.unwrap_or_else(real)
+    })
+}

@@ -1,0 +1,133 @@
+//! The real libc functions behind the ones this library exports, found once with
+//! `dlsym(RTLD_NEXT, ...)`.
+//!
+//! Inside this library every call to a function that it also exports must go through
+//! here: a plain `libc::read` would bind to our own `read`.
+
+use libc::{c_int, c_uint, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pollfd, sigset_t, size_t};
+use libc::{sockaddr, socklen_t, ssize_t, timespec};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn resolve(name: &'static str) -> usize {
+    // SAFETY: `name` is a NUL-terminated literal (the macro appends "\0").
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
+    if p.is_null() {
+        // Without the real function we cannot do anything sensible; glibc always has
+        // these, so this only happens under a libc we were never meant to run with.
+        let msg = b"strait-preload: a libc function is missing, aborting\n";
+        // SAFETY: raw write of a static buffer to stderr.
+        unsafe {
+            libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len());
+            libc::abort();
+        }
+    }
+    p as usize
+}
+
+macro_rules! reals {
+    ($( fn $name:ident($($a:ident: $t:ty),*) -> $r:ty; )*) => {$(
+        /// The real libc function of this name.
+        ///
+        /// # Safety
+        /// As for the libc function.
+        #[inline]
+        pub unsafe fn $name($($a: $t),*) -> $r {
+            static P: AtomicUsize = AtomicUsize::new(0);
+            let mut p = P.load(Ordering::Relaxed);
+            if p == 0 {
+                p = resolve(concat!(stringify!($name), "\0"));
+                P.store(p, Ordering::Relaxed);
+            }
+            // SAFETY: `p` is the address of the libc function of this name, whose C
+            // prototype is the one spelled here.
+            let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute::<usize, _>(p) };
+            // SAFETY: forwarded contract.
+            unsafe { f($($a),*) }
+        }
+    )*};
+}
+
+reals! {
+    fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
+    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn listen(fd: c_int, backlog: c_int) -> c_int;
+    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t;
+    fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t;
+    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, a: *const sockaddr, l: socklen_t) -> ssize_t;
+    fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, a: *mut sockaddr, l: *mut socklen_t) -> ssize_t;
+    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+    fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
+    fn close(fd: c_int) -> c_int;
+    fn shutdown(fd: c_int, how: c_int) -> c_int;
+    fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int;
+    fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int;
+    fn select(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *mut libc::timeval) -> c_int;
+    fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
+    fn epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
+    fn epoll_pwait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+    fn dup(fd: c_int) -> c_int;
+    fn dup2(fd: c_int, new: c_int) -> c_int;
+    fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;
+    fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t;
+}
+
+/// The real `fcntl` (variadic in C; the third argument is an int or a pointer).
+///
+/// # Safety
+/// As for `fcntl`.
+pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    static P: AtomicUsize = AtomicUsize::new(0);
+    let mut p = P.load(Ordering::Relaxed);
+    if p == 0 {
+        p = resolve("fcntl\0");
+        P.store(p, Ordering::Relaxed);
+    }
+    // SAFETY: `p` is libc's variadic fcntl.
+    let f: unsafe extern "C" fn(c_int, c_int, ...) -> c_int = unsafe { std::mem::transmute::<usize, _>(p) };
+    // SAFETY: forwarded contract.
+    unsafe { f(fd, cmd, arg) }
+}
+
+/// The real `ioctl` (variadic in C).
+///
+/// # Safety
+/// As for `ioctl`.
+pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
+    static P: AtomicUsize = AtomicUsize::new(0);
+    let mut p = P.load(Ordering::Relaxed);
+    if p == 0 {
+        p = resolve("ioctl\0");
+        P.store(p, Ordering::Relaxed);
+    }
+    // SAFETY: `p` is libc's variadic ioctl.
+    let f: unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int = unsafe { std::mem::transmute::<usize, _>(p) };
+    // SAFETY: forwarded contract.
+    unsafe { f(fd, req, arg) }
+}
+
+/// Sets `errno`.
+pub fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Reads `errno`.
+pub fn errno() -> c_int {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() }
+}
+
+/// `-1` with `errno = e`, as an `ssize_t`.
+pub fn fail(e: c_int) -> ssize_t {
+    set_errno(e);
+    -1
+}
+
+#[allow(dead_code)]
+const _: c_uint = 0;

@@ -1,0 +1,194 @@
+//! End-to-end tests of libstrait_preload.so: two real processes (the crate's
+//! `strait-preload-peer`), each with or without the library preloaded.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The preload library next to the peer binary. `cargo test` does not build a
+/// cdylib, so the first call builds it with the same cargo, profile and target dir.
+fn lib() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let peer = PathBuf::from(PEER);
+            let profile_dir = peer.parent().expect("profile dir");
+            let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile name").to_string();
+            let target_dir = profile_dir.parent().expect("target dir");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut c = Command::new(cargo);
+            c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"])
+                .arg(target_dir);
+            match profile.as_str() {
+                "debug" => {}
+                "release" => {
+                    c.arg("--release");
+                }
+                p => {
+                    c.args(["--profile", p]);
+                }
+            }
+            let st = c.status().expect("run cargo build for libstrait_preload.so");
+            assert!(st.success(), "building libstrait_preload.so failed");
+            let p = profile_dir.join("libstrait_preload.so");
+            assert!(p.exists(), "{} missing after the build", p.display());
+            p
+        })
+        .clone()
+}
+
+fn cmd(preload: bool, args: &[&str]) -> Command {
+    let mut c = Command::new(PEER);
+    c.args(args).env("STRAIT_STATS", "1").env_remove("LD_PRELOAD");
+    if preload {
+        c.env("LD_PRELOAD", lib());
+    }
+    c
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` (killing it at `deadline`), collecting the rest of its output.
+fn finish(mut child: Child, lines: mpsc::Receiver<String>, mut first: String, deadline: Instant) -> Out {
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(2)) {
+        first.push_str(&l);
+    }
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    Out { ok: status.is_some_and(|s| s.success()), stdout: first, stderr }
+}
+
+fn spawn_lines(c: &mut Command) -> (Child, mpsc::Receiver<String>) {
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn peer");
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l + "\n").is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Runs a server and a client of `mode`; returns (server, client) output.
+fn pair(server_preload: bool, client_preload: bool, smode: &str, cmode: &str) -> (Out, Out) {
+    let deadline = Instant::now() + TIMEOUT;
+    let (server, srx) = spawn_lines(&mut cmd(server_preload, &["server", smode]));
+    let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
+    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
+    let (client, crx) = spawn_lines(&mut cmd(client_preload, &["client", &port, cmode]));
+    let c = finish(client, crx, String::new(), deadline);
+    let s = finish(server, srx, first, deadline);
+    (s, c)
+}
+
+fn accelerated(o: &Out) -> usize {
+    o.stderr
+        .lines()
+        .find_map(|l| l.split("accelerated ").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no stats line in {:?}", o.stderr))
+}
+
+fn check(o: &Out, what: &str) {
+    assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+}
+
+#[test]
+fn stream_of_many_sizes_goes_through_shared_memory() {
+    let (s, c) = pair(true, true, "echo", "echo");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("echo ok 1734389"), "{}", c.stdout);
+    assert!(s.stdout.contains("echoed 1734389"), "{}", s.stdout);
+    // The data went through the shared mapping, not the kernel socket.
+    assert!(s.stdout.contains("maps strait") && c.stdout.contains("maps strait"));
+    assert_eq!(accelerated(&s), 1);
+    assert_eq!(accelerated(&c), 1);
+}
+
+#[test]
+fn flags_nonblocking_poll_epoll_select_fionread_and_epipe() {
+    let (s, c) = pair(true, true, "flags", "flags");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(s.stdout.contains("flags ok"), "{}", s.stdout);
+    let filled: usize =
+        s.stdout.lines().find_map(|l| l.strip_prefix("filled ")?.parse().ok()).expect("filled");
+    assert!(c.stdout.contains(&format!("drained {filled}")), "{}", c.stdout);
+    assert_eq!(accelerated(&s), 1);
+}
+
+#[test]
+fn peer_death_ends_the_stream_promptly() {
+    let t = Instant::now();
+    let (s, c) = pair(true, true, "die", "die");
+    assert!(!c.ok, "the client kills itself");
+    check(&s, "server");
+    assert!(s.stdout.contains("peer gone"), "{}", s.stdout);
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert_eq!(accelerated(&s), 1);
+}
+
+#[test]
+fn forked_child_keeps_the_connection_after_the_parent_closes_it() {
+    let (s, c) = pair(true, true, "fork", "fork");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("fork ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
+}
+
+#[test]
+fn peers_without_strait_use_the_kernel_and_see_exact_bytes() {
+    for (sp, cp) in [(true, false), (false, true)] {
+        let (s, c) = pair(sp, cp, "sink", "source3000000");
+        check(&s, "server");
+        check(&c, "client");
+        let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
+        let got =
+            s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+        assert_eq!(sent, got, "server preloaded: {sp}, client preloaded: {cp}");
+        let preloaded = if sp { &s } else { &c };
+        assert_eq!(accelerated(preloaded), 0);
+        assert!(s.stdout.contains("maps kernel") && c.stdout.contains("maps kernel"));
+    }
+}
+
+#[test]
+fn strait_disable_keeps_everything_on_the_kernel() {
+    let deadline = Instant::now() + TIMEOUT;
+    let (server, srx) = spawn_lines(cmd(true, &["server", "sink"]).env("STRAIT_DISABLE", "1"));
+    let first = srx.recv_timeout(Duration::from_secs(10)).expect("port");
+    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
+    let (client, crx) = spawn_lines(cmd(true, &["client", &port, "source100000"]).env("STRAIT_DISABLE", "1"));
+    let c = finish(client, crx, String::new(), deadline);
+    let s = finish(server, srx, first, deadline);
+    check(&s, "server");
+    check(&c, "client");
+    assert_eq!(accelerated(&s), 0);
+    assert_eq!(accelerated(&c), 0);
+    assert!(s.stdout.contains("received 100000"));
+}

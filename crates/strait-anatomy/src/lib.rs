@@ -13,12 +13,14 @@
 //! strait's own transport (`strait-shm`) lives in the `strait` crate, which depends
 //! on the engine; this crate stays below the engine so the engine can use its probes.
 
+pub mod anatomy;
 pub mod clock;
 pub mod floor;
 pub mod harness;
 pub mod kernel;
 pub mod report;
 pub mod size;
+pub mod stages;
 pub mod stats;
 pub mod sys;
 pub mod transport;

@@ -138,6 +138,7 @@ fn complete_recv(
     // the bytes as soon as it sees the completion.
     drop(r);
     cq.push_back(Completion { ep, op: OpKind::Recv, ctx, tag, len, status });
+    strait_probe::probe!(strait_probe::Stage::CqPushRecv);
 }
 
 pub(crate) fn complete_send(
@@ -302,10 +303,12 @@ impl EpState {
                     return self.reject(format!("eager payload {payload} above limit {}", self.eager_limit));
                 }
                 if let Some(r) = self.take_posted(tag) {
+                    strait_probe::probe!(strait_probe::Stage::RxMatch);
                     let n = payload.min(r.buf.len);
                     // SAFETY: `r.buf` lies inside its region, which no one else touches
                     // while the receive is in flight; the frame range is bounds-checked.
                     unsafe { f.read_raw(hlen, r.buf.ptr(), n) };
+                    strait_probe::probe!(strait_probe::Stage::CopyDone);
                     let status = if payload > r.buf.len { Status::Truncated } else { Status::Ok };
                     self.credits_owed += 1;
                     complete_recv(cq, self.id, r, tag, payload, status);
@@ -326,6 +329,7 @@ impl EpState {
                     return self.reject(format!("rendezvous length {len} too large"));
                 }
                 if let Some(r) = self.take_posted(tag) {
+                    strait_probe::probe!(strait_probe::Stage::RxMatch);
                     self.credits_owed += 1;
                     self.rndv_starts.push_back(RndvStart { tag, msg_len: len, msg_id, addr, recv: r });
                 } else {
@@ -350,11 +354,13 @@ impl EpState {
                 if offset != r.received as u64 || payload > r.accept - r.received {
                     return self.reject(format!("DATA for transfer {msg_id} at {offset} out of place"));
                 }
+                strait_probe::probe!(if r.received + payload == r.accept => strait_probe::Stage::RxLastData);
                 // SAFETY: the destination range [received, received+payload) lies
                 // within the accepted part of the posted buffer (checked above).
                 unsafe { f.read_raw(hlen, r.buf.ptr().add(r.received), payload) };
                 r.received += payload;
                 if r.received == r.accept {
+                    strait_probe::probe!(strait_probe::Stage::CopyDone);
                     let r = self.rndv_recvs.swap_remove(i);
                     let status = if (r.accept as u64) < r.msg_len { Status::Truncated } else { Status::Ok };
                     let recv = PostedRecv { tag: r.tag, mask: 0, buf: r.buf, ctx: r.ctx };
@@ -548,6 +554,7 @@ impl<D: Device> Endpoint<D> {
         {
             return Some(buf);
         }
+        strait_probe::probe!(strait_probe::Stage::TxMsg);
         let credits = st.credits_owed;
         let h = Header::Eager { credits, seq: st.next_seq, tag };
         match self.send_header(&h, Some((buf.ptr() as *const u8, buf.len))) {
@@ -558,7 +565,10 @@ impl<D: Device> Endpoint<D> {
                 st.next_seq = st.next_seq.wrapping_add(1);
                 st.stats.eager_sent += 1;
                 complete_send(cq, st.id, buf, ctx, tag, Status::Ok);
-                if let Err(e) = self.dev.doorbell() {
+                strait_probe::probe!(strait_probe::Stage::DoorbellBegin);
+                let rung = self.dev.doorbell();
+                strait_probe::probe!(strait_probe::Stage::DoorbellEnd);
+                if let Err(e) = rung {
                     self.device_failed(e, cq);
                 }
                 None
@@ -597,7 +607,10 @@ impl<D: Device> Endpoint<D> {
         let sent = self.flush(cq);
         work += sent;
         if sent > 0 || work > 0 || received > 0 {
-            if let Err(e) = self.dev.doorbell() {
+            strait_probe::probe!(strait_probe::Stage::DoorbellBegin);
+            let rung = self.dev.doorbell();
+            strait_probe::probe!(strait_probe::Stage::DoorbellEnd);
+            if let Err(e) = rung {
                 self.device_failed(e, cq);
             }
         }
@@ -769,6 +782,7 @@ impl<D: Device> Endpoint<D> {
         // Messages, in order, while credits last.
         while self.st.credits > 0 {
             let Some(m) = self.st.msgq.front() else { break };
+            strait_probe::probe!(strait_probe::Stage::TxMsg);
             let seq = self.st.next_seq;
             let credits = self.st.credits_owed;
             let res = if m.rndv {

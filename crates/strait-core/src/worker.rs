@@ -120,6 +120,7 @@ impl<D: Device> Worker<D> {
         tag: u64,
         ctx: u64,
     ) -> Result<(), PostError> {
+        strait_probe::probe!(strait_probe::Stage::SendPost);
         Self::check_range(mr, &range)?;
         let cq = &mut self.cq;
         let e =
@@ -156,6 +157,7 @@ impl<D: Device> Worker<D> {
         mask: u64,
         ctx: u64,
     ) -> Result<(), PostError> {
+        strait_probe::probe!(strait_probe::Stage::RecvPost);
         Self::check_range(mr, &range)?;
         let cq = &mut self.cq;
         let e =
@@ -217,10 +219,13 @@ impl<D: Device> Worker<D> {
     /// Makes progress and returns the oldest completion, if any.
     pub fn poll(&mut self) -> Option<Completion> {
         if let Some(c) = self.cq.pop_front() {
+            strait_probe::probe!(if c.op == crate::api::OpKind::Recv => strait_probe::Stage::PollRecv);
             return Some(c);
         }
         self.progress();
-        self.cq.pop_front()
+        let c = self.cq.pop_front();
+        strait_probe::probe!(if c.is_some_and(|c| c.op == crate::api::OpKind::Recv) => strait_probe::Stage::PollRecv);
+        c
     }
 
     /// True while some operation on some endpoint is unfinished.

@@ -535,6 +535,8 @@ impl Device for ShmDevice {
         // SAFETY: the slot is inside the tx data area and reserved for us until commit.
         let mut w = unsafe { FrameWriter::from_raw(self.tx_data.base.add(slot.offset), len) };
         fill(&mut w);
+        // Stamped before the commit store, so the peer's "found" stamp follows it.
+        strait_probe::probe!(strait_probe::Stage::DevFilled);
         self.tx.commit(&self.tx_data, slot);
         self.tx_blocked = None;
         self.tx_dirty = true;
@@ -549,6 +551,7 @@ impl Device for ShmDevice {
             Ok(None) => return Ok(false),
             Err(e) => return Err(self.corrupt(e.0)),
         };
+        strait_probe::probe!(strait_probe::Stage::RxFound);
         // SAFETY: the validated slot lies inside the rx data area; the peer will not
         // reuse it before we release it (and if it does anyway, RxFrame only copies).
         let f = unsafe { RxFrame::from_raw(self.rx_data.base.add(slot.offset), slot.len) };

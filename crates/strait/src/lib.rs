@@ -16,4 +16,5 @@
 pub use strait_core;
 pub use strait_shm;
 
+pub mod anatomy;
 pub mod bench;

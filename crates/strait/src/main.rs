@@ -27,6 +27,9 @@ enum Cmd {
     /// Measure strait's shared-memory path against the kernel's paths and the
     /// machine's physical floor, side by side in one run.
     Bench(BenchArgs),
+    /// Break one message's latency down stage by stage (API, engine, device, ring
+    /// transfer, match, copy, completion) per message size, with cycle-counter probes.
+    Anatomy(AnatomyArgs),
     /// Internal: the peer process of one benchmark transport.
     #[command(name = "__bench-peer", hide = true)]
     BenchPeer {
@@ -106,9 +109,36 @@ struct BenchArgs {
     list_transports: bool,
 }
 
+#[derive(Debug, Args)]
+struct AnatomyArgs {
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    /// Message sizes (K/M/G suffixes are binary).
+    #[arg(long, default_value = "8,64,512,4K,32K,256K,1M", value_parser = sizes)]
+    sizes: SizeList,
+    /// Probed round trips per size (as many more run with the probes off, to measure
+    /// the one-way latency the stage sum is checked against).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(2..))]
+    iters: u64,
+    /// Unmeasured round trips per size first.
+    #[arg(long, default_value_t = 200)]
+    warmup: u64,
+    /// Interleaved pairs of probed and unprobed batches per size.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Largest accepted deviation of the stage sum from the measured one-way latency.
+    #[arg(long, default_value_t = 0.10)]
+    tolerance: f64,
+    /// Directory under which anatomy-<UTC timestamp>/ is created.
+    #[arg(long, default_value = "results")]
+    out: PathBuf,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
+        Cmd::Anatomy(args) => return anatomy(args),
         Cmd::Bench(args) => bench(args),
         Cmd::BenchPeer { transport, nfds, args } => peer(&transport, nfds, &args),
     };
@@ -171,12 +201,12 @@ fn write_file(path: &Path, text: &str) -> Result<(), BenchError> {
     std::fs::write(path, text).map_err(|e| BenchError::Output { path: path.display().to_string(), source: e })
 }
 
-/// `out/bench-<stamp>`, with a numeric suffix if that already exists.
-fn result_dir(out: &Path, stamp: &str) -> Result<PathBuf, BenchError> {
+/// `out/<kind>-<stamp>`, with a numeric suffix if that already exists.
+fn result_dir(out: &Path, kind: &str, stamp: &str) -> Result<PathBuf, BenchError> {
     std::fs::create_dir_all(out)
         .map_err(|e| BenchError::Output { path: out.display().to_string(), source: e })?;
     for n in 0..1000 {
-        let name = if n == 0 { format!("bench-{stamp}") } else { format!("bench-{stamp}-{n}") };
+        let name = if n == 0 { format!("{kind}-{stamp}") } else { format!("{kind}-{stamp}-{n}") };
         let dir = out.join(name);
         match std::fs::create_dir(&dir) {
             Ok(()) => return Ok(dir),
@@ -300,7 +330,7 @@ fn bench(a: BenchArgs) -> Result<(), BenchError> {
         .collect();
     let report = BenchReport { machine, results, transports };
     let json = report.to_json();
-    let dir = result_dir(&a.out, &compact_stamp(started))?;
+    let dir = result_dir(&a.out, "bench", &compact_stamp(started))?;
     let json_path = dir.join("bench.json");
     let svg_path = dir.join("bench.svg");
     write_file(&json_path, &json)?;
@@ -321,4 +351,123 @@ fn bench(a: BenchArgs) -> Result<(), BenchError> {
         }
     }
     Ok(())
+}
+
+/// Exit status of `strait anatomy` when strait's own stages could not be measured
+/// (probes compiled out, no invariant TSC, or a failed ping-pong); the report, with
+/// the reason in its notes, is still written.
+const ANATOMY_PARTIAL: u8 = 3;
+
+fn anatomy(a: AnatomyArgs) -> ExitCode {
+    match anatomy_run(a) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(ANATOMY_PARTIAL),
+        Err(e) => {
+            eprintln!("strait anatomy: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn anatomy_command(a: &AnatomyArgs) -> String {
+    let mut env: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("STRAIT_"))
+        .map(|(k, v)| format!("{k}={}", shell_quote(&v)))
+        .collect();
+    env.sort();
+    let exe = std::env::args().next().unwrap_or_else(|| "strait".into());
+    let sizes = a.sizes.0.iter().map(|&s| format_size(s)).collect::<Vec<_>>().join(",");
+    let mut parts = env;
+    parts.push(shell_quote(&exe));
+    parts.push("anatomy".into());
+    parts.push(format!("--format {}", if a.format == Format::Json { "json" } else { "table" }));
+    parts.push(format!("--sizes {sizes}"));
+    parts.push(format!("--iters {} --warmup {} --rounds {}", a.iters, a.warmup, a.rounds));
+    parts.push(format!("--tolerance {}", a.tolerance));
+    parts.push(format!("--out {}", shell_quote(&a.out.to_string_lossy())));
+    parts.join(" ")
+}
+
+/// Runs the anatomy; `Ok(false)` when strait's own stages are missing.
+fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
+    use strait::anatomy::{self as anat, AnatomyConfig};
+    use strait_anatomy::anatomy::{render_svg as anatomy_svg, render_table as anatomy_table, AnatomyReport};
+    if !(a.tolerance >= 0.0 && a.tolerance.is_finite()) {
+        return Err(BenchError::Protocol("--tolerance must be a non-negative number".into()));
+    }
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let command = anatomy_command(&a);
+    let clock = Clock::new();
+    let cost = anat::probe_cost();
+    let tpn = clock.ticks_per_ns();
+    let cfg = AnatomyConfig {
+        sizes: a.sizes.0.clone(),
+        iters: a.iters,
+        warmup: a.warmup,
+        rounds: a.rounds,
+        tolerance: a.tolerance,
+    };
+    let mut notes = Vec::new();
+    let mut complete = true;
+    let mut progress = |size: u64| {
+        if std::io::stderr().is_terminal() {
+            eprint!("\rstrait anatomy: {} {}   ", anat::TRANSPORT, format_size(size));
+        }
+    };
+    let runs = match anat::run(&cfg, &clock, cost, &mut progress) {
+        Ok((runs, n)) => {
+            notes.extend(n);
+            if strait_probe::COMPILED {
+                notes.push(format!(
+                    "a compiled-in probe switched off costs {:.2} ns ({:.1} cycles); plain builds compile the probes out",
+                    cost.off_ticks / tpn,
+                    cost.off_ticks
+                ));
+            }
+            runs
+        }
+        Err(e) => {
+            eprintln!("strait anatomy: {}: {e}", anat::TRANSPORT);
+            notes.push(format!("{}: not measured: {e}", anat::TRANSPORT));
+            complete = false;
+            Vec::new()
+        }
+    };
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{:60}\r", "");
+    }
+    notes.push("kernel UDP/TCP stages (BPF on tracepoints): not implemented yet".into());
+    let machine = MachineInfo::collect(&clock, rfc3339(started), command.clone(), "not counted".into());
+    let mut per: Vec<f64> = runs.iter().map(|r| r.probe_cost_ns).collect();
+    let probe_ns = strait_anatomy::stats::median(&mut per).unwrap_or(cost.on_ticks / tpn);
+    let report = AnatomyReport {
+        machine,
+        probe_cost_ns: probe_ns,
+        probe_cost_cycles: probe_ns * tpn,
+        probe_cost_back_to_back_ns: cost.on_ticks / tpn,
+        tolerance: a.tolerance,
+        runs,
+        notes,
+    };
+    let json = report.to_json();
+    let dir = result_dir(&a.out, "anatomy", &compact_stamp(started))?;
+    let json_path = dir.join("anatomy.json");
+    let svg_path = dir.join("anatomy.svg");
+    write_file(&json_path, &json)?;
+    write_file(&svg_path, &anatomy_svg(&report))?;
+    let mut stdout = std::io::stdout().lock();
+    let io = |e| BenchError::io("write stdout", e);
+    match a.format {
+        Format::Json => {
+            writeln!(stdout, "{json}").map_err(io)?;
+            eprintln!("wrote {} and {}", json_path.display(), svg_path.display());
+            eprintln!("reproduce with: {command}");
+        }
+        Format::Table => {
+            write!(stdout, "{}", anatomy_table(&report)).map_err(io)?;
+            writeln!(stdout, "\nwrote {} and {}", json_path.display(), svg_path.display()).map_err(io)?;
+            writeln!(stdout, "reproduce with: {command}").map_err(io)?;
+        }
+    }
+    Ok(complete)
 }

@@ -1,0 +1,462 @@
+//! `strait anatomy` for strait's own path: a ping-pong over the shm device with the
+//! stage probes on, analysed by [`strait_anatomy::stages`].
+//!
+//! The two ends are two threads of this process, each pinned to its own core, each
+//! with its own [`Worker`] and [`ShmDevice`]: the data path (memfd rings, engine,
+//! completion queue) is exactly the one two processes use, and both ends' probe
+//! logs are at hand without shipping them between processes. The time-stamp counter
+//! is invariant and shared by the cores, so the stamps of the two ends are on one
+//! time line and cross-end stages (a frame's transfer) are measured directly, not
+//! derived.
+//!
+//! Every size runs `rounds` pairs of batches: one with the probes switched on (its
+//! stamps give the stages) and one with them off (its round trips give the
+//! independently measured one-way latency the stage sum is checked against).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use strait_anatomy::anatomy::{AnatomyRun, StageRow};
+use strait_anatomy::stages::{self, OneWay, STAGES};
+use strait_anatomy::Clock;
+use strait_core::{Config, EpId, MemoryRegion, OpKind, Status, Worker};
+use strait_probe::Stamp;
+use strait_shm::{ShmConfig, ShmDevice, ShmListener};
+use thiserror::Error;
+
+/// The transport name, as in `strait bench`.
+pub const TRANSPORT: &str = "strait-shm";
+const TAG_PING: u64 = 1;
+const TAG_PONG: u64 = 2;
+/// A poll loop gives up (the other end is presumed stuck) after this long.
+const DEAD: Duration = Duration::from_secs(20);
+
+/// Why strait's own anatomy could not be measured.
+#[derive(Debug, Error)]
+pub enum AnatomyError {
+    /// This build has no probes in it.
+    #[error(
+        "this strait was built without stage probes; rebuild with \
+         `cargo build --release -p strait --features probes`"
+    )]
+    ProbesCompiledOut,
+    /// The stage stamps need an invariant, cross-core time-stamp counter.
+    #[error(
+        "no invariant TSC on this machine (clock source {0}): stage stamps of two cores cannot be compared"
+    )]
+    NoInvariantTsc(&'static str),
+    /// Setting up the connection, memory or threads failed.
+    #[error("setup: {0}")]
+    Setup(String),
+    /// An operation failed or an end stopped answering.
+    #[error("ping-pong: {0}")]
+    PingPong(String),
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct AnatomyConfig {
+    /// Message sizes, bytes (each at least 1).
+    pub sizes: Vec<u64>,
+    /// Probed round trips per size (as many unprobed ones are measured).
+    pub iters: u64,
+    /// Unmeasured round trips per size first.
+    pub warmup: u64,
+    /// Pairs of (probed, unprobed) batches per size, interleaved.
+    pub rounds: u32,
+    /// Largest accepted |stage sum - measured| / measured.
+    pub tolerance: f64,
+}
+
+/// The measured cost of one probe, in counter ticks, and of one compiled-in probe
+/// that is switched off.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeCost {
+    /// Ticks per recording probe (median of several runs of back-to-back probes).
+    pub on_ticks: f64,
+    /// Ticks per switched-off probe.
+    pub off_ticks: f64,
+}
+
+/// Measures what one probe costs (its own log, then cleared; probes left off).
+pub fn probe_cost() -> ProbeCost {
+    const N: u64 = 4000;
+    let run = |on: bool| {
+        let mut v: Vec<f64> = (0..9)
+            .map(|_| {
+                strait_probe::start_log(N as usize + 8);
+                strait_probe::set_enabled(on);
+                let t0 = strait_probe::now();
+                for _ in 0..N {
+                    strait_probe::probe!(strait_probe::Stage::Mark);
+                }
+                let t1 = strait_probe::now();
+                strait_probe::set_enabled(false);
+                t1.saturating_sub(t0) as f64 / N as f64
+            })
+            .collect();
+        strait_probe::clear_log();
+        v.sort_unstable_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    ProbeCost { on_ticks: run(true), off_ticks: run(false) }
+}
+
+/// Pins the calling thread to `cpu` (best effort: a failure only costs noise) and
+/// returns the CPU set it had, for [`unpin`].
+fn pin(cpu: usize) -> Option<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills
+    // `old`, CPU_SET writes inside `set`, and sched_setaffinity(0, ..) reads it for
+    // the calling thread only.
+    unsafe {
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        let got = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) == 0;
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        got.then_some(old)
+    }
+}
+
+/// Gives the calling thread back the CPU set [`pin`] returned.
+fn unpin(old: Option<libc::cpu_set_t>) {
+    if let Some(set) = old {
+        // SAFETY: `set` is a CPU set the kernel filled in; the call only reads it.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    }
+}
+
+/// One end: a worker, its endpoint and buffers.
+struct End {
+    w: Worker<ShmDevice>,
+    ep: EpId,
+    tx: MemoryRegion,
+    rx: MemoryRegion,
+}
+
+fn region(len: usize) -> Result<MemoryRegion, AnatomyError> {
+    let mut r =
+        MemoryRegion::new(len.max(8)).map_err(|e| AnatomyError::Setup(format!("memory region: {e}")))?;
+    r.bytes_mut().map_err(|e| AnatomyError::Setup(format!("memory region: {e}")))?.fill(0x5a);
+    Ok(r)
+}
+
+impl End {
+    fn new(w: Worker<ShmDevice>, dev: ShmDevice) -> Result<End, AnatomyError> {
+        let mut w = w;
+        let ep = w.attach(dev);
+        Ok(End { w, ep, tx: region(8)?, rx: region(8)? })
+    }
+
+    fn prepare(&mut self, size: usize) -> Result<(), AnatomyError> {
+        if self.tx.len() < size {
+            self.tx = region(size)?;
+            self.rx = region(size)?;
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, size: usize, tag: u64) -> Result<(), AnatomyError> {
+        self.w
+            .post_recv(self.ep, &mut self.rx, 0..size, tag, u64::MAX, 0)
+            .map_err(|e| AnatomyError::PingPong(format!("post_recv: {e}")))
+    }
+
+    fn post_send(&mut self, size: usize, tag: u64) -> Result<(), AnatomyError> {
+        self.w
+            .post_send(self.ep, &self.tx, 0..size, tag, 0)
+            .map_err(|e| AnatomyError::PingPong(format!("post_send: {e}")))
+    }
+
+    /// Polls until `sends` send and `recvs` receive completions arrived; returns
+    /// how many send completions beyond `sends` it consumed meanwhile.
+    fn reap(&mut self, mut sends: u32, mut recvs: u32) -> Result<u32, AnatomyError> {
+        let mut extra = 0;
+        let mut spins: u32 = 0;
+        let mut start: Option<Instant> = None;
+        while sends > 0 || recvs > 0 {
+            match self.w.poll() {
+                Some(c) => {
+                    if c.status != Status::Ok {
+                        return Err(AnatomyError::PingPong(format!("{:?} ended {:?}", c.op, c.status)));
+                    }
+                    match c.op {
+                        OpKind::Send if sends == 0 => extra += 1,
+                        OpKind::Send => sends -= 1,
+                        OpKind::Recv => recvs = recvs.saturating_sub(1),
+                    }
+                }
+                None => {
+                    spins = spins.wrapping_add(1);
+                    if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
+                        return Err(AnatomyError::PingPong(format!("no completion within {DEAD:?}")));
+                    }
+                }
+            }
+        }
+        Ok(extra)
+    }
+}
+
+enum Cmd {
+    Batch { size: usize, iters: u64, probes: bool, log: usize },
+    Quit,
+}
+
+/// The answering end's loop: one batch of pongs per command, its probe log back.
+fn pong_thread(
+    name: String,
+    cmds: mpsc::Receiver<Cmd>,
+    replies: mpsc::Sender<Result<Vec<Stamp>, String>>,
+) -> Result<(), AnatomyError> {
+    let _ = pin(1);
+    let cfg = Config::from_env().map_err(|e| AnatomyError::Setup(format!("config: {e}")))?;
+    let w = Worker::new(cfg).map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
+    let dev = ShmDevice::connect(&name, &ShmConfig::default(), w.notifier())
+        .map_err(|e| AnatomyError::Setup(format!("connect: {e}")))?;
+    let mut end = End::new(w, dev)?;
+    while let Ok(Cmd::Batch { size, iters, probes, log }) = cmds.recv() {
+        let r = (|| {
+            end.prepare(size)?;
+            if probes {
+                strait_probe::start_log(log);
+            }
+            end.post_recv(size, TAG_PING)?;
+            // Rendezvous sends complete while the next ping is awaited.
+            let mut pending: u32 = 0;
+            for i in 0..iters {
+                pending -= end.reap(0, 1)?.min(pending);
+                if i + 1 < iters {
+                    end.post_recv(size, TAG_PING)?;
+                }
+                end.post_send(size, TAG_PONG)?;
+                pending += 1;
+            }
+            end.reap(pending, 0)?;
+            Ok::<_, AnatomyError>(if probes { strait_probe::take_log().0 } else { Vec::new() })
+        })();
+        let failed = r.is_err();
+        if replies.send(r.map_err(|e| e.to_string())).is_err() || failed {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Raw results of one size.
+struct SizeData {
+    size: u64,
+    paths: Vec<OneWay>,
+    /// Round-trip periods of the unprobed batches, ticks.
+    periods: Vec<f64>,
+    /// Round-trip periods of the probed batches, ticks.
+    periods_probed: Vec<f64>,
+    /// Round-trip periods of the batches with doubled probes, ticks.
+    periods_double: Vec<f64>,
+    dropped: u64,
+}
+
+/// Round-trip periods, this end's stamps, the other end's stamps, stamps dropped.
+type BatchResult = (Vec<f64>, Vec<Stamp>, Vec<Stamp>, u64);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Probes {
+    Off,
+    On,
+    /// Every probe stamps twice (calibration of the in-situ probe cost).
+    Double,
+}
+
+/// The pinging end's side of one batch: returns the round-trip periods (ticks
+/// between consecutive `post_send` calls).
+fn ping_batch(end: &mut End, size: usize, iters: u64) -> Result<Vec<f64>, AnatomyError> {
+    let mut ts = Vec::with_capacity(iters as usize);
+    for _ in 0..iters {
+        end.post_recv(size, TAG_PONG)?;
+        ts.push(strait_probe::now());
+        end.post_send(size, TAG_PING)?;
+        end.reap(1, 1)?;
+    }
+    Ok(ts.windows(2).map(|w| w[1].saturating_sub(w[0]) as f64).collect())
+}
+
+/// Runs the anatomy of strait's shm path for every size; returns the runs and
+/// notes. `progress` is told each size as it starts.
+pub fn run(
+    cfg: &AnatomyConfig,
+    clock: &Clock,
+    cost: ProbeCost,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Vec<AnatomyRun>, Vec<String>), AnatomyError> {
+    if !strait_probe::COMPILED {
+        return Err(AnatomyError::ProbesCompiledOut);
+    }
+    if cfg!(target_arch = "x86_64") && clock.tsc_ghz().is_none() {
+        return Err(AnatomyError::NoInvariantTsc(clock.source().name()));
+    }
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!("strait-anatomy-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let listener = ShmListener::bind(&name).map_err(|e| AnatomyError::Setup(format!("bind: {e}")))?;
+    let (cmd_tx, cmd_rx) = mpsc::channel();
+    let (rep_tx, rep_rx) = mpsc::channel();
+    let peer = std::thread::Builder::new()
+        .name("anatomy-pong".into())
+        .spawn(move || pong_thread(name, cmd_rx, rep_tx))
+        .map_err(|e| AnatomyError::Setup(format!("thread: {e}")))?;
+    let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    let old_cpus = if two_cores { pin(0) } else { None };
+    let result = (|| {
+        let w = Worker::new(Config::from_env().map_err(|e| AnatomyError::Setup(format!("config: {e}")))?)
+            .map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
+        let dev = listener.accept(w.notifier()).map_err(|e| AnatomyError::Setup(format!("accept: {e}")))?;
+        let mut end = End::new(w, dev)?;
+        let mut data = Vec::new();
+        for &size in &cfg.sizes {
+            progress(size);
+            data.push(measure_size(&mut end, size as usize, cfg, &cmd_tx, &rep_rx)?);
+        }
+        Ok::<_, AnatomyError>(data)
+    })();
+    unpin(old_cpus);
+    let _ = cmd_tx.send(Cmd::Quit);
+    drop(cmd_tx);
+    let peer_result = peer.join().map_err(|_| AnatomyError::PingPong("the pong thread panicked".into()))?;
+    let data = match (result, peer_result) {
+        (Ok(d), _) => d,
+        (Err(e), Err(pe)) => return Err(AnatomyError::PingPong(format!("{e} (pong end: {pe})"))),
+        (Err(e), Ok(())) => return Err(e),
+    };
+    let tpn = clock.ticks_per_ns();
+    let mut runs = Vec::new();
+    let mut notes = Vec::new();
+    for d in data {
+        // What one probe costs on this path: the one-way time with probes on minus
+        // with them off, per probe on the path (probes overlap the work around them,
+        // so this is less than a back-to-back probe costs).
+        let per_path = stages::probes_per_path(&d.paths);
+        let growth = |more: &[f64], less: &[f64]| match (stages::kept_mean(more), stages::kept_mean(less)) {
+            (Some(m), Some(l)) if per_path > 0.0 => Some(((m - l) / 2.0 / per_path).max(0.0)),
+            _ => None,
+        };
+        let in_situ = growth(&d.periods_probed, &d.periods).unwrap_or(cost.on_ticks);
+        // Independently of the unprobed runs: what one more probe at every point
+        // costs (a second, back-to-back stamp: an upper estimate).
+        let doubled = growth(&d.periods_double, &d.periods_probed).unwrap_or(cost.on_ticks);
+        let Some(s) = stages::summarize(&d.paths, tpn, in_situ) else {
+            notes.push(format!("{TRANSPORT} {} B: no complete probed path was recorded", d.size));
+            continue;
+        };
+        if d.dropped > 0 {
+            notes.push(format!("{TRANSPORT} {} B: {} probe stamps dropped (log full)", d.size, d.dropped));
+        }
+        let one_way: Vec<f64> = d.periods.iter().map(|p| p / 2.0 / tpn).collect();
+        let measured = stages::kept_mean(&one_way).unwrap_or(f64::NAN);
+        let mut rows: Vec<StageRow> = s
+            .stages
+            .iter()
+            .filter_map(|st| {
+                let def = STAGES.get(st.stage?)?;
+                Some(StageRow {
+                    name: def.name.into(),
+                    layer: def.layer.into(),
+                    ns: st.mean_ns,
+                    p50_ns: st.p50_ns,
+                    p99_ns: st.p99_ns,
+                    cycles: st.mean_ns * tpn,
+                    on_critical_path: true,
+                })
+            })
+            .collect();
+        if let Some(db) = &s.doorbell {
+            rows.push(StageRow {
+                name: stages::DOORBELL.name.into(),
+                layer: stages::DOORBELL.layer.into(),
+                ns: db.mean_ns,
+                p50_ns: db.p50_ns,
+                p99_ns: db.p99_ns,
+                cycles: db.mean_ns * tpn,
+                on_critical_path: false,
+            });
+        }
+        let deviation = (s.corrected_ns - measured) / measured;
+        let independent = stages::summarize(&d.paths, tpn, doubled).map_or(f64::NAN, |x| x.corrected_ns);
+        runs.push(AnatomyRun {
+            transport: TRANSPORT.into(),
+            size_bytes: d.size,
+            measured_one_way_ns: measured,
+            stage_sum_ns: s.corrected_ns,
+            total_p50_ns: s.p50_ns,
+            probed_one_way_ns: s.raw_ns,
+            probe_overhead_ns: s.probe_ns,
+            probe_cost_ns: in_situ / tpn,
+            probe_cost_doubled_ns: doubled / tpn,
+            deviation_doubled: (independent - measured) / measured,
+            deviation,
+            within_tolerance: deviation.abs() <= cfg.tolerance,
+            samples: s.paths,
+            stages: rows,
+        });
+    }
+    Ok((runs, notes))
+}
+
+fn measure_size(
+    end: &mut End,
+    size: usize,
+    cfg: &AnatomyConfig,
+    cmds: &mpsc::Sender<Cmd>,
+    replies: &mpsc::Receiver<Result<Vec<Stamp>, String>>,
+) -> Result<SizeData, AnatomyError> {
+    end.prepare(size)?;
+    let gone = || AnatomyError::PingPong("the pong thread stopped".into());
+    let batch = |end: &mut End, iters: u64, mode: Probes| -> Result<BatchResult, AnatomyError> {
+        // Room for every stamp of a batch (a 1 MiB rendezvous takes a few dozen per
+        // round trip and end); allocated here, outside the measured loop.
+        let per_iter = 24 + 4 * size.div_ceil(64 << 10);
+        let log = match mode {
+            Probes::Off => 0,
+            Probes::On => iters as usize * per_iter + 1024,
+            Probes::Double => 2 * (iters as usize * per_iter + 1024),
+        };
+        let probes = mode != Probes::Off;
+        if probes {
+            strait_probe::start_log(log);
+        }
+        strait_probe::set_double(mode == Probes::Double);
+        strait_probe::set_enabled(probes);
+        cmds.send(Cmd::Batch { size, iters, probes, log }).map_err(|_| gone())?;
+        let periods = ping_batch(end, size, iters);
+        let theirs = replies.recv().map_err(|_| gone());
+        strait_probe::set_enabled(false);
+        strait_probe::set_double(false);
+        let periods = periods?;
+        let theirs = theirs?.map_err(AnatomyError::PingPong)?;
+        let (mine, dropped) = if probes { strait_probe::take_log() } else { (Vec::new(), 0) };
+        Ok((periods, mine, theirs, dropped))
+    };
+    if cfg.warmup > 0 {
+        batch(end, cfg.warmup, Probes::Off)?;
+    }
+    let rounds = u64::from(cfg.rounds.max(1));
+    let per = cfg.iters.div_ceil(rounds).max(2);
+    let mut d = SizeData {
+        size: size as u64,
+        paths: Vec::new(),
+        periods: Vec::new(),
+        periods_probed: Vec::new(),
+        periods_double: Vec::new(),
+        dropped: 0,
+    };
+    for _ in 0..rounds {
+        let (periods, a, b, dropped) = batch(end, per, Probes::On)?;
+        d.paths.extend(stages::walk(&a, &b));
+        d.periods_probed.extend(periods);
+        d.dropped += dropped;
+        let (periods, _, _, _) = batch(end, per, Probes::Double)?;
+        d.periods_double.extend(periods);
+        let (periods, _, _, _) = batch(end, per, Probes::Off)?;
+        d.periods.extend(periods);
+    }
+    Ok(d)
+}

@@ -1,0 +1,145 @@
+//! Runs the built `strait anatomy --format json` (built by `cargo test` with the
+//! stage probes compiled in, see the dev-dependencies in Cargo.toml) on two sizes
+//! with few iterations, and checks the document: its schema, that every stage took
+//! positive time, and that the stage sum agrees with the one-way latency measured
+//! with the probes off within the report's tolerance.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn tmp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("strait-anatomy-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Each run spins both cores: two at once would distort each other's stages.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn num(v: &Value, k: &str) -> f64 {
+    v.get(k).and_then(Value::as_f64).unwrap_or_else(|| panic!("{k} missing or not a number in {v}"))
+}
+
+fn text<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or_else(|| panic!("{k} missing or not a string in {v}"))
+}
+
+/// One run's JSON document, with every schema check; returns the document and the
+/// sizes whose stage sum missed the tolerance (with their deviations).
+fn run_and_check(out: &PathBuf) -> (Value, Vec<String>) {
+    let _ = std::fs::remove_dir_all(out);
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["anatomy", "--format", "json", "--sizes", "8,4K", "--iters", "1000", "--warmup", "200"])
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
+    let stdout = String::from_utf8(o.stdout).expect("utf-8 stdout");
+    let doc: Value = serde_json::from_str(&stdout).expect("stdout is one JSON document");
+
+    let machine = doc.get("machine").expect("machine");
+    assert!(text(machine, "command").contains("anatomy"));
+    let probe_ns = num(&doc, "probe_cost_ns");
+    assert!((0.0..1000.0).contains(&probe_ns), "probe cost {probe_ns} ns");
+    assert!(num(&doc, "probe_cost_back_to_back_ns") > 0.0);
+    let tol = num(&doc, "tolerance");
+    assert!((tol - 0.10).abs() < 1e-9);
+    assert!(doc.get("notes").and_then(Value::as_array).is_some());
+
+    let runs = doc.get("runs").and_then(Value::as_array).expect("runs");
+    let sizes: Vec<u64> = runs.iter().map(|r| r["size_bytes"].as_u64().expect("size_bytes")).collect();
+    assert_eq!(sizes, vec![8, 4096]);
+    let mut missed = Vec::new();
+    for r in runs {
+        assert_eq!(text(r, "transport"), "strait-shm");
+        let measured = num(r, "measured_one_way_ns");
+        let sum = num(r, "stage_sum_ns");
+        assert!(measured > 0.0 && num(r, "total_p50_ns") > 0.0 && num(r, "probe_overhead_ns") >= 0.0);
+        assert!(num(r, "probe_cost_ns") >= 0.0 && num(r, "probe_cost_doubled_ns") >= 0.0);
+        assert!(num(r, "deviation_doubled").is_finite());
+        assert!(num(r, "probed_one_way_ns") >= sum, "raw probed time below the corrected sum: {r}");
+        assert!(r["samples"].as_u64().unwrap_or(0) >= 500, "too few paths analysed: {r}");
+        let stages = r.get("stages").and_then(Value::as_array).expect("stages");
+        assert!(stages.len() >= 8, "expected the eager chain's stages: {r}");
+        let mut critical = 0.0;
+        for s in stages {
+            let name = text(s, "name");
+            assert!(!text(s, "layer").is_empty());
+            let ns = num(s, "ns");
+            assert!(ns > 0.0, "stage {name} of size {} took {ns} ns", r["size_bytes"]);
+            assert!(num(s, "p50_ns") >= 0.0 && num(s, "p99_ns") >= num(s, "p50_ns"));
+            assert!(num(s, "cycles") > 0.0);
+            if s["on_critical_path"].as_bool().expect("on_critical_path") {
+                critical += ns;
+            }
+        }
+        assert!((critical - sum).abs() < 1e-6 * sum.max(1.0), "stages add to {critical}, sum says {sum}");
+        let dev = (sum - measured) / measured;
+        assert!((num(r, "deviation") - dev).abs() < 1e-9);
+        assert_eq!(r["within_tolerance"].as_bool(), Some(dev.abs() <= tol));
+        if dev.abs() > tol {
+            missed.push(format!(
+                "size {}: stage sum {sum:.0} ns vs measured one-way {measured:.0} ns ({:+.1}%)",
+                r["size_bytes"],
+                dev * 100.0
+            ));
+        }
+    }
+
+    // The report files are where stderr says.
+    let dirs: Vec<PathBuf> = std::fs::read_dir(out).expect("out dir").flatten().map(|e| e.path()).collect();
+    assert_eq!(dirs.len(), 1, "one anatomy-<stamp> directory: {dirs:?}");
+    assert!(dirs[0].file_name().is_some_and(|n| n.to_string_lossy().starts_with("anatomy-")));
+    let json = std::fs::read_to_string(dirs[0].join("anatomy.json")).expect("anatomy.json");
+    assert_eq!(serde_json::from_str::<Value>(&json).expect("file is JSON"), doc);
+    let svg = std::fs::read_to_string(dirs[0].join("anatomy.svg")).expect("anatomy.svg");
+    assert!(svg.starts_with("<svg") && svg.contains("<rect"));
+    assert!(stderr.contains("anatomy.json"));
+    (doc, missed)
+}
+
+/// The stage sum must agree with the one-way latency measured with the probes off.
+/// A burst of other work on this 2-core machine during one of the short batches can
+/// skew one run, so up to three runs are made; every run must pass the schema checks.
+#[test]
+fn anatomy_json_schema_and_stage_sums() {
+    let _turn = turn();
+    let out = tmp_dir("json");
+    let mut misses = Vec::new();
+    for _ in 0..3 {
+        let (_, missed) = run_and_check(&out);
+        if missed.is_empty() {
+            let _ = std::fs::remove_dir_all(&out);
+            return;
+        }
+        misses.push(missed.join("; "));
+    }
+    panic!("stage sums missed the tolerance in three runs: {misses:#?}");
+}
+
+#[test]
+fn anatomy_table_prints_the_check() {
+    let _turn = turn();
+    let out = tmp_dir("table");
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["anatomy", "--sizes", "64", "--iters", "100", "--warmup", "50", "--rounds", "2"])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run strait");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t = String::from_utf8_lossy(&o.stdout);
+    for needle in ["probe cost", "ring transfer + peer poll", "= sum of stages", "measured one-way", "check:"]
+    {
+        assert!(t.contains(needle), "table lacks {needle:?}:\n{t}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -141,6 +141,11 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::connect(fd, addr, len) };
     guard(real, || {
+        // A second connect() on a socket already announced (e.g. to complete a
+        // non-blocking connect) only asks the kernel.
+        if table::lookup(fd).is_some() {
+            return real();
+        }
         let Some(u) = discover::pre_connect(fd, addr, len) else { return real() };
         let r = real();
         let e = real::errno();

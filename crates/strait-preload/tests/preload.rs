@@ -131,6 +131,16 @@ fn stream_of_many_sizes_goes_through_shared_memory() {
 }
 
 #[test]
+fn nonblocking_connect_then_second_connect_stays_one_connection() {
+    let (s, c) = pair(true, true, "echo", "nbconnect");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
+    assert_eq!(accelerated(&s), 1);
+    assert_eq!(accelerated(&c), 1);
+}
+
+#[test]
 fn flags_nonblocking_poll_epoll_select_fionread_and_epipe() {
     let (s, c) = pair(true, true, "flags", "flags");
     check(&s, "server");

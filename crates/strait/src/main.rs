@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+mod run;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use strait_anatomy::harness::{self, BenchConfig, Peer, PeerLauncher, Progress};
@@ -30,6 +32,10 @@ enum Cmd {
     /// Break one message's latency down stage by stage (API, engine, device, ring
     /// transfer, match, copy, completion) per message size, with cycle-counter probes.
     Anatomy(AnatomyArgs),
+    /// Run a program with its local TCP connections to other `strait run` processes
+    /// carried over shared memory (LD_PRELOAD of libstrait_preload.so; no change to
+    /// the program).
+    Run(run::RunArgs),
     /// Internal: the peer process of one benchmark transport.
     #[command(name = "__bench-peer", hide = true)]
     BenchPeer {
@@ -139,6 +145,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Anatomy(args) => return anatomy(args),
+        Cmd::Run(args) => return run::run(args),
         Cmd::Bench(args) => bench(args),
         Cmd::BenchPeer { transport, nfds, args } => peer(&transport, nfds, &args),
     };

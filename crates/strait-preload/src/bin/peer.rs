@@ -361,6 +361,10 @@ fn main() {
             let (s, _) = l.accept().expect("accept");
             (s, mode)
         }
+        "client" if a.get(3).is_some_and(|m| m == "nbconnect") => {
+            let port: u16 = a[2].parse().expect("port");
+            (nonblocking_connect(port), "echo".to_string())
+        }
         "client" => {
             let port: u16 = a[2].parse().expect("port");
             (TcpStream::connect(("127.0.0.1", port)).expect("connect"), a[3].clone())
@@ -423,6 +427,37 @@ fn main() {
     // Keep the connection open until the output is out.
     std::io::stdout().flush().ok();
     drop(stream);
+}
+
+/// The hiredis pattern: non-blocking connect, poll for writable, SO_ERROR, a second
+/// connect() that reports the outcome, back to blocking mode.
+fn nonblocking_connect(port: u16) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a fresh descriptor and local addresses.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        set_nonblock(fd, true);
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_port = port.to_be();
+        sa.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let r = libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), len);
+        assert!(r == 0 || errno() == libc::EINPROGRESS, "connect: {}", errno());
+        assert!(poll1(fd, libc::POLLOUT, 5000) & libc::POLLOUT != 0, "connected");
+        let mut err: c_int = -1;
+        let mut l = 4 as libc::socklen_t;
+        assert_eq!(
+            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut c_int).cast(), &mut l),
+            0
+        );
+        assert_eq!(err, 0, "SO_ERROR");
+        let r = libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), len);
+        assert!(r == 0 || errno() == libc::EISCONN, "second connect: {r} {}", errno());
+        set_nonblock(fd, false);
+        TcpStream::from_raw_fd(fd)
+    }
 }
 
 /// The vsftpd pattern: accept, fork a child for the connection, the parent closes its

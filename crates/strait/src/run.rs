@@ -1,0 +1,89 @@
+//! `strait run [--] CMD ARGS...`: runs an unchanged program with
+//! `libstrait_preload.so` preloaded, so that its local TCP connections to other
+//! `strait run` processes go through shared memory.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use clap::Args;
+
+/// File name of the preload library (built by `cargo build --release` next to the
+/// `strait` binary).
+pub const PRELOAD_LIB: &str = "libstrait_preload.so";
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Bytes of each direction's shared-memory ring per connection (power of two,
+    /// 4K to 1G; K/M suffixes). Sets STRAIT_RING_SIZE.
+    #[arg(long)]
+    ring_size: Option<String>,
+    /// Microseconds a blocked call busy-polls before it sleeps. Sets STRAIT_SPIN_US.
+    #[arg(long)]
+    spin_us: Option<u64>,
+    /// Longest wait, in milliseconds, of a connecting side for the accepting side to
+    /// attach before the connection stays on the kernel. Sets STRAIT_ATTACH_TIMEOUT_MS.
+    #[arg(long)]
+    attach_timeout_ms: Option<u64>,
+    /// Print one line per process on stderr at exit with its accelerated and
+    /// kernel-fallback connection counts. Sets STRAIT_STATS=1.
+    #[arg(long)]
+    stats: bool,
+    /// Path of libstrait_preload.so (default: $STRAIT_PRELOAD_LIB, else next to the
+    /// strait binary).
+    #[arg(long)]
+    preload: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<OsString>,
+}
+
+fn find_lib(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    let candidate =
+        explicit.or_else(|| std::env::var_os("STRAIT_PRELOAD_LIB").map(PathBuf::from)).or_else(|| {
+            let exe = std::env::current_exe().ok()?;
+            Some(exe.parent()?.join(PRELOAD_LIB))
+        });
+    match candidate {
+        Some(p) if p.is_file() => p.canonicalize().map_err(|e| format!("{}: {e}", p.display())),
+        Some(p) => Err(format!(
+            "{} not found (build it with `cargo build --release`, or pass --preload PATH)",
+            p.display()
+        )),
+        None => Err(format!("cannot locate {PRELOAD_LIB}: pass --preload PATH")),
+    }
+}
+
+/// Replaces this process with the command (returns only on failure).
+pub fn run(a: RunArgs) -> ExitCode {
+    let lib = match find_lib(a.preload) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("strait run: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut preload = OsString::from(lib.as_os_str());
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(" ");
+        preload.push(old);
+    }
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
+    if let Some(v) = a.ring_size {
+        cmd.env("STRAIT_RING_SIZE", v);
+    }
+    if let Some(v) = a.spin_us {
+        cmd.env("STRAIT_SPIN_US", v.to_string());
+    }
+    if let Some(v) = a.attach_timeout_ms {
+        cmd.env("STRAIT_ATTACH_TIMEOUT_MS", v.to_string());
+    }
+    if a.stats {
+        cmd.env("STRAIT_STATS", "1");
+    }
+    let e = cmd.exec();
+    eprintln!("strait run: cannot run {}: {e}", a.command[0].to_string_lossy());
+    ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 })
+}

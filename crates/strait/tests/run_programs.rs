@@ -1,0 +1,245 @@
+//! `strait run` with real, unchanged programs from Debian's packages (installed by
+//! the tests when missing), both ends under strait, checked for correct answers and
+//! for the shared-memory path really being used (`--stats` counts).
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
+
+/// `cargo test` does not build cdylibs: build libstrait_preload.so next to the strait
+/// binary with the same cargo, profile and target directory (once).
+fn preload_lib() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = PathBuf::from(STRAIT);
+            let profile_dir = exe.parent().expect("profile dir");
+            let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile").to_string();
+            let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"])
+                .arg(profile_dir.parent().expect("target dir"));
+            match profile.as_str() {
+                "debug" => {}
+                "release" => {
+                    c.arg("--release");
+                }
+                p => {
+                    c.args(["--profile", p]);
+                }
+            }
+            assert!(c.status().expect("cargo build").success(), "building libstrait_preload.so failed");
+            let p = profile_dir.join("libstrait_preload.so");
+            assert!(p.exists(), "{} missing", p.display());
+            p
+        })
+        .clone()
+}
+
+fn strait_run(args: &[&str]) -> Command {
+    preload_lib();
+    let mut c = Command::new(STRAIT);
+    c.arg("run").args(args).env_remove("LD_PRELOAD");
+    c
+}
+
+fn have(bin: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {bin}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs a command with a time limit (killed when it expires).
+fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().ok()?;
+    let end = Instant::now() + limit;
+    loop {
+        if child.try_wait().ok()?.is_some() {
+            return child.wait_with_output().ok();
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Installs `pkg` with apt-get if `bin` is missing (apt-get update once if needed).
+fn ensure(bin: &str, pkg: &str) {
+    static APT: Mutex<bool> = Mutex::new(false);
+    if have(bin) {
+        return;
+    }
+    let mut updated = APT.lock().unwrap_or_else(|e| e.into_inner());
+    let install = || {
+        run_for(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", pkg])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            Duration::from_secs(300),
+        )
+    };
+    if !have(bin) {
+        install();
+    }
+    if !have(bin) && !*updated {
+        run_for(Command::new("apt-get").args(["update", "-q"]), Duration::from_secs(180));
+        *updated = true;
+        install();
+    }
+    assert!(have(bin), "{bin} is missing and `apt-get install {pkg}` did not provide it");
+}
+
+/// Kills the child when dropped (a failing test leaves no server behind).
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn wait_listening(port: u16) {
+    let end = Instant::now() + Duration::from_secs(15);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < end, "server on port {port} never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn accelerated(stderr: &str) -> usize {
+    stderr
+        .lines()
+        .filter_map(|l| l.split("accelerated ").nth(1)?.split(' ').next()?.parse::<usize>().ok())
+        .sum()
+}
+
+#[test]
+fn run_preloads_the_library_and_passes_settings() {
+    let out = run_for(
+        &mut strait_run(&[
+            "--ring-size",
+            "64K",
+            "--spin-us",
+            "3",
+            "--stats",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LD_PRELOAD|$STRAIT_RING_SIZE|$STRAIT_SPIN_US|$STRAIT_STATS\"",
+        ]),
+        Duration::from_secs(30),
+    )
+    .expect("strait run finished");
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.trim().ends_with("libstrait_preload.so|64K|3|1"), "{s}");
+    let missing =
+        run_for(&mut strait_run(&["--", "/nonexistent/program"]), Duration::from_secs(30)).expect("ran");
+    assert_eq!(missing.status.code(), Some(127));
+}
+
+#[test]
+fn sockperf_ping_pong_with_both_ends_under_strait() {
+    ensure("sockperf", "sockperf");
+    let port = free_port().to_string();
+    let _server = Killed(
+        strait_run(&["--", "sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sockperf server"),
+    );
+    wait_listening(port.parse().expect("port"));
+    for (under_strait, msg) in [(true, "14"), (true, "1024"), (false, "14")] {
+        // sockperf sizes its sequence table for at most 600K messages/s unless told
+        // otherwise, and strait goes faster than that.
+        let args = ["pp", "--tcp", "-i", "127.0.0.1", "-p", &port, "-t", "1", "-m", msg, "--mps", "5000000"];
+        let mut c = if under_strait {
+            let mut c = strait_run(&["--stats", "--", "sockperf"]);
+            c.args(args);
+            c
+        } else {
+            let mut c = Command::new("sockperf");
+            c.args(args).env_remove("LD_PRELOAD");
+            c
+        };
+        let out = run_for(&mut c, Duration::from_secs(30)).expect("sockperf client finished in time");
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("Summary: Latency is"), "{text}");
+        assert!(
+            text.contains("# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0")
+        );
+        if under_strait {
+            assert_eq!(accelerated(&String::from_utf8_lossy(&out.stderr)), 1, "{text}");
+        }
+    }
+}
+
+#[test]
+fn redis_benchmark_set_get_with_both_ends_under_strait() {
+    ensure("redis-server", "redis-server");
+    ensure("redis-benchmark", "redis-tools");
+    let port = free_port().to_string();
+    let _server = Killed(
+        strait_run(&["--", "redis-server", "--port", &port, "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server"),
+    );
+    wait_listening(port.parse().expect("port"));
+    let out = run_for(
+        &mut strait_run(&[
+            "--stats",
+            "--",
+            "redis-benchmark",
+            "-p",
+            &port,
+            "-q",
+            "-n",
+            "2000",
+            "-t",
+            "set,get",
+        ]),
+        Duration::from_secs(60),
+    )
+    .expect("redis-benchmark finished in time");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{text}\n{err}");
+    assert!(!text.contains("WARNING") && !err.contains("WARNING"), "{text}\n{err}");
+    for t in ["SET: ", "GET: "] {
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with(t) && l.contains("requests per second")),
+            "{text}"
+        );
+    }
+    // 50 benchmark clients, plus the configuration fetch.
+    assert!(accelerated(&err) >= 50, "{err}");
+    // The data really arrived: one key holding the benchmark's 3-byte value, read
+    // through strait and through the kernel alike.
+    for under_strait in [true, false] {
+        let mut c = if under_strait {
+            strait_run(&["--", "redis-cli", "-p", &port, "strlen", "key:__rand_int__"])
+        } else {
+            let mut c = Command::new("redis-cli");
+            c.args(["-p", &port, "strlen", "key:__rand_int__"]).env_remove("LD_PRELOAD");
+            c
+        };
+        let out = run_for(&mut c, Duration::from_secs(30)).expect("redis-cli");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3", "under strait: {under_strait}");
+    }
+}

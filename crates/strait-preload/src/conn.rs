@@ -183,6 +183,60 @@ pub struct Conn {
     wlock: Mutex<()>,
 }
 
+enum Waited {
+    Ready,
+    Timeout,
+    Interrupted,
+}
+
+/// The socket's SO_RCVTIMEO/SO_SNDTIMEO, if set.
+fn sock_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
+    let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
+    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: a local timeval and its length.
+    let r = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut tv as *mut libc::timeval).cast(), &mut len)
+    };
+    if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
+        return None;
+    }
+    Some(Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec.max(0) as u64))
+}
+
+/// After a wait was interrupted by a signal: restart it (as SA_RESTART would) only if
+/// every installed handler has SA_RESTART. We cannot tell which signal it was, so a
+/// program with any non-restarting handler sees EINTR, as it would for that signal.
+fn signals_restart() -> bool {
+    for sig in 1..libc::SIGRTMAX() {
+        // Fault signals are synchronous: they never interrupt a blocked call (and
+        // runtimes such as Rust's install handlers for them without SA_RESTART).
+        if [
+            libc::SIGKILL,
+            libc::SIGSTOP,
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGILL,
+            libc::SIGFPE,
+            libc::SIGTRAP,
+        ]
+        .contains(&sig)
+        {
+            continue;
+        }
+        // SAFETY: sigaction is plain old data; a query with a null new action.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0
+            && old.sa_sigaction != libc::SIG_DFL
+            && old.sa_sigaction != libc::SIG_IGN
+            && old.sa_flags & libc::SA_RESTART == 0
+        {
+            return false;
+        }
+    }
+    true
+}
+
 /// Readiness of a connection, as poll bits.
 pub struct Ready {
     pub bits: i16,
@@ -193,6 +247,7 @@ pub struct Ready {
 
 pub enum IoErr {
     Again,
+    Intr,
     Pipe,
     Reset,
 }
@@ -341,25 +396,28 @@ impl Conn {
     }
 
     /// Blocks until `ready()` or `deadline`, spinning first; false on timeout.
-    fn wait(&self, rx: bool, deadline: Option<Instant>, ready: &dyn Fn(&Conn) -> bool) -> bool {
+    fn wait(&self, fd: c_int, rx: bool, ready: &dyn Fn(&Conn) -> bool) -> Waited {
         let s = Settings::get();
         let spin_end = Instant::now() + s.spin;
         while Instant::now() < spin_end {
             if ready(self) {
-                return true;
+                return Waited::Ready;
             }
             std::hint::spin_loop();
         }
+        // SO_RCVTIMEO / SO_SNDTIMEO of the (idle) kernel socket bound the wait.
+        let deadline = sock_timeout(fd, if rx { libc::SO_RCVTIMEO } else { libc::SO_SNDTIMEO })
+            .map(|t| Instant::now() + t);
         loop {
             self.announce(rx, !rx);
             if ready(self) {
-                return true;
+                return Waited::Ready;
             }
             let mut ms = 100; // safety net against a wake-up taken by another waiter
             if let Some(d) = deadline {
                 let now = Instant::now();
                 if now >= d {
-                    return false;
+                    return Waited::Timeout;
                 }
                 ms = ms.min((d - now).as_millis() as c_int + 1);
             }
@@ -369,6 +427,9 @@ impl Conn {
             ];
             // SAFETY: two pollfds on the stack.
             let r = unsafe { real::poll(p.as_mut_ptr(), 2, ms) };
+            if r < 0 && real::errno() == libc::EINTR && !signals_restart() {
+                return Waited::Interrupted;
+            }
             if r > 0 {
                 if p[0].revents != 0 {
                     self.drain_bell();
@@ -417,6 +478,7 @@ impl Conn {
     /// Reads into the iovecs. `Ok(0)` is end of stream.
     pub fn recv(
         &self,
+        fd: c_int,
         iov: &[(*mut u8, usize)],
         peek: bool,
         dontwait: bool,
@@ -461,9 +523,14 @@ impl Conn {
                 }
                 return Err(IoErr::Again);
             }
-            self.wait(true, None, &|c| {
+            match self.wait(fd, true, &|c| {
                 matches!(c.avail(), Ok((_, n)) if n > 0) || c.rx_eof() || c.avail().is_err()
-            });
+            }) {
+                Waited::Ready => {}
+                Waited::Timeout if got == 0 => return Err(IoErr::Again),
+                Waited::Interrupted if got == 0 => return Err(IoErr::Intr),
+                _ => return Ok(got),
+            }
         }
     }
 
@@ -498,7 +565,7 @@ impl Conn {
     }
 
     /// Writes from the iovecs (all of it when blocking).
-    pub fn send(&self, iov: &[(*const u8, usize)], dontwait: bool) -> Result<usize, IoErr> {
+    pub fn send(&self, fd: c_int, iov: &[(*const u8, usize)], dontwait: bool) -> Result<usize, IoErr> {
         let want: usize = iov.iter().map(|v| v.1).sum();
         let _g = self.wlock.lock().unwrap_or_else(|e| e.into_inner());
         if self.wr_shut.load(Ordering::Relaxed) || self.tx_broken() {
@@ -527,8 +594,12 @@ impl Conn {
                     }
                     return Err(IoErr::Again);
                 }
-                self.wait(false, None, &|c| matches!(c.room(), Ok((_, r)) if r > 0) || c.tx_broken());
-                continue;
+                match self.wait(fd, false, &|c| matches!(c.room(), Ok((_, r)) if r > 0) || c.tx_broken()) {
+                    Waited::Ready => continue,
+                    Waited::Timeout if sent == 0 => return Err(IoErr::Again),
+                    Waited::Interrupted if sent == 0 => return Err(IoErr::Intr),
+                    _ => return Ok(sent),
+                }
             }
             let mut n = (room as usize).min(want - sent);
             let chunk = n;

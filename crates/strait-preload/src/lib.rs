@@ -57,6 +57,7 @@ fn io_result(r: Result<usize, IoErr>, sigpipe: bool) -> ssize_t {
     match r {
         Ok(n) => n as ssize_t,
         Err(IoErr::Again) => real::fail(libc::EAGAIN),
+        Err(IoErr::Intr) => real::fail(libc::EINTR),
         Err(IoErr::Reset) => real::fail(libc::ECONNRESET),
         Err(IoErr::Pipe) => {
             if sigpipe {
@@ -68,8 +69,9 @@ fn io_result(r: Result<usize, IoErr>, sigpipe: bool) -> ssize_t {
     }
 }
 
-fn do_recv(c: &Conn, iov: &[(*mut u8, usize)], flags: c_int) -> ssize_t {
+fn do_recv(c: &Conn, fd: c_int, iov: &[(*mut u8, usize)], flags: c_int) -> ssize_t {
     let r = c.recv(
+        fd,
         iov,
         flags & libc::MSG_PEEK != 0,
         flags & libc::MSG_DONTWAIT != 0,
@@ -78,8 +80,8 @@ fn do_recv(c: &Conn, iov: &[(*mut u8, usize)], flags: c_int) -> ssize_t {
     io_result(r, false)
 }
 
-fn do_send(c: &Conn, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
-    io_result(c.send(iov, flags & libc::MSG_DONTWAIT != 0), flags & libc::MSG_NOSIGNAL == 0)
+fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
+    io_result(c.send(fd, iov, flags & libc::MSG_DONTWAIT != 0), flags & libc::MSG_NOSIGNAL == 0)
 }
 
 /// # Safety
@@ -211,7 +213,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::read(fd, buf, n) };
     guard(real, || match accel(fd) {
-        Some(c) => do_recv(&c, &[(buf.cast(), n)], 0),
+        Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], 0),
         None => real(),
     })
 }
@@ -235,7 +237,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::write(fd, buf, n) };
     guard(real, || match accel(fd) {
-        Some(c) => do_send(&c, &[(buf.cast(), n)], 0),
+        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], 0),
         None => real(),
     })
 }
@@ -248,7 +250,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
     let real = || unsafe { real::readv(fd, iov, n) };
     guard(real, || match accel(fd) {
         // SAFETY: the caller's iovecs.
-        Some(c) => do_recv(&c, &unsafe { iovs_mut(iov, n) }, 0),
+        Some(c) => do_recv(&c, fd, &unsafe { iovs_mut(iov, n) }, 0),
         None => real(),
     })
 }
@@ -264,7 +266,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize
             // SAFETY: the caller's iovecs.
             let v: Vec<(*const u8, usize)> =
                 unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
-            do_send(&c, &v, 0)
+            do_send(&c, fd, &v, 0)
         }
         None => real(),
     })
@@ -277,7 +279,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recv(fd, buf, n, flags) };
     guard(real, || match accel(fd) {
-        Some(c) => do_recv(&c, &[(buf.cast(), n)], flags),
+        Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], flags),
         None => real(),
     })
 }
@@ -307,7 +309,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::send(fd, buf, n, flags) };
     guard(real, || match accel(fd) {
-        Some(c) => do_send(&c, &[(buf.cast(), n)], flags),
+        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
         None => real(),
     })
 }
@@ -327,7 +329,7 @@ pub unsafe extern "C" fn recvfrom(
     let real = || unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) };
     guard(real, || match accel(fd) {
         Some(c) => {
-            let r = do_recv(&c, &[(buf.cast(), n)], flags);
+            let r = do_recv(&c, fd, &[(buf.cast(), n)], flags);
             if r >= 0 && !addr.is_null() && !alen.is_null() {
                 // SAFETY: the caller's length word. TCP reports no source address.
                 unsafe { *alen = 0 };
@@ -373,7 +375,7 @@ pub unsafe extern "C" fn sendto(
     let real = || unsafe { real::sendto(fd, buf, n, flags, addr, alen) };
     // A connected TCP socket ignores the address, as the kernel does.
     guard(real, || match accel(fd) {
-        Some(c) => do_send(&c, &[(buf.cast(), n)], flags),
+        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
         None => real(),
     })
 }
@@ -391,7 +393,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
                 .iter()
                 .map(|&(p, l)| (p.cast_const(), l))
                 .collect();
-            do_send(&c, &v, flags)
+            do_send(&c, fd, &v, flags)
         }
         _ => real(),
     })
@@ -407,7 +409,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         (Some(c), false) => {
             // SAFETY: the caller's msghdr and its iovecs.
             let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
-            let r = do_recv(&c, &v, flags);
+            let r = do_recv(&c, fd, &v, flags);
             if r >= 0 {
                 // SAFETY: the caller's msghdr: no address, no control data for TCP.
                 unsafe {
@@ -448,7 +450,7 @@ pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t,
                 }
                 break;
             }
-            let w = do_send(&c, &[(buf.as_ptr(), n as usize)], 0);
+            let w = do_send(&c, out, &[(buf.as_ptr(), n as usize)], 0);
             if w < 0 {
                 return if done == 0 { w } else { done as ssize_t };
             }

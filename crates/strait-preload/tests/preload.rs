@@ -126,6 +126,9 @@ fn stream_of_many_sizes_goes_through_shared_memory() {
     assert!(s.stdout.contains("echoed 1734389"), "{}", s.stdout);
     // The data went through the shared mapping, not the kernel socket.
     assert!(s.stdout.contains("maps strait") && c.stdout.contains("maps strait"));
+    // Neither end keeps the memfd open: no other process can reach it through
+    // /proc/PID/fd; only the two mappings hold the memory.
+    assert!(s.stdout.contains("fds clean") && c.stdout.contains("fds clean"), "{}{}", s.stdout, c.stdout);
     assert_eq!(accelerated(&s), 1);
     assert_eq!(accelerated(&c), 1);
 }
@@ -138,6 +141,25 @@ fn nonblocking_connect_then_second_connect_stays_one_connection() {
     assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
     assert_eq!(accelerated(&s), 1);
     assert_eq!(accelerated(&c), 1);
+}
+
+#[test]
+fn signals_interrupt_or_restart_blocking_reads_and_rcvtimeo_expires() {
+    let (s, c) = pair(true, true, "signals", "signals");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(s.stdout.contains("signals ok"), "{}", s.stdout);
+    assert_eq!(accelerated(&s), 1);
+}
+
+#[test]
+fn many_connections_on_many_threads() {
+    let (s, c) = pair(true, true, "threads", "threads");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("threads client ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
+    assert_eq!(accelerated(&s), 8);
+    assert_eq!(accelerated(&c), 8);
 }
 
 #[test]

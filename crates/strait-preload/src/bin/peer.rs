@@ -60,6 +60,69 @@ fn maps_has_strait() -> bool {
     std::fs::read_to_string("/proc/self/maps").map(|m| m.contains("memfd:strait-tcp")).unwrap_or(false)
 }
 
+/// True if any open descriptor is a memfd (strait must not keep one: the mapping is
+/// the only way to the connection's memory).
+fn fds_have_memfd() -> bool {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.flatten()
+                .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("memfd:")))
+        })
+        .unwrap_or(false)
+}
+
+extern "C" fn on_alarm(_: c_int) {}
+
+fn alarm_handler(restart: bool) {
+    // SAFETY: installs a handler that does nothing, with or without SA_RESTART.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as libc::sighandler_t;
+        sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+        assert_eq!(libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut()), 0);
+        let t = libc::itimerval {
+            it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+            it_value: libc::timeval { tv_sec: 0, tv_usec: 100_000 },
+        };
+        assert_eq!(libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut()), 0);
+    }
+}
+
+/// A blocking read interrupted by a signal: EINTR without SA_RESTART; with
+/// SA_RESTART it goes on and returns the data; SO_RCVTIMEO ends it with EAGAIN.
+fn signals_server(fd: c_int) {
+    let mut b = [0u8; 16];
+    alarm_handler(false);
+    let t = Instant::now();
+    // SAFETY: a live buffer.
+    let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 16) };
+    assert!(n == -1 && errno() == libc::EINTR, "interrupted read: {n} {}", errno());
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // SO_RCVTIMEO.
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 50_000 };
+    // SAFETY: a local timeval.
+    unsafe {
+        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), 16);
+    }
+    // SAFETY: a live buffer.
+    let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 16) };
+    assert!(n == -1 && errno() == libc::EAGAIN, "timed-out read: {n} {}", errno());
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
+    // SAFETY: a local timeval.
+    unsafe {
+        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), 16);
+    }
+    // With SA_RESTART the alarm does not end the read: the client's data does.
+    alarm_handler(true);
+    write_all(fd, b"g");
+    let t = Instant::now();
+    read_exact(fd, &mut b[..4]);
+    assert_eq!(&b[..4], b"late");
+    assert!(t.elapsed() >= Duration::from_millis(200), "read returned before the data");
+    write_all(fd, b"k");
+    println!("signals ok");
+}
+
 fn poll1(fd: c_int, events: i16, ms: c_int) -> i16 {
     let mut p = libc::pollfd { fd, events, revents: 0 };
     // SAFETY: one pollfd.
@@ -358,8 +421,15 @@ fn main() {
             if mode == "fork" {
                 return fork_server(l);
             }
+            if mode == "threads" {
+                return threads_server(l);
+            }
             let (s, _) = l.accept().expect("accept");
             (s, mode)
+        }
+        "client" if a.get(3).is_some_and(|m| m == "threads") => {
+            let port: u16 = a[2].parse().expect("port");
+            return threads_client(port);
         }
         "client" if a.get(3).is_some_and(|m| m == "nbconnect") => {
             let port: u16 = a[2].parse().expect("port");
@@ -420,13 +490,85 @@ fn main() {
             assert_eq!(rest, b" child");
             println!("fork ok");
         }
+        ("server", "signals") => signals_server(fd),
+        ("client", "signals") => {
+            // Stay silent while the server's read is interrupted and times out, then
+            // answer its go.
+            let mut b = [0u8; 1];
+            read_exact(fd, &mut b);
+            std::thread::sleep(Duration::from_millis(300));
+            write_all(fd, b"late");
+            read_exact(fd, &mut b);
+            println!("signals client ok");
+        }
         _ => panic!("unknown mode {mode}"),
     }
     let _ = before;
     println!("maps {}", if maps_has_strait() { "strait" } else { "kernel" });
+    println!("fds {}", if fds_have_memfd() { "memfd" } else { "clean" });
     // Keep the connection open until the output is out.
     std::io::stdout().flush().ok();
     drop(stream);
+}
+
+const THREADS: usize = 8;
+
+/// Many connections on many threads: each server thread echoes one connection.
+fn threads_server(l: TcpListener) {
+    let mut hs = Vec::new();
+    for _ in 0..THREADS {
+        let (s, _) = l.accept().expect("accept");
+        hs.push(std::thread::spawn(move || {
+            echo_server(s.as_raw_fd());
+            drop(s);
+        }));
+    }
+    for h in hs {
+        h.join().expect("server thread");
+    }
+    println!("threads server ok");
+}
+
+fn threads_client(port: u16) {
+    let hs: Vec<_> = (0..THREADS)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                let fd = s.as_raw_fd();
+                let total = 300_000 + t * 1000;
+                let data: Vec<u8> = (0..total as u64).map(|i| pattern(i + t as u64)).collect();
+                let d2 = data.clone();
+                // One thread writes while this one reads the echo on the same fd.
+                let w = std::thread::spawn(move || {
+                    for c in d2.chunks(7_000 + t) {
+                        write_all(fd, c);
+                    }
+                    // SAFETY: plain syscall.
+                    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+                });
+                let mut got = Vec::with_capacity(total);
+                let mut buf = vec![0u8; 32768];
+                loop {
+                    let n = read_some(fd, &mut buf);
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                w.join().expect("writer");
+                assert!(got == data, "thread {t}: echo differs ({} of {total} bytes)", got.len());
+                maps_has_strait()
+            })
+        })
+        .collect();
+    let mut strait = 0;
+    for h in hs {
+        if h.join().expect("client thread") {
+            strait += 1;
+        }
+    }
+    println!("threads client ok");
+    println!("maps {}", if strait == THREADS { "strait" } else { "kernel" });
 }
 
 /// The hiredis pattern: non-blocking connect, poll for writable, SO_ERROR, a second

@@ -69,9 +69,10 @@ pub struct AnatomyRun {
     /// Independent estimate of the same, ns: the growth of the one-way time when
     /// every probe stamps twice, per probe (a back-to-back second stamp: an upper
     /// estimate, since a single probe overlaps the work around it).
-    pub probe_cost_doubled_ns: f64,
+    /// Null for the kernel paths (no doubled tracepoints).
+    pub probe_cost_doubled_ns: Option<f64>,
     /// `deviation` had `probe_cost_doubled_ns` been subtracted instead.
-    pub deviation_doubled: f64,
+    pub deviation_doubled: Option<f64>,
     /// `(stage_sum_ns - measured_one_way_ns) / measured_one_way_ns`.
     pub deviation: f64,
     /// `|deviation| <= tolerance`.
@@ -194,8 +195,14 @@ pub fn render_table(r: &AnatomyReport) -> String {
         row(&mut out, "deviation", &|x| format!("{:+.1}%", x.deviation * 100.0));
         row(&mut out, "probe cost subtracted", &|x| format!("{:.0}", x.probe_overhead_ns));
         row(&mut out, "  per probe (on the path)", &|x| format!("{:.1}", x.probe_cost_ns));
-        row(&mut out, "  per probe (doubled probes)", &|x| format!("{:.1}", x.probe_cost_doubled_ns));
-        row(&mut out, "deviation, doubled-probe cost", &|x| format!("{:+.1}%", x.deviation_doubled * 100.0));
+        if runs.iter().any(|x| x.probe_cost_doubled_ns.is_some()) {
+            row(&mut out, "  per probe (doubled probes)", &|x| {
+                x.probe_cost_doubled_ns.map_or("-".into(), |v| format!("{v:.1}"))
+            });
+            row(&mut out, "deviation, doubled-probe cost", &|x| {
+                x.deviation_doubled.map_or("-".into(), |v| format!("{:+.1}%", v * 100.0))
+            });
+        }
         row(&mut out, "one-way p50 (probed, corrected)", &|x| format!("{:.0}", x.total_p50_ns));
         let bad: Vec<String> = runs
             .iter()
@@ -400,8 +407,8 @@ mod tests {
             probed_one_way_ns: 150.0,
             probe_overhead_ns: 55.0,
             probe_cost_ns: 8.0,
-            probe_cost_doubled_ns: 9.0,
-            deviation_doubled: -0.1,
+            probe_cost_doubled_ns: Some(9.0),
+            deviation_doubled: Some(-0.1),
             deviation: -0.05,
             within_tolerance: true,
             samples: 10,

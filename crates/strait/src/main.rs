@@ -136,6 +136,10 @@ struct AnatomyArgs {
     /// Largest accepted deviation of the stage sum from the measured one-way latency.
     #[arg(long, default_value_t = 0.10)]
     tolerance: f64,
+    /// Paths to dissect, comma-separated: strait-shm, kernel-udp, kernel-tcp. The
+    /// kernel paths need root (tracefs) and run only sizes up to 32K.
+    #[arg(long, value_delimiter = ',', default_value = "strait-shm,kernel-udp,kernel-tcp")]
+    transports: Vec<String>,
     /// Directory under which anatomy-<UTC timestamp>/ is created.
     #[arg(long, default_value = "results")]
     out: PathBuf,
@@ -360,10 +364,15 @@ fn bench(a: BenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// Exit status of `strait anatomy` when strait's own stages could not be measured
-/// (probes compiled out, no invariant TSC, or a failed ping-pong); the report, with
+/// Exit status of `strait anatomy` when a requested path could not be measured
+/// (strait's: probes compiled out, no invariant TSC, a failed ping-pong; the
+/// kernel's: no tracefs, no permission, a missing tracepoint); the report, with
 /// the reason in its notes, is still written.
 const ANATOMY_PARTIAL: u8 = 3;
+
+/// Largest message the kernel paths are dissected at (UDP datagrams stay below
+/// 64K; the issue asks for 4 B to 32 KiB).
+const KERNEL_MAX_SIZE: u64 = 32 << 10;
 
 fn anatomy(a: AnatomyArgs) -> ExitCode {
     match anatomy_run(a) {
@@ -391,6 +400,7 @@ fn anatomy_command(a: &AnatomyArgs) -> String {
     parts.push(format!("--sizes {sizes}"));
     parts.push(format!("--iters {} --warmup {} --rounds {}", a.iters, a.warmup, a.rounds));
     parts.push(format!("--tolerance {}", a.tolerance));
+    parts.push(format!("--transports {}", a.transports.join(",")));
     parts.push(format!("--out {}", shell_quote(&a.out.to_string_lossy())));
     parts.join(" ")
 }
@@ -399,12 +409,15 @@ fn anatomy_command(a: &AnatomyArgs) -> String {
 fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
     use strait::anatomy::{self as anat, AnatomyConfig};
     use strait_anatomy::anatomy::{render_svg as anatomy_svg, render_table as anatomy_table, AnatomyReport};
+    use strait_anatomy::kanatomy;
     if !(a.tolerance >= 0.0 && a.tolerance.is_finite()) {
         return Err(BenchError::Protocol("--tolerance must be a non-negative number".into()));
     }
     let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let command = anatomy_command(&a);
     let clock = Clock::new();
+    // Before any measuring thread is pinned (which would hide the other cores).
+    let machine = MachineInfo::collect(&clock, rfc3339(started), command.clone(), "not counted".into());
     let cost = anat::probe_cost();
     let tpn = clock.ticks_per_ns();
     let cfg = AnatomyConfig {
@@ -421,7 +434,17 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
             eprint!("\rstrait anatomy: {} {}   ", anat::TRANSPORT, format_size(size));
         }
     };
-    let runs = match anat::run(&cfg, &clock, cost, &mut progress) {
+    const KNOWN: [&str; 3] = [anat::TRANSPORT, "kernel-udp", "kernel-tcp"];
+    if let Some(bad) = a.transports.iter().find(|t| !KNOWN.contains(&t.as_str())) {
+        return Err(BenchError::UnknownTransport { name: bad.clone(), known: KNOWN.join(", ") });
+    }
+    let want = |t: &str| a.transports.iter().any(|x| x == t);
+    let shm = if want(anat::TRANSPORT) {
+        anat::run(&cfg, &clock, cost, &mut progress)
+    } else {
+        Ok((Vec::new(), Vec::new()))
+    };
+    let mut runs = match shm {
         Ok((runs, n)) => {
             notes.extend(n);
             if strait_probe::COMPILED {
@@ -440,12 +463,42 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
             Vec::new()
         }
     };
+    let kcfg = kanatomy::KernelConfig {
+        sizes: a.sizes.0.iter().copied().filter(|&s| s <= KERNEL_MAX_SIZE).collect(),
+        iters: a.iters,
+        warmup: a.warmup,
+        rounds: a.rounds,
+        tolerance: a.tolerance,
+    };
+    let skipped: Vec<String> =
+        a.sizes.0.iter().filter(|&&s| s > KERNEL_MAX_SIZE).map(|&s| format_size(s)).collect();
+    for proto in [kanatomy::Proto::Udp, kanatomy::Proto::Tcp] {
+        if !want(proto.name()) {
+            continue;
+        }
+        if !skipped.is_empty() {
+            notes.push(format!("{}: sizes above 32K not dissected: {}", proto.name(), skipped.join(", ")));
+        }
+        if kcfg.sizes.is_empty() {
+            continue;
+        }
+        if std::io::stderr().is_terminal() {
+            eprint!("\rstrait anatomy: {}            ", proto.name());
+        }
+        match kanatomy::run(proto, &kcfg, tpn) {
+            Ok(r) => runs.extend(r),
+            Err(e) => {
+                eprintln!("strait anatomy: {}: {e}", proto.name());
+                notes.push(format!("{}: not measured: {e}", proto.name()));
+                complete = false;
+            }
+        }
+    }
     if std::io::stderr().is_terminal() {
         eprint!("\r{:60}\r", "");
     }
-    notes.push("kernel UDP/TCP stages (BPF on tracepoints): not implemented yet".into());
-    let machine = MachineInfo::collect(&clock, rfc3339(started), command.clone(), "not counted".into());
-    let mut per: Vec<f64> = runs.iter().map(|r| r.probe_cost_ns).collect();
+    let mut per: Vec<f64> =
+        runs.iter().filter(|r| r.transport == anat::TRANSPORT).map(|r| r.probe_cost_ns).collect();
     let probe_ns = strait_anatomy::stats::median(&mut per).unwrap_or(cost.on_ticks / tpn);
     let report = AnatomyReport {
         machine,

@@ -36,6 +36,7 @@ fn run_and_check(out: &PathBuf) -> (Value, Vec<String>) {
     let _ = std::fs::remove_dir_all(out);
     let o = Command::new(env!("CARGO_BIN_EXE_strait"))
         .args(["anatomy", "--format", "json", "--sizes", "8,4K", "--iters", "1000", "--warmup", "200"])
+        .args(["--transports", "strait-shm"])
         .arg("--out")
         .arg(out)
         .output()
@@ -131,6 +132,7 @@ fn anatomy_table_prints_the_check() {
     let out = tmp_dir("table");
     let o = Command::new(env!("CARGO_BIN_EXE_strait"))
         .args(["anatomy", "--sizes", "64", "--iters", "100", "--warmup", "50", "--rounds", "2"])
+        .args(["--transports", "strait-shm"])
         .arg("--out")
         .arg(&out)
         .output()
@@ -141,5 +143,83 @@ fn anatomy_table_prints_the_check() {
     {
         assert!(t.contains(needle), "table lacks {needle:?}:\n{t}");
     }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The kernel UDP path, traced through tracepoints (root only): every stage of
+/// the chain sees time, and the sum agrees with the untraced latency.
+#[test]
+fn kernel_udp_anatomy_as_root() {
+    if !is_root() {
+        eprintln!("skipped: the kernel paths need root (tracefs)");
+        return;
+    }
+    let _turn = turn();
+    let out = tmp_dir("kudp");
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["anatomy", "--format", "json", "--transports", "kernel-udp", "--sizes", "8"])
+        .args(["--iters", "400", "--warmup", "50"])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
+    let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let runs = doc["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 1, "{doc}");
+    let r = &runs[0];
+    assert_eq!(text(r, "transport"), "kernel-udp");
+    let stages = r["stages"].as_array().expect("stages");
+    assert_eq!(stages.len(), 11, "{r}");
+    for s in stages {
+        assert!(num(s, "ns") > 0.0, "kernel stage {} saw no time: {r}", text(s, "name"));
+    }
+    let dev = num(r, "deviation");
+    assert!(dev.abs() <= num(&doc, "tolerance"), "stage sum off by {:+.1}%: {r}", dev * 100.0);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Without privileges (run as `nobody` with no capabilities): the kernel paths are
+/// refused with a clear message, strait's own breakdown is still printed, and the
+/// exit status is 3.
+#[test]
+fn unprivileged_run_reports_and_exits_3() {
+    if !is_root() {
+        eprintln!("skipped: dropping to nobody needs root to start from");
+        return;
+    }
+    let exe = env!("CARGO_BIN_EXE_strait");
+    let probe = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", exe, "--version"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: setpriv missing, or {exe} is not executable by nobody");
+        return;
+    }
+    let _turn = turn();
+    let out = tmp_dir("nobody");
+    std::fs::create_dir_all(&out).expect("out dir");
+    let mut perm = std::fs::metadata(&out).expect("out dir").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o777);
+    std::fs::set_permissions(&out, perm).expect("chmod");
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", exe])
+        .args(["anatomy", "--sizes", "64", "--iters", "200", "--transports", "strait-shm,kernel-udp"])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run strait");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stderr.contains("kernel-udp") && stderr.contains("permission"), "{stderr}");
+    assert!(stdout.contains("ring transfer + peer poll"), "strait's own breakdown missing: {stdout}");
+    assert!(stdout.contains("kernel-udp: not measured"), "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -1,0 +1,543 @@
+//! The kernel paths of `strait anatomy`: a blocking UDP or TCP ping-pong over
+//! loopback between two pinned threads, with user-space TSC stamps around the
+//! calls and tracepoint events ([`crate::ktrace`]) inside the kernel, on one time
+//! line.
+//!
+//! One direction's chain (S sends, R receives; milestones in path order):
+//!
+//! | from → to | stage | layer |
+//! |---|---|---|
+//! | S user stamp → S `sys_enter_sendto` | system call entry | OS overhead |
+//! | → S `net_dev_queue` | socket + UDP/TCP send + IP output | protocol send |
+//! | → S `netif_rx` | device transmit (loopback) | device/wire |
+//! | → S `softirq_entry` (NET_RX) | softirq raise → run | OS overhead |
+//! | → S `netif_receive_skb` | backlog (NAPI) poll | device/wire |
+//! | → S `sk_data_ready` | IP + UDP/TCP receive, socket enqueue | protocol receive |
+//! | → `sched_wakeup` of R | wake-up (IPI to the other CPU) | OS overhead |
+//! | → R `sock_recv_length` | switch in + dequeue + copy to user | copy |
+//! | → R `sys_exit_recvfrom` | receive call return | protocol receive |
+//! | → R user stamp | system call exit | OS overhead |
+//! | → R user stamp before its reply | application turnaround | user |
+//!
+//! On loopback the receive half (softirq, IP, UDP/TCP receive) runs on the
+//! sender's CPU, in its system call. The wake-up stage is zero when the receiver
+//! was not asleep. (`skb:skb_copy_datagram_iovec` would split the copy from the
+//! switch-in, but it does not fire for these receives on this kernel.) Each traced event costs time; as for strait's probes, that cost
+//! is calibrated on the path (traced minus untraced round trips, per event on the
+//! path) and subtracted per interval and per event inside it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::anatomy::{AnatomyRun, StageRow};
+use crate::ktrace::{KEvent, TraceError, TraceSession};
+use crate::stages::{kept_mean, KEEP};
+
+/// The tracepoints the kernel paths use.
+pub const EVENTS: [&str; 9] = [
+    "syscalls/sys_enter_sendto",
+    "syscalls/sys_exit_recvfrom",
+    "net/net_dev_queue",
+    "net/netif_rx",
+    "irq/softirq_entry",
+    "net/netif_receive_skb",
+    "sock/sk_data_ready",
+    "sock/sock_recv_length",
+    "sched/sched_wakeup",
+];
+
+/// Which kernel transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    /// UDP datagrams over loopback.
+    Udp,
+    /// A TCP connection over loopback (TCP_NODELAY).
+    Tcp,
+}
+
+impl Proto {
+    /// Transport name, as in `strait bench`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Udp => "kernel-udp",
+            Proto::Tcp => "kernel-tcp",
+        }
+    }
+}
+
+/// Why a kernel anatomy could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelAnatomyError {
+    /// Tracing is not available or not allowed.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// A socket operation failed.
+    #[error("{0}: {1}")]
+    Socket(&'static str, std::io::Error),
+    /// The answering thread stopped.
+    #[error("the answering thread stopped: {0}")]
+    Peer(String),
+}
+
+/// Stage names and layers for one protocol, in chain order.
+fn stage_defs(p: Proto) -> [(String, &'static str); 11] {
+    let n = if p == Proto::Udp { "UDP" } else { "TCP" };
+    [
+        ("system call entry".into(), "OS overhead"),
+        (format!("socket + {n} send + IP output"), "protocol send"),
+        ("device transmit (loopback)".into(), "device/wire"),
+        ("softirq raise → run".into(), "OS overhead"),
+        ("backlog (NAPI) poll".into(), "device/wire"),
+        (format!("IP + {n} receive, socket enqueue"), "protocol receive"),
+        ("wake-up (IPI to the other CPU)".into(), "OS overhead"),
+        ("switch in + dequeue + copy to user".into(), "copy"),
+        ("receive call return".into(), "protocol receive"),
+        ("system call exit".into(), "OS overhead"),
+        ("application turnaround".into(), "user"),
+    ]
+}
+
+/// A user stamp or kernel event of one end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ev {
+    UserSend,
+    UserRecvd,
+    Kernel(u8),
+}
+
+const K_SENDTO: u8 = 0;
+const K_EXIT_RECV: u8 = 1;
+const K_DEV_QUEUE: u8 = 2;
+const K_NETIF_RX: u8 = 3;
+const K_SOFTIRQ: u8 = 4;
+const K_RECEIVE_SKB: u8 = 5;
+const K_DATA_READY: u8 = 6;
+const K_WAKEUP: u8 = 7;
+const K_COPY: u8 = 8;
+const K_OTHER: u8 = 9;
+
+fn kind(e: &KEvent) -> u8 {
+    match e.name.as_str() {
+        "sys_enter_sendto" => K_SENDTO,
+        "sys_exit_recvfrom" => K_EXIT_RECV,
+        "net_dev_queue" => K_DEV_QUEUE,
+        "netif_rx" => K_NETIF_RX,
+        "softirq_entry" if e.vec == Some(3) => K_SOFTIRQ,
+        "netif_receive_skb" => K_RECEIVE_SKB,
+        "sk_data_ready" => K_DATA_READY,
+        "sched_wakeup" => K_WAKEUP,
+        "sock_recv_length" => K_COPY,
+        _ => K_OTHER,
+    }
+}
+
+/// One direction: `(stage index, ticks, events inside)`.
+type Path = Vec<(usize, u64, u32)>;
+
+/// Traced events whose cost lies inside stage `k`: half of each bounding kernel
+/// event (user stamps cost a few ns and are not counted), plus those inside.
+fn units(k: usize, ticks: u64, inner: u32) -> f64 {
+    let ends = match k {
+        0 | 9 => 0.5,
+        10 => 0.0,
+        6 if ticks == 0 => 0.0,
+        _ => 1.0,
+    };
+    ends + f64::from(inner)
+}
+
+struct Side {
+    ev: Vec<(u64, Ev)>,
+    next: usize,
+}
+
+impl Side {
+    fn find(&mut self, want: Ev, t: u64) -> Option<(usize, u64)> {
+        let i = self.ev[self.next..].iter().position(|&(ts, e)| e == want && ts >= t)? + self.next;
+        self.next = i + 1;
+        Some((i, self.ev[i].0))
+    }
+
+    /// Index of the first `want` at or after `t` and before `until`, not consumed.
+    fn peek_between(&self, want: Ev, t: u64, until: u64) -> Option<(usize, u64)> {
+        self.ev[self.next..]
+            .iter()
+            .position(|&(ts, e)| e == want && ts >= t && ts <= until)
+            .map(|i| (i + self.next, self.ev[i + self.next].0))
+    }
+}
+
+/// Walks both ends' merged stamps and events into one-way paths.
+fn walk(a: Vec<(u64, Ev)>, b: Vec<(u64, Ev)>) -> Vec<Path> {
+    let mut sides = [Side { ev: a, next: 0 }, Side { ev: b, next: 0 }];
+    let mut out = Vec::new();
+    let Some((mut idx, mut t)) = sides[0].find(Ev::UserSend, 0) else { return out };
+    let mut s = 0usize;
+    loop {
+        let r = 1 - s;
+        let mut p: Path = Vec::with_capacity(11);
+        let mut at = (s, idx, t);
+        let step = |sides: &mut [Side; 2],
+                    side: usize,
+                    want: Ev,
+                    k: usize,
+                    p: &mut Path,
+                    at: &mut (usize, usize, u64)| {
+            let (i, ts) = sides[side].find(want, at.2)?;
+            let inner = if side == at.0 { (i - at.1 - 1) as u32 } else { 0 };
+            p.push((k, ts - at.2, inner));
+            *at = (side, i, ts);
+            Some(())
+        };
+        let ok = (|| {
+            step(&mut sides, s, Ev::Kernel(K_SENDTO), 0, &mut p, &mut at)?;
+            step(&mut sides, s, Ev::Kernel(K_DEV_QUEUE), 1, &mut p, &mut at)?;
+            step(&mut sides, s, Ev::Kernel(K_NETIF_RX), 2, &mut p, &mut at)?;
+            step(&mut sides, s, Ev::Kernel(K_SOFTIRQ), 3, &mut p, &mut at)?;
+            step(&mut sides, s, Ev::Kernel(K_RECEIVE_SKB), 4, &mut p, &mut at)?;
+            step(&mut sides, s, Ev::Kernel(K_DATA_READY), 5, &mut p, &mut at)?;
+            // The receiver's copy of this message; its wake-up before that copy
+            // splits the interval (none if it was not asleep).
+            let (ci, ct) = sides[r].ev[sides[r].next..]
+                .iter()
+                .position(|&(ts, e)| e == Ev::Kernel(K_COPY) && ts >= at.2)
+                .map(|i| (i + sides[r].next, sides[r].ev[i + sides[r].next].0))?;
+            match sides[r].peek_between(Ev::Kernel(K_WAKEUP), at.2, ct) {
+                Some((wi, wt)) => {
+                    p.push((6, wt - at.2, 0));
+                    p.push((7, ct - wt, (ci - wi - 1) as u32));
+                }
+                None => {
+                    p.push((6, 0, 0));
+                    p.push((7, ct - at.2, 0));
+                }
+            }
+            sides[r].next = ci + 1;
+            at = (r, ci, ct);
+            step(&mut sides, r, Ev::Kernel(K_EXIT_RECV), 8, &mut p, &mut at)?;
+            step(&mut sides, r, Ev::UserRecvd, 9, &mut p, &mut at)?;
+            step(&mut sides, r, Ev::UserSend, 10, &mut p, &mut at)?;
+            Some(())
+        })();
+        if ok.is_none() {
+            return out;
+        }
+        out.push(p);
+        s = r;
+        idx = at.1;
+        t = at.2;
+    }
+}
+
+/// Round-trip periods, this end's stamps, the other end's stamps, kernel events.
+type Batch = (Vec<f64>, Vec<(u64, Ev)>, Vec<(u64, Ev)>, Vec<KEvent>);
+
+enum Cmd {
+    Batch(usize, u64),
+    Quit,
+}
+
+/// One end of the ping-pong.
+enum Sock {
+    Udp(UdpSocket),
+    Tcp(TcpStream),
+}
+
+impl Sock {
+    fn send(&mut self, b: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sock::Udp(s) => s.send(b).map(|_| ()),
+            Sock::Tcp(s) => s.write_all(b),
+        }
+    }
+
+    fn recv(&mut self, b: &mut [u8]) -> std::io::Result<()> {
+        match self {
+            Sock::Udp(s) => s.recv(b).map(|_| ()),
+            Sock::Tcp(s) => s.read_exact(b),
+        }
+    }
+}
+
+fn pair(p: Proto) -> Result<(Sock, Sock), KernelAnatomyError> {
+    let e = |w| move |x| KernelAnatomyError::Socket(w, x);
+    match p {
+        Proto::Udp => {
+            let a = UdpSocket::bind("127.0.0.1:0").map_err(e("bind"))?;
+            let b = UdpSocket::bind("127.0.0.1:0").map_err(e("bind"))?;
+            a.connect(b.local_addr().map_err(e("local_addr"))?).map_err(e("connect"))?;
+            b.connect(a.local_addr().map_err(e("local_addr"))?).map_err(e("connect"))?;
+            for s in [&a, &b] {
+                s.set_read_timeout(Some(Duration::from_secs(5))).map_err(e("timeout"))?;
+            }
+            Ok((Sock::Udp(a), Sock::Udp(b)))
+        }
+        Proto::Tcp => {
+            let l = TcpListener::bind("127.0.0.1:0").map_err(e("bind"))?;
+            let a = TcpStream::connect(l.local_addr().map_err(e("local_addr"))?).map_err(e("connect"))?;
+            let (b, _) = l.accept().map_err(e("accept"))?;
+            for s in [&a, &b] {
+                s.set_nodelay(true).map_err(e("nodelay"))?;
+                s.set_read_timeout(Some(Duration::from_secs(5))).map_err(e("timeout"))?;
+            }
+            Ok((Sock::Tcp(a), Sock::Tcp(b)))
+        }
+    }
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// Pins the calling thread to `cpu` (best effort) and returns its former CPU set.
+fn pin(cpu: usize) -> Option<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills `old`,
+    // CPU_SET writes inside `set`, and sched_setaffinity(0, ..) only reads it, for
+    // the calling thread.
+    unsafe {
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        let got = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) == 0;
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        got.then_some(old)
+    }
+}
+
+/// What to measure on the kernel paths.
+#[derive(Debug, Clone)]
+pub struct KernelConfig {
+    /// Message sizes (bytes, at most 65507 for UDP).
+    pub sizes: Vec<u64>,
+    /// Traced round trips per size (as many untraced).
+    pub iters: u64,
+    /// Untraced round trips first.
+    pub warmup: u64,
+    /// Interleaved (traced, untraced) batch pairs per size.
+    pub rounds: u32,
+    /// Accepted |stage sum - measured| / measured.
+    pub tolerance: f64,
+}
+
+/// Measures one kernel transport's anatomy at every size. Runs in a thread of its
+/// own (which it pins to CPU 0), with the answering end on CPU 1.
+pub fn run(p: Proto, cfg: &KernelConfig, ticks_per_ns: f64) -> Result<Vec<AnatomyRun>, KernelAnatomyError> {
+    let session = TraceSession::open(&EVENTS)?;
+    let (mut a, b) = pair(p)?;
+    let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>();
+    let (rep_tx, rep_rx) = mpsc::channel::<Result<Vec<(u64, Ev)>, String>>();
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let maxlen = cfg.sizes.iter().copied().max().unwrap_or(8) as usize;
+    let peer = std::thread::spawn(move || {
+        let _ = pin(1);
+        let _ = tid_tx.send(gettid());
+        let mut b = b;
+        let mut buf = vec![0u8; maxlen];
+        while let Ok(Cmd::Batch(size, iters)) = cmd_rx.recv() {
+            let mut st = Vec::with_capacity(iters as usize * 2);
+            let r = (|| {
+                for _ in 0..iters {
+                    b.recv(&mut buf[..size])?;
+                    st.push((strait_probe::now(), Ev::UserRecvd));
+                    st.push((strait_probe::now(), Ev::UserSend));
+                    b.send(&buf[..size])?;
+                }
+                Ok::<_, std::io::Error>(())
+            })();
+            let failed = r.is_err();
+            if rep_tx.send(r.map(|_| st).map_err(|e| e.to_string())).is_err() || failed {
+                break;
+            }
+        }
+    });
+    let old_cpus = pin(0);
+    let result = (|| {
+        let tids = [gettid(), tid_rx.recv().map_err(|_| KernelAnatomyError::Peer("no tid".into()))?];
+        let mut buf = vec![0u8; maxlen];
+        let mut runs = Vec::new();
+        for &size in &cfg.sizes {
+            let size = size as usize;
+            let mut batch = |iters: u64, traced: bool| -> Result<Batch, KernelAnatomyError> {
+                if traced {
+                    session.start(&tids)?;
+                }
+                cmd_tx.send(Cmd::Batch(size, iters)).map_err(|_| KernelAnatomyError::Peer("gone".into()))?;
+                let mut mine = Vec::with_capacity(iters as usize * 2);
+                let mut periods = Vec::with_capacity(iters as usize);
+                let mut last = 0u64;
+                for i in 0..iters {
+                    let t = strait_probe::now();
+                    if i > 0 {
+                        periods.push(t.saturating_sub(last) as f64);
+                    }
+                    last = t;
+                    mine.push((t, Ev::UserSend));
+                    a.send(&buf[..size]).map_err(|e| KernelAnatomyError::Socket("send", e))?;
+                    a.recv(&mut buf[..size]).map_err(|e| KernelAnatomyError::Socket("recv", e))?;
+                    mine.push((strait_probe::now(), Ev::UserRecvd));
+                }
+                let theirs = rep_rx
+                    .recv()
+                    .map_err(|_| KernelAnatomyError::Peer("gone".into()))?
+                    .map_err(KernelAnatomyError::Peer)?;
+                let events = if traced { session.stop()? } else { Vec::new() };
+                Ok((periods, mine, theirs, events))
+            };
+            if cfg.warmup > 0 {
+                batch(cfg.warmup, false)?;
+            }
+            let rounds = u64::from(cfg.rounds.max(1));
+            let per = cfg.iters.div_ceil(rounds).max(2);
+            let (mut paths, mut traced_p, mut plain_p) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let (periods, mut mine, mut theirs, events) = batch(per, true)?;
+                traced_p.extend(periods);
+                for e in &events {
+                    let ev = (e.tsc, Ev::Kernel(kind(e)));
+                    if e.tid == tids[0] {
+                        mine.push(ev);
+                    } else if e.tid == tids[1] {
+                        theirs.push(ev);
+                    }
+                }
+                mine.sort_by_key(|e| e.0);
+                theirs.sort_by_key(|e| e.0);
+                paths.extend(walk(mine, theirs));
+                let (periods, _, _, _) = batch(per, false)?;
+                plain_p.extend(periods);
+            }
+            runs.push(summarize(p, size as u64, &paths, &traced_p, &plain_p, ticks_per_ns, cfg.tolerance));
+        }
+        Ok(runs)
+    })();
+    if let Some(set) = old_cpus {
+        // SAFETY: `set` was filled by the kernel; the call only reads it.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    }
+    let _ = cmd_tx.send(Cmd::Quit);
+    drop(cmd_tx);
+    let _ = peer.join();
+    result
+}
+
+/// Turns paths into a report row, with the per-event cost calibrated on the path.
+fn summarize(
+    p: Proto,
+    size: u64,
+    paths: &[Path],
+    traced: &[f64],
+    plain: &[f64],
+    tpn: f64,
+    tol: f64,
+) -> AnatomyRun {
+    let defs = stage_defs(p);
+    let events_per_path = if paths.is_empty() {
+        0.0
+    } else {
+        paths.iter().flat_map(|q| q.iter().map(|s| units(s.0, s.1, s.2))).sum::<f64>() / paths.len() as f64
+    };
+    let cost = match (kept_mean(traced), kept_mean(plain)) {
+        (Some(t), Some(u)) if events_per_path > 0.0 => ((t - u) / 2.0 / events_per_path).max(0.0),
+        _ => 0.0,
+    };
+    let corr = |k: usize, t: u64, n: u32| ((t as f64 - cost * units(k, t, n)) / tpn).max(0.0);
+    let totals: Vec<f64> = paths.iter().map(|q| q.iter().map(|&(k, t, n)| corr(k, t, n)).sum()).collect();
+    let mut sorted = totals.clone();
+    sorted.sort_unstable_by(f64::total_cmp);
+    let cut = crate::stats::percentile_sorted(&sorted, KEEP * 100.0).unwrap_or(f64::INFINITY);
+    let kept: Vec<&Path> = paths.iter().zip(&totals).filter(|(_, t)| **t <= cut).map(|(q, _)| q).collect();
+    let nk = kept.len().max(1) as f64;
+    let mut stages = Vec::new();
+    for (k, (name, layer)) in defs.iter().enumerate() {
+        let mut all: Vec<f64> = paths
+            .iter()
+            .flat_map(|q| q.iter().filter(|s| s.0 == k).map(|&(k, t, n)| corr(k, t, n)))
+            .collect();
+        let Some(s) = crate::stats::summarize(&mut all) else { continue };
+        let mean: f64 = kept
+            .iter()
+            .flat_map(|q| q.iter().filter(|s| s.0 == k).map(|&(k, t, n)| corr(k, t, n)))
+            .sum::<f64>()
+            / nk;
+        stages.push(StageRow {
+            name: name.clone(),
+            layer: (*layer).into(),
+            ns: mean,
+            p50_ns: s.p50,
+            p99_ns: s.p99,
+            cycles: mean * tpn,
+            on_critical_path: true,
+        });
+    }
+    let sum: f64 = stages.iter().map(|s| s.ns).sum();
+    let measured = kept_mean(&plain.iter().map(|x| x / 2.0 / tpn).collect::<Vec<_>>()).unwrap_or(f64::NAN);
+    let raw = kept.iter().map(|q| q.iter().map(|s| s.1 as f64).sum::<f64>()).sum::<f64>() / nk / tpn;
+    let deviation = (sum - measured) / measured;
+    AnatomyRun {
+        transport: p.name().into(),
+        size_bytes: size,
+        measured_one_way_ns: measured,
+        stage_sum_ns: sum,
+        total_p50_ns: crate::stats::percentile_sorted(&sorted, 50.0).unwrap_or(f64::NAN),
+        probed_one_way_ns: raw,
+        probe_overhead_ns: cost * events_per_path / tpn,
+        probe_cost_ns: cost / tpn,
+        probe_cost_doubled_ns: None,
+        deviation_doubled: None,
+        deviation,
+        within_tolerance: deviation.abs() <= tol,
+        samples: paths.len(),
+        stages,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walks_a_udp_round_trip() {
+        let k = Ev::Kernel;
+        let a = vec![
+            (10, Ev::UserSend),
+            (20, k(K_SENDTO)),
+            (30, k(K_DEV_QUEUE)),
+            (35, k(K_OTHER)),
+            (40, k(K_NETIF_RX)),
+            (50, k(K_SOFTIRQ)),
+            (60, k(K_RECEIVE_SKB)),
+            (70, k(K_DATA_READY)),
+            // B's answer.
+            (300, k(K_COPY)),
+            (310, k(K_EXIT_RECV)),
+            (320, Ev::UserRecvd),
+            (330, Ev::UserSend),
+        ];
+        let b = vec![
+            (100, k(K_WAKEUP)),
+            (120, k(K_COPY)),
+            (130, k(K_EXIT_RECV)),
+            (140, Ev::UserRecvd),
+            (150, Ev::UserSend),
+            (160, k(K_SENDTO)),
+            (170, k(K_DEV_QUEUE)),
+            (180, k(K_NETIF_RX)),
+            (190, k(K_SOFTIRQ)),
+            (200, k(K_RECEIVE_SKB)),
+            (210, k(K_DATA_READY)),
+        ];
+        let p = walk(a, b);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert_eq!(p[0].iter().map(|s| s.1).sum::<u64>(), 140);
+        assert_eq!(p[0][2], (2, 10, 1), "the unrelated event inside is counted");
+        assert_eq!(p[0][6], (6, 30, 0), "wake-up from data ready to the switch");
+        assert_eq!(p[1].iter().map(|s| s.1).sum::<u64>(), 180);
+        assert_eq!(p[1][6], (6, 0, 0), "A was not asleep: no wake-up");
+        let run = summarize(Proto::Udp, 8, &p, &[400.0, 400.0], &[300.0, 300.0], 1.0, 0.1);
+        assert_eq!(run.transport, "kernel-udp");
+        assert!(run.stage_sum_ns > 0.0 && run.probe_cost_ns > 0.0);
+    }
+}

@@ -20,7 +20,7 @@
 //! memory (not in process memory), so a connection inherited over `fork` can be used
 //! by either process in turn.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,18 @@ const RSLEEP: usize = 640;
 pub const PENDING: u64 = 0;
 pub const ATTACHED: u64 = 1;
 pub const KERNEL: u64 = 2;
+/// Attached by an acceptor that asked the connector directly (path B): the
+/// connector then watches the Unix socket that request came on.
+pub const ATTACHED_B: u64 = 3;
+
+/// A connector's state until the acceptor attached.
+pub struct PendingC {
+    /// Kept open only until settled, for path B.
+    pub memfd: c_int,
+    /// Our per-connection name (-1 if it could not be bound).
+    pub listener: c_int,
+    pub hello: [u8; 48],
+}
 
 /// Connection-level settings, read once from `STRAIT_*` variables.
 #[derive(Debug, Clone, Copy)]
@@ -161,6 +173,8 @@ impl Drop for Shm {
 /// Process-wide counters (printed at exit with `STRAIT_STATS=1`).
 pub static ACCELERATED: AtomicUsize = AtomicUsize::new(0);
 pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
+/// Connections attached by asking the connector directly (path B).
+pub static PATH_B: AtomicUsize = AtomicUsize::new(0);
 
 /// One end of an accelerated connection.
 pub struct Conn {
@@ -169,7 +183,8 @@ pub struct Conn {
     pub side: usize,
     pub my_efd: c_int,
     pub peer_efd: c_int,
-    pub unix: c_int,
+    unix: AtomicI32,
+    pending: Mutex<Option<PendingC>>,
     pub nonblock: AtomicBool,
     rd_shut: AtomicBool,
     wr_shut: AtomicBool,
@@ -253,13 +268,22 @@ pub enum IoErr {
 }
 
 impl Conn {
-    pub fn new(shm: Shm, side: usize, my_efd: c_int, peer_efd: c_int, unix: c_int, nonblock: bool) -> Conn {
+    pub fn new(
+        shm: Shm,
+        side: usize,
+        my_efd: c_int,
+        peer_efd: c_int,
+        unix: c_int,
+        nonblock: bool,
+        pending: Option<PendingC>,
+    ) -> Conn {
         Conn {
             shm,
             side,
             my_efd,
             peer_efd,
-            unix,
+            unix: AtomicI32::new(unix),
+            pending: Mutex::new(pending),
             nonblock: AtomicBool::new(nonblock),
             rd_shut: AtomicBool::new(false),
             wr_shut: AtomicBool::new(false),
@@ -284,6 +308,15 @@ impl Conn {
 
     pub fn state(&self) -> u64 {
         self.shm.state().load(Ordering::Acquire)
+    }
+
+    /// The Unix socket whose hang-up means the peer process is gone.
+    pub fn unix(&self) -> c_int {
+        self.unix.load(Ordering::Relaxed)
+    }
+
+    pub fn attached(&self) -> bool {
+        matches!(self.state(), ATTACHED | ATTACHED_B)
     }
 
     /// Bytes waiting to be read, or `Err` if the peer broke the ring.
@@ -338,7 +371,7 @@ impl Conn {
         if self.peer_dead.load(Ordering::Relaxed) {
             return true;
         }
-        let mut p = libc::pollfd { fd: self.unix, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+        let mut p = libc::pollfd { fd: self.unix(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
         // SAFETY: one pollfd on the stack.
         let r = unsafe { real::poll(&mut p, 1, 0) };
         if r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLIN) != 0 {
@@ -423,7 +456,7 @@ impl Conn {
             }
             let mut p = [
                 libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: self.unix, events: libc::POLLRDHUP, revents: 0 },
+                libc::pollfd { fd: self.unix(), events: libc::POLLRDHUP, revents: 0 },
             ];
             // SAFETY: two pollfds on the stack.
             let r = unsafe { real::poll(p.as_mut_ptr(), 2, ms) };
@@ -441,38 +474,56 @@ impl Conn {
         }
     }
 
-    /// Connector only: waits (bounded) until the acceptor attached or gave up.
-    /// True if the connection is carried by shared memory from now on.
-    pub fn settle(&self) -> bool {
-        match self.state() {
-            ATTACHED => return true,
-            KERNEL => return false,
-            _ => {}
-        }
+    /// Connector only: waits (bounded) until the acceptor attached or gave up,
+    /// answering an acceptor that asks directly (path B). True if the connection is
+    /// carried by shared memory from now on.
+    pub fn settle(&self, fd: c_int) -> bool {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = pending.take() else { return self.attached() };
         let deadline = Instant::now() + Settings::get().attach_timeout;
-        loop {
+        let mut asked: Option<c_int> = None;
+        let st = loop {
             let st = self.state();
             if st != PENDING {
-                return st == ATTACHED;
+                break st;
             }
-            if Instant::now() >= deadline || self.check_peer() {
-                return match self.shm.state().compare_exchange(
-                    PENDING,
-                    KERNEL,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => false,
-                    Err(st) => st == ATTACHED,
-                };
+            if Instant::now() >= deadline {
+                match self.shm.state().compare_exchange(PENDING, KERNEL, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => break KERNEL,
+                    Err(st) => break st,
+                }
             }
-            let mut p = libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one pollfd on the stack.
-            unsafe { real::poll(&mut p, 1, 5) };
-            if p.revents != 0 {
+            let mut fds = [
+                libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: p.listener, events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: two pollfds on the stack (a negative fd is ignored).
+            unsafe { real::poll(fds.as_mut_ptr(), 2, 5) };
+            if fds[0].revents != 0 {
                 self.drain_bell();
             }
+            if fds[1].revents != 0 {
+                if let Some(c) = p.serve(fd, self.my_efd, self.peer_efd) {
+                    if let Some(old) = asked.replace(c) {
+                        // SAFETY: our socket.
+                        unsafe { real::close(old) };
+                    }
+                }
+            }
+        };
+        p.close();
+        let swap = if st == ATTACHED_B { asked.take() } else { None };
+        if let Some(c) = swap {
+            let old = self.unix.swap(c, Ordering::Relaxed);
+            // SAFETY: our socket (the marker connection, held by another process).
+            unsafe { real::close(old) };
         }
+        if let Some(c) = asked {
+            // SAFETY: our socket.
+            unsafe { real::close(c) };
+        }
+        st == ATTACHED || st == ATTACHED_B
     }
 
     /// Reads into the iovecs. `Ok(0)` is end of stream.
@@ -663,7 +714,7 @@ impl Conn {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
-        if self.state() != ATTACHED {
+        if !self.attached() {
             return;
         }
         let h = self.shm.word(off_holders(self.side));
@@ -677,7 +728,10 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        for fd in [self.my_efd, self.peer_efd, self.unix] {
+        if let Some(p) = self.pending.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            p.close();
+        }
+        for fd in [self.my_efd, self.peer_efd, self.unix()] {
             // SAFETY: these descriptors belong to this connection alone.
             unsafe { real::close(fd) };
         }

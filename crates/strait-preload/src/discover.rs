@@ -1,23 +1,28 @@
 //! Finding out that both ends of a local TCP connection run under strait, and handing
 //! the connection's shared memory to the two ends only.
 //!
-//! * `listen()` on a TCP socket also binds an abstract Unix socket named
-//!   `strait.tcp.<netns inode>.<port>` (first process wins; nothing in the
+//! * `listen()` on a TCP socket also binds an abstract Unix socket (the marker)
+//!   named `strait.tcp.<netns inode>.<port>` (first process wins; nothing in the
 //!   filesystem; only visible in this network namespace).
-//! * `connect()` to a loopback address first connects a Unix socket to that name
-//!   (failing costs one system call when the listener is not under strait), then
-//!   does the real TCP connect, then sends a hello (its TCP address and port, the
-//!   ring size) with a sealed memfd and two eventfds over the Unix socket. Not one
-//!   byte is ever sent on the TCP connection.
-//! * `accept()` takes the kernel connection, and looks for the hello whose address
-//!   and port are the accepted connection's peer. The Unix connection was made
-//!   before the TCP SYN was sent, so it is already queued when the TCP connection is
-//!   accepted: an acceptor only waits (bounded) for hellos of Unix connections it
-//!   has already seen; a peer without strait costs one failed `accept4`.
-//! * Both sides agree through one word in shared memory (pending -> attached by the
-//!   acceptor, or pending -> kernel by the connector after a timeout), so a hello
-//!   that reaches a process that never accepts the matching TCP connection only
-//!   costs a bounded delay, then the connection runs through the kernel.
+//! * `connect()` to a loopback address first connects a Unix socket to the marker
+//!   (failing costs one system call when the listener is not under strait). It then
+//!   binds the TCP socket to an ephemeral port if the program did not bind it (so the
+//!   port is known before the SYN), binds its own per-connection name
+//!   `strait.c.<netns>.<port>`, sends a hello (a sealed memfd, two eventfds, and the
+//!   TCP socket itself as proof of identity) to the marker, and only then does the
+//!   real TCP connect. Not one byte is ever sent on the TCP connection.
+//! * `accept()` takes the kernel connection and looks, among the hellos queued at
+//!   the marker, for one whose TCP socket is the accepted connection's other end
+//!   (checked with getsockname/getpeername on the received socket, so no process can
+//!   claim someone else's connection). A peer without strait costs one failed
+//!   `accept4`.
+//! * If another process drained that hello (workers forked from one listener share
+//!   the marker), the acceptor asks the connector directly at its per-connection
+//!   name, sending its accepted socket as proof; the connector answers with the
+//!   hello when it next enters the library (path B).
+//! * Both sides agree through one word in shared memory: pending -> attached (by the
+//!   acceptor, path A or B), or pending -> kernel (by the connector after a
+//!   timeout). A lost hello only costs a bounded delay, never data.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -25,7 +30,9 @@ use std::time::Instant;
 
 use libc::{c_int, sockaddr, sockaddr_storage, socklen_t};
 
-use crate::conn::{Conn, Settings, Shm, ATTACHED, HDR, KERNEL, MAGIC, PENDING, VERSION};
+use crate::conn::{
+    Conn, PendingC, Settings, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
+};
 use crate::real;
 
 const HELLO_LEN: usize = 48;
@@ -48,10 +55,18 @@ fn netns() -> u64 {
 }
 
 fn unix_name(port: u16) -> (libc::sockaddr_un, socklen_t) {
+    abstract_name(&format!("strait.tcp.{}.{}", netns(), port))
+}
+
+/// The connector's per-connection name (path B).
+fn conn_name(port: u16) -> (libc::sockaddr_un, socklen_t) {
+    abstract_name(&format!("strait.c.{}.{}", netns(), port))
+}
+
+fn abstract_name(name: &str) -> (libc::sockaddr_un, socklen_t) {
     // SAFETY: sockaddr_un is plain old data.
     let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = format!("strait.tcp.{}.{}", netns(), port);
     for (i, b) in name.bytes().enumerate() {
         sa.sun_path[i + 1] = b as libc::c_char;
     }
@@ -89,7 +104,7 @@ pub fn key_of(sa: *const sockaddr, len: socklen_t) -> Option<(Key, bool)> {
     }
 }
 
-fn sock_key(fd: c_int, peer: bool) -> Option<Key> {
+pub fn sock_key(fd: c_int, peer: bool) -> Option<Key> {
     // SAFETY: sockaddr_storage is plain old data.
     let mut ss: sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<sockaddr_storage>() as socklen_t;
@@ -179,7 +194,7 @@ fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
         }
     }
     let mut out = [0u8; HELLO_LEN];
-    if n as usize != HELLO_LEN || fds.len() != 3 || msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    if n as usize != HELLO_LEN || fds.len() != 4 || msg.msg_flags & libc::MSG_CTRUNC != 0 {
         close_all(&fds);
         return Some(Err(()));
     }
@@ -213,12 +228,75 @@ fn same_user(sock: c_int) -> bool {
 }
 
 struct Hello {
-    key: Key,
     ring: usize,
     /// memfd, connector's eventfd, acceptor's eventfd.
     fds: [c_int; 3],
+    /// The connector's TCP socket, kept only until its addresses can be read (it
+    /// must not hold the connection open).
+    tcp: c_int,
+    /// (local, peer) address of the connector's TCP socket.
+    ids: Option<(Key, Key)>,
     unix: c_int,
     at: Instant,
+}
+
+impl Hello {
+    /// Reads the connector socket's addresses once it is connected, then lets it go.
+    fn capture(&mut self) {
+        if self.ids.is_some() || self.tcp < 0 {
+            return;
+        }
+        if let (Some(l), Some(p)) = (sock_key(self.tcp, false), sock_key(self.tcp, true)) {
+            if is_tcp_stream(self.tcp) {
+                self.ids = Some((l, p));
+            }
+            close_all(&[self.tcp]);
+            self.tcp = -1;
+        }
+    }
+
+    /// The hello's TCP socket is the other end of `fd`.
+    fn is_for(&mut self, fd: c_int) -> bool {
+        self.capture();
+        match self.ids {
+            Some((l, p)) => Some(l) == sock_key(fd, true) && Some(p) == sock_key(fd, false),
+            None => false,
+        }
+    }
+
+    fn close(&self) {
+        close_all(&self.fds);
+        close_all(&[self.unix]);
+        if self.tcp >= 0 {
+            close_all(&[self.tcp]);
+        }
+    }
+}
+
+/// `a` and `b` are the two ends of one TCP connection (each one's local address is
+/// the other's peer address).
+fn same_connection(a: c_int, b: c_int) -> bool {
+    let (Some(al), Some(ap), Some(bl), Some(bp)) =
+        (sock_key(a, false), sock_key(a, true), sock_key(b, false), sock_key(b, true))
+    else {
+        return false;
+    };
+    al == bp && ap == bl && is_tcp_stream(a)
+}
+
+fn parse_hello(h: &[u8; HELLO_LEN], fds: Vec<c_int>, unix: c_int) -> Option<Hello> {
+    let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+    let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+    let ring = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default()) as usize;
+    if magic != MAGIC || version != VERSION || !ring.is_power_of_two() || ring < 4096 || fds.len() != 4 {
+        close_all(&fds);
+        close_all(&[unix]);
+        return None;
+    }
+    let mut h =
+        Hello { ring, fds: [fds[0], fds[1], fds[2]], tcp: fds[3], ids: None, unix, at: Instant::now() };
+    h.capture();
+    Some(h)
 }
 
 #[derive(Default)]
@@ -237,8 +315,7 @@ impl Drop for Listener {
     fn drop(&mut self) {
         let p = self.pending.get_mut().unwrap_or_else(|e| e.into_inner());
         for h in p.hellos.drain(..) {
-            close_all(&h.fds);
-            close_all(&[h.unix]);
+            h.close();
         }
         close_all(&p.waiting);
         close_all(&[self.unix]);
@@ -303,26 +380,14 @@ impl Listener {
                 }
                 Some(Ok((h, fds))) => {
                     p.waiting.swap_remove(i);
-                    let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
-                    let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
-                    let ring = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default()) as usize;
-                    let port = u16::from_le_bytes(h[16..18].try_into().unwrap_or_default());
-                    let mut addr = [0u8; 16];
-                    addr.copy_from_slice(&h[32..48]);
-                    if magic != MAGIC || version != VERSION || !ring.is_power_of_two() || ring < 4096 {
-                        close_all(&fds);
-                        close_all(&[c]);
-                        continue;
+                    if let Some(h) = parse_hello(&h, fds, c) {
+                        p.hellos.push(h);
                     }
-                    p.hellos.push(Hello {
-                        key: (addr, port),
-                        ring,
-                        fds: [fds[0], fds[1], fds[2]],
-                        unix: c,
-                        at: Instant::now(),
-                    });
                 }
             }
+        }
+        for h in p.hellos.iter_mut() {
+            h.capture();
         }
         // Hellos nobody claimed for long: their connectors gave up already.
         let now = Instant::now();
@@ -330,20 +395,19 @@ impl Listener {
         p.hellos.retain(|h| {
             let keep = now.duration_since(h.at) < stale;
             if !keep {
-                close_all(&h.fds);
-                close_all(&[h.unix]);
+                h.close();
             }
             keep
         });
     }
 
-    fn take(&self, key: Key) -> Option<Hello> {
+    fn take(&self, fd: c_int) -> Option<Hello> {
         let deadline = Instant::now() + Settings::get().announce_wait;
         loop {
             let waiting = {
                 let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                 self.pump(&mut p);
-                if let Some(i) = p.hellos.iter().position(|h| h.key == key) {
+                if let Some(i) = p.hellos.iter_mut().position(|h| h.is_for(fd)) {
                     return Some(p.hellos.swap_remove(i));
                 }
                 if p.waiting.is_empty() {
@@ -377,12 +441,70 @@ fn memfd_ok(fd: c_int, len: usize) -> bool {
     seals >= 0 && seals & need == need
 }
 
+const REQ_MAGIC: u64 = 0x3130_5145_5254_5253; // "SRTREQ01"
+
+/// Path B: asks the connector of `fd` directly for its hello, proving with the
+/// accepted socket itself that we hold the other end.
+fn ask_connector(fd: c_int) -> Option<Hello> {
+    let (_, port) = sock_key(fd, true)?;
+    // SAFETY: plain syscall.
+    let u = unsafe {
+        real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
+    };
+    if u < 0 {
+        return None;
+    }
+    let (sa, len) = conn_name(port);
+    // SAFETY: an initialised sockaddr_un of `len` bytes.
+    if unsafe { real::connect(u, (&sa as *const libc::sockaddr_un).cast(), len) } != 0 || !same_user(u) {
+        close_all(&[u]);
+        return None;
+    }
+    let mut req = [0u8; 16];
+    req[0..8].copy_from_slice(&REQ_MAGIC.to_le_bytes());
+    if !send_fds(u, &req, &[fd]) {
+        close_all(&[u]);
+        return None;
+    }
+    let deadline = Instant::now() + Settings::get().announce_wait;
+    loop {
+        match recv_hello(u) {
+            Some(Ok((h, fds))) => return parse_hello(&h, fds, u),
+            Some(Err(())) => {
+                close_all(&[u]);
+                return None;
+            }
+            None => {}
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            close_all(&[u]);
+            return None;
+        }
+        let mut p = libc::pollfd { fd: u, events: libc::POLLIN, revents: 0 };
+        let ms = (deadline - now).as_millis().clamp(1, 10) as c_int;
+        // SAFETY: one pollfd.
+        unsafe { real::poll(&mut p, 1, ms) };
+    }
+}
+
 /// After a kernel `accept` on `lfd` returned `fd`: attaches the shared memory the
 /// connecting strait peer announced, if any.
 pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     let Some(l) = crate::table::listener(lfd) else { return };
-    let Some(key) = sock_key(fd, true) else { return };
-    let Some(h) = l.take(key) else { return };
+    let (h, path_b) = match l.take(fd) {
+        Some(h) => (h, false),
+        None => match ask_connector(fd) {
+            Some(mut h) => {
+                if !h.is_for(fd) {
+                    h.close();
+                    return;
+                }
+                (h, true)
+            }
+            None => return,
+        },
+    };
     let [memfd, efd_c, efd_a] = h.fds;
     let total = HDR + 2 * h.ring;
     let shm = if memfd_ok(memfd, total) { Shm::map(memfd, h.ring) } else { None };
@@ -392,17 +514,21 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
         crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    if shm.state().compare_exchange(PENDING, ATTACHED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+    let to = if path_b { ATTACHED_B } else { ATTACHED };
+    if shm.state().compare_exchange(PENDING, to, Ordering::AcqRel, Ordering::Acquire).is_err() {
         // The connector gave up waiting: the connection stays on the kernel path.
         close_all(&[efd_c, efd_a, h.unix]);
         crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let conn = Arc::new(Conn::new(shm, 1, efd_a, efd_c, h.unix, nonblock));
+    let conn = Arc::new(Conn::new(shm, 1, efd_a, efd_c, h.unix, nonblock, None));
     let one: u64 = 1;
     // SAFETY: wakes the connector (8 bytes from a local to its eventfd).
     unsafe { real::write(efd_c, (&one as *const u64).cast(), 8) };
     crate::conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
+    if path_b {
+        crate::conn::PATH_B.fetch_add(1, Ordering::Relaxed);
+    }
     crate::stats::note();
     if let Some(old) = crate::table::insert(fd, conn) {
         crate::table::drop_ref(old);
@@ -433,13 +559,43 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c
     Some(u)
 }
 
-/// After the TCP connect started (or finished): sends the hello and registers the
-/// pending connection. On any failure the connection simply stays on the kernel.
-pub fn post_connect(fd: c_int, unix: c_int) {
-    let Some(key) = sock_key(fd, false) else {
-        close_all(&[unix]);
-        return;
+/// Everything a connector sets up before its TCP connect.
+pub struct Prepared {
+    unix: c_int,
+    shm: Shm,
+    efd_c: c_int,
+    efd_a: c_int,
+    pending: PendingC,
+}
+
+fn bind_ephemeral(fd: c_int) -> bool {
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut ss: sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<sockaddr_storage>() as socklen_t;
+    let p = (&mut ss as *mut sockaddr_storage).cast::<sockaddr>();
+    // SAFETY: a local sockaddr_storage and its length.
+    if unsafe { libc::getsockname(fd, p, &mut len) } != 0 {
+        return false;
+    }
+    // An unbound socket reports the wildcard address with port 0 in its own family:
+    // binding exactly that picks an ephemeral port and leaves the source address to
+    // the connect, as the kernel's automatic bind would.
+    // SAFETY: binds the socket to the address the kernel just reported.
+    unsafe { libc::bind(fd, p, len) == 0 }
+}
+
+/// Before the TCP connect: binds a port if needed, creates the shared memory and
+/// sends the hello to the marker `unix`. `None`: stay on the kernel.
+pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
+    let fail = |fds: &[c_int]| {
+        close_all(&fds.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
+        None
     };
+    let mut key = sock_key(fd, false);
+    if key.is_some_and(|k| k.1 == 0) && bind_ephemeral(fd) {
+        key = sock_key(fd, false);
+    }
+    let Some((_, port)) = key.filter(|k| k.1 != 0) else { return fail(&[unix]) };
     let ring = Settings::get().ring;
     // SAFETY: NUL-terminated literal name.
     let memfd =
@@ -448,12 +604,8 @@ pub fn post_connect(fd: c_int, unix: c_int) {
     let efd_c = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     // SAFETY: as above.
     let efd_a = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    let cleanup = |fds: &[c_int]| {
-        close_all(&fds.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
-    };
     if memfd < 0 || efd_c < 0 || efd_a < 0 {
-        cleanup(&[memfd, efd_c, efd_a, unix]);
-        return;
+        return fail(&[memfd, efd_c, efd_a, unix]);
     }
     let total = HDR + 2 * ring;
     // SAFETY: plain syscalls on the memfd we own.
@@ -466,29 +618,133 @@ pub fn post_connect(fd: c_int, unix: c_int) {
             ) == 0
     };
     let shm = if sized { Shm::map(memfd, ring) } else { None };
-    let Some(shm) = shm else {
-        cleanup(&[memfd, efd_c, efd_a, unix]);
-        return;
-    };
+    let Some(shm) = shm else { return fail(&[memfd, efd_c, efd_a, unix]) };
     shm.init_header();
     let mut h = [0u8; HELLO_LEN];
     h[0..8].copy_from_slice(&MAGIC.to_le_bytes());
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
     h[12..16].copy_from_slice(&(ring as u32).to_le_bytes());
-    h[16..18].copy_from_slice(&key.1.to_le_bytes());
-    h[32..48].copy_from_slice(&key.0);
-    let sent = send_fds(unix, &h, &[memfd, efd_c, efd_a]);
-    // The memfd is not kept open: only the two mappings hold the memory.
-    cleanup(&[memfd]);
-    if !sent {
-        cleanup(&[efd_c, efd_a, unix]);
-        return;
+    h[16..18].copy_from_slice(&port.to_le_bytes());
+    if !send_fds(unix, &h, &[memfd, efd_c, efd_a, fd]) {
+        return fail(&[memfd, efd_c, efd_a, unix]);
     }
+    // Path B: our own name, for an acceptor that did not get the hello.
+    // SAFETY: plain syscall.
+    let mut listener = unsafe {
+        real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
+    };
+    if listener >= 0 {
+        let (sa, len) = conn_name(port);
+        // SAFETY: an initialised sockaddr_un; plain syscalls.
+        let ok = unsafe {
+            libc::bind(listener, (&sa as *const libc::sockaddr_un).cast(), len) == 0
+                && real::listen(listener, 4) == 0
+        };
+        if !ok {
+            close_all(&[listener]);
+            listener = -1;
+        }
+    }
+    Some(Prepared { unix, shm, efd_c, efd_a, pending: PendingC { memfd, listener, hello: h } })
+}
+
+/// After the TCP connect started (or finished): registers the pending connection.
+pub fn register(fd: c_int, p: Prepared) {
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
-    let conn = Arc::new(Conn::new(shm, 0, efd_c, efd_a, unix, nonblock));
+    let conn = Arc::new(Conn::new(p.shm, 0, p.efd_c, p.efd_a, p.unix, nonblock, Some(p.pending)));
     if let Some(old) = crate::table::insert(fd, conn) {
         crate::table::drop_ref(old);
+    }
+}
+
+impl Prepared {
+    /// The TCP connect failed: undo.
+    pub fn abandon(self) {
+        close_all(&[self.unix, self.efd_c, self.efd_a]);
+        self.pending.close();
+    }
+}
+
+impl PendingC {
+    pub fn close(&self) {
+        close_all(&[self.memfd]);
+        if self.listener >= 0 {
+            close_all(&[self.listener]);
+        }
+    }
+
+    /// Path B, connector side: serves one request waiting at our name, after
+    /// checking that the asker holds the other end of `fd`. Returns the Unix socket
+    /// the hello went out on.
+    pub fn serve(&self, fd: c_int, efd_c: c_int, efd_a: c_int) -> Option<c_int> {
+        if self.listener < 0 {
+            return None;
+        }
+        // SAFETY: accept4 without an address buffer.
+        let c = unsafe {
+            real::accept4(
+                self.listener,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            )
+        };
+        if c < 0 {
+            return None;
+        }
+        if !same_user(c) {
+            close_all(&[c]);
+            return None;
+        }
+        // The request is sent right after connecting: wait a little for it.
+        let mut p = libc::pollfd { fd: c, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd.
+        unsafe { real::poll(&mut p, 1, 100) };
+        let mut buf = [0u8; 16];
+        let mut cbuf = [0u64; 8];
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: msghdr is plain old data.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        // SAFETY: `msg` points at live locals.
+        let n = unsafe { real::recvmsg(c, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+        let mut theirs = -1;
+        // SAFETY: walks the control messages the kernel wrote, within msg_controllen.
+        unsafe {
+            let cm = libc::CMSG_FIRSTHDR(&msg);
+            if n >= 0
+                && !cm.is_null()
+                && (*cm).cmsg_level == libc::SOL_SOCKET
+                && (*cm).cmsg_type == libc::SCM_RIGHTS
+            {
+                let count = ((*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                let data = libc::CMSG_DATA(cm).cast::<c_int>();
+                for i in 0..count {
+                    let f = std::ptr::read_unaligned(data.add(i));
+                    if i == 0 {
+                        theirs = f;
+                    } else {
+                        close_all(&[f]);
+                    }
+                }
+            }
+        }
+        let ok = n == 16
+            && u64::from_le_bytes(buf[0..8].try_into().unwrap_or_default()) == REQ_MAGIC
+            && theirs >= 0
+            && same_connection(theirs, fd);
+        if theirs >= 0 {
+            close_all(&[theirs]);
+        }
+        if !ok || !send_fds(c, &self.hello, &[self.memfd, efd_c, efd_a, fd]) {
+            close_all(&[c]);
+            return None;
+        }
+        Some(c)
     }
 }
 

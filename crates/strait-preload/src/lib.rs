@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use libc::{c_int, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pollfd, sigset_t, size_t, ssize_t};
 use libc::{sockaddr, socklen_t, timespec};
 
-use conn::{Conn, IoErr, ATTACHED};
+use conn::{Conn, IoErr};
 
 /// Runs `body`; a panic falls back to `fallback` (the real libc call).
 fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
@@ -41,7 +41,7 @@ pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     let c = table::lookup(fd)?;
     // A connector's first use waits (bounded) for the acceptor to attach.
     if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
-        if !c.settle() {
+        if !c.settle(fd) {
             discover::give_up(fd, &c);
             return None;
         }
@@ -117,7 +117,7 @@ extern "C" fn before_fork() {
     // until both have closed it.
     let _ = catch_unwind(|| {
         for c in table::all_conns() {
-            if c.state() == ATTACHED {
+            if c.attached() {
                 c.add_holder();
             }
         }
@@ -149,13 +149,15 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             return real();
         }
         let Some(u) = discover::pre_connect(fd, addr, len) else { return real() };
+        let prepared = discover::prepare(fd, u);
         let r = real();
         let e = real::errno();
-        if r == 0 || e == libc::EINPROGRESS {
-            discover::post_connect(fd, u);
-        } else {
-            // SAFETY: our Unix socket.
-            unsafe { real::close(u) };
+        if let Some(p) = prepared {
+            if r == 0 || e == libc::EINPROGRESS {
+                discover::register(fd, p);
+            } else {
+                p.abandon();
+            }
         }
         real::set_errno(e);
         r

@@ -75,7 +75,7 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         if sleep {
             for (_, c) in &acc {
                 tmp.push(pollfd { fd: c.my_efd, events: libc::POLLIN, revents: 0 });
-                tmp.push(pollfd { fd: c.unix, events: libc::POLLRDHUP, revents: 0 });
+                tmp.push(pollfd { fd: c.unix(), events: libc::POLLRDHUP, revents: 0 });
             }
         }
         let ms = if sleep { slice_ms(deadline) } else { 0 };
@@ -228,7 +228,7 @@ fn sets() -> std::sync::MutexGuard<'static, Option<HashMap<c_int, EpSet>>> {
 }
 
 fn add_wakers(epfd: c_int, c: &Conn) {
-    for (fd, magic, ev) in [(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix, MAGIC_HUP, libc::EPOLLRDHUP)] {
+    for (fd, magic, ev) in [(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)] {
         let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
         // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
         // connection) is fine.
@@ -237,7 +237,7 @@ fn add_wakers(epfd: c_int, c: &Conn) {
 }
 
 fn del_wakers(epfd: c_int, c: &Conn) {
-    for fd in [c.my_efd, c.unix] {
+    for fd in [c.my_efd, c.unix()] {
         let mut e = epoll_event { events: 0, u64: 0 };
         // SAFETY: a local epoll_event.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, &mut e) };
@@ -464,7 +464,7 @@ pub unsafe fn wait(
             } else if data & MAGIC_MASK == MAGIC_HUP {
                 woke = true;
                 let fd = (data & 0xffff_ffff) as c_int;
-                if let Some((c, _)) = conns.iter().find(|(c, _)| c.unix == fd) {
+                if let Some((c, _)) = conns.iter().find(|(c, _)| c.unix() == fd) {
                     c.check_peer();
                 }
             } else {

@@ -2,15 +2,16 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::conn::{ACCELERATED, KERNEL_FALLBACKS};
+use crate::conn::{ACCELERATED, KERNEL_FALLBACKS, PATH_B};
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
-            "strait-preload: pid {} accelerated {} kernel-fallback {}\n",
+            "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
-            KERNEL_FALLBACKS.load(Ordering::Relaxed)
+            KERNEL_FALLBACKS.load(Ordering::Relaxed),
+            PATH_B.load(Ordering::Relaxed)
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -96,11 +96,18 @@ fn spawn_lines(c: &mut Command) -> (Child, mpsc::Receiver<String>) {
 
 /// Runs a server and a client of `mode`; returns (server, client) output.
 fn pair(server_preload: bool, client_preload: bool, smode: &str, cmode: &str) -> (Out, Out) {
+    pair_env(server_preload, client_preload, smode, cmode, &[])
+}
+
+/// As [`pair`], with extra environment for the client.
+fn pair_env(sp: bool, cp: bool, smode: &str, cmode: &str, env: &[(&str, &str)]) -> (Out, Out) {
     let deadline = Instant::now() + TIMEOUT;
-    let (server, srx) = spawn_lines(&mut cmd(server_preload, &["server", smode]));
+    let (server, srx) = spawn_lines(&mut cmd(sp, &["server", smode]));
     let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
     let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
-    let (client, crx) = spawn_lines(&mut cmd(client_preload, &["client", &port, cmode]));
+    let mut c = cmd(cp, &["client", &port, cmode]);
+    c.envs(env.iter().copied());
+    let (client, crx) = spawn_lines(&mut c);
     let c = finish(client, crx, String::new(), deadline);
     let s = finish(server, srx, first, deadline);
     (s, c)
@@ -150,6 +157,47 @@ fn signals_interrupt_or_restart_blocking_reads_and_rcvtimeo_expires() {
     check(&c, "client");
     assert!(s.stdout.contains("signals ok"), "{}", s.stdout);
     assert_eq!(accelerated(&s), 1);
+}
+
+#[test]
+fn prefork_workers_sharing_a_listener_all_attach() {
+    let (s, c) = pair(true, true, "prefork", "prefork");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(s.stdout.contains("prefork server ok"), "{}", s.stdout);
+    // Every connection went through shared memory (none fell back after a timeout),
+    // whichever worker took the hello off the shared marker.
+    assert_eq!(accelerated(&c), 8, "{}", c.stderr);
+    assert!(c.stderr.contains("kernel-fallback 0"), "{}", c.stderr);
+    let workers: usize = s
+        .stderr
+        .lines()
+        .filter_map(|l| l.split("accelerated ").nth(1)?.split(' ').next()?.parse::<usize>().ok())
+        .sum();
+    assert_eq!(workers, 8, "{}", s.stderr);
+}
+
+#[test]
+fn a_third_process_cannot_claim_the_connection() {
+    let (s, c) = pair(true, true, "echo", "thief");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("thief refused") && c.stdout.contains("maps strait"), "{}", c.stdout);
+    assert!(s.stdout.contains("fds clean") && c.stdout.contains("fds clean"));
+}
+
+#[test]
+fn a_stranger_asking_the_connector_is_refused_and_a_late_accept_uses_the_kernel() {
+    // The server accepts only after the client gave up waiting (300 ms): meanwhile
+    // a stranger asks the client's per-connection name with the wrong socket.
+    let (s, c) = pair_env(true, true, "lateaccept", "thief", &[("STRAIT_ATTACH_TIMEOUT_MS", "300")]);
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("thief refused") && c.stdout.contains("echo ok"), "{}", c.stdout);
+    assert_eq!(accelerated(&c), 0, "{}", c.stderr);
+    assert!(c.stderr.contains("kernel-fallback 1"), "{}", c.stderr);
+    assert_eq!(accelerated(&s), 0, "{}", s.stderr);
+    assert!(s.stdout.contains("maps kernel") && c.stdout.contains("maps kernel"));
 }
 
 #[test]

@@ -424,8 +424,20 @@ fn main() {
             if mode == "threads" {
                 return threads_server(l);
             }
+            if mode == "prefork" {
+                return prefork_server(l);
+            }
+            if mode == "lateaccept" {
+                // Accept only after the connector gave up waiting: the connection
+                // must then work through the kernel.
+                std::thread::sleep(Duration::from_millis(1500));
+            }
             let (s, _) = l.accept().expect("accept");
             (s, mode)
+        }
+        "client" if a.get(3).is_some_and(|m| m == "prefork") => {
+            let port: u16 = a[2].parse().expect("port");
+            return prefork_client(port);
         }
         "client" if a.get(3).is_some_and(|m| m == "threads") => {
             let port: u16 = a[2].parse().expect("port");
@@ -447,7 +459,7 @@ fn main() {
     let fd = stream.as_raw_fd();
     let before = Instant::now();
     match (role, mode.as_str()) {
-        ("server", "echo") => echo_server(fd),
+        ("server", "echo") | ("server", "lateaccept") => echo_server(fd),
         ("client", "echo") => echo_client(fd),
         ("server", "sink") | ("client", "sink") => sink(fd),
         ("client", m) | ("server", m) if m.starts_with("source") => {
@@ -472,6 +484,15 @@ fn main() {
             let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 4) };
             assert!(n == 0 || (n < 0 && errno() == libc::ECONNRESET), "after peer death: {n} {}", errno());
             println!("peer gone after {} ms", t.elapsed().as_millis());
+        }
+        ("client", "thief") => {
+            // Before this process uses its connection, a "third process" (this code,
+            // with a plain Unix socket) asks the connector's per-connection name for
+            // the hello, offering a socket that is not the accepted end.
+            let got = steal(fd);
+            assert!(!got, "the connector handed its shared memory to a stranger");
+            echo_client(fd);
+            println!("thief refused");
         }
         ("client", "fork") => {
             write_all(fd, b"ping");
@@ -509,6 +530,136 @@ fn main() {
     // Keep the connection open until the output is out.
     std::io::stdout().flush().ok();
     drop(stream);
+}
+
+/// Asks the connector of `fd` (this process) for its hello with a wrong socket;
+/// true if any descriptor came back.
+fn steal(fd: c_int) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata("/proc/self/ns/net").expect("netns").ino();
+    // SAFETY: sockaddr_in is plain old data; getsockname fills it.
+    let port = unsafe {
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        assert_eq!(libc::getsockname(fd, (&mut sa as *mut libc::sockaddr_in).cast(), &mut len), 0);
+        u16::from_be(sa.sin_port)
+    };
+    let name = format!("strait.c.{ns}.{port}");
+    // SAFETY: plain socket calls on locals.
+    unsafe {
+        let u = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+        let mut sa: libc::sockaddr_un = std::mem::zeroed();
+        sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (i, b) in name.bytes().enumerate() {
+            sa.sun_path[i + 1] = b as libc::c_char;
+        }
+        let len = (2 + 1 + name.len()) as libc::socklen_t;
+        if libc::connect(u, (&sa as *const libc::sockaddr_un).cast(), len) != 0 {
+            // The name is already gone: nothing to steal.
+            libc::close(u);
+            return false;
+        }
+        // A socket of ours that is not the other end of `fd`.
+        let wrong = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        let mut req = [0u8; 16];
+        req[..8].copy_from_slice(&0x3130_5145_5254_5253u64.to_le_bytes());
+        let mut cbuf = [0u64; 4];
+        let mut iov = libc::iovec { iov_base: req.as_mut_ptr().cast(), iov_len: 16 };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(4) as _;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<c_int>(), wrong);
+        libc::sendmsg(u, &msg, 0);
+        // The connector answers when this process next enters the library; do that
+        // from another thread while we wait here for an answer.
+        let t = std::thread::spawn(move || {
+            let mut b = [0u8; 1];
+            libc::recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT);
+        });
+        let mut p = libc::pollfd { fd: u, events: libc::POLLIN, revents: 0 };
+        libc::poll(&mut p, 1, 3000);
+        t.join().ok();
+        let mut buf = [0u8; 64];
+        let mut cbuf = [0u64; 8];
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 64 };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        let n = libc::recvmsg(u, &mut msg, libc::MSG_DONTWAIT);
+        let got = n > 0 && msg.msg_controllen > 0 && !libc::CMSG_FIRSTHDR(&msg).is_null();
+        libc::close(u);
+        libc::close(wrong);
+        got
+    }
+}
+
+const WORKERS: usize = 2;
+const PREFORK_CONNS: usize = 6;
+
+/// The prefork pattern (nginx, Apache): workers forked after listen() accept on the
+/// shared listening socket, so a worker may drain another worker's hello.
+fn prefork_server(l: TcpListener) {
+    let mut kids = Vec::new();
+    for _ in 0..WORKERS {
+        // SAFETY: fork in a single-threaded process.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            loop {
+                let (s, _) = l.accept().expect("accept");
+                let fd = s.as_raw_fd();
+                let mut buf = [0u8; 64];
+                let n = read_some(fd, &mut buf);
+                if &buf[..n] == b"quit" {
+                    write_all(fd, b"bye");
+                    drop(s);
+                    // Run the exit handlers (stats) but not the parent's test logic.
+                    std::process::exit(0);
+                }
+                write_all(fd, &buf[..n]);
+                while read_some(fd, &mut buf) > 0 {}
+            }
+        }
+        kids.push(pid);
+    }
+    for pid in kids {
+        let mut st = 0;
+        // SAFETY: waits for our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "worker failed: {st:#x}");
+    }
+    println!("prefork server ok");
+}
+
+fn prefork_client(port: u16) {
+    let t = Instant::now();
+    // Connect all first, so that hellos queue up at the shared marker.
+    let conns: Vec<TcpStream> =
+        (0..PREFORK_CONNS).map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect")).collect();
+    for (i, s) in conns.into_iter().enumerate() {
+        let fd = s.as_raw_fd();
+        let msg = format!("hello {i}");
+        write_all(fd, msg.as_bytes());
+        let mut b = vec![0u8; msg.len()];
+        read_exact(fd, &mut b);
+        assert_eq!(b, msg.as_bytes());
+    }
+    for _ in 0..WORKERS {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        write_all(s.as_raw_fd(), b"quit");
+        let mut b = [0u8; 3];
+        read_exact(s.as_raw_fd(), &mut b);
+        assert_eq!(&b, b"bye");
+    }
+    println!("prefork client ok in {} ms", t.elapsed().as_millis());
 }
 
 const THREADS: usize = 8;

@@ -264,16 +264,174 @@ pub fn render_table(r: &AnatomyReport) -> String {
             let _ = writeln!(out, "by layer: {}", by_layer.join(" · "));
         }
     }
+    render_layers(r, &mut out);
     for n in &r.notes {
         let _ = writeln!(out, "note: {n}");
     }
     out
 }
 
+/// The categories every stage belongs to, in report order.
+pub const LAYERS: [&str; 6] =
+    ["user", "protocol send", "protocol receive", "OS overhead", "copy", "device/wire"];
+
+/// Time per layer (critical-path stages only), ns.
+pub fn layer_ns(run: &AnatomyRun, layer: &str) -> f64 {
+    // `+ 0.0`: an empty f64 sum is -0.0, which would print as "-0".
+    run.stages.iter().filter(|s| s.on_critical_path && s.layer == layer).map(|s| s.ns).sum::<f64>() + 0.0
+}
+
+/// Side by side across transports, for every size measured on more than one: the
+/// time of each layer of the one-way path.
+fn render_layers(r: &AnatomyReport, out: &mut String) {
+    let transports = r.transports();
+    if transports.len() < 2 {
+        return;
+    }
+    let mut sizes: Vec<u64> = r.runs.iter().map(|x| x.size_bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for size in sizes {
+        let runs: Vec<&AnatomyRun> = r.runs.iter().filter(|x| x.size_bytes == size).collect();
+        if runs.len() < 2 {
+            continue;
+        }
+        let _ = writeln!(out, "\nby layer, {} one-way (ns):", format_size(size));
+        let _ = write!(out, "{:<18}", "layer");
+        for x in &runs {
+            let _ = write!(out, "{:>14}", x.transport);
+        }
+        let _ = writeln!(out);
+        for layer in LAYERS {
+            let _ = write!(out, "{layer:<18}");
+            for x in &runs {
+                let _ = write!(out, "{:>14.0}", layer_ns(x, layer));
+            }
+            let _ = writeln!(out);
+        }
+        let _ = write!(out, "{:<18}", "= one-way");
+        for x in &runs {
+            let _ = write!(out, "{:>14.0}", x.stage_sum_ns);
+        }
+        let _ = writeln!(out);
+    }
+}
+
+/// One-way latency against message size, log-log, one line per transport (the
+/// stage sum; dots: measured without probes).
+pub fn render_latency_svg(r: &AnatomyReport) -> String {
+    const W: f64 = 640.0;
+    const H: f64 = 420.0;
+    let (l, t, pw, ph) = (70.0, 50.0, 400.0, 300.0);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="20" y="24" font-size="14" font-weight="bold">strait anatomy — one-way latency vs message size</text>"#
+    );
+    let pos = |v: f64| v > 0.0 && v.is_finite();
+    let xs: Vec<f64> = r.runs.iter().map(|x| x.size_bytes as f64).filter(|v| pos(*v)).collect();
+    let ys: Vec<f64> =
+        r.runs.iter().flat_map(|x| [x.stage_sum_ns, x.measured_one_way_ns]).filter(|v| pos(*v)).collect();
+    if xs.is_empty() || ys.is_empty() {
+        let _ = writeln!(s, r#"<text x="{l}" y="{}">no data</text></svg>"#, t + 20.0);
+        return s;
+    }
+    let lg = |v: f64| v.log10();
+    let (x0, x1) = (
+        lg(xs.iter().copied().fold(f64::MAX, f64::min)).floor(),
+        lg(xs.iter().copied().fold(0.0, f64::max)).ceil().max(1.0),
+    );
+    let (y0, y1) = (
+        lg(ys.iter().copied().fold(f64::MAX, f64::min)).floor(),
+        lg(ys.iter().copied().fold(0.0, f64::max)).ceil(),
+    );
+    let (x1, y1) = (if x1 <= x0 { x0 + 1.0 } else { x1 }, if y1 <= y0 { y0 + 1.0 } else { y1 });
+    let px = |v: f64| l + (lg(v) - x0) / (x1 - x0) * pw;
+    let py = |v: f64| t + ph - (lg(v) - y0) / (y1 - y0) * ph;
+    let _ = writeln!(s, r#"<rect x="{l}" y="{t}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#);
+    let mut e = y0 as i32;
+    while e <= y1 as i32 {
+        let y = py(10f64.powi(e));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{l}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            l + pw,
+            l - 4.0,
+            y + 4.0,
+            xml_escape(&fmt_ns(10f64.powi(e)))
+        );
+        e += 1;
+    }
+    let mut sizes: Vec<u64> = r.runs.iter().map(|x| x.size_bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for sz in &sizes {
+        let x = px(*sz as f64);
+        let _ = writeln!(
+            s,
+            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            t + ph + 16.0,
+            xml_escape(&format_size(*sz))
+        );
+    }
+    for (i, tr) in r.transports().iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let pts: Vec<String> = r
+            .runs
+            .iter()
+            .filter(|x| &x.transport == tr && pos(x.stage_sum_ns))
+            .map(|x| format!("{:.1},{:.1}", px(x.size_bytes as f64), py(x.stage_sum_ns)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            pts.join(" ")
+        );
+        for x in r.runs.iter().filter(|x| &x.transport == tr && pos(x.measured_one_way_ns)) {
+            let _ = writeln!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
+                px(x.size_bytes as f64),
+                py(x.measured_one_way_ns)
+            );
+        }
+        let ly = t + 16.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            l + pw + 15.0,
+            l + pw + 35.0,
+            l + pw + 40.0,
+            ly + 4.0,
+            xml_escape(tr)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{l}" y="{:.1}">line: sum of stages; dot: measured with probes off</text>"#,
+        t + ph + 36.0
+    );
+    let _ = writeln!(s, "</svg>");
+    s
+}
+
 const COLORS: [&str; 12] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
     "#17becf", "#393b79", "#637939",
 ];
+
+/// A distinct colour for stage `k` of `n`: hues around the wheel, alternating
+/// lightness so that neighbours in a bar differ.
+fn stage_color(k: usize, n: usize) -> String {
+    let hue = 360.0 * k as f64 / n.max(1) as f64;
+    let light = if k % 2 == 0 { 45 } else { 65 };
+    format!("hsl({hue:.0},65%,{light}%)")
+}
 
 fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -324,12 +482,12 @@ pub fn render_svg(r: &AnatomyReport) -> String {
         let mut y = top + ph;
         for st in run.stages.iter().filter(|s| s.on_critical_path) {
             let k = names.iter().position(|n| n == &st.name).unwrap_or(0);
+            let fill = stage_color(k, names.len());
             let hh = if total > 0.0 { ph * st.ns / total } else { 0.0 };
             y -= hh;
             let _ = writeln!(
                 s,
-                r#"<rect x="{x:.1}" y="{y:.1}" width="{bw}" height="{hh:.2}" fill="{}"><title>{} {}: {} ({:.1} %)</title></rect>"#,
-                COLORS[k % COLORS.len()],
+                r#"<rect x="{x:.1}" y="{y:.1}" width="{bw}" height="{hh:.2}" fill="{fill}"><title>{} {}: {} ({:.1} %)</title></rect>"#,
                 xml_escape(&run.transport),
                 xml_escape(&format_size(run.size_bytes)),
                 xml_escape(&format!("{}: {}", st.name, fmt_ns(st.ns))),
@@ -362,7 +520,7 @@ pub fn render_svg(r: &AnatomyReport) -> String {
         let _ = writeln!(
             s,
             r#"<rect x="{lx:.1}" y="{y:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            COLORS[k % COLORS.len()],
+            stage_color(k, names.len()),
             lx + 18.0,
             y + 10.0,
             xml_escape(n)
@@ -440,6 +598,15 @@ mod tests {
         }
         let svg = render_svg(&r);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        let lat = render_latency_svg(&r);
+        assert!(lat.contains("<polyline") && lat.matches("<circle").count() == 2);
+        let mut two = r.clone();
+        for x in &mut two.runs.clone() {
+            x.transport = "kernel-udp".into();
+            two.runs.push(x.clone());
+        }
+        let t = render_table(&two);
+        assert!(t.contains("by layer, 8 one-way") && t.contains("kernel-udp"), "{t}");
         assert_eq!(svg.matches("<title>").count(), 4, "two critical stages per bar, two bars");
     }
 }

@@ -408,7 +408,9 @@ fn anatomy_command(a: &AnatomyArgs) -> String {
 /// Runs the anatomy; `Ok(false)` when strait's own stages are missing.
 fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
     use strait::anatomy::{self as anat, AnatomyConfig};
-    use strait_anatomy::anatomy::{render_svg as anatomy_svg, render_table as anatomy_table, AnatomyReport};
+    use strait_anatomy::anatomy::{
+        render_latency_svg, render_svg as anatomy_svg, render_table as anatomy_table, AnatomyReport,
+    };
     use strait_anatomy::kanatomy;
     if !(a.tolerance >= 0.0 && a.tolerance.is_finite()) {
         return Err(BenchError::Protocol("--tolerance must be a non-negative number".into()));
@@ -515,6 +517,7 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
     let svg_path = dir.join("anatomy.svg");
     write_file(&json_path, &json)?;
     write_file(&svg_path, &anatomy_svg(&report))?;
+    write_file(&dir.join("anatomy-latency.svg"), &render_latency_svg(&report))?;
     let mut stdout = std::io::stdout().lock();
     let io = |e| BenchError::io("write stdout", e);
     match a.format {

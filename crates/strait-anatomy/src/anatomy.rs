@@ -146,12 +146,14 @@ pub fn render_table(r: &AnatomyReport) -> String {
         m.timestamp,
         m.tsc_ghz.map_or("n/a".into(), |g| format!("{g:.3} GHz"))
     );
-    let _ = writeln!(
-        out,
-        "probe cost: {:.1} ns ({:.0} cycles) per probe on the path (median over sizes; {:.1} ns back to back), \
-         measured and subtracted from every interval",
-        r.probe_cost_ns, r.probe_cost_cycles, r.probe_cost_back_to_back_ns
-    );
+    if r.probe_cost_back_to_back_ns > 0.0 {
+        let _ = writeln!(
+            out,
+            "probe cost: {:.1} ns ({:.0} cycles) per probe on the path (median over sizes; {:.1} ns back to back), \
+             measured and subtracted from every interval",
+            r.probe_cost_ns, r.probe_cost_cycles, r.probe_cost_back_to_back_ns
+        );
+    }
     for t in r.transports() {
         let runs: Vec<&AnatomyRun> = r.runs.iter().filter(|x| x.transport == t).collect();
         let mut names: Vec<(String, String, bool)> = Vec::new();

@@ -192,6 +192,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn names_missing_tracepoints() {
+        let missing = missing_events(&["no_such_group/no_such_event"]);
+        assert_eq!(missing, vec!["no_such_group/no_such_event".to_string()]);
+        let err = TraceError::MissingEvents(missing.join(", "));
+        assert!(err.to_string().contains("no_such_group/no_such_event"));
+    }
+
+    #[test]
     fn parses_trace_lines() {
         let l = "         python3-12299   [001] ..s.. 12659484545761: softirq_entry: vec=3 [action=NET_RX]";
         assert_eq!(

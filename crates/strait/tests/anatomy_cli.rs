@@ -151,10 +151,10 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// The kernel UDP path, traced through tracepoints (root only): every stage of
-/// the chain sees time, and the sum agrees with the untraced latency.
+/// The kernel UDP and TCP paths, traced through tracepoints (root only): every
+/// stage of the chain sees time, and the sum agrees with the untraced latency.
 #[test]
-fn kernel_udp_anatomy_as_root() {
+fn kernel_udp_and_tcp_anatomy_as_root() {
     if !is_root() {
         eprintln!("skipped: the kernel paths need root (tracefs)");
         return;
@@ -162,7 +162,7 @@ fn kernel_udp_anatomy_as_root() {
     let _turn = turn();
     let out = tmp_dir("kudp");
     let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["anatomy", "--format", "json", "--transports", "kernel-udp", "--sizes", "8"])
+        .args(["anatomy", "--format", "json", "--transports", "kernel-udp,kernel-tcp", "--sizes", "8"])
         .args(["--iters", "400", "--warmup", "50"])
         .arg("--out")
         .arg(&out)
@@ -172,16 +172,18 @@ fn kernel_udp_anatomy_as_root() {
     assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
     let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
     let runs = doc["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 1, "{doc}");
-    let r = &runs[0];
-    assert_eq!(text(r, "transport"), "kernel-udp");
-    let stages = r["stages"].as_array().expect("stages");
-    assert_eq!(stages.len(), 11, "{r}");
-    for s in stages {
-        assert!(num(s, "ns") > 0.0, "kernel stage {} saw no time: {r}", text(s, "name"));
+    let names: Vec<&str> = runs.iter().map(|r| text(r, "transport")).collect();
+    assert_eq!(names, vec!["kernel-udp", "kernel-tcp"], "{doc}");
+    for r in runs {
+        let stages = r["stages"].as_array().expect("stages");
+        assert_eq!(stages.len(), 11, "{r}");
+        for s in stages {
+            assert!(num(s, "ns") > 0.0, "kernel stage {} saw no time: {r}", text(s, "name"));
+        }
+        assert!(r["probe_cost_doubled_ns"].is_null());
+        let dev = num(r, "deviation");
+        assert!(dev.abs() <= num(&doc, "tolerance"), "stage sum off by {:+.1}%: {r}", dev * 100.0);
     }
-    let dev = num(r, "deviation");
-    assert!(dev.abs() <= num(&doc, "tolerance"), "stage sum off by {:+.1}%: {r}", dev * 100.0);
     let _ = std::fs::remove_dir_all(&out);
 }
 

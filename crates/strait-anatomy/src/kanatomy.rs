@@ -8,11 +8,13 @@
 //! | from → to | stage | layer |
 //! |---|---|---|
 //! | S user stamp → S `sys_enter_sendto` | system call entry | OS overhead |
-//! | → S `net_dev_queue` | socket + UDP/TCP send + IP output | protocol send |
+//! | (TCP) → S `tcp_sendmsg_locked` | socket layer | protocol send |
+//! | → S `net_dev_queue` | socket + UDP send + IP output (TCP: TCP send + IP output) | protocol send |
 //! | → S `netif_rx` | device transmit (loopback) | device/wire |
 //! | → S `softirq_entry` (NET_RX) | softirq raise → run | OS overhead |
 //! | → S `netif_receive_skb` | backlog (NAPI) poll | device/wire |
-//! | → S `sk_data_ready` | IP + UDP/TCP receive, socket enqueue | protocol receive |
+//! | (TCP) → S `tcp_probe` | IP receive | protocol receive |
+//! | → S `sk_data_ready` | IP + UDP receive, socket enqueue (TCP: TCP receive + socket enqueue) | protocol receive |
 //! | → `sched_wakeup` of R | wake-up (IPI to the other CPU) | OS overhead |
 //! | → R `sock_recv_length` | switch in + dequeue + copy to user | copy |
 //! | → R `sys_exit_recvfrom` | receive call return | protocol receive |
@@ -36,7 +38,9 @@ use crate::ktrace::{KEvent, TraceError, TraceSession};
 use crate::stages::{kept_mean, KEEP};
 
 /// The tracepoints the kernel paths use.
-pub const EVENTS: [&str; 9] = [
+pub const EVENTS: [&str; 11] = [
+    "tcp/tcp_sendmsg_locked",
+    "tcp/tcp_probe",
     "syscalls/sys_enter_sendto",
     "syscalls/sys_exit_recvfrom",
     "net/net_dev_queue",
@@ -82,15 +86,23 @@ pub enum KernelAnatomyError {
 }
 
 /// Stage names and layers for one protocol, in chain order.
-fn stage_defs(p: Proto) -> [(String, &'static str); 11] {
-    let n = if p == Proto::Udp { "UDP" } else { "TCP" };
+/// TCP has two more tracepoints on its path (`tcp:tcp_sendmsg_locked`,
+/// `tcp:tcp_probe`), which split off the socket layer and IP receive; UDP has
+/// none, so its stages 1 and 6 stay empty and 2 and 7 are wider.
+fn stage_defs(p: Proto) -> [(String, &'static str); 13] {
+    let udp = p == Proto::Udp;
     [
         ("system call entry".into(), "OS overhead"),
-        (format!("socket + {n} send + IP output"), "protocol send"),
+        ("socket layer".into(), "protocol send"),
+        (if udp { "socket + UDP send + IP output" } else { "TCP send + IP output" }.into(), "protocol send"),
         ("device transmit (loopback)".into(), "device/wire"),
         ("softirq raise → run".into(), "OS overhead"),
         ("backlog (NAPI) poll".into(), "device/wire"),
-        (format!("IP + {n} receive, socket enqueue"), "protocol receive"),
+        ("IP receive".into(), "protocol receive"),
+        (
+            if udp { "IP + UDP receive, socket enqueue" } else { "TCP receive + socket enqueue" }.into(),
+            "protocol receive",
+        ),
         ("wake-up (IPI to the other CPU)".into(), "OS overhead"),
         ("switch in + dequeue + copy to user".into(), "copy"),
         ("receive call return".into(), "protocol receive"),
@@ -116,7 +128,9 @@ const K_RECEIVE_SKB: u8 = 5;
 const K_DATA_READY: u8 = 6;
 const K_WAKEUP: u8 = 7;
 const K_COPY: u8 = 8;
-const K_OTHER: u8 = 9;
+const K_TCP_SEND: u8 = 9;
+const K_TCP_PROBE: u8 = 10;
+const K_OTHER: u8 = 11;
 
 fn kind(e: &KEvent) -> u8 {
     match e.name.as_str() {
@@ -129,6 +143,8 @@ fn kind(e: &KEvent) -> u8 {
         "sk_data_ready" => K_DATA_READY,
         "sched_wakeup" => K_WAKEUP,
         "sock_recv_length" => K_COPY,
+        "tcp_sendmsg_locked" => K_TCP_SEND,
+        "tcp_probe" => K_TCP_PROBE,
         _ => K_OTHER,
     }
 }
@@ -140,9 +156,9 @@ type Path = Vec<(usize, u64, u32)>;
 /// event (user stamps cost a few ns and are not counted), plus those inside.
 fn units(k: usize, ticks: u64, inner: u32) -> f64 {
     let ends = match k {
-        0 | 9 => 0.5,
-        10 => 0.0,
-        6 if ticks == 0 => 0.0,
+        0 | 11 => 0.5,
+        12 => 0.0,
+        8 if ticks == 0 => 0.0,
         _ => 1.0,
     };
     ends + f64::from(inner)
@@ -170,7 +186,7 @@ impl Side {
 }
 
 /// Walks both ends' merged stamps and events into one-way paths.
-fn walk(a: Vec<(u64, Ev)>, b: Vec<(u64, Ev)>) -> Vec<Path> {
+fn walk(a: Vec<(u64, Ev)>, b: Vec<(u64, Ev)>, tcp: bool) -> Vec<Path> {
     let mut sides = [Side { ev: a, next: 0 }, Side { ev: b, next: 0 }];
     let mut out = Vec::new();
     let Some((mut idx, mut t)) = sides[0].find(Ev::UserSend, 0) else { return out };
@@ -193,11 +209,17 @@ fn walk(a: Vec<(u64, Ev)>, b: Vec<(u64, Ev)>) -> Vec<Path> {
         };
         let ok = (|| {
             step(&mut sides, s, Ev::Kernel(K_SENDTO), 0, &mut p, &mut at)?;
-            step(&mut sides, s, Ev::Kernel(K_DEV_QUEUE), 1, &mut p, &mut at)?;
-            step(&mut sides, s, Ev::Kernel(K_NETIF_RX), 2, &mut p, &mut at)?;
-            step(&mut sides, s, Ev::Kernel(K_SOFTIRQ), 3, &mut p, &mut at)?;
-            step(&mut sides, s, Ev::Kernel(K_RECEIVE_SKB), 4, &mut p, &mut at)?;
-            step(&mut sides, s, Ev::Kernel(K_DATA_READY), 5, &mut p, &mut at)?;
+            if tcp {
+                step(&mut sides, s, Ev::Kernel(K_TCP_SEND), 1, &mut p, &mut at)?;
+            }
+            step(&mut sides, s, Ev::Kernel(K_DEV_QUEUE), 2, &mut p, &mut at)?;
+            step(&mut sides, s, Ev::Kernel(K_NETIF_RX), 3, &mut p, &mut at)?;
+            step(&mut sides, s, Ev::Kernel(K_SOFTIRQ), 4, &mut p, &mut at)?;
+            step(&mut sides, s, Ev::Kernel(K_RECEIVE_SKB), 5, &mut p, &mut at)?;
+            if tcp {
+                step(&mut sides, s, Ev::Kernel(K_TCP_PROBE), 6, &mut p, &mut at)?;
+            }
+            step(&mut sides, s, Ev::Kernel(K_DATA_READY), 7, &mut p, &mut at)?;
             // The receiver's copy of this message; its wake-up before that copy
             // splits the interval (none if it was not asleep).
             let (ci, ct) = sides[r].ev[sides[r].next..]
@@ -206,19 +228,19 @@ fn walk(a: Vec<(u64, Ev)>, b: Vec<(u64, Ev)>) -> Vec<Path> {
                 .map(|i| (i + sides[r].next, sides[r].ev[i + sides[r].next].0))?;
             match sides[r].peek_between(Ev::Kernel(K_WAKEUP), at.2, ct) {
                 Some((wi, wt)) => {
-                    p.push((6, wt - at.2, 0));
-                    p.push((7, ct - wt, (ci - wi - 1) as u32));
+                    p.push((8, wt - at.2, 0));
+                    p.push((9, ct - wt, (ci - wi - 1) as u32));
                 }
                 None => {
-                    p.push((6, 0, 0));
-                    p.push((7, ct - at.2, 0));
+                    p.push((8, 0, 0));
+                    p.push((9, ct - at.2, 0));
                 }
             }
             sides[r].next = ci + 1;
             at = (r, ci, ct);
-            step(&mut sides, r, Ev::Kernel(K_EXIT_RECV), 8, &mut p, &mut at)?;
-            step(&mut sides, r, Ev::UserRecvd, 9, &mut p, &mut at)?;
-            step(&mut sides, r, Ev::UserSend, 10, &mut p, &mut at)?;
+            step(&mut sides, r, Ev::Kernel(K_EXIT_RECV), 10, &mut p, &mut at)?;
+            step(&mut sides, r, Ev::UserRecvd, 11, &mut p, &mut at)?;
+            step(&mut sides, r, Ev::UserSend, 12, &mut p, &mut at)?;
             Some(())
         })();
         if ok.is_none() {
@@ -405,7 +427,7 @@ pub fn run(p: Proto, cfg: &KernelConfig, ticks_per_ns: f64) -> Result<Vec<Anatom
                 }
                 mine.sort_by_key(|e| e.0);
                 theirs.sort_by_key(|e| e.0);
-                paths.extend(walk(mine, theirs));
+                paths.extend(walk(mine, theirs, p == Proto::Tcp));
                 let (periods, _, _, _) = batch(per, false)?;
                 plain_p.extend(periods);
             }
@@ -529,13 +551,13 @@ mod tests {
             (200, k(K_RECEIVE_SKB)),
             (210, k(K_DATA_READY)),
         ];
-        let p = walk(a, b);
+        let p = walk(a, b, false);
         assert_eq!(p.len(), 2, "{p:?}");
         assert_eq!(p[0].iter().map(|s| s.1).sum::<u64>(), 140);
-        assert_eq!(p[0][2], (2, 10, 1), "the unrelated event inside is counted");
-        assert_eq!(p[0][6], (6, 30, 0), "wake-up from data ready to the switch");
+        assert_eq!(p[0][2], (3, 10, 1), "the unrelated event inside is counted");
+        assert_eq!(p[0][6], (8, 30, 0), "wake-up from data ready to the wake-up");
         assert_eq!(p[1].iter().map(|s| s.1).sum::<u64>(), 180);
-        assert_eq!(p[1][6], (6, 0, 0), "A was not asleep: no wake-up");
+        assert_eq!(p[1][6], (8, 0, 0), "A was not asleep: no wake-up");
         let run = summarize(Proto::Udp, 8, &p, &[400.0, 400.0], &[300.0, 300.0], 1.0, 0.1);
         assert_eq!(run.transport, "kernel-udp");
         assert!(run.stage_sum_ns > 0.0 && run.probe_cost_ns > 0.0);

@@ -506,10 +506,19 @@ impl<D: Device> Endpoint<D> {
         }
         let mut work = 0;
         // 1. Receive.
+        let completions_before = cq.len();
         while work < RX_BATCH {
             let st = &mut self.st;
             match self.dev.recv_frame(&mut |f| st.on_frame(f, cq)) {
-                Ok(true) => work += 1,
+                Ok(true) => {
+                    work += 1;
+                    if cq.len() > completions_before {
+                        // A completion is ready: hand it to the application now;
+                        // further frames (and the device's housekeeping) can wait for
+                        // the next poll.
+                        break;
+                    }
+                }
                 Ok(false) => break,
                 Err(e) => {
                     self.device_failed(e, cq);

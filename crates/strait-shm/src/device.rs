@@ -25,6 +25,8 @@ const HEAD: usize = 256;
 const SLEEP: usize = 512;
 /// Set by a side that shuts down (in the control block of the ring it produces).
 const CLOSED: usize = 768;
+/// Consumed bytes a doorbell hands back on the way (see `ShmDevice::doorbell`).
+const SMALL_HAND_BACK: u64 = 1024;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const HELLO_LEN: usize = 32;
 
@@ -548,26 +550,42 @@ impl Device for ShmDevice {
         self.check_failed()?;
         let slot = match self.rx.peek(&self.rx_data) {
             Ok(Some(s)) => s,
-            Ok(None) => return Ok(false),
+            Ok(None) => {
+                // Idle: the time to hand consumed space back (zeroing takes a cache
+                // line per 64 bytes consumed, microseconds for a large message), off
+                // the path of any message. Nothing else in this pass rings the peer,
+                // so ring here if it sleeps waiting for room.
+                if self.rx.unpublished() > 0 && self.rx.publish(self.word(self.rx_ring, HEAD), &self.rx_data)
+                {
+                    self.rx_freed = false;
+                    self.ring_peer()?;
+                }
+                return Ok(false);
+            }
             Err(e) => return Err(self.corrupt(e.0)),
         };
         strait_probe::probe!(strait_probe::Stage::RxFound);
+        if self.rx.unpublished() >= self.publish_batch {
+            // A long stream leaves no idle moment: hand back what earlier frames
+            // freed before taking this one (the doorbell at the end of the pass rings).
+            self.rx_freed |= self.rx.publish(self.word(self.rx_ring, HEAD), &self.rx_data);
+        }
         // SAFETY: the validated slot lies inside the rx data area; the peer will not
         // reuse it before we release it (and if it does anyway, RxFrame only copies).
         let f = unsafe { RxFrame::from_raw(self.rx_data.base.add(slot.offset), slot.len) };
         handle(&f);
         self.rx.release(slot);
-        if self.rx.unpublished() >= self.publish_batch {
-            self.rx_freed |= self.rx.publish(self.word(self.rx_ring, HEAD), &self.rx_data);
-        }
         self.stats.frames_received += 1;
         Ok(true)
     }
 
     fn doorbell(&mut self) -> Result<(), DeviceError> {
-        if self.tx_dirty {
-            // Hand back consumed space now, behind our frames in store order, so the
-            // cache-line transfers of zeroing never delay a frame.
+        if self.tx_dirty && self.rx.unpublished() <= SMALL_HAND_BACK {
+            // Hand back a little consumed space now, behind our frames in store order,
+            // so the cache-line transfers of zeroing never delay a frame. Larger
+            // amounts wait for an idle `recv_frame`, for the batch threshold there
+            // (in the middle of a long stream) or for `arm_sleep`: zeroing a whole
+            // 128 KiB chunk before the completion is returned took microseconds.
             self.rx_freed |= self.rx.publish(self.word(self.rx_ring, HEAD), &self.rx_data);
         }
         if !(self.tx_dirty || self.rx_freed) {

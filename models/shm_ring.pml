@@ -66,7 +66,8 @@
  * by the doorbell that ends every progress pass that received frames
  * (Endpoint::progress_tx's `received`). -DBROKEN_NO_RING_AFTER_RX drops that
  * doorbell (a bug these models found in an earlier version): W2 then fails for the
- * busy poller (weak fairness, pan -f).
+ * busy poller (weak fairness, pan -f) when the idle hand-back of recv_frame is
+ * left out too (-DNO_IDLE_HAND_BACK), as it was then.
  *
  * Broken variants (each must be rejected by spin)
  *   -DBROKEN_NO_RECHECK_DATA   arm_sleep does not re-check rx data after announcing
@@ -294,6 +295,14 @@ idle:
     /* the pass that handed space back ends with a doorbell */
     if
     :: rx_freed -> doorbell(flagP, evP); rx_freed = false
+    :: else -> skip
+    fi;
+#endif
+#ifndef NO_IDLE_HAND_BACK
+    /* ShmDevice::recv_frame found no frame: hand back everything consumed, and ring
+     * if the producer sleeps for room (device.rs, the Ok(None) arm) */
+    if
+    :: c_head != c_pub -> publish(); doorbell(flagP, evP)
     :: else -> skip
     fi;
 #endif

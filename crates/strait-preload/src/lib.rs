@@ -472,6 +472,17 @@ pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t,
     })
 }
 
+/// `sendfile64` (what programs built with 64-bit file offsets call; the same
+/// function on 64-bit targets).
+///
+/// # Safety
+/// As for libc's `sendfile64`.
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut libc::off_t, count: size_t) -> ssize_t {
+    // SAFETY: forwarded.
+    unsafe { sendfile(out, inp, off, count) }
+}
+
 /// # Safety
 /// As for libc's `close`.
 #[no_mangle]

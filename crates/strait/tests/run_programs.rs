@@ -54,13 +54,26 @@ fn have(bin: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Runs a command with a time limit (killed when it expires).
+/// Runs a command with a time limit (killed when it expires), reading its output
+/// while it runs.
 fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
+    use std::io::Read;
     let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().ok()?;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
     let end = Instant::now() + limit;
-    loop {
-        if child.try_wait().ok()?.is_some() {
-            return child.wait_with_output().ok();
+    let status = loop {
+        if let Some(st) = child.try_wait().ok()? {
+            break st;
         }
         if Instant::now() > end {
             let _ = child.kill();
@@ -68,7 +81,8 @@ fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
             return None;
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
+    };
+    Some(Output { status, stdout: out.join().ok()?, stderr: err.join().ok()? })
 }
 
 /// Installs `pkg` with apt-get if `bin` is missing (apt-get update once if needed).
@@ -242,4 +256,72 @@ fn redis_benchmark_set_get_with_both_ends_under_strait() {
         let out = run_for(&mut c, Duration::from_secs(30)).expect("redis-cli");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3", "under strait: {under_strait}");
     }
+}
+
+/// Stops the nginx master named in a pid file when dropped.
+struct NginxGuard(PathBuf);
+impl Drop for NginxGuard {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(&self.0) {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                let _ = Command::new("kill").arg(pid.to_string()).status();
+            }
+        }
+    }
+}
+
+#[test]
+fn nginx_daemon_with_two_workers_serves_files_to_curl_under_strait() {
+    ensure("nginx", "nginx");
+    ensure("curl", "curl");
+    let dir = std::env::temp_dir().join(format!("strait-nginx-{}", std::process::id()));
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).expect("mkdir");
+    let big: Vec<u8> = (0..1_500_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    std::fs::write(www.join("big.bin"), &big).expect("write");
+    std::fs::write(www.join("small.txt"), b"hello from nginx\n").expect("write");
+    let port = free_port();
+    let d = dir.display();
+    // The default daemon mode (fork, setsid, fork), two workers sharing the listener,
+    // sendfile on; workers run as root so both ends are the same user.
+    let conf = format!(
+        "user root;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{ access_log off; sendfile on; client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+         server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).expect("conf");
+    let _guard = NginxGuard(dir.join("nginx.pid"));
+    let conf_path = dir.join("nginx.conf").display().to_string();
+    let prefix = dir.display().to_string();
+    let started =
+        run_for(&mut strait_run(&["--", "nginx", "-c", &conf_path, "-p", &prefix]), Duration::from_secs(30))
+            .expect("nginx started");
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    wait_listening(port);
+    for (file, body) in [("small.txt", b"hello from nginx\n".to_vec()), ("big.bin", big.clone())] {
+        for under_strait in [true, false] {
+            let url = format!("http://127.0.0.1:{port}/{file}");
+            let mut c = if under_strait {
+                strait_run(&["--stats", "--", "curl", "-s", "--max-time", "20", &url])
+            } else {
+                let mut c = Command::new("curl");
+                c.args(["-s", "--max-time", "20", &url]).env_remove("LD_PRELOAD");
+                c
+            };
+            let out = run_for(&mut c, Duration::from_secs(30)).expect("curl finished");
+            assert!(out.status.success(), "curl {file} (strait: {under_strait}) failed");
+            assert!(
+                out.stdout == body,
+                "{file} (strait: {under_strait}): body of {} bytes differs",
+                out.stdout.len()
+            );
+            if under_strait {
+                assert_eq!(accelerated(&String::from_utf8_lossy(&out.stderr)), 1);
+            }
+        }
+    }
+    drop(_guard);
+    let _ = std::fs::remove_dir_all(&dir);
 }

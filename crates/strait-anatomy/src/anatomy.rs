@@ -225,6 +225,19 @@ pub fn render_table(r: &AnatomyReport) -> String {
                 bad.join(", ")
             );
         }
+        let _ = writeln!(out, "\n{t}: time per layer of one one-way message, ns (critical-path stages)");
+        let _ = write!(out, "{:<w0$} {:<16}", "layer", "");
+        for run in &runs {
+            let _ = write!(out, "{}", pad(&format_size(run.size_bytes), cw));
+        }
+        let _ = writeln!(out);
+        for layer in LAYERS {
+            let _ = write!(out, "{layer:<w0$} {:<16}", "");
+            for run in &runs {
+                let _ = write!(out, "{}", pad(&format!("{:.0}", layer_ns(run, layer)), cw));
+            }
+            let _ = writeln!(out);
+        }
         if let Some(first) = runs.first() {
             let _ = writeln!(out, "\n{t}, {}: critical path", format_size(first.size_bytes));
             let _ = writeln!(

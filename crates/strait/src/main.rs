@@ -121,7 +121,7 @@ struct AnatomyArgs {
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
     /// Message sizes (K/M/G suffixes are binary).
-    #[arg(long, default_value = "8,64,512,4K,32K,256K,1M", value_parser = sizes)]
+    #[arg(long, default_value = "4,64,512,4K,32K,256K,1M", value_parser = sizes)]
     sizes: SizeList,
     /// Probed round trips per size (as many more run with the probes off, to measure
     /// the one-way latency the stage sum is checked against).

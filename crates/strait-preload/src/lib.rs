@@ -484,6 +484,123 @@ pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut libc::off_
 }
 
 /// # Safety
+/// As for libc's `sendmmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::sendmmsg(fd, v, n, flags) };
+    guard(real, || {
+        let Some(c) = accel(fd) else { return real() };
+        let mut done = 0;
+        for i in 0..n as usize {
+            // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
+            let m = unsafe { &mut *v.add(i) };
+            // SAFETY: as above.
+            let iov: Vec<(*const u8, usize)> =
+                unsafe { iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) }
+                    .iter()
+                    .map(|&(p, l)| (p.cast_const(), l))
+                    .collect();
+            let r = do_send(&c, fd, &iov, flags);
+            if r < 0 {
+                return if done == 0 { -1 } else { done };
+            }
+            m.msg_len = r as libc::c_uint;
+            done += 1;
+        }
+        done
+    })
+}
+
+/// `recvmmsg` (the timeout is not applied to accelerated sockets).
+///
+/// # Safety
+/// As for libc's `recvmmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    v: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+    t: *mut timespec,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::recvmmsg(fd, v, n, flags, t) };
+    guard(real, || {
+        let Some(c) = accel(fd) else { return real() };
+        let mut done = 0;
+        for i in 0..n as usize {
+            // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
+            let m = unsafe { &mut *v.add(i) };
+            // SAFETY: as above.
+            let iov = unsafe { iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) };
+            let f =
+                if i > 0 && flags & libc::MSG_WAITFORONE != 0 { flags | libc::MSG_DONTWAIT } else { flags };
+            let r = do_recv(&c, fd, &iov, f & !libc::MSG_WAITFORONE);
+            if r < 0 {
+                return if done == 0 { -1 } else { done };
+            }
+            m.msg_len = r as libc::c_uint;
+            m.msg_hdr.msg_namelen = 0;
+            m.msg_hdr.msg_controllen = 0;
+            m.msg_hdr.msg_flags = 0;
+            done += 1;
+            if r == 0 {
+                break;
+            }
+        }
+        done
+    })
+}
+
+/// `splice` to or from an accelerated socket, through a buffer (the other end is a
+/// pipe, as splice requires).
+///
+/// # Safety
+/// As for libc's `splice`.
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) };
+    if !table::any_live() {
+        return real();
+    }
+    guard(real, || {
+        let nb = if flags & libc::SPLICE_F_NONBLOCK != 0 { libc::MSG_DONTWAIT } else { 0 };
+        let mut buf = vec![0u8; len.min(64 << 10)];
+        if let Some(c) = accel(fd_out) {
+            // SAFETY: reads from the caller's pipe into our buffer.
+            let n = unsafe { real::read(fd_in, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return n;
+            }
+            return do_send(&c, fd_out, &[(buf.as_ptr(), n as usize)], nb | libc::MSG_NOSIGNAL);
+        }
+        if let Some(c) = accel(fd_in) {
+            // Peek, hand the pipe what it takes, then consume exactly that much.
+            let n = do_recv(&c, fd_in, &[(buf.as_mut_ptr(), buf.len())], nb | libc::MSG_PEEK);
+            if n <= 0 {
+                return n;
+            }
+            // SAFETY: writes our buffer to the caller's pipe.
+            let w = unsafe { real::write(fd_out, buf.as_ptr().cast(), n as usize) };
+            if w > 0 {
+                do_recv(&c, fd_in, &[(buf.as_mut_ptr(), w as usize)], libc::MSG_DONTWAIT);
+            }
+            return w;
+        }
+        real()
+    })
+}
+
+/// # Safety
 /// As for libc's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
@@ -737,6 +854,48 @@ pub unsafe extern "C" fn select(
         };
         // SAFETY: the caller's sets.
         unsafe { poll::select(n, r, w, e, deadline, None) }.unwrap_or_else(real)
+    })
+}
+
+/// # Safety
+/// As for libc's `pselect`.
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::pselect(n, r, w, e, t, mask) };
+    if !table::any_live() {
+        return real();
+    }
+    guard(real, || {
+        let m = (!mask.is_null()).then_some(mask);
+        // SAFETY: the caller's sets.
+        unsafe { poll::select(n, r, w, e, deadline_ts(t), m) }.unwrap_or_else(real)
+    })
+}
+
+/// # Safety
+/// As for libc's `epoll_pwait2`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    ep: c_int,
+    ev: *mut epoll_event,
+    max: c_int,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::epoll_pwait2(ep, ev, max, t, mask) };
+    guard(real, || {
+        let m = (!mask.is_null()).then_some(mask);
+        // SAFETY: the caller's event buffer of `max` entries.
+        unsafe { poll::wait(ep, ev, max, deadline_ts(t), m) }.unwrap_or_else(real)
     })
 }
 

@@ -75,6 +75,11 @@ reals! {
     fn dup2(fd: c_int, new: c_int) -> c_int;
     fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;
     fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t;
+    fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int;
+    fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut timespec) -> c_int;
+    fn splice(i: c_int, oi: *mut libc::loff_t, o: c_int, oo: *mut libc::loff_t, n: size_t, f: c_uint) -> ssize_t;
+    fn pselect(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *const timespec, m: *const sigset_t) -> c_int;
+    fn epoll_pwait2(ep: c_int, ev: *mut epoll_event, max: c_int, t: *const timespec, mask: *const sigset_t) -> c_int;
 }
 
 /// The real `fcntl` (variadic in C; the third argument is an int or a pointer).
@@ -128,6 +133,3 @@ pub fn fail(e: c_int) -> ssize_t {
     set_errno(e);
     -1
 }
-
-#[allow(dead_code)]
-const _: c_uint = 0;

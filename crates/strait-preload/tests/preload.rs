@@ -201,6 +201,21 @@ fn a_stranger_asking_the_connector_is_refused_and_a_late_accept_uses_the_kernel(
 }
 
 #[test]
+fn recvmmsg_sendmmsg_splice_pselect_and_sendfile() {
+    let (s, c) = pair(true, true, "extras", "extras");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(
+        s.stdout.contains("extras ok") && c.stdout.contains("extras client ok"),
+        "{}{}",
+        s.stdout,
+        c.stdout
+    );
+    assert_eq!(accelerated(&s), 1);
+    assert!(s.stdout.contains("maps strait"));
+}
+
+#[test]
 fn many_connections_on_many_threads() {
     let (s, c) = pair(true, true, "threads", "threads");
     check(&s, "server");

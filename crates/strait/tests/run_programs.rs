@@ -325,3 +325,98 @@ fn nginx_daemon_with_two_workers_serves_files_to_curl_under_strait() {
     drop(_guard);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An asyncio (epoll) echo server and client.
+const ASYNCIO_ECHO: &str = r#"import asyncio, sys, hashlib
+async def handle(r, w):
+    while True:
+        data = await r.read(65536)
+        if not data:
+            break
+        w.write(data)
+        await w.drain()
+    w.close()
+async def server(port):
+    srv = await asyncio.start_server(handle, '127.0.0.1', port)
+    print("LISTENING", flush=True)
+    async with srv:
+        await srv.serve_forever()
+async def client(port):
+    r, w = await asyncio.open_connection('127.0.0.1', port)
+    total = 0
+    h1, h2 = hashlib.sha256(), hashlib.sha256()
+    for i in range(200):
+        msg = bytes([(i * 7 + j) % 251 for j in range(1 + (i * 997) % 20000)])
+        h1.update(msg)
+        w.write(msg)
+        await w.drain()
+        got = await r.readexactly(len(msg))
+        h2.update(got)
+        total += len(msg)
+    w.close()
+    print("asyncio ok", total, h1.hexdigest() == h2.hexdigest(), flush=True)
+port = int(sys.argv[2])
+asyncio.run(server(port) if sys.argv[1] == "server" else client(port))
+"#;
+
+fn python() -> String {
+    ensure("python3", "python3");
+    let out =
+        Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn python_asyncio_streams_and_threaded_http_server_under_strait() {
+    let py = python();
+    let dir = std::env::temp_dir().join(format!("strait-python-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let script = dir.join("aio.py");
+    std::fs::write(&script, ASYNCIO_ECHO).expect("script");
+    let script = script.display().to_string();
+
+    let port = free_port().to_string();
+    let server = Killed(
+        strait_run(&["--", &py, &script, "server", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("asyncio server"),
+    );
+    wait_listening(port.parse().expect("port"));
+    let out =
+        run_for(&mut strait_run(&["--stats", "--", &py, &script, "client", &port]), Duration::from_secs(60))
+            .expect("asyncio client finished");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("asyncio ok 2020500 True"), "{text}");
+    assert_eq!(accelerated(&String::from_utf8_lossy(&out.stderr)), 1);
+    drop(server);
+
+    // http.server is a ThreadingHTTPServer: one thread per connection.
+    ensure("curl", "curl");
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).expect("mkdir");
+    let body: Vec<u8> = (0..700_000u32).map(|i| (i.wrapping_mul(40_503) >> 7) as u8).collect();
+    std::fs::write(www.join("f.bin"), &body).expect("write");
+    let port = free_port().to_string();
+    let www_s = www.display().to_string();
+    let _server = Killed(
+        strait_run(&["--", &py, "-m", "http.server", &port, "--bind", "127.0.0.1", "--directory", &www_s])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("http.server"),
+    );
+    wait_listening(port.parse().expect("port"));
+    for _ in 0..3 {
+        let url = format!("http://127.0.0.1:{port}/f.bin");
+        let out = run_for(
+            &mut strait_run(&["--stats", "--", "curl", "-s", "--max-time", "20", &url]),
+            Duration::from_secs(30),
+        )
+        .expect("curl finished");
+        assert!(out.status.success() && out.stdout == body, "body of {} bytes differs", out.stdout.len());
+        assert_eq!(accelerated(&String::from_utf8_lossy(&out.stderr)), 1);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -71,6 +71,104 @@ fn fds_have_memfd() -> bool {
         .unwrap_or(false)
 }
 
+/// recvmmsg, sendmmsg, splice both ways, pselect and sendfile on an accelerated
+/// socket (server side).
+fn extras_server(fd: c_int) {
+    // SAFETY: libc calls on local buffers and descriptors.
+    unsafe {
+        let mut a = [0u8; 4];
+        let mut b = [0u8; 4];
+        let mut iov = [
+            libc::iovec { iov_base: a.as_mut_ptr().cast(), iov_len: 4 },
+            libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: 4 },
+        ];
+        let mut mm: [libc::mmsghdr; 2] = std::mem::zeroed();
+        for (i, m) in mm.iter_mut().enumerate() {
+            m.msg_hdr.msg_iov = &mut iov[i];
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        assert_eq!(libc::recvmmsg(fd, mm.as_mut_ptr(), 2, 0, std::ptr::null_mut()), 2, "recvmmsg");
+        assert_eq!((&a, &b, mm[0].msg_len, mm[1].msg_len), (b"aaaa", b"bbbb", 4, 4));
+        let (c, d) = (*b"cc", *b"dd");
+        let mut siov = [
+            libc::iovec { iov_base: c.as_ptr() as *mut _, iov_len: 2 },
+            libc::iovec { iov_base: d.as_ptr() as *mut _, iov_len: 2 },
+        ];
+        let mut sm: [libc::mmsghdr; 2] = std::mem::zeroed();
+        for (i, m) in sm.iter_mut().enumerate() {
+            m.msg_hdr.msg_iov = &mut siov[i];
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        assert_eq!(libc::sendmmsg(fd, sm.as_mut_ptr(), 2, 0), 2, "sendmmsg");
+        // splice socket -> pipe and pipe -> socket.
+        let mut p = [0 as c_int; 2];
+        assert_eq!(libc::pipe(p.as_mut_ptr()), 0);
+        let mut got = 0;
+        while got < 9 {
+            let n = libc::splice(fd, std::ptr::null_mut(), p[1], std::ptr::null_mut(), 9 - got, 0);
+            assert!(n > 0, "splice from the socket: {n} {}", errno());
+            got += n as usize;
+        }
+        let mut buf = [0u8; 16];
+        read_exact(p[0], &mut buf[..9]);
+        assert_eq!(&buf[..9], b"splice-me");
+        write_all(p[1], b"from-pipe");
+        assert_eq!(
+            libc::splice(p[0], std::ptr::null_mut(), fd, std::ptr::null_mut(), 9, 0),
+            9,
+            "splice to the socket"
+        );
+        // pselect.
+        let mut rs: libc::fd_set = std::mem::zeroed();
+        libc::FD_SET(fd, &mut rs);
+        let ts = libc::timespec { tv_sec: 0, tv_nsec: 20_000_000 };
+        assert_eq!(
+            libc::pselect(fd + 1, &mut rs, std::ptr::null_mut(), std::ptr::null_mut(), &ts, std::ptr::null()),
+            0
+        );
+        write_all(fd, b"!");
+        libc::FD_SET(fd, &mut rs);
+        let ts = libc::timespec { tv_sec: 5, tv_nsec: 0 };
+        assert_eq!(
+            libc::pselect(fd + 1, &mut rs, std::ptr::null_mut(), std::ptr::null_mut(), &ts, std::ptr::null()),
+            1
+        );
+        read_exact(fd, &mut buf[..1]);
+        assert_eq!(buf[0], b'p');
+        // sendfile from a file.
+        let path = std::env::temp_dir().join(format!("strait-sendfile-{}", std::process::id()));
+        let data: Vec<u8> = (0..100_000u64).map(pattern).collect();
+        std::fs::write(&path, &data).expect("temp file");
+        let f = std::fs::File::open(&path).expect("open");
+        let mut off: libc::off_t = 0;
+        let mut sent = 0;
+        while sent < data.len() {
+            let n = libc::sendfile(fd, f.as_raw_fd(), &mut off, data.len() - sent);
+            assert!(n > 0, "sendfile: {n} {}", errno());
+            sent += n as usize;
+        }
+        assert_eq!(off as usize, data.len());
+        let _ = std::fs::remove_file(&path);
+    }
+    println!("extras ok");
+}
+
+fn extras_client(fd: c_int) {
+    let mut b = vec![0u8; 100_000];
+    write_all(fd, b"aaaabbbb");
+    read_exact(fd, &mut b[..4]);
+    assert_eq!(&b[..4], b"ccdd");
+    write_all(fd, b"splice-me");
+    read_exact(fd, &mut b[..9]);
+    assert_eq!(&b[..9], b"from-pipe");
+    read_exact(fd, &mut b[..1]);
+    assert_eq!(b[0], b'!');
+    write_all(fd, b"p");
+    read_exact(fd, &mut b);
+    assert!(b.iter().enumerate().all(|(i, &x)| x == pattern(i as u64)), "sendfile data");
+    println!("extras client ok");
+}
+
 extern "C" fn on_alarm(_: c_int) {}
 
 fn alarm_handler(restart: bool) {
@@ -512,6 +610,8 @@ fn main() {
             println!("fork ok");
         }
         ("server", "signals") => signals_server(fd),
+        ("server", "extras") => extras_server(fd),
+        ("client", "extras") => extras_client(fd),
         ("client", "signals") => {
             // Stay silent while the server's read is interrupted and times out, then
             // answer its go.

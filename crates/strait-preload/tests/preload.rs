@@ -273,6 +273,19 @@ fn peers_without_strait_use_the_kernel_and_see_exact_bytes() {
 }
 
 #[test]
+fn a_large_transfer_arrives_intact() {
+    let (s, c) = pair(true, true, "sink", "source134217728");
+    check(&s, "server");
+    check(&c, "client");
+    let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
+    let got =
+        s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+    assert_eq!(sent, got);
+    assert!(got.starts_with("134217728 "));
+    assert_eq!(accelerated(&s), 1);
+}
+
+#[test]
 fn strait_disable_keeps_everything_on_the_kernel() {
     let deadline = Instant::now() + TIMEOUT;
     let (server, srx) = spawn_lines(cmd(true, &["server", "sink"]).env("STRAIT_DISABLE", "1"));

@@ -534,9 +534,16 @@ impl<D: Device> Endpoint<D> {
                 return work + 1;
             }
         }
-        if work == 0 && !self.st.tx_work() && !self.st.peer_closed {
-            // Nothing arrived and nothing waits to go out: the idle poll stops here.
-            return 0;
+        if !self.st.tx_work() && !self.st.peer_closed {
+            if work > 0 {
+                // Frames arrived but nothing waits to go out: only the doorbell may
+                // have something to say (ring room handed back to a sleeping peer).
+                if let Err(e) = self.dev.doorbell() {
+                    self.device_failed(e, cq);
+                }
+            }
+            // Nothing waits to go out: the idle poll stops here.
+            return work;
         }
         work + self.progress_tx(cq, work)
     }

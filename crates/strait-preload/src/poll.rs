@@ -212,12 +212,29 @@ struct Entry {
     last_rx: u64,
     last_tx: u64,
     disabled: bool,
+    /// May have changed since it was last looked at: scan it.
+    dirty: bool,
+    /// Our sleeping flags are set for it, so any change rings its bell. Every entry
+    /// is dirty or armed, so a scan only touches dirty entries (a connection's
+    /// shared lines are not pulled from the peer on every epoll_wait).
+    armed: bool,
 }
 
 /// The accelerated members of one epoll set.
 #[derive(Default)]
 pub struct EpSet {
     entries: Vec<Entry>,
+    /// Connections whose bell and Unix socket are in the kernel set. They stay
+    /// after EPOLL_CTL_DEL (programs such as hiredis delete and re-add on every
+    /// request) until the connection is closed: a bell with no entry is drained
+    /// and ignored.
+    wakers: Vec<Arc<Conn>>,
+}
+
+impl EpSet {
+    fn live(&self) -> bool {
+        !self.entries.is_empty() || !self.wakers.is_empty()
+    }
 }
 
 static SETS_LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -245,19 +262,21 @@ fn del_wakers(epfd: c_int, c: &Conn) {
 }
 
 /// `epoll_ctl` on an accelerated descriptor (never handed to the kernel set).
+/// True if `epfd` is an epoll descriptor (asked once per set, not per call).
+fn is_epoll(epfd: c_int) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{epfd}"))
+        .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[eventpoll]")
+}
+
 pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_event) -> c_int {
-    // Check that epfd is an epoll set: a harmless DEL of an fd that is never in it.
-    let mut dummy = epoll_event { events: 0, u64: 0 };
-    // SAFETY: a local epoll_event.
-    if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, conn.my_efd, &mut dummy) } < 0 {
-        let e = real::errno();
-        if e == libc::EBADF || e == libc::EINVAL {
-            real::set_errno(e);
-            return -1;
-        }
-    } else {
-        // It was there (another descriptor of this connection): put it back.
-        add_wakers(epfd, &conn);
+    // The first time a set meets an accelerated descriptor, check it is a set (the
+    // calls on it after that cost no system call unless wakers come or go).
+    let known = sets().as_ref().is_some_and(|m| m.contains_key(&epfd));
+    if !known && !is_epoll(epfd) {
+        // SAFETY: plain fcntl to tell EBADF from EINVAL.
+        let bad = unsafe { real::fcntl(epfd, libc::F_GETFD, 0) } < 0;
+        real::set_errno(if bad { libc::EBADF } else { libc::EINVAL });
+        return -1;
     }
     let (events, data) = if ev.is_null() {
         (0, 0)
@@ -276,7 +295,10 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_
                 real::set_errno(libc::EEXIST);
                 return -1;
             }
-            add_wakers(epfd, &conn);
+            if !set.wakers.iter().any(|x| Arc::ptr_eq(x, &conn)) {
+                add_wakers(epfd, &conn);
+                set.wakers.push(conn.clone());
+            }
             set.entries.push(Entry {
                 fd,
                 conn,
@@ -286,6 +308,8 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_
                 last_rx: 0,
                 last_tx: 0,
                 disabled: false,
+                dirty: true,
+                armed: false,
             });
         }
         libc::EPOLL_CTL_MOD => {
@@ -298,23 +322,22 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_
             e.data = data;
             e.last_bits = 0;
             e.disabled = false;
+            e.dirty = true;
+            e.armed = false;
         }
         libc::EPOLL_CTL_DEL => {
             let Some(i) = pos else {
                 real::set_errno(libc::ENOENT);
                 return -1;
             };
-            let e = set.entries.swap_remove(i);
-            if !set.entries.iter().any(|x| Arc::ptr_eq(&x.conn, &e.conn)) {
-                del_wakers(epfd, &e.conn);
-            }
+            set.entries.swap_remove(i);
         }
         _ => {
             real::set_errno(libc::EINVAL);
             return -1;
         }
     }
-    let n = map.values().filter(|s| !s.entries.is_empty()).count();
+    let n = map.values().filter(|s| s.live()).count();
     SETS_LIVE.store(n, Ordering::Relaxed);
     0
 }
@@ -328,13 +351,14 @@ pub fn forget_conn(conn: &Arc<Conn>) {
     let mut g = sets();
     if let Some(map) = g.as_mut() {
         for (&epfd, set) in map.iter_mut() {
-            let before = set.entries.len();
             set.entries.retain(|e| !Arc::ptr_eq(&e.conn, conn));
-            if set.entries.len() != before {
+            let before = set.wakers.len();
+            set.wakers.retain(|c| !Arc::ptr_eq(c, conn));
+            if set.wakers.len() != before {
                 del_wakers(epfd, conn);
             }
         }
-        let n = map.values().filter(|s| !s.entries.is_empty()).count();
+        let n = map.values().filter(|s| s.live()).count();
         SETS_LIVE.store(n, Ordering::Relaxed);
     }
 }
@@ -347,44 +371,80 @@ pub fn forget_set(epfd: c_int) {
     let mut g = sets();
     if let Some(map) = g.as_mut() {
         map.remove(&epfd);
-        let n = map.values().filter(|s| !s.entries.is_empty()).count();
+        let n = map.values().filter(|s| s.live()).count();
         SETS_LIVE.store(n, Ordering::Relaxed);
     }
 }
 
+fn evaluate(e: &mut Entry) -> i16 {
+    let r = e.conn.readiness();
+    let mask = (e.events as i16) | libc::POLLHUP | libc::POLLERR;
+    let bits = r.bits & mask;
+    if e.events & libc::EPOLLET as u32 == 0 {
+        return bits;
+    }
+    let mut fresh = bits & !(libc::POLLIN | libc::POLLOUT) & !e.last_bits;
+    if bits & libc::POLLIN != 0 && (e.last_bits & libc::POLLIN == 0 || r.rx_tail != e.last_rx) {
+        fresh |= libc::POLLIN;
+    }
+    if bits & libc::POLLOUT != 0 && (e.last_bits & libc::POLLOUT == 0 || r.tx_head != e.last_tx) {
+        fresh |= libc::POLLOUT;
+    }
+    e.last_bits = r.bits;
+    e.last_rx = r.rx_tail;
+    e.last_tx = r.tx_head;
+    fresh
+}
+
 /// Ready accelerated members (level- or edge-triggered, one-shot), at most `max`.
+/// Only dirty entries are looked at; an entry found not ready is armed (its
+/// sleeping flags set, then looked at once more, closing the race with the peer).
 fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
     for e in set.entries.iter_mut() {
         if out.len() >= max {
             break;
         }
-        if e.disabled {
+        if e.disabled || !e.dirty {
             continue;
         }
-        let r = e.conn.readiness();
-        let mask = (e.events as i16) | libc::POLLHUP | libc::POLLERR;
-        let mut bits = r.bits & mask;
-        if e.events & libc::EPOLLET as u32 != 0 {
-            let mut fresh = bits & !(libc::POLLIN | libc::POLLOUT);
-            fresh &= !e.last_bits;
-            if bits & libc::POLLIN != 0 && (e.last_bits & libc::POLLIN == 0 || r.rx_tail != e.last_rx) {
-                fresh |= libc::POLLIN;
-            }
-            if bits & libc::POLLOUT != 0 && (e.last_bits & libc::POLLOUT == 0 || r.tx_head != e.last_tx) {
-                fresh |= libc::POLLOUT;
-            }
-            e.last_bits = r.bits;
-            e.last_rx = r.rx_tail;
-            e.last_tx = r.tx_head;
-            bits = fresh;
+        let mut bits = evaluate(e);
+        if bits == 0 && !e.armed {
+            e.conn.announce(e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
+            e.armed = true;
+            bits = evaluate(e);
         }
+        let level = e.events & libc::EPOLLET as u32 == 0;
         if bits != 0 {
             out.push(epoll_event { events: bits as u16 as u32, u64: e.data });
             if e.events & libc::EPOLLONESHOT as u32 != 0 {
                 e.disabled = true;
             }
         }
+        // Level-triggered entries that were ready stay dirty (still ready next time
+        // unless drained); others wait for their bell, armed.
+        e.dirty = bits != 0 && level;
+        if !e.dirty && !e.armed {
+            e.conn.announce(e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
+            e.armed = true;
+            // A change between the evaluation and the arming rang no bell.
+            e.dirty = true;
+        }
     }
+}
+
+/// A bell (or hang-up) of connection `c` came: its entries may have changed.
+fn touch(set: &mut EpSet, pred: impl Fn(&Conn) -> bool) {
+    for e in set.entries.iter_mut() {
+        if pred(&e.conn) {
+            e.dirty = true;
+            e.armed = false;
+        }
+    }
+}
+
+fn with_set<T>(epfd: c_int, f: impl FnOnce(&mut EpSet) -> T) -> Option<T> {
+    let mut g = sets();
+    g.as_mut().and_then(|m| m.get_mut(&epfd)).map(f)
 }
 
 /// `epoll_wait`/`epoll_pwait` on a set with accelerated members; `None`: none.
@@ -401,95 +461,95 @@ pub unsafe fn wait(
     if SETS_LIVE.load(Ordering::Relaxed) == 0 || max <= 0 {
         return None;
     }
-    let conns: Vec<(Arc<Conn>, u32)> = {
-        let g = sets();
-        let set = g.as_ref()?.get(&epfd)?;
-        if set.entries.is_empty() {
-            return None;
-        }
-        set.entries.iter().filter(|e| !e.disabled).map(|e| (e.conn.clone(), e.events)).collect()
-    };
+    if !with_set(epfd, |s| s.live())? {
+        return None;
+    }
     let max = max as usize;
     let mut first = true;
     loop {
         let mut acc = Vec::new();
-        {
-            let mut g = sets();
-            if let Some(set) = g.as_mut().and_then(|m| m.get_mut(&epfd)) {
-                collect(set, &mut acc, max);
-            }
+        with_set(epfd, |set| collect(set, &mut acc, max));
+        // Entries armed just now are dirty once more: look again before sleeping.
+        if acc.is_empty() {
+            with_set(epfd, |set| collect(set, &mut acc, max));
         }
         let sleep = acc.is_empty() && (first || remaining(deadline) != Some(Duration::ZERO));
         first = false;
-        if sleep {
-            for (c, ev) in &conns {
-                c.announce(ev & libc::EPOLLIN as u32 != 0, ev & libc::EPOLLOUT as u32 != 0);
-            }
-            let mut g = sets();
-            if let Some(set) = g.as_mut().and_then(|m| m.get_mut(&epfd)) {
-                collect(set, &mut acc, max);
-            }
-        }
-        let sleep = sleep && acc.is_empty();
         let room = max - acc.len();
         let ms = if sleep { slice_ms(deadline) } else { 0 };
-        let mut kev: Vec<epoll_event> = vec![epoll_event { events: 0, u64: 0 }; room.max(1)];
+        // Kernel events go straight into the caller's buffer (no copy of a possibly
+        // huge maxevents array); ours are appended after them.
         let r = if room == 0 {
             0
         } else {
-            // SAFETY: `kev` has room for `room` entries.
+            // SAFETY: the caller's buffer has room for `max >= room` entries.
             unsafe {
                 match mask {
-                    None => real::epoll_wait(epfd, kev.as_mut_ptr(), room as c_int, ms),
-                    Some(m) => real::epoll_pwait(epfd, kev.as_mut_ptr(), room as c_int, ms, m),
+                    None => real::epoll_wait(epfd, events, room as c_int, ms),
+                    Some(m) => real::epoll_pwait(epfd, events, room as c_int, ms, m),
                 }
             }
         };
         if r < 0 {
             if !acc.is_empty() {
-                break finish(events, &acc, &[]);
+                break finish(events, 0, &acc);
             }
             return Some(-1);
         }
-        let mut kernel = Vec::new();
+        let mut kernel = 0usize;
         let mut woke = false;
-        for e in &kev[..r as usize] {
+        for i in 0..r as usize {
+            // SAFETY: the kernel filled `r` entries (read unaligned: packed struct).
+            let e = unsafe { std::ptr::read_unaligned(events.add(i)) };
             let data = e.u64;
+            let fd = (data & 0xffff_ffff) as c_int;
             if data & MAGIC_MASK == MAGIC_BELL {
                 woke = true;
-                let fd = (data & 0xffff_ffff) as c_int;
-                if let Some((c, _)) = conns.iter().find(|(c, _)| c.my_efd == fd) {
-                    c.drain_bell();
-                }
+                with_set(epfd, |set| {
+                    if let Some(c) = set.wakers.iter().find(|c| c.my_efd == fd) {
+                        c.drain_bell();
+                    }
+                    touch(set, |c| c.my_efd == fd);
+                });
             } else if data & MAGIC_MASK == MAGIC_HUP {
                 woke = true;
-                let fd = (data & 0xffff_ffff) as c_int;
-                if let Some((c, _)) = conns.iter().find(|(c, _)| c.unix() == fd) {
-                    c.check_peer();
-                }
+                with_set(epfd, |set| {
+                    if let Some(c) = set.wakers.iter().find(|c| c.unix() == fd).cloned() {
+                        c.check_peer();
+                        // A hang-up stays reported: a connection without entries
+                        // leaves the kernel set, or every wait would return at once.
+                        if !set.entries.iter().any(|e| Arc::ptr_eq(&e.conn, &c)) {
+                            del_wakers(epfd, &c);
+                            set.wakers.retain(|x| !Arc::ptr_eq(x, &c));
+                        }
+                    }
+                    touch(set, |c| c.unix() == fd);
+                });
             } else {
-                kernel.push(*e);
+                // SAFETY: compacting in place, `kernel <= i`.
+                unsafe { std::ptr::write_unaligned(events.add(kernel), e) };
+                kernel += 1;
             }
         }
-        if sleep && (woke || !kernel.is_empty()) {
-            let mut g = sets();
-            if let Some(set) = g.as_mut().and_then(|m| m.get_mut(&epfd)) {
-                collect(set, &mut acc, max - kernel.len().min(max));
-            }
+        // After a sleep, look at what the bells marked (nothing was reported yet in
+        // this call, so no entry is reported twice).
+        if sleep && (woke || kernel > 0) {
+            let left = max - acc.len() - kernel.min(max - acc.len());
+            let mut more = Vec::new();
+            with_set(epfd, |set| collect(set, &mut more, left));
+            acc.extend(more);
         }
-        if !acc.is_empty() || !kernel.is_empty() || remaining(deadline) == Some(Duration::ZERO) || !sleep {
-            break finish(events, &acc, &kernel);
+        if !acc.is_empty() || kernel > 0 || remaining(deadline) == Some(Duration::ZERO) || !sleep {
+            break finish(events, kernel, &acc);
         }
     }
 }
 
-fn finish(events: *mut epoll_event, acc: &[epoll_event], kernel: &[epoll_event]) -> Option<c_int> {
-    let mut n = 0;
-    for e in kernel.iter().chain(acc.iter()) {
+fn finish(events: *mut epoll_event, kernel: usize, acc: &[epoll_event]) -> Option<c_int> {
+    for (i, e) in acc.iter().enumerate() {
         // SAFETY: the caller's buffer has room for `max` entries and we produce at
         // most that many (kernel events were limited to the room left).
-        unsafe { std::ptr::write_unaligned(events.add(n), *e) };
-        n += 1;
+        unsafe { std::ptr::write_unaligned(events.add(kernel + i), *e) };
     }
-    Some(n as c_int)
+    Some((kernel + acc.len()) as c_int)
 }

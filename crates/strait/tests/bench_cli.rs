@@ -108,6 +108,11 @@ fn bench_json_schema_values_and_files() {
                 // descheduled for longer than the spin budget (a loaded machine).
                 assert!(s < 1.5, "the floor makes (almost) no syscalls: {r}");
             }
+            if t == "strait-shm" {
+                // A polling ping-pong and a polling stream make no system call per
+                // message (a rare liveness check aside).
+                assert!(s < 0.25, "strait-shm must not make a system call per message: {r}");
+            }
             if t == "kernel-tcp" || t == "pipe" {
                 assert!(s >= 1.9, "a kernel path makes >= 2 syscalls per message: {r}");
             }

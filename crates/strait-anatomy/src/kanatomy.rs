@@ -36,6 +36,7 @@ use std::time::Duration;
 use crate::anatomy::{AnatomyRun, StageRow};
 use crate::ktrace::{KEvent, TraceError, TraceSession};
 use crate::stages::{kept_mean, KEEP};
+use crate::sys::{pin, unpin};
 
 /// The tracepoints the kernel paths use.
 pub const EVENTS: [&str; 11] = [
@@ -314,21 +315,6 @@ fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
-/// Pins the calling thread to `cpu` (best effort) and returns its former CPU set.
-fn pin(cpu: usize) -> Option<libc::cpu_set_t> {
-    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills `old`,
-    // CPU_SET writes inside `set`, and sched_setaffinity(0, ..) only reads it, for
-    // the calling thread.
-    unsafe {
-        let mut old: libc::cpu_set_t = std::mem::zeroed();
-        let got = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) == 0;
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        got.then_some(old)
-    }
-}
-
 /// What to measure on the kernel paths.
 #[derive(Debug, Clone)]
 pub struct KernelConfig {
@@ -435,10 +421,7 @@ pub fn run(p: Proto, cfg: &KernelConfig, ticks_per_ns: f64) -> Result<Vec<Anatom
         }
         Ok(runs)
     })();
-    if let Some(set) = old_cpus {
-        // SAFETY: `set` was filled by the kernel; the call only reads it.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    }
+    unpin(old_cpus);
     let _ = cmd_tx.send(Cmd::Quit);
     drop(cmd_tx);
     let _ = peer.join();

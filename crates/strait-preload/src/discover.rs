@@ -162,8 +162,16 @@ fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
 /// dead or sent garbage, `None` nothing yet.
 type HelloMsg = ([u8; HELLO_LEN], Vec<c_int>);
 
-fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
-    let mut buf = [0u8; HELLO_LEN + 16];
+/// One message received without waiting, with the descriptors it carried (all of
+/// them, close-on-exec, owned by the caller), and whether its control data was cut.
+struct FdMessage {
+    len: usize,
+    fds: Vec<c_int>,
+    truncated: bool,
+}
+
+/// `recvmsg` with SCM_RIGHTS, not waiting: `Err(errno)` when nothing came.
+fn recv_fds_now(sock: c_int, buf: &mut [u8]) -> Result<FdMessage, c_int> {
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is plain old data.
@@ -175,8 +183,7 @@ fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
     // SAFETY: `msg` points at live locals.
     let n = unsafe { real::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
     if n < 0 {
-        let e = real::errno();
-        return if e == libc::EAGAIN || e == libc::EINTR { None } else { Some(Err(())) };
+        return Err(real::errno());
     }
     let mut fds = Vec::new();
     // SAFETY: walks the control messages the kernel wrote, within msg_controllen.
@@ -193,8 +200,18 @@ fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
+    Ok(FdMessage { len: n as usize, fds, truncated: msg.msg_flags & libc::MSG_CTRUNC != 0 })
+}
+
+fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
+    let mut buf = [0u8; HELLO_LEN + 16];
+    let m = match recv_fds_now(sock, &mut buf) {
+        Ok(m) => m,
+        Err(e) => return if e == libc::EAGAIN || e == libc::EINTR { None } else { Some(Err(())) },
+    };
+    let (n, fds) = (m.len, m.fds);
     let mut out = [0u8; HELLO_LEN];
-    if n as usize != HELLO_LEN || fds.len() != 4 || msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    if n != HELLO_LEN || fds.len() != 4 || m.truncated {
         close_all(&fds);
         return Some(Err(()));
     }
@@ -702,37 +719,14 @@ impl PendingC {
         // SAFETY: one pollfd.
         unsafe { real::poll(&mut p, 1, 100) };
         let mut buf = [0u8; 16];
-        let mut cbuf = [0u64; 8];
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        // SAFETY: msghdr is plain old data.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-        // SAFETY: `msg` points at live locals.
-        let n = unsafe { real::recvmsg(c, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
-        let mut theirs = -1;
-        // SAFETY: walks the control messages the kernel wrote, within msg_controllen.
-        unsafe {
-            let cm = libc::CMSG_FIRSTHDR(&msg);
-            if n >= 0
-                && !cm.is_null()
-                && (*cm).cmsg_level == libc::SOL_SOCKET
-                && (*cm).cmsg_type == libc::SCM_RIGHTS
-            {
-                let count = ((*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                let data = libc::CMSG_DATA(cm).cast::<c_int>();
-                for i in 0..count {
-                    let f = std::ptr::read_unaligned(data.add(i));
-                    if i == 0 {
-                        theirs = f;
-                    } else {
-                        close_all(&[f]);
-                    }
-                }
+        let (n, theirs) = match recv_fds_now(c, &mut buf) {
+            Ok(m) => {
+                // The connector's socket comes first; anything else is not ours to keep.
+                close_all(m.fds.get(1..).unwrap_or_default());
+                (m.len as isize, m.fds.first().copied().unwrap_or(-1))
             }
-        }
+            Err(_) => (-1, -1),
+        };
         let ok = n == 16
             && u64::from_le_bytes(buf[0..8].try_into().unwrap_or_default()) == REQ_MAGIC
             && theirs >= 0

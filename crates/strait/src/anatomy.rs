@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use strait_anatomy::anatomy::{AnatomyRun, StageRow};
 use strait_anatomy::stages::{self, OneWay, STAGES};
+use strait_anatomy::sys::{pin, unpin};
 use strait_anatomy::Clock;
 use strait_core::{Config, EpId, MemoryRegion, OpKind, Status, Worker};
 use strait_probe::Stamp;
@@ -101,30 +102,6 @@ pub fn probe_cost() -> ProbeCost {
         v[v.len() / 2]
     };
     ProbeCost { on_ticks: run(true), off_ticks: run(false) }
-}
-
-/// Pins the calling thread to `cpu` (best effort: a failure only costs noise) and
-/// returns the CPU set it had, for [`unpin`].
-fn pin(cpu: usize) -> Option<libc::cpu_set_t> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills
-    // `old`, CPU_SET writes inside `set`, and sched_setaffinity(0, ..) reads it for
-    // the calling thread only.
-    unsafe {
-        let mut old: libc::cpu_set_t = std::mem::zeroed();
-        let got = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) == 0;
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        got.then_some(old)
-    }
-}
-
-/// Gives the calling thread back the CPU set [`pin`] returned.
-fn unpin(old: Option<libc::cpu_set_t>) {
-    if let Some(set) = old {
-        // SAFETY: `set` is a CPU set the kernel filled in; the call only reads it.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    }
 }
 
 /// One end: a worker, its endpoint and buffers.

@@ -231,6 +231,33 @@ fn result_dir(out: &Path, kind: &str, stamp: &str) -> Result<PathBuf, BenchError
     })
 }
 
+/// Prints a report on stdout as JSON or as a table, and says where its files went and
+/// how to reproduce it (on stderr for JSON, so stdout stays one document).
+fn print_report(
+    format: Format,
+    json: &str,
+    table: impl FnOnce() -> String,
+    json_path: &Path,
+    svg_path: &Path,
+    command: &str,
+) -> Result<(), BenchError> {
+    let mut stdout = std::io::stdout().lock();
+    let io = |e| BenchError::io("write stdout", e);
+    match format {
+        Format::Json => {
+            writeln!(stdout, "{json}").map_err(io)?;
+            eprintln!("wrote {} and {}", json_path.display(), svg_path.display());
+            eprintln!("reproduce with: {command}");
+        }
+        Format::Table => {
+            write!(stdout, "{}", table()).map_err(io)?;
+            writeln!(stdout, "\nwrote {} and {}", json_path.display(), svg_path.display()).map_err(io)?;
+            writeln!(stdout, "reproduce with: {command}").map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
 fn bench(a: BenchArgs) -> Result<(), BenchError> {
     if a.list_transports {
         for s in strait::bench::specs() {
@@ -347,21 +374,7 @@ fn bench(a: BenchArgs) -> Result<(), BenchError> {
     write_file(&json_path, &json)?;
     write_file(&svg_path, &render_svg(&report))?;
 
-    let mut stdout = std::io::stdout().lock();
-    let io = |e| BenchError::io("write stdout", e);
-    match a.format {
-        Format::Json => {
-            writeln!(stdout, "{json}").map_err(io)?;
-            eprintln!("wrote {} and {}", json_path.display(), svg_path.display());
-            eprintln!("reproduce with: {command}");
-        }
-        Format::Table => {
-            write!(stdout, "{}", render_table(&report)).map_err(io)?;
-            writeln!(stdout, "\nwrote {} and {}", json_path.display(), svg_path.display()).map_err(io)?;
-            writeln!(stdout, "reproduce with: {command}").map_err(io)?;
-        }
-    }
-    Ok(())
+    print_report(a.format, &json, || render_table(&report), &json_path, &svg_path, &command)
 }
 
 /// Exit status of `strait anatomy` when a requested path could not be measured
@@ -518,19 +531,6 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
     write_file(&json_path, &json)?;
     write_file(&svg_path, &anatomy_svg(&report))?;
     write_file(&dir.join("anatomy-latency.svg"), &render_latency_svg(&report))?;
-    let mut stdout = std::io::stdout().lock();
-    let io = |e| BenchError::io("write stdout", e);
-    match a.format {
-        Format::Json => {
-            writeln!(stdout, "{json}").map_err(io)?;
-            eprintln!("wrote {} and {}", json_path.display(), svg_path.display());
-            eprintln!("reproduce with: {command}");
-        }
-        Format::Table => {
-            write!(stdout, "{}", anatomy_table(&report)).map_err(io)?;
-            writeln!(stdout, "\nwrote {} and {}", json_path.display(), svg_path.display()).map_err(io)?;
-            writeln!(stdout, "reproduce with: {command}").map_err(io)?;
-        }
-    }
+    print_report(a.format, &json, || anatomy_table(&report), &json_path, &svg_path, &command)?;
     Ok(complete)
 }

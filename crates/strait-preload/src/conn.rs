@@ -205,7 +205,7 @@ enum Waited {
 }
 
 /// The socket's SO_RCVTIMEO/SO_SNDTIMEO, if set.
-fn sock_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
+pub(crate) fn sock_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
     let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
     let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
     // SAFETY: a local timeval and its length.
@@ -221,7 +221,7 @@ fn sock_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
 /// After a wait was interrupted by a signal: restart it (as SA_RESTART would) only if
 /// every installed handler has SA_RESTART. We cannot tell which signal it was, so a
 /// program with any non-restarting handler sees EINTR, as it would for that signal.
-fn signals_restart() -> bool {
+pub(crate) fn signals_restart() -> bool {
     for sig in 1..libc::SIGRTMAX() {
         // Fault signals are synchronous: they never interrupt a blocked call (and
         // runtimes such as Rust's install handlers for them without SA_RESTART).

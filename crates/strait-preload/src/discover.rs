@@ -40,7 +40,7 @@ const HELLO_LEN: usize = 48;
 /// Address key of a TCP endpoint: IPv4 (or v4-mapped IPv6) as `::ffff:a.b.c.d`.
 pub type Key = ([u8; 16], u16);
 
-fn netns() -> u64 {
+pub(crate) fn netns() -> u64 {
     static NS: OnceLock<u64> = OnceLock::new();
     *NS.get_or_init(|| {
         // SAFETY: stat is plain old data, filled by the call.
@@ -63,7 +63,7 @@ fn conn_name(port: u16) -> (libc::sockaddr_un, socklen_t) {
     abstract_name(&format!("strait.c.{}.{}", netns(), port))
 }
 
-fn abstract_name(name: &str) -> (libc::sockaddr_un, socklen_t) {
+pub(crate) fn abstract_name(name: &str) -> (libc::sockaddr_un, socklen_t) {
     // SAFETY: sockaddr_un is plain old data.
     let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -134,7 +134,7 @@ fn is_tcp_stream(fd: c_int) -> bool {
     get(libc::SO_TYPE) == Some(libc::SOCK_STREAM) && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
 }
 
-fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
+pub(crate) fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     // SAFETY: msghdr is plain old data.
@@ -164,14 +164,14 @@ type HelloMsg = ([u8; HELLO_LEN], Vec<c_int>);
 
 /// One message received without waiting, with the descriptors it carried (all of
 /// them, close-on-exec, owned by the caller), and whether its control data was cut.
-struct FdMessage {
-    len: usize,
-    fds: Vec<c_int>,
-    truncated: bool,
+pub(crate) struct FdMessage {
+    pub len: usize,
+    pub fds: Vec<c_int>,
+    pub truncated: bool,
 }
 
 /// `recvmsg` with SCM_RIGHTS, not waiting: `Err(errno)` when nothing came.
-fn recv_fds_now(sock: c_int, buf: &mut [u8]) -> Result<FdMessage, c_int> {
+pub(crate) fn recv_fds_now(sock: c_int, buf: &mut [u8]) -> Result<FdMessage, c_int> {
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is plain old data.
@@ -219,14 +219,14 @@ fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
     Some(Ok((out, fds)))
 }
 
-fn close_all(fds: &[c_int]) {
+pub(crate) fn close_all(fds: &[c_int]) {
     for &fd in fds {
         // SAFETY: descriptors we own.
         unsafe { real::close(fd) };
     }
 }
 
-fn same_user(sock: c_int) -> bool {
+pub(crate) fn same_user(sock: c_int) -> bool {
     // SAFETY: ucred is plain old data.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as socklen_t;
@@ -354,7 +354,7 @@ pub fn on_listen(fd: c_int) {
     }
     let (sa, len) = unix_name(port);
     // SAFETY: an initialised sockaddr_un of `len` bytes.
-    let ok = unsafe { libc::bind(u, (&sa as *const libc::sockaddr_un).cast(), len) } == 0
+    let ok = unsafe { real::bind(u, (&sa as *const libc::sockaddr_un).cast(), len) } == 0
         // SAFETY: plain syscall.
         && unsafe { real::listen(u, 4096) } == 0;
     if !ok {
@@ -445,7 +445,7 @@ impl Listener {
     }
 }
 
-fn memfd_ok(fd: c_int, len: usize) -> bool {
+pub(crate) fn memfd_ok(fd: c_int, len: usize) -> bool {
     // SAFETY: stat is plain old data; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a local stat.
@@ -585,7 +585,7 @@ pub struct Prepared {
     pending: PendingC,
 }
 
-fn bind_ephemeral(fd: c_int) -> bool {
+pub(crate) fn bind_ephemeral(fd: c_int) -> bool {
     // SAFETY: sockaddr_storage is plain old data.
     let mut ss: sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<sockaddr_storage>() as socklen_t;
@@ -598,7 +598,7 @@ fn bind_ephemeral(fd: c_int) -> bool {
     // binding exactly that picks an ephemeral port and leaves the source address to
     // the connect, as the kernel's automatic bind would.
     // SAFETY: binds the socket to the address the kernel just reported.
-    unsafe { libc::bind(fd, p, len) == 0 }
+    unsafe { real::bind(fd, p, len) == 0 }
 }
 
 /// Before the TCP connect: binds a port if needed, creates the shared memory and
@@ -654,7 +654,7 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
         let (sa, len) = conn_name(port);
         // SAFETY: an initialised sockaddr_un; plain syscalls.
         let ok = unsafe {
-            libc::bind(listener, (&sa as *const libc::sockaddr_un).cast(), len) == 0
+            real::bind(listener, (&sa as *const libc::sockaddr_un).cast(), len) == 0
                 && real::listen(listener, 4) == 0
         };
         if !ok {

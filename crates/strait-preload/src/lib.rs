@@ -17,6 +17,7 @@ mod poll;
 mod real;
 mod stats;
 mod table;
+mod udp;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -27,6 +28,53 @@ use libc::{c_int, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pollfd, s
 use libc::{sockaddr, socklen_t, timespec};
 
 use conn::{Conn, IoErr};
+use udp::UdpSock;
+
+/// Where a UDP receive reports a shared-memory datagram's source and flags.
+enum Name {
+    None,
+    /// recvfrom's address buffer and length word.
+    Addr(*mut sockaddr, *mut socklen_t),
+    /// recvmsg's header (name, control length and flags).
+    Msg(*mut msghdr),
+}
+
+/// A receive on a strait UDP socket; `kernel` is the real call with extra flags.
+fn udp_recv(
+    u: &UdpSock,
+    fd: c_int,
+    iov: &[(*mut u8, usize)],
+    flags: c_int,
+    name: Name,
+    kernel: &mut dyn FnMut(c_int) -> ssize_t,
+) -> ssize_t {
+    let fam = udp::family(u);
+    let mut deliver = |g: &udp::Got2| match name {
+        Name::None => {}
+        // SAFETY: the caller's address buffer and length word (or nulls).
+        Name::Addr(a, l) => unsafe { udp::write_addr(fam, &g.src, a, l) },
+        // SAFETY: the caller's msghdr.
+        Name::Msg(m) => unsafe {
+            if (*m).msg_name.is_null() {
+                (*m).msg_namelen = 0;
+            } else {
+                udp::write_addr(fam, &g.src, (*m).msg_name.cast(), &mut (*m).msg_namelen);
+            }
+            (*m).msg_controllen = 0;
+            (*m).msg_flags = if g.copied < g.len { libc::MSG_TRUNC } else { 0 };
+        },
+    };
+    u.recv(fd, iov, flags, &mut deliver, kernel)
+}
+
+/// The destination of a UDP send with an explicit address: `Err` when the kernel must
+/// handle it (an address this library does not accelerate).
+fn udp_dest(u: &UdpSock, addr: *const sockaddr, len: socklen_t) -> Result<Option<(discover::Key, bool)>, ()> {
+    if addr.is_null() || len == 0 {
+        return Ok(None);
+    }
+    udp::dest_of(u, addr, len).map(Some).ok_or(())
+}
 
 /// Runs `body`; a panic falls back to `fallback` (the real libc call).
 fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
@@ -121,12 +169,19 @@ extern "C" fn before_fork() {
                 c.add_holder();
             }
         }
+        for u in udp::all() {
+            u.add_holder();
+        }
     });
 }
 
+extern "C" fn in_child() {
+    udp::after_fork_child();
+}
+
 extern "C" fn init() {
-    // SAFETY: registers a plain extern "C" function; no handlers after fork.
-    unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+    // SAFETY: registers plain extern "C" functions (the child's only bumps an atomic).
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child)) };
     stats::init();
 }
 
@@ -143,6 +198,17 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::connect(fd, addr, len) };
     guard(real, || {
+        if let Some(u) = udp::lookup(fd) {
+            let r = real();
+            if r == 0 {
+                let e = real::errno();
+                // SAFETY: the caller's address (at least its family when non-null).
+                let unspec = addr.is_null() || unsafe { (*addr).sa_family } as c_int == libc::AF_UNSPEC;
+                u.on_connect(fd, if unspec { None } else { udp::peer_of(addr, len) });
+                real::set_errno(e);
+            }
+            return r;
+        }
         // A second connect() on a socket already announced (e.g. to complete a
         // non-blocking connect) only asks the kernel.
         if table::lookup(fd).is_some() {
@@ -160,6 +226,44 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             }
         }
         real::set_errno(e);
+        r
+    })
+}
+
+/// # Safety
+/// As for libc's `socket`.
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let fd = unsafe { real::socket(domain, ty, proto) };
+    guard(
+        || fd,
+        || {
+            if fd >= 0 {
+                let e = real::errno();
+                udp::on_socket(fd, domain, ty, proto);
+                real::set_errno(e);
+            }
+            fd
+        },
+    )
+}
+
+/// # Safety
+/// As for libc's `bind`.
+#[no_mangle]
+pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::bind(fd, addr, len) };
+    guard(real, || {
+        let r = real();
+        if r == 0 {
+            if let Some(u) = udp::lookup(fd) {
+                let e = real::errno();
+                udp::on_bind(&u, fd);
+                real::set_errno(e);
+            }
+        }
         r
     })
 }
@@ -216,7 +320,13 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     let real = || unsafe { real::read(fd, buf, n) };
     guard(real, || match accel(fd) {
         Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], 0),
-        None => real(),
+        None => match udp::lookup(fd) {
+            // SAFETY: forwarded arguments.
+            Some(u) => udp_recv(&u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe {
+                real::recv(fd, buf, n, x)
+            }),
+            None => real(),
+        },
     })
 }
 
@@ -240,7 +350,10 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     let real = || unsafe { real::write(fd, buf, n) };
     guard(real, || match accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], 0),
-        None => real(),
+        None => match udp::lookup(fd) {
+            Some(u) => u.send(fd, None, &[(buf.cast(), n)], 0, &mut || real()),
+            None => real(),
+        },
     })
 }
 
@@ -253,7 +366,21 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
     guard(real, || match accel(fd) {
         // SAFETY: the caller's iovecs.
         Some(c) => do_recv(&c, fd, &unsafe { iovs_mut(iov, n) }, 0),
-        None => real(),
+        None => match udp::lookup(fd) {
+            Some(u) => {
+                // SAFETY: the caller's iovecs.
+                let v = unsafe { iovs_mut(iov, n) };
+                udp_recv(&u, fd, &v, 0, Name::None, &mut |x| {
+                    // SAFETY: msghdr is plain old data; it points at the caller's iovecs.
+                    let mut m: msghdr = unsafe { std::mem::zeroed() };
+                    m.msg_iov = iov.cast_mut();
+                    m.msg_iovlen = n.max(0) as _;
+                    // SAFETY: as above.
+                    unsafe { real::recvmsg(fd, &mut m, x) }
+                })
+            }
+            None => real(),
+        },
     })
 }
 
@@ -270,7 +397,15 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize
                 unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
             do_send(&c, fd, &v, 0)
         }
-        None => real(),
+        None => match udp::lookup(fd) {
+            Some(u) => {
+                // SAFETY: the caller's iovecs.
+                let v: Vec<(*const u8, usize)> =
+                    unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
+                u.send(fd, None, &v, 0, &mut || real())
+            }
+            None => real(),
+        },
     })
 }
 
@@ -282,7 +417,13 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     let real = || unsafe { real::recv(fd, buf, n, flags) };
     guard(real, || match accel(fd) {
         Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], flags),
-        None => real(),
+        None => match udp::lookup(fd) {
+            // SAFETY: forwarded arguments.
+            Some(u) => udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
+                real::recv(fd, buf, n, flags | x)
+            }),
+            None => real(),
+        },
     })
 }
 
@@ -312,7 +453,10 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     let real = || unsafe { real::send(fd, buf, n, flags) };
     guard(real, || match accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        None => real(),
+        None => match udp::lookup(fd) {
+            Some(u) => u.send(fd, None, &[(buf.cast(), n)], flags, &mut || real()),
+            None => real(),
+        },
     })
 }
 
@@ -338,7 +482,15 @@ pub unsafe extern "C" fn recvfrom(
             }
             r
         }
-        None => real(),
+        None => match udp::lookup(fd) {
+            Some(u) => {
+                udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
+                    // SAFETY: forwarded arguments.
+                    unsafe { real::recvfrom(fd, buf, n, flags | x, addr, alen) }
+                })
+            }
+            None => real(),
+        },
     })
 }
 
@@ -378,7 +530,13 @@ pub unsafe extern "C" fn sendto(
     // A connected TCP socket ignores the address, as the kernel does.
     guard(real, || match accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        None => real(),
+        None => match udp::lookup(fd) {
+            Some(u) => match udp_dest(&u, addr, alen) {
+                Ok(d) => u.send(fd, d, &[(buf.cast(), n)], flags, &mut || real()),
+                Err(()) => real(),
+            },
+            None => real(),
+        },
     })
 }
 
@@ -397,8 +555,42 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
                 .collect();
             do_send(&c, fd, &v, flags)
         }
+        (None, false) => match udp::lookup(fd) {
+            // SAFETY: the caller's msghdr.
+            Some(u) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
+            None => real(),
+        },
         _ => real(),
     })
+}
+
+/// One `sendmsg` on a strait UDP socket (control data goes to the kernel).
+///
+/// # Safety
+/// `msg` is a valid msghdr.
+unsafe fn udp_sendmsg(
+    u: &UdpSock,
+    fd: c_int,
+    msg: *const msghdr,
+    flags: c_int,
+    kernel: &mut dyn FnMut() -> ssize_t,
+) -> ssize_t {
+    // SAFETY: per the caller.
+    let m = unsafe { &*msg };
+    if m.msg_controllen > 0 {
+        return kernel();
+    }
+    match udp_dest(u, m.msg_name.cast(), m.msg_namelen) {
+        Ok(d) => {
+            // SAFETY: the caller's iovecs.
+            let v: Vec<(*const u8, usize)> = unsafe { iovs_mut(m.msg_iov, m.msg_iovlen as c_int) }
+                .iter()
+                .map(|&(p, l)| (p.cast_const(), l))
+                .collect();
+            u.send(fd, d, &v, flags, kernel)
+        }
+        Err(()) => kernel(),
+    }
 }
 
 /// # Safety
@@ -422,6 +614,17 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             }
             r
         }
+        (None, false) => match udp::lookup(fd) {
+            Some(u) => {
+                // SAFETY: the caller's msghdr and its iovecs.
+                let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
+                // SAFETY: forwarded arguments.
+                udp_recv(&u, fd, &v, flags, Name::Msg(msg), &mut |x| unsafe {
+                    real::recvmsg(fd, msg, flags | x)
+                })
+            }
+            None => real(),
+        },
         _ => real(),
     })
 }
@@ -490,6 +693,22 @@ pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_u
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendmmsg(fd, v, n, flags) };
     guard(real, || {
+        if let (None, Some(u)) = (table::lookup(fd), udp::lookup(fd)) {
+            let mut done = 0;
+            for i in 0..n as usize {
+                // SAFETY: the caller's array of `n` mmsghdrs.
+                let m = unsafe { &mut *v.add(i) };
+                let h: *const msghdr = &m.msg_hdr;
+                // SAFETY: the caller's msghdr; the kernel call sends just this one.
+                let r = unsafe { udp_sendmsg(&u, fd, h, flags, &mut || real::sendmsg(fd, h, flags)) };
+                if r < 0 {
+                    return if done == 0 { -1 } else { done };
+                }
+                m.msg_len = r as libc::c_uint;
+                done += 1;
+            }
+            return done;
+        }
         let Some(c) = accel(fd) else { return real() };
         let mut done = 0;
         for i in 0..n as usize {
@@ -527,6 +746,31 @@ pub unsafe extern "C" fn recvmmsg(
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvmmsg(fd, v, n, flags, t) };
     guard(real, || {
+        if let (None, Some(u)) = (table::lookup(fd), udp::lookup(fd)) {
+            let mut done = 0;
+            for i in 0..n as usize {
+                // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
+                let m = unsafe { &mut *v.add(i) };
+                // SAFETY: as above.
+                let iov = unsafe { iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) };
+                let f = if i > 0 && flags & libc::MSG_WAITFORONE != 0 {
+                    flags | libc::MSG_DONTWAIT
+                } else {
+                    flags
+                };
+                let f = f & !libc::MSG_WAITFORONE;
+                let h: *mut msghdr = &mut m.msg_hdr;
+                // SAFETY: the caller's msghdr.
+                let r =
+                    udp_recv(&u, fd, &iov, f, Name::Msg(h), &mut |x| unsafe { real::recvmsg(fd, h, f | x) });
+                if r < 0 {
+                    return if done == 0 { -1 } else { done };
+                }
+                m.msg_len = r as libc::c_uint;
+                done += 1;
+            }
+            return done;
+        }
         let Some(c) = accel(fd) else { return real() };
         let mut done = 0;
         for i in 0..n as usize {
@@ -611,6 +855,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             table::drop_ref(c);
         }
         table::remove_listener(fd);
+        udp::on_close(fd);
         poll::forget_set(fd);
         real()
     })
@@ -641,6 +886,7 @@ fn dup_into(old: c_int, new: c_int) {
     if new < 0 || old == new {
         return;
     }
+    udp::on_dup(old, new);
     let prev = match table::lookup(old) {
         Some(c) => {
             c.fdrefs.fetch_add(1, Ordering::AcqRel);
@@ -662,7 +908,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     guard(
         || r,
         || {
-            if r >= 0 && table::any_live() {
+            if r >= 0 && (table::any_live() || udp::any_live()) {
                 dup_into(fd, r);
             }
             r
@@ -679,7 +925,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
     guard(
         || r,
         || {
-            if r >= 0 && table::any_live() {
+            if r >= 0 && (table::any_live() || udp::any_live()) {
                 dup_into(fd, r);
             }
             r
@@ -696,7 +942,7 @@ pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
     guard(
         || r,
         || {
-            if r >= 0 && table::any_live() {
+            if r >= 0 && (table::any_live() || udp::any_live()) {
                 dup_into(fd, r);
             }
             r
@@ -707,7 +953,7 @@ pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
 fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     // SAFETY: forwarded arguments.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
-    if r < 0 || !table::any_live() {
+    if r < 0 || !(table::any_live() || udp::any_live()) {
         return r;
     }
     let e = real::errno();
@@ -718,6 +964,9 @@ fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
             libc::F_SETFL => {
                 if let Some(c) = table::lookup(fd) {
                     c.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
+                }
+                if let Some(u) = udp::lookup(fd) {
+                    u.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
                 }
             }
             _ => {}
@@ -752,7 +1001,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::ioctl(fd, req, arg) };
-    if !table::any_live() {
+    if !(table::any_live() || udp::any_live()) {
         return real();
     }
     guard(real, || {
@@ -762,12 +1011,23 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
                 unsafe { *(arg as *mut c_int) = c.fionread().min(c_int::MAX as usize) as c_int };
                 return 0;
             }
+            // UDP: the size of the next datagram (shared memory first, as a receive
+            // would take it).
+            if let Some(n) = udp::lookup(fd).and_then(|u| u.next_len()) {
+                // SAFETY: FIONREAD's argument is an int pointer.
+                unsafe { *(arg as *mut c_int) = n as c_int };
+                return 0;
+            }
         }
         let r = real();
         if r == 0 && req == libc::FIONBIO && arg != 0 {
+            // SAFETY: FIONBIO's argument is an int pointer.
+            let on = unsafe { *(arg as *const c_int) } != 0;
             if let Some(c) = table::lookup(fd) {
-                // SAFETY: FIONBIO's argument is an int pointer.
-                c.nonblock.store(unsafe { *(arg as *const c_int) } != 0, Ordering::Relaxed);
+                c.nonblock.store(on, Ordering::Relaxed);
+            }
+            if let Some(u) = udp::lookup(fd) {
+                u.nonblock.store(on, Ordering::Relaxed);
             }
         }
         r
@@ -782,7 +1042,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::poll(fds, n, timeout) };
-    if !table::any_live() || fds.is_null() || n == 0 {
+    if !(table::any_live() || udp::any_live()) || fds.is_null() || n == 0 {
         return real();
     }
     guard(real, || {
@@ -815,7 +1075,7 @@ pub unsafe extern "C" fn ppoll(
 ) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::ppoll(fds, n, t, mask) };
-    if !table::any_live() || fds.is_null() || n == 0 {
+    if !(table::any_live() || udp::any_live()) || fds.is_null() || n == 0 {
         return real();
     }
     guard(real, || {
@@ -838,7 +1098,7 @@ pub unsafe extern "C" fn select(
 ) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::select(n, r, w, e, t) };
-    if !table::any_live() {
+    if !(table::any_live() || udp::any_live()) {
         return real();
     }
     guard(real, || {
@@ -870,7 +1130,7 @@ pub unsafe extern "C" fn pselect(
 ) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::pselect(n, r, w, e, t, mask) };
-    if !table::any_live() {
+    if !(table::any_live() || udp::any_live()) {
         return real();
     }
     guard(real, || {
@@ -905,12 +1165,25 @@ pub unsafe extern "C" fn epoll_pwait2(
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::epoll_ctl(ep, op, fd, ev) };
-    if !table::any_live() {
+    if !(table::any_live() || udp::any_live()) {
         return real();
     }
     guard(real, || match accel(fd) {
         Some(c) => poll::ctl(ep, op, fd, c, ev),
-        None => real(),
+        None => match udp::lookup(fd) {
+            // The kernel set keeps the socket (kernel datagrams); the library adds
+            // its shared-memory side.
+            Some(u) => {
+                let r = real();
+                if r == 0 {
+                    let e = real::errno();
+                    poll::ctl_udp(ep, op, fd, u, ev);
+                    real::set_errno(e);
+                }
+                r
+            }
+            None => real(),
+        },
     })
 }
 

@@ -15,6 +15,7 @@ use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t};
 
 use crate::conn::Conn;
 use crate::real;
+use crate::udp::UdpSock;
 
 /// Longest single sleep: a safety net against a wake-up taken by another thread
 /// waiting on the same connection.
@@ -40,11 +41,37 @@ fn conn_revents(c: &Conn, events: i16) -> i16 {
     c.readiness().bits & (events | libc::POLLHUP | libc::POLLERR)
 }
 
+/// Strait UDP sockets of a pollfd array that can receive through shared memory:
+/// (index, socket).
+fn udp_entries(fds: &[pollfd]) -> Vec<(usize, Arc<UdpSock>)> {
+    if !crate::udp::any_live() {
+        return Vec::new();
+    }
+    fds.iter()
+        .enumerate()
+        .filter_map(|(i, p)| crate::udp::lookup(p.fd).filter(|u| u.rx().is_some()).map(|u| (i, u)))
+        .collect()
+}
+
+fn udp_revents(u: &UdpSock, events: i16) -> i16 {
+    if events & libc::POLLIN != 0 && u.shm_readable() {
+        libc::POLLIN
+    } else {
+        0
+    }
+}
+
 /// `poll`/`ppoll` with accelerated members. `None`: no accelerated member, call the
 /// real function.
+///
+/// TCP members are answered from their rings (their idle kernel sockets are left
+/// out). UDP members stay in the kernel call (kernel datagrams, POLLOUT, errors) and
+/// get POLLIN from their rings too; their markers are always watched (a new sender
+/// is attached at once) and, to sleep, their doorbells.
 pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const sigset_t>) -> Option<c_int> {
     let acc = accel_entries(fds);
-    if acc.is_empty() {
+    let udp = udp_entries(fds);
+    if acc.is_empty() && udp.is_empty() {
         return None;
     }
     let mut first = true;
@@ -59,6 +86,8 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
                 ready += 1;
             }
         }
+        let shm_before: Vec<i16> = udp.iter().map(|(i, u)| udp_revents(u, fds[*i].events)).collect();
+        ready += shm_before.iter().filter(|&&b| b != 0).count();
         let sleep = ready == 0 && (first || remaining(deadline) != Some(Duration::ZERO));
         first = false;
         if sleep {
@@ -66,17 +95,31 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
                 let ev = fds[*i].events;
                 c.announce(ev & libc::POLLIN != 0, ev & libc::POLLOUT != 0);
             }
-            if acc.iter().any(|(i, c)| conn_revents(c, fds[*i].events) != 0) {
+            for (i, u) in &udp {
+                if fds[*i].events & libc::POLLIN != 0 {
+                    u.announce();
+                }
+            }
+            if acc.iter().any(|(i, c)| conn_revents(c, fds[*i].events) != 0)
+                || udp.iter().any(|(i, u)| udp_revents(u, fds[*i].events) != 0)
+            {
                 continue;
             }
         }
-        // Kernel members, plus (when sleeping) each connection's bell and Unix socket.
+        // Kernel members, plus (when sleeping) each connection's bell and Unix socket,
+        // plus each UDP socket's marker and (when sleeping) its doorbell.
         let nk = tmp.len();
         if sleep {
             for (_, c) in &acc {
                 tmp.push(pollfd { fd: c.my_efd, events: libc::POLLIN, revents: 0 });
                 tmp.push(pollfd { fd: c.unix(), events: libc::POLLRDHUP, revents: 0 });
             }
+        }
+        let nu = tmp.len();
+        for (_, u) in &udp {
+            let rx = u.rx().expect("filtered on rx");
+            tmp.push(pollfd { fd: rx.marker, events: libc::POLLIN, revents: 0 });
+            tmp.push(pollfd { fd: if sleep { rx.efd } else { -1 }, events: libc::POLLIN, revents: 0 });
         }
         let ms = if sleep { slice_ms(deadline) } else { 0 };
         let saved: Vec<i16> = acc.iter().map(|(i, _)| tmp[*i].revents).collect();
@@ -96,13 +139,6 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         if r < 0 {
             return Some(-1);
         }
-        let mut kernel_ready = 0;
-        for (k, p) in tmp[..nk].iter().enumerate() {
-            if p.fd >= 0 && p.revents != 0 {
-                kernel_ready += 1;
-            }
-            let _ = k;
-        }
         if sleep {
             for (j, (_, c)) in acc.iter().enumerate() {
                 if tmp[nk + 2 * j].revents != 0 {
@@ -113,15 +149,19 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
                 }
             }
         }
-        let mut acc_ready = 0;
-        for (j, (i, c)) in acc.iter().enumerate() {
-            let rv = if sleep { conn_revents(c, fds[*i].events) } else { saved[j] };
-            tmp[*i].revents = rv;
-            if rv != 0 {
-                acc_ready += 1;
+        for (j, (i, u)) in udp.iter().enumerate() {
+            if tmp[nu + 2 * j].revents != 0 {
+                u.pump();
             }
+            if tmp[nu + 2 * j + 1].revents != 0 {
+                u.drain_bell();
+            }
+            tmp[*i].revents |= shm_before[j] | udp_revents(u, fds[*i].events);
         }
-        let total = kernel_ready + acc_ready;
+        for (j, (i, c)) in acc.iter().enumerate() {
+            tmp[*i].revents = if sleep { conn_revents(c, fds[*i].events) } else { saved[j] };
+        }
+        let total = tmp[..nk].iter().filter(|p| p.revents != 0).count() as c_int;
         let timed_out = remaining(deadline) == Some(Duration::ZERO);
         if total > 0 || timed_out || !sleep {
             for (k, p) in fds.iter_mut().enumerate() {
@@ -144,7 +184,8 @@ pub unsafe fn select(
     deadline: Option<Instant>,
     mask: Option<*const sigset_t>,
 ) -> Option<c_int> {
-    if !crate::table::any_live() || !(0..=libc::FD_SETSIZE as c_int).contains(&n) {
+    if !(crate::table::any_live() || crate::udp::any_live()) || !(0..=libc::FD_SETSIZE as c_int).contains(&n)
+    {
         return None;
     }
     let mut fds = Vec::new();
@@ -166,7 +207,9 @@ pub unsafe fn select(
             }
         }
     }
-    if !fds.iter().any(|p| crate::table::lookup(p.fd).is_some()) {
+    if !fds.iter().any(|p| {
+        crate::table::lookup(p.fd).is_some() || crate::udp::lookup(p.fd).is_some_and(|u| u.rx().is_some())
+    }) {
         return None;
     }
     let res = poll(&mut fds, deadline, mask)?;
@@ -201,11 +244,80 @@ pub unsafe fn select(
 
 const MAGIC_BELL: u64 = 0x5354_5241_4954_0000 << 16;
 const MAGIC_HUP: u64 = 0x5354_5241_4955_0000 << 16;
+const MAGIC_MARK: u64 = 0x5354_5241_4956_0000 << 16;
 const MAGIC_MASK: u64 = !0xffff_ffff;
+
+/// An accelerated member of an epoll set.
+#[derive(Clone)]
+enum Member {
+    Tcp(Arc<Conn>),
+    /// A UDP socket: the kernel set holds the socket itself (kernel datagrams); this
+    /// side adds the datagrams waiting in shared memory.
+    Udp(Arc<UdpSock>),
+}
+
+impl Member {
+    fn same(&self, o: &Member) -> bool {
+        match (self, o) {
+            (Member::Tcp(a), Member::Tcp(b)) => Arc::ptr_eq(a, b),
+            (Member::Udp(a), Member::Udp(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    fn readiness(&self) -> crate::conn::Ready {
+        match self {
+            Member::Tcp(c) => c.readiness(),
+            Member::Udp(u) => crate::conn::Ready {
+                bits: if u.shm_readable() { libc::POLLIN } else { 0 },
+                rx_tail: u.rx_mark(),
+                tx_head: 0,
+            },
+        }
+    }
+
+    fn announce(&self, rx: bool, tx: bool) {
+        match self {
+            Member::Tcp(c) => c.announce(rx, tx),
+            Member::Udp(u) => {
+                if rx {
+                    u.announce();
+                }
+            }
+        }
+    }
+
+    /// The descriptors that wake a sleeper for this member, with their tags; `None`
+    /// if it has none yet (a UDP socket not bound yet).
+    fn wakers(&self) -> Option<[(c_int, u64, i32); 2]> {
+        match self {
+            Member::Tcp(c) => {
+                Some([(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)])
+            }
+            Member::Udp(u) => {
+                u.rx().map(|rx| [(rx.efd, MAGIC_BELL, libc::EPOLLIN), (rx.marker, MAGIC_MARK, libc::EPOLLIN)])
+            }
+        }
+    }
+
+    fn bell_fd(&self) -> c_int {
+        match self {
+            Member::Tcp(c) => c.my_efd,
+            Member::Udp(u) => u.rx().map_or(-1, |rx| rx.efd),
+        }
+    }
+
+    fn drain_bell(&self) {
+        match self {
+            Member::Tcp(c) => c.drain_bell(),
+            Member::Udp(u) => u.drain_bell(),
+        }
+    }
+}
 
 struct Entry {
     fd: c_int,
-    conn: Arc<Conn>,
+    conn: Member,
     events: u32,
     data: u64,
     last_bits: i16,
@@ -228,7 +340,9 @@ pub struct EpSet {
     /// after EPOLL_CTL_DEL (programs such as hiredis delete and re-add on every
     /// request) until the connection is closed: a bell with no entry is drained
     /// and ignored.
-    wakers: Vec<Arc<Conn>>,
+    wakers: Vec<Member>,
+    /// A UDP member had no wakers yet (not bound when added): look again.
+    pending_udp: bool,
 }
 
 impl EpSet {
@@ -244,17 +358,21 @@ fn sets() -> std::sync::MutexGuard<'static, Option<HashMap<c_int, EpSet>>> {
     SETS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn add_wakers(epfd: c_int, c: &Conn) {
-    for (fd, magic, ev) in [(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)] {
+/// Puts the member's wakers in the kernel set; false if it has none yet.
+fn add_wakers(epfd: c_int, c: &Member) -> bool {
+    let Some(w) = c.wakers() else { return false };
+    for (fd, magic, ev) in w {
         let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
         // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
         // connection) is fine.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
     }
+    true
 }
 
-fn del_wakers(epfd: c_int, c: &Conn) {
-    for fd in [c.my_efd, c.unix()] {
+fn del_wakers(epfd: c_int, c: &Member) {
+    let Some(w) = c.wakers() else { return };
+    for (fd, _, _) in w {
         let mut e = epoll_event { events: 0, u64: 0 };
         // SAFETY: a local epoll_event.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, &mut e) };
@@ -269,6 +387,15 @@ fn is_epoll(epfd: c_int) -> bool {
 }
 
 pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_event) -> c_int {
+    ctl_member(epfd, op, fd, Member::Tcp(conn), ev)
+}
+
+/// `epoll_ctl` on a strait UDP socket, after the kernel set took the socket itself.
+pub fn ctl_udp(epfd: c_int, op: c_int, fd: c_int, u: Arc<UdpSock>, ev: *const epoll_event) {
+    ctl_member(epfd, op, fd, Member::Udp(u), ev);
+}
+
+fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Member, ev: *const epoll_event) -> c_int {
     // The first time a set meets an accelerated descriptor, check it is a set (the
     // calls on it after that cost no system call unless wakers come or go).
     let known = sets().as_ref().is_some_and(|m| m.contains_key(&epfd));
@@ -295,9 +422,12 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_
                 real::set_errno(libc::EEXIST);
                 return -1;
             }
-            if !set.wakers.iter().any(|x| Arc::ptr_eq(x, &conn)) {
-                add_wakers(epfd, &conn);
-                set.wakers.push(conn.clone());
+            if !set.wakers.iter().any(|x| x.same(&conn)) {
+                if add_wakers(epfd, &conn) {
+                    set.wakers.push(conn.clone());
+                } else {
+                    set.pending_udp = true;
+                }
             }
             set.entries.push(Entry {
                 fd,
@@ -345,15 +475,24 @@ pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_
 /// The connection's last descriptor was closed: the kernel would drop it from every
 /// epoll set.
 pub fn forget_conn(conn: &Arc<Conn>) {
+    forget_member(&Member::Tcp(conn.clone()));
+}
+
+/// A UDP socket's last descriptor was closed.
+pub fn forget_udp(u: &Arc<UdpSock>) {
+    forget_member(&Member::Udp(u.clone()));
+}
+
+fn forget_member(conn: &Member) {
     if SETS_LIVE.load(Ordering::Relaxed) == 0 {
         return;
     }
     let mut g = sets();
     if let Some(map) = g.as_mut() {
         for (&epfd, set) in map.iter_mut() {
-            set.entries.retain(|e| !Arc::ptr_eq(&e.conn, conn));
+            set.entries.retain(|e| !e.conn.same(conn));
             let before = set.wakers.len();
-            set.wakers.retain(|c| !Arc::ptr_eq(c, conn));
+            set.wakers.retain(|c| !c.same(conn));
             if set.wakers.len() != before {
                 del_wakers(epfd, conn);
             }
@@ -433,7 +572,7 @@ fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
 }
 
 /// A bell (or hang-up) of connection `c` came: its entries may have changed.
-fn touch(set: &mut EpSet, pred: impl Fn(&Conn) -> bool) {
+fn touch(set: &mut EpSet, pred: impl Fn(&Member) -> bool) {
     for e in set.entries.iter_mut() {
         if pred(&e.conn) {
             e.dirty = true;
@@ -468,7 +607,24 @@ pub unsafe fn wait(
     let mut first = true;
     loop {
         let mut acc = Vec::new();
-        with_set(epfd, |set| collect(set, &mut acc, max));
+        with_set(epfd, |set| {
+            // UDP members bound since they were added: their wakers join the set now.
+            if set.pending_udp {
+                set.pending_udp = false;
+                let members: Vec<Member> = set.entries.iter().map(|e| e.conn.clone()).collect();
+                for m in members {
+                    if set.wakers.iter().any(|x| x.same(&m)) {
+                        continue;
+                    }
+                    if add_wakers(epfd, &m) {
+                        set.wakers.push(m);
+                    } else {
+                        set.pending_udp = true;
+                    }
+                }
+            }
+            collect(set, &mut acc, max)
+        });
         // Entries armed just now are dirty once more: look again before sleeping.
         if acc.is_empty() {
             with_set(epfd, |set| collect(set, &mut acc, max));
@@ -506,24 +662,41 @@ pub unsafe fn wait(
             if data & MAGIC_MASK == MAGIC_BELL {
                 woke = true;
                 with_set(epfd, |set| {
-                    if let Some(c) = set.wakers.iter().find(|c| c.my_efd == fd) {
+                    if let Some(c) = set.wakers.iter().find(|c| c.bell_fd() == fd) {
                         c.drain_bell();
                     }
-                    touch(set, |c| c.my_efd == fd);
+                    touch(set, |c| c.bell_fd() == fd);
+                });
+            } else if data & MAGIC_MASK == MAGIC_MARK {
+                woke = true;
+                with_set(epfd, |set| {
+                    let u = set.wakers.iter().find_map(|c| match c {
+                        Member::Udp(u) if u.rx().is_some_and(|rx| rx.marker == fd) => Some(u.clone()),
+                        _ => None,
+                    });
+                    if let Some(u) = u {
+                        u.pump();
+                        touch(set, |c| matches!(c, Member::Udp(x) if Arc::ptr_eq(x, &u)));
+                    }
                 });
             } else if data & MAGIC_MASK == MAGIC_HUP {
                 woke = true;
                 with_set(epfd, |set| {
-                    if let Some(c) = set.wakers.iter().find(|c| c.unix() == fd).cloned() {
+                    let found = set.wakers.iter().find_map(|c| match c {
+                        Member::Tcp(t) if t.unix() == fd => Some(t.clone()),
+                        _ => None,
+                    });
+                    if let Some(c) = found {
                         c.check_peer();
+                        let m = Member::Tcp(c);
                         // A hang-up stays reported: a connection without entries
                         // leaves the kernel set, or every wait would return at once.
-                        if !set.entries.iter().any(|e| Arc::ptr_eq(&e.conn, &c)) {
-                            del_wakers(epfd, &c);
-                            set.wakers.retain(|x| !Arc::ptr_eq(x, &c));
+                        if !set.entries.iter().any(|e| e.conn.same(&m)) {
+                            del_wakers(epfd, &m);
+                            set.wakers.retain(|x| !x.same(&m));
                         }
                     }
-                    touch(set, |c| c.unix() == fd);
+                    touch(set, |c| matches!(c, Member::Tcp(t) if t.unix() == fd));
                 });
             } else {
                 // SAFETY: compacting in place, `kernel <= i`.
@@ -546,10 +719,23 @@ pub unsafe fn wait(
 }
 
 fn finish(events: *mut epoll_event, kernel: usize, acc: &[epoll_event]) -> Option<c_int> {
-    for (i, e) in acc.iter().enumerate() {
+    let mut n = kernel;
+    'next: for e in acc {
+        // A UDP socket the kernel reported too (kernel datagrams): one event.
+        for i in 0..kernel {
+            // SAFETY: the kernel filled `kernel` entries (read unaligned: packed struct).
+            let mut k = unsafe { std::ptr::read_unaligned(events.add(i)) };
+            if k.u64 == e.u64 {
+                k.events |= e.events;
+                // SAFETY: as above.
+                unsafe { std::ptr::write_unaligned(events.add(i), k) };
+                continue 'next;
+            }
+        }
         // SAFETY: the caller's buffer has room for `max` entries and we produce at
         // most that many (kernel events were limited to the room left).
-        unsafe { std::ptr::write_unaligned(events.add(kernel + i), *e) };
+        unsafe { std::ptr::write_unaligned(events.add(n), *e) };
+        n += 1;
     }
-    Some((kernel + acc.len()) as c_int)
+    Some(n as c_int)
 }

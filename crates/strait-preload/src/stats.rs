@@ -1,17 +1,28 @@
-//! `STRAIT_STATS=1`: one line on stderr at exit with this process's counts.
+//! `STRAIT_STATS=1`: one line on stderr at exit with this process's counts: TCP
+//! connections accelerated / fallen back to the kernel / attached by path B; UDP
+//! channels set up as sender (`udp-out`) and receiver (`udp-in`), datagrams sent and
+//! received through shared memory, datagrams dropped because a receiver's ring was
+//! full (counted by the sender, as a kernel counts receive-buffer errors).
 
 use std::sync::atomic::Ordering;
 
 use crate::conn::{ACCELERATED, KERNEL_FALLBACKS, PATH_B};
+use crate::udp;
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
-            "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {}\n",
+            "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
-            PATH_B.load(Ordering::Relaxed)
+            PATH_B.load(Ordering::Relaxed),
+            udp::OUT_CHANNELS.load(Ordering::Relaxed),
+            udp::IN_CHANNELS.load(Ordering::Relaxed),
+            udp::SENT.load(Ordering::Relaxed),
+            udp::RECEIVED.load(Ordering::Relaxed),
+            udp::DROPPED.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -1,0 +1,1286 @@
+//! UDP sockets between two strait processes on this host: datagrams go through a
+//! per-(sending socket, receiving socket) message ring in shared memory, everything
+//! else through the kernel socket, which stays open and receives as before.
+//!
+//! * **Marker.** A UDP socket under strait that is bound (explicitly, by `connect`, or
+//!   by the library before its first `sendto`) also binds an abstract Unix socket
+//!   `strait.udp.<netns>.<port>.<bound address in hex>`, and owns an eventfd (its
+//!   doorbell). Nothing is ever sent on the UDP socket for discovery.
+//! * **Channel.** The first `sendto`/`send` of a socket to a loopback address:port
+//!   looks for the marker of the exact address, then of the IPv4 wildcard (for IPv4
+//!   destinations), then of the IPv6 wildcard, as the kernel would pick the receiving
+//!   socket. If found (same user, SO_PEERCRED) it creates a sealed memfd holding one
+//!   message ring, sends it with its own UDP socket (proof of the source address) to
+//!   the marker, and writes datagrams into the ring at once: the receiver attaches
+//!   when it next enters the library (its sleeps and `poll`/`epoll` watch the marker),
+//!   and finds them there. It answers with its doorbell. A destination without a
+//!   marker is remembered for a second (kernel path meanwhile).
+//! * **Ring.** Records of an 8-byte header (length, kind) and the payload, padded to
+//!   8 bytes, never split at the ring's end (a wrap record skips the rest). A full
+//!   ring drops the datagram, as a full kernel receive buffer does: the send
+//!   succeeds, the drop is counted (in the ring and in `STRAIT_STATS`). Consumers
+//!   take a record with a compare-and-swap on the head, so threads and forked
+//!   processes sharing a socket each get a datagram exactly once.
+//! * **Receive.** A receive takes a shared-memory datagram if one is waiting, else
+//!   asks the kernel socket (without waiting; at most every [`KCHECK`] while spinning,
+//!   so a shared-memory ping-pong makes no system call), spins for `STRAIT_SPIN_US`,
+//!   then sleeps in `poll` on the kernel socket, the doorbell and the marker.
+//! * **Lifetime.** Closing the receiving socket (in its last process) marks its
+//!   channels closed: senders go back to the kernel (which answers a closed port as
+//!   it always does). A dead receiver is noticed by the hang-up of the channel's Unix
+//!   socket when the ring is full. A sender's close or death frees the channel once
+//!   the receiver drained it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use libc::{c_int, sockaddr, socklen_t, ssize_t};
+
+use crate::conn::{signals_restart, sock_timeout, Settings};
+use crate::discover::{
+    abstract_name, bind_ephemeral, close_all, key_of, memfd_ok, netns, recv_fds_now, same_user, send_fds,
+    sock_key, Key,
+};
+use crate::real;
+
+const MAGIC: u64 = 0x3130_5044_5554_5253; // "SRTUDP01"
+const VERSION: u32 = 1;
+const HDR: usize = 4096;
+const RCLOSED: usize = 64;
+const TXCLOSED: usize = 128;
+const RHOLDERS: usize = 192;
+const DROPS: usize = 256;
+const TAIL: usize = 512;
+const RSLEEP: usize = 640;
+const HEAD: usize = 768;
+
+const REC: usize = 8;
+const KIND_DATA: u64 = 0;
+const KIND_WRAP: u64 = 1;
+const HELLO_LEN: usize = 56;
+const REPLY_MAGIC: u64 = 0x3130_5950_4552_5253; // "SRREPY01"
+
+/// Longest interval between two looks at the kernel socket and the marker while a
+/// blocked receive spins on shared memory.
+pub const KCHECK: Duration = Duration::from_micros(20);
+/// How long a destination without a marker stays on the kernel path before it is
+/// looked up again.
+const NEGATIVE_TTL: Duration = Duration::from_secs(1);
+/// Largest UDP payload over IPv4 / IPv6.
+const MAX_V4: usize = 65_507;
+const MAX_V6: usize = 65_527;
+
+/// Channels set up by this process as a sender / as a receiver, shared-memory
+/// datagrams sent / received, datagrams dropped because the receiver's ring was full.
+pub static OUT_CHANNELS: AtomicUsize = AtomicUsize::new(0);
+pub static IN_CHANNELS: AtomicUsize = AtomicUsize::new(0);
+pub static SENT: AtomicUsize = AtomicUsize::new(0);
+pub static RECEIVED: AtomicUsize = AtomicUsize::new(0);
+pub static DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// Bumped in the child after `fork`: outgoing channels of an older generation belong
+/// to the parent (one producer per ring), the child sets up its own.
+static GEN: AtomicU64 = AtomicU64::new(0);
+
+/// Called in the child after `fork`.
+pub fn after_fork_child() {
+    GEN.fetch_add(1, Ordering::Relaxed);
+}
+
+fn ring_size() -> usize {
+    // A ring must hold the largest datagram: at least 128 KiB.
+    Settings::get().ring.max(128 << 10)
+}
+
+fn pad8(n: usize) -> usize {
+    (n + 7) & !7
+}
+
+fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+// ------------------------------------------------------------------ mapping
+
+/// A channel's shared mapping (unmapped on drop).
+struct Map {
+    base: *mut u8,
+    len: usize,
+    ring: usize,
+}
+
+// SAFETY: the pointer is into a shared mapping owned by this value; every word both
+// processes write is accessed atomically, payload bytes only by copying.
+unsafe impl Send for Map {}
+// SAFETY: as above.
+unsafe impl Sync for Map {}
+
+impl Map {
+    fn map(fd: c_int, ring: usize) -> Option<Map> {
+        let len = HDR + ring;
+        // SAFETY: maps `len` bytes of a file we hold; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Map { base: p.cast(), len, ring })
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off < HDR && off % 8 == 0);
+        // SAFETY: `off` is an 8-aligned offset inside the page-aligned header page.
+        unsafe { &*self.base.add(off).cast::<AtomicU64>() }
+    }
+
+    fn header_ok(&self) -> bool {
+        self.word(0).load(Ordering::Relaxed) == MAGIC
+            && self.word(8).load(Ordering::Relaxed) == VERSION as u64 | ((self.ring as u64) << 32)
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: the data area follows the header page inside the mapping.
+        unsafe { self.base.add(HDR) }
+    }
+
+    /// Record header at ring offset `off` (8-aligned, `off + 8 <= ring`).
+    fn rec_word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + REC <= self.ring);
+        // SAFETY: an 8-aligned word inside the data area.
+        unsafe { &*self.data().add(off).cast::<AtomicU64>() }
+    }
+
+    /// Bytes in the ring, or `None` if the positions are broken (hostile peer).
+    fn used(&self) -> Option<(u64, u64)> {
+        let tail = self.word(TAIL).load(Ordering::Acquire);
+        let head = self.word(HEAD).load(Ordering::Acquire);
+        (tail >= head && tail - head <= self.ring as u64 && head % 8 == 0).then_some((head, tail))
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly our mapping; nothing refers to it any more.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+// ------------------------------------------------------------------ channels
+
+/// The receiving end of one channel.
+struct InChan {
+    map: Map,
+    unix: c_int,
+    /// The sender's address as the kernel would report it.
+    src: Key,
+    dead: AtomicBool,
+}
+
+/// One datagram taken from a ring.
+struct Got {
+    len: usize,
+    src: Key,
+}
+
+impl InChan {
+    fn has_data(&self) -> bool {
+        !self.dead.load(Ordering::Relaxed) && matches!(self.map.used(), Some((h, t)) if t != h)
+    }
+
+    fn tail(&self) -> u64 {
+        self.map.word(TAIL).load(Ordering::Relaxed)
+    }
+
+    /// Length of the next datagram, if any.
+    fn next_len(&self) -> Option<usize> {
+        loop {
+            let (head, tail) = self.map.used()?;
+            if head == tail {
+                return None;
+            }
+            let off = (head % self.map.ring as u64) as usize;
+            let w = self.map.rec_word(off).load(Ordering::Relaxed);
+            if w >> 32 == KIND_WRAP {
+                // Skip the wrap record (a consumer may race us: the CAS settles it).
+                let _ = self.map.word(HEAD).compare_exchange(
+                    head,
+                    head + (self.map.ring - off) as u64,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+                continue;
+            }
+            return Some((w & 0xffff_ffff) as usize);
+        }
+    }
+
+    /// Takes (or, with `peek`, copies without taking) the next datagram into `iov`.
+    /// `Err` if the ring is broken.
+    fn take(&self, iov: &[(*mut u8, usize)], peek: bool) -> Result<Option<Got>, ()> {
+        let ring = self.map.ring;
+        loop {
+            let Some((head, tail)) = self.map.used() else {
+                self.dead.store(true, Ordering::Relaxed);
+                return Err(());
+            };
+            if head == tail {
+                return Ok(None);
+            }
+            let off = (head % ring as u64) as usize;
+            let w = self.map.rec_word(off).load(Ordering::Relaxed);
+            let kind = w >> 32;
+            let len = (w & 0xffff_ffff) as usize;
+            if kind == KIND_WRAP {
+                if tail - head < (ring - off) as u64 {
+                    self.dead.store(true, Ordering::Relaxed);
+                    return Err(());
+                }
+                let _ = self.map.word(HEAD).compare_exchange(
+                    head,
+                    head + (ring - off) as u64,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+                continue;
+            }
+            let rec = REC + pad8(len);
+            if kind != KIND_DATA || off + rec > ring || (tail - head) < rec as u64 {
+                self.dead.store(true, Ordering::Relaxed);
+                return Err(());
+            }
+            // Copy out, then claim the record; a consumer that lost the race
+            // (another thread or process took it) throws its copy away.
+            let mut src = off + REC;
+            let mut left = len;
+            for &(p, l) in iov {
+                if left == 0 {
+                    break;
+                }
+                let n = l.min(left);
+                // SAFETY: `src + n <= off + REC + len <= ring` inside the data area;
+                // `p` has room for `l >= n` bytes. The source may change under us
+                // (hostile peer or a racing consumer): we only copy bytes.
+                unsafe { std::ptr::copy_nonoverlapping(self.map.data().add(src), p, n) };
+                src += n;
+                left -= n;
+            }
+            if peek {
+                return Ok(Some(Got { len, src: self.src }));
+            }
+            if self
+                .map
+                .word(HEAD)
+                .compare_exchange(head, head + rec as u64, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                RECEIVED.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(Got { len, src: self.src }));
+            }
+        }
+    }
+
+    fn announce(&self) {
+        self.map.word(RSLEEP).store(1, Ordering::Relaxed);
+    }
+
+    /// The sender closed its socket or died.
+    fn sender_gone(&self) -> bool {
+        if self.map.word(TXCLOSED).load(Ordering::Acquire) != 0 {
+            return true;
+        }
+        let mut p = libc::pollfd { fd: self.unix, events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one pollfd on the stack.
+        let r = unsafe { real::poll(&mut p, 1, 0) };
+        r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+    }
+
+    fn add_holder(&self) {
+        self.map.word(RHOLDERS).fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// This process closed the receiving socket: if no other process holds it, the
+    /// senders go back to the kernel.
+    fn release(&self) {
+        if self.map.word(RHOLDERS).fetch_sub(1, Ordering::AcqRel) <= 1 {
+            self.map.word(RCLOSED).store(1, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for InChan {
+    fn drop(&mut self) {
+        close_all(&[self.unix]);
+    }
+}
+
+/// The sending end of one channel.
+struct OutChan {
+    map: Map,
+    unix: c_int,
+    /// The receiver's doorbell, once its answer arrived.
+    efd: AtomicI32,
+    gen: u64,
+    lock: Mutex<()>,
+    dead: AtomicBool,
+}
+
+enum Push {
+    Sent,
+    Dropped,
+    /// The receiver is gone: use the kernel.
+    Dead,
+}
+
+impl OutChan {
+    /// Reads the receiver's answer (its doorbell) if it came. False if the receiver
+    /// refused or hung up.
+    fn fetch_reply(&self) -> bool {
+        if self.efd.load(Ordering::Relaxed) >= 0 {
+            return true;
+        }
+        let mut buf = [0u8; 16];
+        match recv_fds_now(self.unix, &mut buf) {
+            Ok(m) => {
+                let ok = m.len == 8
+                    && m.fds.len() == 1
+                    && u64::from_le_bytes(buf[..8].try_into().unwrap_or_default()) == REPLY_MAGIC;
+                if !ok {
+                    close_all(&m.fds);
+                    self.dead.store(true, Ordering::Relaxed);
+                    return false;
+                }
+                self.efd.store(m.fds[0], Ordering::Relaxed);
+                true
+            }
+            Err(e) if e == libc::EAGAIN || e == libc::EINTR => true,
+            Err(_) => {
+                self.dead.store(true, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    fn receiver_gone(&self) -> bool {
+        if self.dead.load(Ordering::Relaxed) || self.map.word(RCLOSED).load(Ordering::Acquire) != 0 {
+            return true;
+        }
+        let mut p = libc::pollfd { fd: self.unix, events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one pollfd on the stack.
+        let r = unsafe { real::poll(&mut p, 1, 0) };
+        if r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0 {
+            self.dead.store(true, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    fn push(&self, iov: &[(*const u8, usize)], len: usize) -> Push {
+        if self.dead.load(Ordering::Relaxed) || self.map.word(RCLOSED).load(Ordering::Acquire) != 0 {
+            return Push::Dead;
+        }
+        let ring = self.map.ring;
+        let rec = REC + pad8(len);
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let tail = self.map.word(TAIL).load(Ordering::Relaxed);
+        let head = self.map.word(HEAD).load(Ordering::Acquire);
+        if head > tail || tail - head > ring as u64 {
+            self.dead.store(true, Ordering::Relaxed);
+            return Push::Dead;
+        }
+        let off = (tail % ring as u64) as usize;
+        let waste = if ring - off < rec { ring - off } else { 0 };
+        if (tail - head) as usize + waste + rec > ring {
+            // Full, as a kernel receive buffer can be: the datagram is lost (counted).
+            // A receiver that died leaves its ring full: then use the kernel.
+            if self.receiver_gone() {
+                return Push::Dead;
+            }
+            self.map.word(DROPS).fetch_add(1, Ordering::Relaxed);
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+            return Push::Dropped;
+        }
+        if waste > 0 {
+            self.map.rec_word(off).store(KIND_WRAP << 32, Ordering::Relaxed);
+        }
+        let at = (off + waste) % ring;
+        let mut dst = at + REC;
+        for &(p, l) in iov {
+            // SAFETY: `dst + l <= at + REC + len <= ring` inside the data area, which
+            // the ring gives to the producer (past the consumer's head); `p` holds `l`
+            // bytes of the caller's buffer.
+            unsafe { std::ptr::copy_nonoverlapping(p, self.map.data().add(dst), l) };
+            dst += l;
+        }
+        self.map.rec_word(at).store(len as u64 | (KIND_DATA << 32), Ordering::Relaxed);
+        self.map.word(TAIL).store(tail + (waste + rec) as u64, Ordering::Release);
+        drop(_g);
+        SENT.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let sleep = self.map.word(RSLEEP);
+        if sleep.load(Ordering::Relaxed) != 0 && sleep.swap(0, Ordering::Relaxed) != 0 {
+            // The receiver answers before it ever sleeps: its doorbell is here.
+            self.fetch_reply();
+            let efd = self.efd.load(Ordering::Relaxed);
+            if efd >= 0 {
+                let one: u64 = 1;
+                // SAFETY: 8 bytes from a local to the receiver's eventfd.
+                unsafe { real::write(efd, (&one as *const u64).cast(), 8) };
+            }
+        }
+        Push::Sent
+    }
+}
+
+impl Drop for OutChan {
+    fn drop(&mut self) {
+        if self.gen == GEN.load(Ordering::Relaxed) {
+            self.map.word(TXCLOSED).store(1, Ordering::Release);
+        }
+        let efd = self.efd.load(Ordering::Relaxed);
+        close_all(&[self.unix]);
+        if efd >= 0 {
+            close_all(&[efd]);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ sockets
+
+enum Out {
+    Chan(Arc<OutChan>),
+    Kernel(Instant),
+}
+
+#[derive(Default)]
+struct State {
+    /// Destination -> channel (or "no strait receiver there", with when we looked).
+    out: HashMap<Key, Out>,
+    /// Connected peer.
+    peer: Option<Key>,
+    released: bool,
+}
+
+/// The receiving side of a bound socket: its marker and doorbell.
+pub struct Rx {
+    pub marker: c_int,
+    pub efd: c_int,
+    v6only: bool,
+    port: u16,
+}
+
+/// A UDP socket (AF_INET or AF_INET6, SOCK_DGRAM) of this process.
+pub struct UdpSock {
+    family: c_int,
+    pub nonblock: AtomicBool,
+    pub fdrefs: AtomicUsize,
+    st: Mutex<State>,
+    rx: OnceLock<Rx>,
+    incoming: RwLock<Vec<Arc<InChan>>>,
+    rr: AtomicUsize,
+    next_check: AtomicU64,
+    last_gc: AtomicU64,
+}
+
+impl UdpSock {
+    fn new(family: c_int, nonblock: bool) -> UdpSock {
+        UdpSock {
+            family,
+            nonblock: AtomicBool::new(nonblock),
+            fdrefs: AtomicUsize::new(1),
+            st: Mutex::new(State::default()),
+            rx: OnceLock::new(),
+            incoming: RwLock::new(Vec::new()),
+            rr: AtomicUsize::new(0),
+            next_check: AtomicU64::new(0),
+            last_gc: AtomicU64::new(0),
+        }
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The marker and doorbell, if this socket can receive through shared memory.
+    pub fn rx(&self) -> Option<&Rx> {
+        self.rx.get()
+    }
+
+    /// After the socket got its port: publishes the marker (once).
+    fn publish(&self, fd: c_int) {
+        if self.rx.get().is_some() || !Settings::get().enabled {
+            return;
+        }
+        let Some(key) = sock_key(fd, false).filter(|k| k.1 != 0) else { return };
+        let mut v6only: c_int = 0;
+        if self.family == libc::AF_INET6 {
+            let mut l = std::mem::size_of::<c_int>() as socklen_t;
+            // SAFETY: a local int and its length.
+            unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_V6ONLY,
+                    (&mut v6only as *mut c_int).cast(),
+                    &mut l,
+                )
+            };
+        }
+        // SAFETY: plain syscalls.
+        let u = unsafe {
+            real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
+        };
+        if u < 0 {
+            return;
+        }
+        let (sa, len) = marker_name(key);
+        // SAFETY: an initialised sockaddr_un of `len` bytes; plain syscalls.
+        let ok = unsafe {
+            real::bind(u, (&sa as *const libc::sockaddr_un).cast(), len) == 0 && real::listen(u, 4096) == 0
+        };
+        // SAFETY: plain syscall.
+        let efd = if ok { unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) } } else { -1 };
+        if efd < 0 {
+            close_all(&[u]);
+            return;
+        }
+        if self.rx.set(Rx { marker: u, efd, v6only: v6only != 0, port: key.1 }).is_err() {
+            close_all(&[u, efd]);
+        }
+    }
+
+    /// Binds an unbound socket to an ephemeral port (as the kernel's automatic bind
+    /// at the first send would) and publishes its marker.
+    fn ensure_bound(&self, fd: c_int) -> bool {
+        if self.rx.get().is_some() {
+            return true;
+        }
+        match sock_key(fd, false) {
+            Some((_, 0)) => {
+                if !bind_ephemeral(fd) {
+                    return false;
+                }
+            }
+            Some(_) => {}
+            None => return false,
+        }
+        self.publish(fd);
+        self.rx.get().is_some()
+    }
+
+    // ---------------------------------------------------------- receiving
+
+    /// Accepts the senders waiting at the marker.
+    pub fn pump(&self) {
+        let Some(rx) = self.rx.get() else { return };
+        loop {
+            // SAFETY: accept4 without an address buffer.
+            let c = unsafe {
+                real::accept4(
+                    rx.marker,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                )
+            };
+            if c < 0 {
+                break;
+            }
+            if let Some(ch) = attach(rx, c) {
+                IN_CHANNELS.fetch_add(1, Ordering::Relaxed);
+                self.incoming.write().unwrap_or_else(|e| e.into_inner()).push(Arc::new(ch));
+            }
+        }
+        self.gc();
+    }
+
+    /// Frees channels whose sender is gone and that are drained (at most every 100 ms).
+    fn gc(&self) {
+        let now = now_ns();
+        let last = self.last_gc.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < 100_000_000
+            || self.last_gc.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+        {
+            return;
+        }
+        let chans = self.incoming.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let gone: Vec<Arc<InChan>> = chans
+            .into_iter()
+            .filter(|c| c.dead.load(Ordering::Relaxed) || (!c.has_data() && c.sender_gone()))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let mut w = self.incoming.write().unwrap_or_else(|e| e.into_inner());
+        w.retain(|c| !gone.iter().any(|g| Arc::ptr_eq(g, c)));
+        drop(w);
+        for c in gone {
+            c.release();
+        }
+    }
+
+    fn chans(&self) -> Vec<Arc<InChan>> {
+        self.incoming.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A shared-memory datagram is waiting.
+    pub fn shm_readable(&self) -> bool {
+        let v = self.incoming.read().unwrap_or_else(|e| e.into_inner());
+        v.iter().any(|c| c.has_data())
+    }
+
+    /// Sum of the rings' tails (changes whenever a datagram arrives; for
+    /// edge-triggered epoll).
+    pub fn rx_mark(&self) -> u64 {
+        let v = self.incoming.read().unwrap_or_else(|e| e.into_inner());
+        v.iter().map(|c| c.tail()).fold(0u64, |a, b| a.wrapping_add(b))
+    }
+
+    /// Size of the next shared-memory datagram.
+    pub fn next_len(&self) -> Option<usize> {
+        let v = self.incoming.read().unwrap_or_else(|e| e.into_inner());
+        v.iter().find_map(|c| c.next_len())
+    }
+
+    /// The receiver's sleeping flags, set in every channel (the senders ring the
+    /// doorbell when they see it).
+    pub fn announce(&self) {
+        for c in self.incoming.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            c.announce();
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    pub fn drain_bell(&self) {
+        if let Some(rx) = self.rx.get() {
+            let mut v: u64 = 0;
+            // SAFETY: eventfd read into a local; the eventfd is non-blocking.
+            unsafe { real::read(rx.efd, (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+
+    /// One datagram from the rings, round robin over the channels. Datagrams from
+    /// other sources than the connected peer are dropped, as the kernel does.
+    fn take_shm(&self, iov: &[(*mut u8, usize)], peek: bool) -> Option<Got> {
+        let chans = self.incoming.read().unwrap_or_else(|e| e.into_inner());
+        let n = chans.len();
+        if n == 0 {
+            return None;
+        }
+        let peer = if chans.iter().any(|c| c.has_data()) { self.st().peer } else { return None };
+        let start = self.rr.load(Ordering::Relaxed);
+        for k in 0..n {
+            let i = (start + k) % n;
+            loop {
+                match chans[i].take(iov, peek) {
+                    Ok(Some(g)) => {
+                        if peer.is_some_and(|p| p != g.src) {
+                            if peek {
+                                let _ = chans[i].take(&[], false);
+                            }
+                            continue;
+                        }
+                        self.rr.store(i + 1, Ordering::Relaxed);
+                        return Some(g);
+                    }
+                    Ok(None) | Err(()) => break,
+                }
+            }
+        }
+        None
+    }
+
+    /// Receives one datagram: from shared memory, or through `kernel` (the real call
+    /// with the extra flags given, MSG_DONTWAIT). `deliver` gets a shared-memory
+    /// datagram's length and source. Returns what the interposed call returns.
+    pub fn recv(
+        &self,
+        fd: c_int,
+        iov: &[(*mut u8, usize)],
+        flags: c_int,
+        deliver: &mut dyn FnMut(&Got2),
+        kernel: &mut dyn FnMut(c_int) -> ssize_t,
+    ) -> ssize_t {
+        let peek = flags & libc::MSG_PEEK != 0;
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Ordering::Relaxed);
+        let Some(rx) = self.rx.get() else { return kernel(0) };
+        let want: usize = iov.iter().map(|v| v.1).sum();
+        let give = |g: Got, deliver: &mut dyn FnMut(&Got2)| -> ssize_t {
+            let copied = g.len.min(want);
+            deliver(&Got2 { len: g.len, copied, src: g.src });
+            if flags & libc::MSG_TRUNC != 0 {
+                g.len as ssize_t
+            } else {
+                copied as ssize_t
+            }
+        };
+        let try_kernel = |kernel: &mut dyn FnMut(c_int) -> ssize_t| -> Option<ssize_t> {
+            let r = kernel(libc::MSG_DONTWAIT);
+            if r >= 0 {
+                return Some(r);
+            }
+            let e = real::errno();
+            (e != libc::EAGAIN && e != libc::EWOULDBLOCK).then_some(r)
+        };
+        if let Some(g) = self.take_shm(iov, peek) {
+            return give(g, deliver);
+        }
+        let spin_end = Instant::now() + Settings::get().spin;
+        // Look at the kernel socket and the marker at once when they were not looked at
+        // for a while (or for a non-blocking call, whose miss must be real).
+        loop {
+            let now = now_ns();
+            if nonblock || now >= self.next_check.load(Ordering::Relaxed) {
+                self.next_check.store(now + KCHECK.as_nanos() as u64, Ordering::Relaxed);
+                let mut p = [
+                    libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+                    libc::pollfd { fd: rx.marker, events: libc::POLLIN, revents: 0 },
+                ];
+                // SAFETY: two pollfds on the stack.
+                unsafe { real::poll(p.as_mut_ptr(), 2, 0) };
+                if p[1].revents != 0 {
+                    self.pump();
+                    if let Some(g) = self.take_shm(iov, peek) {
+                        return give(g, deliver);
+                    }
+                }
+                if p[0].revents != 0 || nonblock {
+                    if let Some(r) = try_kernel(kernel) {
+                        return r;
+                    }
+                }
+                if nonblock {
+                    real::set_errno(libc::EAGAIN);
+                    return -1;
+                }
+            }
+            if Instant::now() >= spin_end {
+                break;
+            }
+            std::hint::spin_loop();
+            if let Some(g) = self.take_shm(iov, peek) {
+                return give(g, deliver);
+            }
+        }
+        // Sleep on the kernel socket, the doorbell and the marker.
+        let deadline = sock_timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t);
+        loop {
+            self.announce();
+            if let Some(g) = self.take_shm(iov, peek) {
+                return give(g, deliver);
+            }
+            let mut ms = 100;
+            if let Some(d) = deadline {
+                let now = Instant::now();
+                if now >= d {
+                    real::set_errno(libc::EAGAIN);
+                    return -1;
+                }
+                ms = ms.min((d - now).as_millis() as c_int + 1);
+            }
+            let mut p = [
+                libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: rx.marker, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: rx.efd, events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: three pollfds on the stack.
+            let r = unsafe { real::poll(p.as_mut_ptr(), 3, ms) };
+            if r < 0 && real::errno() == libc::EINTR && !signals_restart() {
+                real::set_errno(libc::EINTR);
+                return -1;
+            }
+            if p[2].revents != 0 {
+                self.drain_bell();
+            }
+            if p[1].revents != 0 {
+                self.pump();
+            }
+            if let Some(g) = self.take_shm(iov, peek) {
+                return give(g, deliver);
+            }
+            if p[0].revents != 0 {
+                if let Some(r) = try_kernel(kernel) {
+                    return r;
+                }
+            }
+            if r == 0 {
+                self.gc();
+            }
+        }
+    }
+
+    // ---------------------------------------------------------- sending
+
+    /// The channel to `dest`, set up on first use; `None`: use the kernel.
+    fn channel(&self, fd: c_int, dest: Key) -> Option<Arc<OutChan>> {
+        let gen = GEN.load(Ordering::Relaxed);
+        {
+            let st = self.st();
+            match st.out.get(&dest) {
+                Some(Out::Chan(c)) if c.gen == gen && !c.dead.load(Ordering::Relaxed) => {
+                    return Some(c.clone())
+                }
+                Some(Out::Kernel(at)) if at.elapsed() < NEGATIVE_TTL => return None,
+                _ => {}
+            }
+        }
+        let found = if self.ensure_bound(fd) { open_channel(fd, dest, gen) } else { None };
+        let mut st = self.st();
+        if st.released {
+            return None;
+        }
+        match found {
+            Some(c) => {
+                let c = Arc::new(c);
+                OUT_CHANNELS.fetch_add(1, Ordering::Relaxed);
+                st.out.insert(dest, Out::Chan(c.clone()));
+                Some(c)
+            }
+            None => {
+                st.out.insert(dest, Out::Kernel(Instant::now()));
+                None
+            }
+        }
+    }
+
+    /// Sends one datagram of `len` bytes to `dest` (the connected peer if `None`)
+    /// through shared memory if a strait socket receives there; else `kernel()`.
+    pub fn send(
+        &self,
+        fd: c_int,
+        dest: Option<(Key, bool)>,
+        iov: &[(*const u8, usize)],
+        flags: c_int,
+        kernel: &mut dyn FnMut() -> ssize_t,
+    ) -> ssize_t {
+        let (dest, lo) = match dest {
+            Some(d) => d,
+            None => match self.st().peer {
+                Some(p) => (p, is_loopback(&p)),
+                None => return kernel(),
+            },
+        };
+        // Corked or out-of-band sends, and non-loopback destinations: the kernel.
+        if !lo || flags & (libc::MSG_MORE | libc::MSG_OOB) != 0 {
+            return kernel();
+        }
+        let len: usize = iov.iter().map(|v| v.1).sum();
+        let max = if is_v4(&dest) { MAX_V4 } else { MAX_V6 };
+        if len > max {
+            return kernel();
+        }
+        let Some(ch) = self.channel(fd, dest) else { return kernel() };
+        match ch.push(iov, len) {
+            Push::Sent | Push::Dropped => len as ssize_t,
+            Push::Dead => {
+                self.st().out.insert(dest, Out::Kernel(Instant::now()));
+                kernel()
+            }
+        }
+    }
+
+    /// After a successful `connect`: the peer (none after AF_UNSPEC), and the port
+    /// the kernel bound.
+    pub fn on_connect(&self, fd: c_int, peer: Option<Key>) {
+        self.st().peer = peer;
+        self.publish(fd);
+    }
+
+    /// Called before `fork`: the child holds the receiving side too.
+    pub fn add_holder(&self) {
+        for c in self.chans() {
+            c.add_holder();
+        }
+    }
+
+    /// The last descriptor of this process was closed.
+    fn release(&self) {
+        let out = {
+            let mut st = self.st();
+            st.released = true;
+            std::mem::take(&mut st.out)
+        };
+        drop(out);
+        let chans = std::mem::take(&mut *self.incoming.write().unwrap_or_else(|e| e.into_inner()));
+        for c in chans {
+            c.release();
+        }
+    }
+}
+
+impl Drop for UdpSock {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.get() {
+            close_all(&[rx.marker, rx.efd]);
+        }
+    }
+}
+
+/// A shared-memory datagram handed to the caller.
+pub struct Got2 {
+    /// Its full length.
+    pub len: usize,
+    /// Bytes copied into the caller's buffers (less than `len`: truncated).
+    pub copied: usize,
+    pub src: Key,
+}
+
+fn is_v4(k: &Key) -> bool {
+    k.0[..10].iter().all(|&b| b == 0) && k.0[10] == 0xff && k.0[11] == 0xff
+}
+
+fn is_loopback(k: &Key) -> bool {
+    if is_v4(k) {
+        k.0[12] == 127
+    } else {
+        k.0 == std::net::Ipv6Addr::LOCALHOST.octets()
+    }
+}
+
+fn v4_key(a: [u8; 4], port: u16) -> Key {
+    let mut k = [0u8; 16];
+    k[10] = 0xff;
+    k[11] = 0xff;
+    k[12..].copy_from_slice(&a);
+    (k, port)
+}
+
+fn marker_name(k: Key) -> (libc::sockaddr_un, socklen_t) {
+    let hex: String = k.0.iter().map(|b| format!("{b:02x}")).collect();
+    abstract_name(&format!("strait.udp.{}.{}.{}", netns(), k.1, hex))
+}
+
+/// The source address the kernel would report for datagrams from `fd` to `dest`.
+fn source_of(fd: c_int, dest: &Key) -> Option<Key> {
+    let (a, port) = sock_key(fd, false)?;
+    let wildcard = a == [0u8; 16] || (is_v4(&(a, port)) && a[12..] == [0, 0, 0, 0]);
+    Some(if !wildcard {
+        (a, port)
+    } else if is_v4(dest) {
+        v4_key([127, 0, 0, 1], port)
+    } else {
+        (std::net::Ipv6Addr::LOCALHOST.octets(), port)
+    })
+}
+
+/// Finds the receiving socket's marker for `dest` (as the kernel would pick the
+/// socket: exact address, then the IPv4 wildcard, then the IPv6 one) and sets up a
+/// channel to it.
+fn open_channel(fd: c_int, dest: Key, gen: u64) -> Option<OutChan> {
+    let src = source_of(fd, &dest)?;
+    let mut names = vec![dest];
+    if is_v4(&dest) {
+        names.push(v4_key([0, 0, 0, 0], dest.1));
+    }
+    names.push(([0u8; 16], dest.1));
+    // SAFETY: plain syscall.
+    let u = unsafe { real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if u < 0 {
+        return None;
+    }
+    let found = names.iter().any(|k| {
+        let (sa, len) = marker_name(*k);
+        // SAFETY: an initialised sockaddr_un of `len` bytes.
+        unsafe { real::connect(u, (&sa as *const libc::sockaddr_un).cast(), len) == 0 }
+    });
+    if !found || !same_user(u) {
+        close_all(&[u]);
+        return None;
+    }
+    let ring = ring_size();
+    // SAFETY: NUL-terminated literal name.
+    let memfd =
+        unsafe { libc::memfd_create(c"strait-udp".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if memfd < 0 {
+        close_all(&[u]);
+        return None;
+    }
+    // SAFETY: plain syscalls on the memfd we own.
+    let sized = unsafe {
+        libc::ftruncate(memfd, (HDR + ring) as libc::off_t) == 0
+            && real::fcntl(
+                memfd,
+                libc::F_ADD_SEALS,
+                (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
+            ) == 0
+    };
+    let map = if sized { Map::map(memfd, ring) } else { None };
+    let Some(map) = map else {
+        close_all(&[memfd, u]);
+        return None;
+    };
+    map.word(0).store(MAGIC, Ordering::Relaxed);
+    map.word(8).store(VERSION as u64 | ((ring as u64) << 32), Ordering::Relaxed);
+    map.word(RHOLDERS).store(1, Ordering::Relaxed);
+    let mut h = [0u8; HELLO_LEN];
+    h[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(ring as u32).to_le_bytes());
+    h[16..32].copy_from_slice(&src.0);
+    h[32..34].copy_from_slice(&src.1.to_le_bytes());
+    h[34..50].copy_from_slice(&dest.0);
+    h[50..52].copy_from_slice(&dest.1.to_le_bytes());
+    let sent = send_fds(u, &h, &[memfd, fd]);
+    close_all(&[memfd]);
+    if !sent {
+        close_all(&[u]);
+        return None;
+    }
+    // SAFETY: plain fcntl on our socket: non-blocking from now on (answers are read
+    // without waiting).
+    unsafe { real::fcntl(u, libc::F_SETFL, libc::O_NONBLOCK as usize) };
+    Some(OutChan {
+        map,
+        unix: u,
+        efd: AtomicI32::new(-1),
+        gen,
+        lock: Mutex::new(()),
+        dead: AtomicBool::new(false),
+    })
+}
+
+fn is_udp(fd: c_int) -> bool {
+    let get = |opt| {
+        let mut v: c_int = 0;
+        let mut l = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: a local int and its length.
+        let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut c_int).cast(), &mut l) };
+        (r == 0).then_some(v)
+    };
+    get(libc::SO_TYPE) == Some(libc::SOCK_DGRAM) && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_UDP)
+}
+
+/// Receiving side: checks a sender's hello on the accepted Unix socket `c`, maps its
+/// ring and answers with our doorbell.
+fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
+    let refuse = |fds: &[c_int]| {
+        close_all(fds);
+        close_all(&[c]);
+        None
+    };
+    if !same_user(c) {
+        return refuse(&[]);
+    }
+    // The hello follows the connect at once.
+    let mut p = libc::pollfd { fd: c, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd.
+    unsafe { real::poll(&mut p, 1, 50) };
+    let mut buf = [0u8; HELLO_LEN + 8];
+    let Ok(m) = recv_fds_now(c, &mut buf) else { return refuse(&[]) };
+    if m.len != HELLO_LEN || m.fds.len() != 2 || m.truncated {
+        return refuse(&m.fds);
+    }
+    let (memfd, theirs) = (m.fds[0], m.fds[1]);
+    let h = &buf[..HELLO_LEN];
+    let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+    let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+    let ring = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default()) as usize;
+    let src: Key = (h[16..32].try_into().unwrap_or_default(), u16::from_le_bytes([h[32], h[33]]));
+    let dest: Key = (h[34..50].try_into().unwrap_or_default(), u16::from_le_bytes([h[50], h[51]]));
+    let ok = magic == MAGIC
+        && version == VERSION
+        && ring.is_power_of_two()
+        && ring >= 128 << 10
+        && ring <= 1 << 30
+        // The sender proves its source port with its own socket.
+        && is_udp(theirs)
+        && sock_key(theirs, false).is_some_and(|k| k.1 == src.1)
+        && dest.1 == rx.port
+        && !(rx.v6only && is_v4(&dest));
+    close_all(&[theirs]);
+    if !ok || !memfd_ok(memfd, HDR + ring) {
+        return refuse(&[memfd]);
+    }
+    let map = Map::map(memfd, ring);
+    close_all(&[memfd]);
+    let map = map.filter(|m| m.header_ok())?;
+    let mut reply = [0u8; 8];
+    reply.copy_from_slice(&REPLY_MAGIC.to_le_bytes());
+    if !send_fds(c, &reply, &[rx.efd]) {
+        return refuse(&[]);
+    }
+    Some(InChan { map, unix: c, src, dead: AtomicBool::new(false) })
+}
+
+// ------------------------------------------------------------------ table
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static FDS: RwLock<Vec<Option<Arc<UdpSock>>>> = RwLock::new(Vec::new());
+
+/// The UDP socket behind `fd`, if it is one of ours (one relaxed load when this
+/// process has none).
+pub fn lookup(fd: c_int) -> Option<Arc<UdpSock>> {
+    if LIVE.load(Ordering::Relaxed) == 0 || fd < 0 {
+        return None;
+    }
+    let t = FDS.read().unwrap_or_else(|e| e.into_inner());
+    t.get(fd as usize).and_then(|c| c.clone())
+}
+
+pub fn any_live() -> bool {
+    LIVE.load(Ordering::Relaxed) != 0
+}
+
+fn insert(fd: c_int, s: Arc<UdpSock>) -> Option<Arc<UdpSock>> {
+    if fd < 0 {
+        return None;
+    }
+    let mut t = FDS.write().unwrap_or_else(|e| e.into_inner());
+    let i = fd as usize;
+    if t.len() <= i {
+        t.resize(i + 1, None);
+    }
+    let old = t[i].replace(s);
+    if old.is_none() {
+        LIVE.fetch_add(1, Ordering::Relaxed);
+    }
+    old
+}
+
+fn remove(fd: c_int) -> Option<Arc<UdpSock>> {
+    if LIVE.load(Ordering::Relaxed) == 0 || fd < 0 {
+        return None;
+    }
+    let mut t = FDS.write().unwrap_or_else(|e| e.into_inner());
+    let old = t.get_mut(fd as usize).and_then(|c| c.take());
+    if old.is_some() {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+    }
+    old
+}
+
+fn drop_ref(s: Arc<UdpSock>) {
+    if s.fdrefs.fetch_sub(1, Ordering::AcqRel) == 1 {
+        s.release();
+        crate::poll::forget_udp(&s);
+    }
+}
+
+/// After `socket()` returned `fd`.
+pub fn on_socket(fd: c_int, domain: c_int, ty: c_int, proto: c_int) {
+    if fd < 0
+        || !Settings::get().enabled
+        || !(domain == libc::AF_INET || domain == libc::AF_INET6)
+        || ty & 0xff != libc::SOCK_DGRAM
+        || !(proto == 0 || proto == libc::IPPROTO_UDP)
+    {
+        return;
+    }
+    if let Some(old) = insert(fd, Arc::new(UdpSock::new(domain, ty & libc::SOCK_NONBLOCK != 0))) {
+        drop_ref(old);
+    }
+}
+
+/// `close(fd)`.
+pub fn on_close(fd: c_int) {
+    if let Some(s) = remove(fd) {
+        drop_ref(s);
+    }
+}
+
+/// `dup`-like calls: `new` now refers to what `old` refers to.
+pub fn on_dup(old: c_int, new: c_int) {
+    if new < 0 || old == new || !any_live() {
+        return;
+    }
+    let prev = match lookup(old) {
+        Some(s) => {
+            s.fdrefs.fetch_add(1, Ordering::AcqRel);
+            insert(new, s)
+        }
+        None => remove(new),
+    };
+    if let Some(p) = prev {
+        drop_ref(p);
+    }
+}
+
+/// All distinct sockets (for fork).
+pub fn all() -> Vec<Arc<UdpSock>> {
+    if !any_live() {
+        return Vec::new();
+    }
+    let t = FDS.read().unwrap_or_else(|e| e.into_inner());
+    let mut v: Vec<Arc<UdpSock>> = Vec::new();
+    for s in t.iter().flatten() {
+        if !v.iter().any(|x| Arc::ptr_eq(x, s)) {
+            v.push(s.clone());
+        }
+    }
+    v
+}
+
+/// After a successful `bind(fd)`.
+pub fn on_bind(s: &UdpSock, fd: c_int) {
+    s.publish(fd);
+}
+
+/// The destination of a send: its key and whether it is a loopback address this
+/// socket can reach through shared memory (family as the socket's).
+pub fn dest_of(s: &UdpSock, addr: *const sockaddr, len: socklen_t) -> Option<(Key, bool)> {
+    if addr.is_null() || len == 0 {
+        return None;
+    }
+    // SAFETY: the caller's address of `len >= 2` bytes: its family first.
+    let fam = unsafe { (*addr).sa_family } as c_int;
+    let (k, lo) = key_of(addr, len)?;
+    Some((k, lo && fam == s.family))
+}
+
+/// Writes `k` as a socket address of `family` into the caller's buffer (truncated to
+/// its length; the length word gets the full size, as the kernel does).
+///
+/// # Safety
+/// `addr` is null or points at `*alen` writable bytes; `alen` is null or valid.
+pub unsafe fn write_addr(family: c_int, k: &Key, addr: *mut sockaddr, alen: *mut socklen_t) {
+    if addr.is_null() || alen.is_null() {
+        return;
+    }
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let size = if family == libc::AF_INET && is_v4(k) {
+        // SAFETY: sockaddr_in fits in the storage.
+        let s = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+        s.sin_family = libc::AF_INET as libc::sa_family_t;
+        s.sin_port = k.1.to_be();
+        s.sin_addr.s_addr = u32::from_ne_bytes([k.0[12], k.0[13], k.0[14], k.0[15]]);
+        std::mem::size_of::<libc::sockaddr_in>()
+    } else {
+        // SAFETY: sockaddr_in6 fits in the storage.
+        let s = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+        s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        s.sin6_port = k.1.to_be();
+        s.sin6_addr.s6_addr = k.0;
+        std::mem::size_of::<libc::sockaddr_in6>()
+    };
+    // SAFETY: per the caller: `*alen` bytes at `addr`.
+    unsafe {
+        let room = (*alen as usize).min(size);
+        std::ptr::copy_nonoverlapping(
+            (&ss as *const libc::sockaddr_storage).cast::<u8>(),
+            addr.cast::<u8>(),
+            room,
+        );
+        *alen = size as socklen_t;
+    }
+}
+
+/// The socket's family.
+pub fn family(s: &UdpSock) -> c_int {
+    s.family
+}
+
+/// A connect's target as a peer key (`None`: AF_UNSPEC, i.e. disconnect).
+pub fn peer_of(addr: *const sockaddr, len: socklen_t) -> Option<Key> {
+    key_of(addr, len).map(|(k, _)| k)
+}

@@ -210,6 +210,21 @@ pub trait Device {
     /// Orderly shutdown: tells the peer no more frames will come.
     fn shutdown(&mut self);
 
+    /// After [`Device::shutdown`]: does housekeeping (acknowledgements,
+    /// retransmissions) and returns true while the device still needs such passes
+    /// to get what it accepted to the peer. Devices that never lose frames are done
+    /// at once.
+    fn drain(&mut self) -> bool {
+        false
+    }
+
+    /// Nanoseconds until the device needs a progress pass even if nothing arrives
+    /// (a retransmission or acknowledgement timer), or `None` if it never does on its
+    /// own. A sleeping worker wakes up by then.
+    fn timer_ns(&self) -> Option<u64> {
+        None
+    }
+
     /// Counters.
     fn stats(&self) -> DeviceStats;
 }
@@ -252,6 +267,12 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn shutdown(&mut self) {
         (**self).shutdown()
+    }
+    fn drain(&mut self) -> bool {
+        (**self).drain()
+    }
+    fn timer_ns(&self) -> Option<u64> {
+        (**self).timer_ns()
     }
     fn stats(&self) -> DeviceStats {
         (**self).stats()

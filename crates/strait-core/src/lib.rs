@@ -8,6 +8,7 @@ pub mod link;
 pub mod loopback;
 pub mod notifier;
 pub mod region;
+pub mod reliable;
 pub mod worker;
 
 pub use api::{Completion, EpId, OpKind, PostError, Status, WaitError};
@@ -16,4 +17,5 @@ pub use device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
 pub use link::{Link, LinkError, LinkStats, SlotPool};
 pub use notifier::Notifier;
 pub use region::{MemoryRegion, RegionBusy};
+pub use reliable::{Reliable, ReliableConfig, ReliableStats};
 pub use worker::{EndpointStats, Worker};

@@ -64,6 +64,9 @@ pub struct Worker<D: Device> {
     cq: VecDeque<Completion>,
     idle_passes: u32,
     pollfds: Vec<libc::pollfd>,
+    /// Devices of closed endpoints that still deliver what they accepted (lossy
+    /// links retransmit until the peer acknowledges).
+    closing: Vec<D>,
 }
 
 impl<D: Device> Worker<D> {
@@ -76,6 +79,7 @@ impl<D: Device> Worker<D> {
             cq: VecDeque::with_capacity(1024),
             idle_passes: 0,
             pollfds: Vec::new(),
+            closing: Vec::new(),
         })
     }
 
@@ -188,6 +192,9 @@ impl<D: Device> Worker<D> {
         for e in self.eps.iter_mut().flatten() {
             work += e.progress(cq);
         }
+        if !self.closing.is_empty() {
+            self.closing.retain_mut(|d| d.drain());
+        }
         if work == 0 {
             self.idle_passes += 1;
             if self.idle_passes >= LIVENESS_EVERY {
@@ -267,6 +274,36 @@ impl<D: Device> Worker<D> {
         }
     }
 
+    /// Nanoseconds until some device needs a progress pass although nothing arrives
+    /// (retransmission, acknowledgement and liveness timers of lossy links), or
+    /// `None`. A program that drives the worker by [`Worker::progress`] alone (the
+    /// simulator) uses it to know when to come back.
+    pub fn next_timer_ns(&self) -> Option<u64> {
+        let eps = self.eps.iter().flatten().filter(|e| e.st.failed.is_none()).map(|e| &e.dev);
+        eps.chain(self.closing.iter()).filter_map(|d| d.timer_ns()).min()
+    }
+
+    /// Closed endpoints whose devices still work to deliver what they accepted.
+    pub fn closing(&self) -> usize {
+        self.closing.len()
+    }
+
+    /// Drives closed endpoints' devices until they have delivered everything (or
+    /// given up on the peer), for at most `timeout`. Returns how many are still
+    /// draining. Dropping a worker does not wait; call this first for a clean
+    /// close over a lossy link.
+    pub fn linger(&mut self, timeout: Duration) -> usize {
+        let end = Instant::now() + timeout;
+        while !self.closing.is_empty() && Instant::now() < end {
+            self.progress();
+            if !self.closing.is_empty() {
+                let wait = self.closing.iter().filter_map(|d| d.timer_ns()).min().unwrap_or(1_000_000);
+                std::thread::sleep(Duration::from_nanos(wait.clamp(1_000, 1_000_000)));
+            }
+        }
+        self.closing.len()
+    }
+
     /// Announces sleep on every endpoint, re-checks, and blocks in `ppoll`.
     fn sleep(&mut self, deadline: Option<Instant>) -> Result<(), WaitError> {
         let mut must_stay_awake = false;
@@ -284,8 +321,16 @@ impl<D: Device> Worker<D> {
                 self.pollfds.push(libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 });
             }
         }
+        let timer = self.next_timer_ns().map(|ns| Instant::now() + Duration::from_nanos(ns));
+        if timer.is_some_and(|t| t <= Instant::now()) {
+            must_stay_awake = true;
+        }
+        let wake = match (deadline, timer) {
+            (Some(d), Some(t)) => Some(d.min(t)),
+            (d, t) => d.or(t),
+        };
         if !must_stay_awake && self.cq.is_empty() {
-            let ts = deadline.map(|d| {
+            let ts = wake.map(|d| {
                 let left = d.saturating_duration_since(Instant::now());
                 libc::timespec {
                     tv_sec: left.as_secs() as libc::time_t,
@@ -344,6 +389,9 @@ impl<D: Device> Worker<D> {
                 e.progress_tx(cq, 0);
             }
             e.dev.shutdown();
+            if e.dev.drain() {
+                self.closing.push(e.dev);
+            }
         }
     }
 

@@ -21,6 +21,8 @@
 
 use thiserror::Error;
 
+pub mod packet;
+
 /// Wire format version carried in the flags byte's high nibble.
 pub const WIRE_VERSION: u8 = 1;
 

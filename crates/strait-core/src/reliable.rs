@@ -1,0 +1,1187 @@
+//! The reliability layer: turns a lossy [`Link`] into an in-order, exactly-once
+//! [`Device`] for the protocol engine.
+//!
+//! What it does, per connection:
+//! * **Setup and teardown as messages.** Each side picks a random connection id and
+//!   first sequence number and sends SYN until it hears the peer; a side is
+//!   established once it knows the peer's id and has seen a packet addressed to its
+//!   own. [`Device::shutdown`] sends a sequenced FIN after all data; the peer delivers
+//!   it in order and answers with an acknowledgement ([`Device::drain`] runs until
+//!   then). A RESET from the peer (it lost its state) or a SYN under a new id ends the
+//!   connection at once.
+//! * **Sequencing and acknowledgement.** Every packet carries the cumulative
+//!   acknowledgement (next sequence number expected) and a 64-packet
+//!   selective-acknowledgement bitmap above it, so acknowledgements ride on data when
+//!   data flows both ways. A receiver acknowledges on its own after `ack_every`
+//!   packets or `ack_delay_ns` (delayed acknowledgement), and at once after a gap or
+//!   a duplicate (the NAK that triggers fast retransmission).
+//! * **Retransmission.** On timeout (RTO from smoothed round-trip time measured with
+//!   echoed timestamps, exponential back-off) and fast, once a packet is missing
+//!   below three selectively acknowledged ones. Acknowledged and selectively
+//!   acknowledged packets give their link slots back at once.
+//! * **Fragmentation.** An engine frame up to [`ReliableConfig::max_frame`] bytes is
+//!   cut into as many packets as the link MTU needs and reassembled in order.
+//! * **Integrity.** Every packet carries a CRC32C over header and payload; a packet
+//!   that fails it, or any other check (version, kind, reserved bits, length,
+//!   connection ids, sequence window, acknowledgement range), is counted and dropped.
+//!   Datagrams from strangers never end a connection.
+//! * **Flow control.** At most `window` packets (and never more than the peer's
+//!   advertised window) are unacknowledged; out-of-order packets inside the window
+//!   are kept, so nothing the sender has to retransmit is thrown away. Message-level
+//!   credits stay in the engine, as on every device: a receiver without a posted
+//!   receive keeps the message in the engine's unexpected queue and acknowledges it.
+//! * **Liveness.** While the worker drives the connection, a silent peer is probed
+//!   every `keepalive_ns`; if anything that needs an answer (data or a probe) stays
+//!   unanswered for `liveness_ns`, the connection fails with
+//!   [`DeviceError::PeerGone`] and the engine completes the outstanding operations
+//!   with an error.
+//!
+//! All timing uses [`Link::now_ns`], so the simulator runs this code on virtual time.
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+
+use strait_wire::packet::{
+    self, PacketError, PacketHeader, PacketKind, FLAG_ACK_NOW, FLAG_FIRST, FLAG_LAST, PACKET_HEADER_LEN,
+};
+
+use crate::config::{env_num, ConfigError};
+use crate::device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
+use crate::link::{Link, LinkError, LinkStats};
+
+/// Settings of the reliability layer. Times are in nanoseconds of the link's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReliableConfig {
+    /// Largest engine frame (the engine's eager and chunk limits follow from it).
+    /// `STRAIT_REL_MAX_FRAME`, default 65536.
+    pub max_frame: usize,
+    /// Packets that may be unacknowledged at once, and the receive window
+    /// advertised to the peer. The link must offer at least `window + 16` transmit
+    /// slots. `STRAIT_REL_WINDOW`, default 256.
+    pub window: u32,
+    /// A receiver acknowledges on its own after this many unacknowledged packets.
+    /// `STRAIT_REL_ACK_EVERY`, default 8.
+    pub ack_every: u32,
+    /// ... or after this long. `STRAIT_REL_ACK_DELAY_US`, default 50 us.
+    pub ack_delay_ns: u64,
+    /// Retransmission timeout before any round trip was measured.
+    /// `STRAIT_REL_RTO_INITIAL_US`, default 20 ms.
+    pub rto_initial_ns: u64,
+    /// Lower bound of the retransmission timeout. `STRAIT_REL_RTO_MIN_US`, default
+    /// 1 ms.
+    pub rto_min_ns: u64,
+    /// Upper bound of the (backed-off) retransmission timeout.
+    /// `STRAIT_REL_RTO_MAX_US`, default 200 ms.
+    pub rto_max_ns: u64,
+    /// A peer silent this long is probed. `STRAIT_REL_KEEPALIVE_MS`, default 250.
+    pub keepalive_ns: u64,
+    /// Something unanswered this long means the peer is gone.
+    /// `STRAIT_REL_LIVENESS_MS`, default 5000.
+    pub liveness_ns: u64,
+    /// Connection id and first sequence number seed; `None` draws them from the
+    /// kernel's random pool. The simulator sets it for reproducible runs.
+    pub nonce: Option<u64>,
+}
+
+impl Default for ReliableConfig {
+    fn default() -> Self {
+        ReliableConfig {
+            max_frame: 65536,
+            window: 256,
+            ack_every: 8,
+            ack_delay_ns: 50_000,
+            rto_initial_ns: 20_000_000,
+            rto_min_ns: 1_000_000,
+            rto_max_ns: 200_000_000,
+            keepalive_ns: 250_000_000,
+            liveness_ns: 5_000_000_000,
+            nonce: None,
+        }
+    }
+}
+
+impl ReliableConfig {
+    /// Defaults overridden by any `STRAIT_REL_*` variables that are set.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut c = ReliableConfig::default();
+        let positive = |var: &'static str, v: u64| {
+            if v == 0 {
+                Err(ConfigError { var, value: v.to_string(), why: "must be positive" })
+            } else {
+                Ok(v)
+            }
+        };
+        if let Some(v) = env_num("STRAIT_REL_MAX_FRAME")? {
+            if !(1024..=1 << 24).contains(&v) {
+                return Err(ConfigError {
+                    var: "STRAIT_REL_MAX_FRAME",
+                    value: v.to_string(),
+                    why: "must be 1K..16M",
+                });
+            }
+            c.max_frame = v as usize;
+        }
+        if let Some(v) = env_num("STRAIT_REL_WINDOW")? {
+            if !(2..=32768).contains(&v) {
+                return Err(ConfigError {
+                    var: "STRAIT_REL_WINDOW",
+                    value: v.to_string(),
+                    why: "must be 2..32768",
+                });
+            }
+            c.window = v as u32;
+        }
+        if let Some(v) = env_num("STRAIT_REL_ACK_EVERY")? {
+            c.ack_every = positive("STRAIT_REL_ACK_EVERY", v)? as u32;
+        }
+        if let Some(v) = env_num("STRAIT_REL_ACK_DELAY_US")? {
+            c.ack_delay_ns = v * 1000;
+        }
+        if let Some(v) = env_num("STRAIT_REL_RTO_INITIAL_US")? {
+            c.rto_initial_ns = positive("STRAIT_REL_RTO_INITIAL_US", v)? * 1000;
+        }
+        if let Some(v) = env_num("STRAIT_REL_RTO_MIN_US")? {
+            c.rto_min_ns = positive("STRAIT_REL_RTO_MIN_US", v)? * 1000;
+        }
+        if let Some(v) = env_num("STRAIT_REL_RTO_MAX_US")? {
+            c.rto_max_ns = positive("STRAIT_REL_RTO_MAX_US", v)? * 1000;
+        }
+        if let Some(v) = env_num("STRAIT_REL_KEEPALIVE_MS")? {
+            c.keepalive_ns = positive("STRAIT_REL_KEEPALIVE_MS", v)? * 1_000_000;
+        }
+        if let Some(v) = env_num("STRAIT_REL_LIVENESS_MS")? {
+            c.liveness_ns = positive("STRAIT_REL_LIVENESS_MS", v)? * 1_000_000;
+        }
+        Ok(c)
+    }
+}
+
+/// Counters of the reliability layer.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReliableStats {
+    /// Data and FIN packets sent for the first time.
+    pub packets_sent: u64,
+    /// Packets delivered in order (data and FIN).
+    pub packets_delivered: u64,
+    /// Engine frames handed over.
+    pub frames_sent: u64,
+    /// Engine frames delivered.
+    pub frames_delivered: u64,
+    /// Retransmissions after a timeout.
+    pub timeout_retransmits: u64,
+    /// Retransmissions after a gap was reported.
+    pub fast_retransmits: u64,
+    /// Stand-alone acknowledgements sent.
+    pub acks_sent: u64,
+    /// Probes (pings and SYN repeats) sent.
+    pub probes_sent: u64,
+    /// Packets that arrived twice (dropped).
+    pub duplicates: u64,
+    /// Packets kept for later because an earlier one was missing.
+    pub out_of_order: u64,
+    /// Packets dropped: CRC mismatch.
+    pub bad_checksum: u64,
+    /// Packets dropped: malformed header (short, version, kind, flags, length).
+    pub bad_header: u64,
+    /// Packets dropped: not addressed to this connection.
+    pub wrong_conn: u64,
+    /// Packets dropped: sequence number or acknowledgement outside the window.
+    pub out_of_window: u64,
+    /// Round-trip time estimate, nanoseconds (0 until measured).
+    pub srtt_ns: u64,
+    /// Link counters.
+    pub link: LinkStats,
+}
+
+/// One data or FIN packet until the peer acknowledges it.
+struct TxPkt {
+    seq: u32,
+    /// The link slot holding its bytes; `None` once selectively acknowledged.
+    slot: Option<u32>,
+    len: usize,
+    /// Last transmission (0: never transmitted yet).
+    sent_ns: u64,
+    /// The cumulative acknowledgement written into its header.
+    built_ack: u32,
+    sacked: bool,
+    /// A transmission of it is waiting in `resend`.
+    queued: bool,
+    fin: bool,
+}
+
+/// An out-of-order packet kept until the gap before it fills.
+struct HeldPkt {
+    flags: u8,
+    fin: bool,
+    data: Vec<u8>,
+}
+
+/// How many datagrams one receive step looks at, and how many timed-out packets one
+/// timer pass queues.
+const BATCH: usize = 64;
+/// Selectively acknowledged packets above a hole before it is retransmitted.
+const DUP_THRESHOLD: usize = 3;
+/// Frames delivered between timer passes while data keeps arriving.
+const TIMER_EVERY: u32 = 16;
+/// Unanswered FIN transmissions after which a draining connection gives up on the
+/// peer's acknowledgement (its data was all acknowledged already).
+const FIN_TRIES: u32 = 3;
+
+fn seq_lt(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+fn now_us(now_ns: u64) -> u32 {
+    (now_ns / 1000) as u32
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into the local buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == b.len() as isize {
+        u64::from_le_bytes(b)
+    } else {
+        // No entropy source: ids only need to differ between incarnations.
+        let t =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        (t as u64) ^ ((std::process::id() as u64) << 32)
+    }
+}
+
+/// The connection's state without the link, so that a datagram the link lends out
+/// can be handled while the link is borrowed. Link work that handling decides on
+/// (slots to give back, a reset to send) is recorded here and done afterwards.
+struct Conn {
+    cfg: ReliableConfig,
+    my_id: u32,
+    peer_id: u32,
+    /// The peer has addressed a packet to `my_id`.
+    peer_knows_me: bool,
+    established: bool,
+    dead: Option<String>,
+    /// `shutdown` was called.
+    closing: bool,
+    fin_queued: bool,
+    fin_tries: u32,
+    /// The peer's FIN was delivered: nothing more will arrive.
+    peer_fin: bool,
+
+    // Transmit side.
+    isn: u32,
+    snd_una: u32,
+    snd_next: u32,
+    peer_window: u32,
+    inflight: VecDeque<TxPkt>,
+    /// Sequence numbers to (re)transmit, in order: the software queue in front of the
+    /// link's bounded ring.
+    resend: VecDeque<u32>,
+    srtt_ns: u64,
+    rttvar_ns: u64,
+    rto_ns: u64,
+    backoff: u32,
+    last_syn_ns: u64,
+    last_ping_ns: u64,
+    /// Since when something that needs an answer (data, a probe) has had none.
+    unanswered_since: Option<u64>,
+    /// Slots to give back to the link.
+    release: Vec<u32>,
+    /// A stranger's data packet to answer with a RESET (its source id).
+    reset_to: Option<u32>,
+    last_reset_ns: u64,
+
+    // Receive side.
+    rcv_next: u32,
+    held: Vec<Option<HeldPkt>>,
+    held_count: usize,
+    reasm: Vec<u8>,
+    reasm_active: bool,
+    rx_unacked: u32,
+    ack_due_ns: Option<u64>,
+    ack_now: bool,
+    ts_to_echo: u32,
+    last_heard_ns: u64,
+    spare: Vec<Vec<u8>>,
+
+    dstats: DeviceStats,
+    rstats: ReliableStats,
+}
+
+impl Conn {
+    fn data_window(&self) -> usize {
+        self.cfg.window.min(self.peer_window).max(1) as usize
+    }
+
+    fn sack_bits(&self) -> u64 {
+        if self.held_count == 0 {
+            return 0;
+        }
+        let w = self.held.len();
+        let mut bits = 0u64;
+        for i in 0..64.min(w - 1) {
+            let seq = self.rcv_next.wrapping_add(1 + i as u32);
+            if self.held[seq as usize % w].is_some() {
+                bits |= 1 << i;
+            }
+        }
+        bits
+    }
+
+    fn header(&self, kind: PacketKind, flags: u8, seq: u32, len: usize, now: u64) -> PacketHeader {
+        PacketHeader {
+            kind,
+            flags,
+            dst_id: self.peer_id,
+            src_id: self.my_id,
+            seq,
+            ack: self.rcv_next,
+            sack: self.sack_bits(),
+            len: len as u16,
+            window: self.cfg.window.min(u16::MAX as u32) as u16,
+            ts: now_us(now),
+            ts_echo: self.ts_to_echo,
+        }
+    }
+
+    fn acked_now(&mut self) {
+        self.rx_unacked = 0;
+        self.ack_due_ns = None;
+        self.ack_now = false;
+    }
+
+    fn fail(&mut self, why: String) {
+        if self.dead.is_none() {
+            self.dead = Some(why);
+        }
+    }
+
+    fn error(&self) -> DeviceError {
+        DeviceError::PeerGone(self.dead.clone().unwrap_or_else(|| "connection ended".into()))
+    }
+
+    fn corrupt(&mut self, why: &str) -> DeviceError {
+        let why = format!("peer broke the packet protocol: {why}");
+        self.fail(why.clone());
+        self.dstats.frames_rejected += 1;
+        DeviceError::Corrupt(why)
+    }
+
+    fn current_rto(&self) -> u64 {
+        self.rto_ns.saturating_mul(1 << self.backoff.min(16)).min(self.cfg.rto_max_ns)
+    }
+
+    fn rtt_sample(&mut self, rtt: u64) {
+        if self.srtt_ns == 0 {
+            self.srtt_ns = rtt;
+            self.rttvar_ns = rtt / 2;
+        } else {
+            let err = self.srtt_ns.abs_diff(rtt);
+            self.rttvar_ns = (3 * self.rttvar_ns + err) / 4;
+            self.srtt_ns = (7 * self.srtt_ns + rtt) / 8;
+        }
+        self.rto_ns = (self.srtt_ns + 4 * self.rttvar_ns + self.cfg.ack_delay_ns)
+            .clamp(self.cfg.rto_min_ns, self.cfg.rto_max_ns);
+    }
+
+    /// Applies the peer's acknowledgement fields. False if they make no sense (an
+    /// acknowledgement of packets never sent): the packet is dropped.
+    fn on_ack(&mut self, h: &PacketHeader, now: u64) -> bool {
+        let acked = h.ack.wrapping_sub(self.snd_una) as usize;
+        if acked > self.inflight.len() {
+            self.rstats.out_of_window += 1;
+            return false;
+        }
+        if acked > 0 {
+            for p in self.inflight.drain(..acked) {
+                if let Some(slot) = p.slot {
+                    self.release.push(slot);
+                }
+            }
+            self.snd_una = h.ack;
+            self.backoff = 0;
+            if h.ts_echo != 0 {
+                let rtt = now_us(now).wrapping_sub(h.ts_echo) as u64 * 1000;
+                if rtt < 60_000_000_000 {
+                    self.rtt_sample(rtt);
+                }
+            }
+        }
+        if h.sack != 0 {
+            let mut highest = None;
+            for i in 0..64u32 {
+                if h.sack & (1 << i) == 0 {
+                    continue;
+                }
+                let idx = h.ack.wrapping_add(1 + i).wrapping_sub(self.snd_una) as usize;
+                if let Some(p) = self.inflight.get_mut(idx) {
+                    if !p.sacked {
+                        p.sacked = true;
+                        if let Some(slot) = p.slot.take() {
+                            self.release.push(slot);
+                        }
+                    }
+                    highest = Some(idx);
+                }
+            }
+            if let Some(top) = highest {
+                // A hole with DUP_THRESHOLD packets received above it is lost: resend
+                // it now, unless it was sent within the last round trip.
+                let recent = now.saturating_sub(self.srtt_ns.max(self.cfg.rto_min_ns / 4));
+                let mut front = Vec::new();
+                for p in self.inflight.iter_mut().take((top + 1).saturating_sub(DUP_THRESHOLD)) {
+                    if !p.sacked && !p.queued && p.sent_ns != 0 && p.sent_ns <= recent {
+                        p.queued = true;
+                        front.push(p.seq);
+                        self.rstats.fast_retransmits += 1;
+                    }
+                }
+                for seq in front.into_iter().rev() {
+                    self.resend.push_front(seq);
+                }
+            }
+        }
+        true
+    }
+
+    /// Checks and applies one datagram; delivers at most one frame to `deliver` and
+    /// returns whether it did.
+    fn on_datagram(
+        &mut self,
+        d: &[u8],
+        now: u64,
+        deliver: &mut dyn FnMut(&RxFrame<'_>),
+    ) -> Result<bool, DeviceError> {
+        let h = match packet::open(d) {
+            Ok(h) => h,
+            Err(e) => {
+                match e {
+                    PacketError::Checksum => self.rstats.bad_checksum += 1,
+                    _ => self.rstats.bad_header += 1,
+                }
+                self.dstats.frames_rejected += 1;
+                return Ok(false);
+            }
+        };
+        let payload = &d[PACKET_HEADER_LEN..];
+        let for_me = h.dst_id == self.my_id;
+        if h.kind == PacketKind::Syn {
+            if self.peer_id == 0 {
+                if payload.len() < 4 || !(h.dst_id == 0 || for_me) || h.src_id == 0 {
+                    self.rstats.wrong_conn += 1;
+                    return Ok(false);
+                }
+                self.peer_id = h.src_id;
+                self.rcv_next = h.seq.wrapping_add(1);
+            } else if h.src_id != self.peer_id || !(h.dst_id == 0 || for_me) {
+                // A SYN under another id: a restarted peer or a stranger; the
+                // connection's own peer proves itself with the ids it knows.
+                self.rstats.wrong_conn += 1;
+                return Ok(false);
+            }
+            self.ack_now = true;
+        } else {
+            if h.kind == PacketKind::Reset && for_me {
+                // Only someone on the path knows our id: the peer (or a restarted
+                // incarnation of it, hence any source id) has no state for us.
+                self.fail("peer reset the connection".into());
+                return Err(self.error());
+            }
+            if !for_me || self.peer_id == 0 || h.src_id != self.peer_id {
+                self.rstats.wrong_conn += 1;
+                if h.kind == PacketKind::Data && !for_me && h.src_id != self.peer_id {
+                    // Data for an incarnation of us that no longer exists.
+                    self.reset_to = Some(h.src_id);
+                }
+                return Ok(false);
+            }
+        }
+        if for_me {
+            self.peer_knows_me = true;
+            if !self.on_ack(&h, now) {
+                return Ok(false);
+            }
+        }
+        if !self.established && self.peer_knows_me {
+            self.established = true;
+            self.backoff = 0;
+        }
+        self.last_heard_ns = now;
+        self.peer_window = (h.window as u32).max(1);
+        self.unanswered_since = if self.inflight.is_empty() && self.established { None } else { Some(now) };
+        if h.flags & FLAG_ACK_NOW != 0 || h.kind == PacketKind::Ping {
+            self.ack_now = true;
+        }
+        if h.kind.sequenced() {
+            self.ts_to_echo = h.ts;
+            return self.on_sequenced(&h, payload, deliver);
+        }
+        Ok(false)
+    }
+
+    /// A data or FIN packet from the peer.
+    fn on_sequenced(
+        &mut self,
+        h: &PacketHeader,
+        payload: &[u8],
+        deliver: &mut dyn FnMut(&RxFrame<'_>),
+    ) -> Result<bool, DeviceError> {
+        let w = self.held.len() as u32;
+        if seq_lt(h.seq, self.rcv_next) {
+            // Our acknowledgement was lost: repeat it.
+            self.rstats.duplicates += 1;
+            self.ack_now = true;
+            return Ok(false);
+        }
+        let ahead = h.seq.wrapping_sub(self.rcv_next);
+        if ahead >= w {
+            self.rstats.out_of_window += 1;
+            return Ok(false);
+        }
+        if ahead > 0 {
+            let i = (h.seq % w) as usize;
+            if self.held[i].is_some() {
+                self.rstats.duplicates += 1;
+            } else {
+                let mut data = self.spare.pop().unwrap_or_default();
+                data.clear();
+                data.extend_from_slice(payload);
+                self.held[i] = Some(HeldPkt { flags: h.flags, fin: h.kind == PacketKind::Fin, data });
+                self.held_count += 1;
+                self.rstats.out_of_order += 1;
+            }
+            // A gap: tell the sender at once (the NAK).
+            self.ack_now = true;
+            return Ok(false);
+        }
+        self.accept_in_order(h.flags, h.kind == PacketKind::Fin, payload, deliver)
+    }
+
+    /// Takes the packet at `rcv_next`: delivers, or adds to the frame being
+    /// reassembled.
+    fn accept_in_order(
+        &mut self,
+        flags: u8,
+        fin: bool,
+        payload: &[u8],
+        deliver: &mut dyn FnMut(&RxFrame<'_>),
+    ) -> Result<bool, DeviceError> {
+        self.rcv_next = self.rcv_next.wrapping_add(1);
+        self.rstats.packets_delivered += 1;
+        self.rx_unacked += 1;
+        if fin {
+            if self.reasm_active {
+                return Err(self.corrupt("FIN inside a fragmented frame"));
+            }
+            self.peer_fin = true;
+            self.ack_now = true;
+            return Ok(false);
+        }
+        let first = flags & FLAG_FIRST != 0;
+        let last = flags & FLAG_LAST != 0;
+        if first == self.reasm_active {
+            return Err(self.corrupt("fragment out of place"));
+        }
+        if first && last {
+            hand_over(payload, deliver);
+            self.frame_delivered();
+            return Ok(true);
+        }
+        if first {
+            self.reasm.clear();
+            self.reasm_active = true;
+        }
+        if self.reasm.len() + payload.len() > self.cfg.max_frame {
+            return Err(self.corrupt("reassembled frame exceeds the maximum"));
+        }
+        self.reasm.extend_from_slice(payload);
+        if last {
+            self.reasm_active = false;
+            hand_over(&self.reasm, deliver);
+            self.frame_delivered();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn frame_delivered(&mut self) {
+        self.rstats.frames_delivered += 1;
+        self.dstats.frames_received += 1;
+    }
+
+    /// Delivers held packets whose gap has filled, up to and including one frame.
+    fn deliver_held(&mut self, deliver: &mut dyn FnMut(&RxFrame<'_>)) -> Result<bool, DeviceError> {
+        let w = self.held.len();
+        while self.held_count > 0 {
+            let i = self.rcv_next as usize % w;
+            let Some(p) = self.held[i].take() else { return Ok(false) };
+            self.held_count -= 1;
+            let r = self.accept_in_order(p.flags, p.fin, &p.data, deliver);
+            self.spare.push(p.data);
+            if r? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Nanoseconds of link time from `now` until a timer needs a pass.
+    fn next_timer(&self, now: u64) -> Option<u64> {
+        if self.dead.is_some() {
+            return None;
+        }
+        if !self.resend.is_empty() {
+            return Some(0);
+        }
+        let mut t = u64::MAX;
+        if let Some(s) = self.unanswered_since {
+            t = t.min(s + self.cfg.liveness_ns);
+        }
+        if !self.established {
+            t = t.min(self.last_syn_ns + self.current_rto());
+            return Some(t.saturating_sub(now));
+        }
+        if let Some(p) = self.inflight.iter().find(|p| !p.sacked && p.sent_ns != 0) {
+            t = t.min(p.sent_ns + self.current_rto());
+        }
+        if self.ack_now {
+            return Some(0);
+        }
+        if self.rx_unacked > 0 {
+            t = t.min(self.ack_due_ns.unwrap_or(now + self.cfg.ack_delay_ns));
+        }
+        if !self.peer_fin {
+            t = t.min(self.last_heard_ns.max(self.last_ping_ns) + self.cfg.keepalive_ns);
+        }
+        Some(t.saturating_sub(now))
+    }
+}
+
+fn hand_over(bytes: &[u8], deliver: &mut dyn FnMut(&RxFrame<'_>)) {
+    // SAFETY: `bytes` is a live slice for the duration of the call.
+    let f = unsafe { RxFrame::from_raw(bytes.as_ptr(), bytes.len()) };
+    deliver(&f);
+}
+
+/// A reliable, ordered frame device over a lossy link. See the module docs.
+pub struct Reliable<L: Link> {
+    link: L,
+    c: Conn,
+    /// Largest piece of a frame one packet carries.
+    max_piece: usize,
+    /// A frame being cut into packets.
+    stage: Vec<u8>,
+    slots: Vec<u32>,
+    unflushed: bool,
+    since_timers: u32,
+}
+
+impl<L: Link> Reliable<L> {
+    /// Wraps a link and starts the connection handshake (both sides do the same).
+    pub fn new(link: L, cfg: ReliableConfig) -> Self {
+        let nonce = cfg.nonce.unwrap_or_else(random_u64);
+        let my_id = (nonce as u32).max(1);
+        let isn = (nonce >> 32) as u32;
+        let window = cfg.window.clamp(2, 32768);
+        let max_piece = link.mtu().saturating_sub(PACKET_HEADER_LEN).clamp(1, u16::MAX as usize);
+        let now = link.now_ns();
+        let rto = cfg.rto_initial_ns;
+        let c = Conn {
+            cfg: ReliableConfig { window, ..cfg },
+            my_id,
+            peer_id: 0,
+            peer_knows_me: false,
+            established: false,
+            dead: None,
+            closing: false,
+            fin_queued: false,
+            fin_tries: 0,
+            peer_fin: false,
+            isn,
+            snd_una: isn.wrapping_add(1),
+            snd_next: isn.wrapping_add(1),
+            peer_window: window,
+            inflight: VecDeque::new(),
+            resend: VecDeque::new(),
+            srtt_ns: 0,
+            rttvar_ns: 0,
+            rto_ns: rto,
+            backoff: 0,
+            last_syn_ns: 0,
+            last_ping_ns: 0,
+            unanswered_since: None,
+            release: Vec::new(),
+            reset_to: None,
+            last_reset_ns: 0,
+            rcv_next: 0,
+            held: (0..window).map(|_| None).collect(),
+            held_count: 0,
+            reasm: Vec::new(),
+            reasm_active: false,
+            rx_unacked: 0,
+            ack_due_ns: None,
+            ack_now: false,
+            ts_to_echo: 0,
+            last_heard_ns: now,
+            spare: Vec::new(),
+            dstats: DeviceStats::default(),
+            rstats: ReliableStats::default(),
+        };
+        let mut r = Reliable {
+            link,
+            c,
+            max_piece,
+            stage: Vec::new(),
+            slots: Vec::new(),
+            unflushed: false,
+            since_timers: 0,
+        };
+        r.send_syn(now);
+        let _ = r.flush_link();
+        r
+    }
+
+    /// True once both sides know each other.
+    pub fn is_established(&self) -> bool {
+        self.c.established
+    }
+
+    /// Why the connection ended, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.c.dead.as_deref()
+    }
+
+    /// The link.
+    pub fn link(&self) -> &L {
+        &self.link
+    }
+
+    /// The link, mutably (for link-specific settings).
+    pub fn link_mut(&mut self) -> &mut L {
+        &mut self.link
+    }
+
+    /// Counters.
+    pub fn rstats(&self) -> ReliableStats {
+        let mut s = self.c.rstats;
+        s.srtt_ns = self.c.srtt_ns;
+        s.link = self.link.stats();
+        s
+    }
+
+    /// Packets sent and not yet acknowledged.
+    pub fn unacked(&self) -> usize {
+        self.c.inflight.len()
+    }
+
+    /// Sends an unsequenced packet (SYN, ACK, PING, RESET) from a fresh slot,
+    /// released at once. False if the link had no slot or no ring room.
+    fn send_control(&mut self, h: PacketHeader, payload: &[u8]) -> bool {
+        let len = PACKET_HEADER_LEN + payload.len();
+        if len > self.link.mtu() {
+            return false;
+        }
+        let Some(slot) = self.link.tx_alloc() else { return false };
+        let b = self.link.tx_buf(slot);
+        h.encode(b);
+        b[PACKET_HEADER_LEN..len].copy_from_slice(payload);
+        packet::seal(&mut b[..len]);
+        let sent = match self.link.send(slot, len) {
+            Ok(ok) => ok,
+            Err(e) => {
+                self.link_failed(e);
+                false
+            }
+        };
+        self.link.tx_release(slot);
+        self.unflushed |= sent;
+        sent
+    }
+
+    fn send_syn(&mut self, now: u64) {
+        let payload = (self.c.cfg.max_frame as u32).to_le_bytes();
+        let h = self.c.header(PacketKind::Syn, FLAG_ACK_NOW, self.c.isn, payload.len(), now);
+        if self.send_control(h, &payload) {
+            self.c.last_syn_ns = now;
+            self.c.rstats.probes_sent += 1;
+            self.c.unanswered_since.get_or_insert(now);
+        }
+    }
+
+    fn send_ack(&mut self, now: u64) {
+        let h = self.c.header(PacketKind::Ack, 0, self.c.snd_next, 0, now);
+        if self.send_control(h, &[]) {
+            self.c.rstats.acks_sent += 1;
+            self.c.acked_now();
+        }
+    }
+
+    /// Writes the header of a sequenced packet whose payload is already in `slot`,
+    /// and queues it.
+    fn push_packet(&mut self, slot: u32, kind: PacketKind, flags: u8, payload_len: usize, now: u64) {
+        let seq = self.c.snd_next;
+        self.c.snd_next = seq.wrapping_add(1);
+        let h = self.c.header(kind, flags, seq, payload_len, now);
+        let len = PACKET_HEADER_LEN + payload_len;
+        let b = self.link.tx_buf(slot);
+        h.encode(b);
+        packet::seal(&mut b[..len]);
+        self.c.inflight.push_back(TxPkt {
+            seq,
+            slot: Some(slot),
+            len,
+            sent_ns: 0,
+            built_ack: h.ack,
+            sacked: false,
+            queued: true,
+            fin: kind == PacketKind::Fin,
+        });
+        self.c.resend.push_back(seq);
+        self.c.rstats.packets_sent += 1;
+    }
+
+    /// Hands queued packets to the link until its ring is full.
+    fn pump(&mut self, now: u64) -> Result<(), DeviceError> {
+        let c = &mut self.c;
+        while let Some(&seq) = c.resend.front() {
+            let i = seq.wrapping_sub(c.snd_una) as usize;
+            let Some(p) = c.inflight.get_mut(i).filter(|p| p.seq == seq) else {
+                c.resend.pop_front();
+                continue;
+            };
+            let Some(slot) = p.slot.filter(|_| !p.sacked) else {
+                p.queued = false;
+                c.resend.pop_front();
+                continue;
+            };
+            match self.link.send(slot, p.len) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => return Err(self.link_failed(e)),
+            }
+            let first = p.sent_ns == 0;
+            p.sent_ns = now.max(1);
+            p.queued = false;
+            if p.fin && !first {
+                c.fin_tries += 1;
+            }
+            if first && p.built_ack == c.rcv_next && c.held_count == 0 {
+                // The packet carried an up-to-date acknowledgement.
+                c.acked_now();
+            }
+            c.resend.pop_front();
+            self.unflushed = true;
+            c.unanswered_since.get_or_insert(now);
+        }
+        Ok(())
+    }
+
+    fn flush_link(&mut self) -> Result<(), DeviceError> {
+        if self.unflushed {
+            self.unflushed = false;
+            if let Err(e) = self.link.flush() {
+                return Err(self.link_failed(e));
+            }
+        }
+        Ok(())
+    }
+
+    fn link_failed(&mut self, e: LinkError) -> DeviceError {
+        self.c.fail(format!("link failed: {e}"));
+        self.c.error()
+    }
+
+    /// Does the link work that datagram handling recorded.
+    fn settle(&mut self, now: u64) {
+        for slot in self.c.release.drain(..) {
+            self.link.tx_release(slot);
+        }
+        if let Some(to) = self.c.reset_to.take() {
+            if now.saturating_sub(self.c.last_reset_ns) >= self.c.cfg.rto_min_ns {
+                self.c.last_reset_ns = now;
+                let mut h = self.c.header(PacketKind::Reset, 0, 0, 0, now);
+                h.dst_id = to;
+                self.send_control(h, &[]);
+            }
+        }
+    }
+
+    /// One receive step: a held packet whose gap filled, else datagrams from the
+    /// link until one frame is delivered or the link is empty.
+    fn receive(&mut self, deliver: &mut dyn FnMut(&RxFrame<'_>), now: u64) -> Result<bool, DeviceError> {
+        if self.c.held_count > 0 && self.c.deliver_held(deliver)? {
+            return Ok(true);
+        }
+        for _ in 0..BATCH {
+            let c = &mut self.c;
+            let mut res = Ok(false);
+            let got = self.link.recv(&mut |d| res = c.on_datagram(d, now, deliver));
+            self.settle(now);
+            match got {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) => return Err(self.link_failed(e)),
+            }
+            if res? {
+                return Ok(true);
+            }
+            if self.c.held_count > 0 && self.c.deliver_held(deliver)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Handshake repeats, retransmission timeout, keepalive, liveness, delayed
+    /// acknowledgement; then hands queued packets to the link.
+    fn on_timers(&mut self, now: u64) -> Result<(), DeviceError> {
+        self.since_timers = 0;
+        if self.c.dead.is_some() {
+            return Err(self.c.error());
+        }
+        if let Some(t) = self.c.unanswered_since {
+            if now.saturating_sub(t) >= self.c.cfg.liveness_ns {
+                let what = if self.c.established { "peer" } else { "connection setup" };
+                self.c.fail(format!("no answer from the {what} for {} ms", (now - t) / 1_000_000));
+                return Err(self.c.error());
+            }
+        }
+        if !self.c.established {
+            if now.saturating_sub(self.c.last_syn_ns) >= self.c.current_rto() {
+                self.c.backoff = (self.c.backoff + 1).min(6);
+                self.send_syn(now);
+            }
+            if self.c.ack_now && self.c.peer_id != 0 {
+                // Answers the peer's SYN so that it learns it reached us.
+                self.send_ack(now);
+            }
+            return Ok(());
+        }
+        let rto = self.c.current_rto();
+        let mut expired = false;
+        for p in self.c.inflight.iter_mut().take(BATCH) {
+            if !p.sacked && !p.queued && p.sent_ns != 0 && now.saturating_sub(p.sent_ns) >= rto {
+                p.queued = true;
+                self.c.resend.push_back(p.seq);
+                self.c.rstats.timeout_retransmits += 1;
+                expired = true;
+            }
+        }
+        if expired {
+            self.c.backoff = (self.c.backoff + 1).min(16);
+        }
+        if !self.c.peer_fin
+            && now.saturating_sub(self.c.last_heard_ns) >= self.c.cfg.keepalive_ns
+            && now.saturating_sub(self.c.last_ping_ns) >= self.c.cfg.keepalive_ns
+        {
+            let h = self.c.header(PacketKind::Ping, FLAG_ACK_NOW, self.c.snd_next, 0, now);
+            if self.send_control(h, &[]) {
+                self.c.last_ping_ns = now;
+                self.c.rstats.probes_sent += 1;
+                self.c.unanswered_since.get_or_insert(now);
+            }
+        }
+        self.pump(now)?;
+        self.ack_if_due(now);
+        Ok(())
+    }
+
+    fn ack_if_due(&mut self, now: u64) {
+        let c = &mut self.c;
+        if c.rx_unacked > 0 && c.ack_due_ns.is_none() {
+            c.ack_due_ns = Some(now + c.cfg.ack_delay_ns);
+        }
+        if c.peer_id != 0
+            && (c.ack_now || c.rx_unacked >= c.cfg.ack_every || c.ack_due_ns.is_some_and(|t| now >= t))
+        {
+            self.send_ack(now);
+        }
+    }
+
+    fn queue_fin(&mut self, now: u64) {
+        if self.c.fin_queued || !self.c.established || self.c.dead.is_some() {
+            return;
+        }
+        let Some(slot) = self.link.tx_alloc() else { return };
+        self.c.fin_queued = true;
+        self.push_packet(slot, PacketKind::Fin, 0, 0, now);
+    }
+
+    /// Sequenced packets the next `send_frame` may add, counting the link's slots.
+    fn room(&self) -> usize {
+        self.c.data_window().saturating_sub(self.c.inflight.len())
+    }
+}
+
+impl<L: Link> Device for Reliable<L> {
+    fn max_frame_len(&self) -> usize {
+        self.c.cfg.max_frame
+    }
+
+    fn send_frame(
+        &mut self,
+        len: usize,
+        fill: &mut dyn FnMut(&mut FrameWriter<'_>),
+    ) -> Result<bool, DeviceError> {
+        if self.c.dead.is_some() {
+            return Err(self.c.error());
+        }
+        if len > self.c.cfg.max_frame {
+            return Err(DeviceError::FrameTooLong { len, max: self.c.cfg.max_frame });
+        }
+        if !self.c.established || self.c.closing {
+            return Ok(false);
+        }
+        let pieces = len.div_ceil(self.max_piece).max(1);
+        if pieces > self.room() {
+            return Ok(false);
+        }
+        let now = self.link.now_ns();
+        self.slots.clear();
+        for _ in 0..pieces {
+            match self.link.tx_alloc() {
+                Some(s) => self.slots.push(s),
+                None => {
+                    for s in self.slots.drain(..) {
+                        self.link.tx_release(s);
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+        if pieces == 1 {
+            let slot = self.slots[0];
+            let b = &mut self.link.tx_buf(slot)[PACKET_HEADER_LEN..PACKET_HEADER_LEN + len];
+            // SAFETY: `b` is an exclusively borrowed slice of exactly `len` bytes that
+            // lives until `fill` returns.
+            let mut w = unsafe { FrameWriter::from_raw(b.as_mut_ptr(), len) };
+            fill(&mut w);
+            self.push_packet(slot, PacketKind::Data, FLAG_FIRST | FLAG_LAST, len, now);
+        } else {
+            self.stage.clear();
+            self.stage.resize(len, 0);
+            // SAFETY: `stage` is an exclusively borrowed buffer of `len` bytes that
+            // lives until `fill` returns.
+            let mut w = unsafe { FrameWriter::from_raw(self.stage.as_mut_ptr(), len) };
+            fill(&mut w);
+            for k in 0..pieces {
+                let start = k * self.max_piece;
+                let end = (start + self.max_piece).min(len);
+                let slot = self.slots[k];
+                self.link.tx_buf(slot)[PACKET_HEADER_LEN..PACKET_HEADER_LEN + end - start]
+                    .copy_from_slice(&self.stage[start..end]);
+                let mut flags = 0;
+                if k == 0 {
+                    flags |= FLAG_FIRST;
+                }
+                if k == pieces - 1 {
+                    flags |= FLAG_LAST;
+                }
+                self.push_packet(slot, PacketKind::Data, flags, end - start, now);
+            }
+        }
+        self.c.rstats.frames_sent += 1;
+        self.c.dstats.frames_sent += 1;
+        self.pump(now)?;
+        Ok(true)
+    }
+
+    fn recv_frame(&mut self, handle: &mut dyn FnMut(&RxFrame<'_>)) -> Result<bool, DeviceError> {
+        if self.c.dead.is_some() {
+            return Err(self.c.error());
+        }
+        let now = self.link.now_ns();
+        let got = self.receive(handle, now)?;
+        self.since_timers += 1;
+        if !got || self.since_timers >= TIMER_EVERY {
+            self.on_timers(now)?;
+        } else {
+            self.ack_if_due(now);
+        }
+        if !got {
+            self.flush_link()?;
+        }
+        Ok(got)
+    }
+
+    fn doorbell(&mut self) -> Result<(), DeviceError> {
+        if self.c.dead.is_some() {
+            return Err(self.c.error());
+        }
+        if !self.c.resend.is_empty() || self.c.ack_now {
+            let now = self.link.now_ns();
+            self.pump(now)?;
+            self.ack_if_due(now);
+        }
+        self.flush_link()
+    }
+
+    fn arm_sleep(&mut self) -> Result<bool, DeviceError> {
+        if self.c.dead.is_some() {
+            return Err(self.c.error());
+        }
+        if self.c.held_count > 0 && self.c.held[self.c.rcv_next as usize % self.c.held.len()].is_some() {
+            return Ok(false);
+        }
+        self.flush_link()?;
+        self.link.arm_sleep().map_err(|e| self.link_failed(e))
+    }
+
+    fn disarm_sleep(&mut self) {
+        self.link.disarm_sleep();
+    }
+
+    fn event_fd(&self) -> Option<RawFd> {
+        self.link.event_fd()
+    }
+
+    fn check_peer(&mut self) -> Result<(), DeviceError> {
+        if self.c.peer_fin && self.c.held_count == 0 {
+            self.c.fail("peer closed the connection".into());
+        }
+        let now = self.link.now_ns();
+        self.on_timers(now)?;
+        self.flush_link()
+    }
+
+    fn shutdown(&mut self) {
+        if self.c.closing {
+            return;
+        }
+        self.c.closing = true;
+        let now = self.link.now_ns();
+        self.queue_fin(now);
+        let _ = self.pump(now);
+        let _ = self.flush_link();
+    }
+
+    fn drain(&mut self) -> bool {
+        if self.c.dead.is_some() || !self.c.established {
+            return false;
+        }
+        let now = self.link.now_ns();
+        // The engine is gone: frames still arriving are acknowledged and dropped.
+        for _ in 0..BATCH {
+            match self.receive(&mut |_| {}, now) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(_) => return false,
+            }
+        }
+        self.queue_fin(now);
+        if self.on_timers(now).is_err() || self.flush_link().is_err() {
+            return false;
+        }
+        let only_fin_left = self.c.inflight.iter().all(|p| p.fin);
+        !(self.c.inflight.is_empty() || (only_fin_left && self.c.fin_tries >= FIN_TRIES))
+    }
+
+    fn timer_ns(&self) -> Option<u64> {
+        self.c.next_timer(self.link.now_ns())
+    }
+
+    fn stats(&self) -> DeviceStats {
+        let mut s = self.c.dstats;
+        s.wakeups_sent = self.link.stats().doorbells;
+        s
+    }
+}

@@ -1,0 +1,404 @@
+//! The reliability layer over an in-memory lossy link with a manual clock: every
+//! message of every size class arrives exactly once, in order and intact through
+//! loss, duplication, reordering and corruption; hostile datagrams are counted and
+//! dropped; a silent peer fails outstanding operations; close drains.
+//!
+//! (The deterministic network simulator in strait-sim tests the same layer at scale.)
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use strait_core::reliable::{Reliable, ReliableConfig};
+use strait_core::{Config, EpId, Link, LinkError, LinkStats, MemoryRegion, OpKind, SlotPool, Status, Worker};
+
+const MTU: usize = 1500;
+
+/// What happens to the n-th datagram on a wire.
+type Fate = Box<dyn FnMut(u64, &mut Vec<u8>) -> usize>;
+
+struct Wire {
+    queue: VecDeque<(u64, Vec<u8>)>,
+    /// Returns how many copies to deliver (0 = lost) and may change the bytes.
+    fate: Fate,
+    count: u64,
+    latency: u64,
+    cut: bool,
+}
+
+struct TestLink {
+    pool: SlotPool,
+    pending: Vec<(u32, usize)>,
+    out: Rc<RefCell<Wire>>,
+    inn: Rc<RefCell<Wire>>,
+    clock: Rc<Cell<u64>>,
+    stats: LinkStats,
+}
+
+impl Link for TestLink {
+    fn mtu(&self) -> usize {
+        MTU
+    }
+    fn tx_alloc(&mut self) -> Option<u32> {
+        self.pool.alloc()
+    }
+    fn tx_buf(&mut self, slot: u32) -> &mut [u8] {
+        self.pool.buf(slot)
+    }
+    fn send(&mut self, slot: u32, len: usize) -> Result<bool, LinkError> {
+        if self.pending.len() >= 64 {
+            self.stats.send_full += 1;
+            return Ok(false);
+        }
+        self.pool.begin_tx(slot);
+        self.pending.push((slot, len));
+        Ok(true)
+    }
+    fn tx_release(&mut self, slot: u32) {
+        self.pool.release(slot)
+    }
+    fn flush(&mut self) -> Result<(), LinkError> {
+        self.stats.doorbells += 1;
+        let now = self.clock.get();
+        let mut w = self.out.borrow_mut();
+        for (slot, len) in self.pending.drain(..) {
+            let mut bytes = self.pool.bytes(slot, len).expect("slot").to_vec();
+            self.pool.end_tx(slot);
+            self.stats.datagrams_sent += 1;
+            if w.cut {
+                continue;
+            }
+            let n = w.count;
+            w.count += 1;
+            let copies = (w.fate)(n, &mut bytes);
+            let at = now + w.latency;
+            for _ in 0..copies {
+                w.queue.push_back((at, bytes.clone()));
+            }
+        }
+        Ok(())
+    }
+    fn recv(&mut self, handle: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        let now = self.clock.get();
+        let d = {
+            let mut w = self.inn.borrow_mut();
+            match w.queue.front() {
+                Some((at, _)) if *at <= now => w.queue.pop_front().map(|(_, d)| d),
+                _ => None,
+            }
+        };
+        match d {
+            Some(d) => {
+                self.stats.datagrams_received += 1;
+                handle(&d);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+    fn now_ns(&self) -> u64 {
+        self.clock.get()
+    }
+    fn event_fd(&self) -> Option<RawFd> {
+        None
+    }
+    fn stats(&self) -> LinkStats {
+        self.stats
+    }
+}
+
+fn keep() -> Fate {
+    Box::new(|_, _| 1)
+}
+
+struct Net {
+    clock: Rc<Cell<u64>>,
+    ab: Rc<RefCell<Wire>>,
+    ba: Rc<RefCell<Wire>>,
+}
+
+type W = Worker<Reliable<TestLink>>;
+
+fn rel_cfg(nonce: u64) -> ReliableConfig {
+    ReliableConfig {
+        nonce: Some(nonce),
+        rto_initial_ns: 2_000_000,
+        rto_min_ns: 500_000,
+        keepalive_ns: 50_000_000,
+        liveness_ns: 400_000_000,
+        ..ReliableConfig::default()
+    }
+}
+
+fn pair(fate_ab: Fate, fate_ba: Fate) -> (Net, W, EpId, W, EpId) {
+    let clock = Rc::new(Cell::new(1_000_000));
+    let wire = |fate| {
+        Rc::new(RefCell::new(Wire { queue: VecDeque::new(), fate, count: 0, latency: 20_000, cut: false }))
+    };
+    let ab = wire(fate_ab);
+    let ba = wire(fate_ba);
+    let link = |out: &Rc<RefCell<Wire>>, inn: &Rc<RefCell<Wire>>| TestLink {
+        pool: SlotPool::new(512, MTU),
+        pending: Vec::new(),
+        out: out.clone(),
+        inn: inn.clone(),
+        clock: clock.clone(),
+        stats: LinkStats::default(),
+    };
+    let a = Reliable::new(link(&ab, &ba), rel_cfg(0x1111_2222_3333_4444));
+    let b = Reliable::new(link(&ba, &ab), rel_cfg(0x5555_6666_7777_8888));
+    let mut wa = Worker::new(Config::default()).expect("worker");
+    let mut wb = Worker::new(Config::default()).expect("worker");
+    let ea = wa.attach(a);
+    let eb = wb.attach(b);
+    (Net { clock, ab, ba }, wa, ea, wb, eb)
+}
+
+/// Progresses both workers; when neither has work, advances the clock to the next
+/// datagram or timer. Stops when `done` says so; panics after `limit_ns` of
+/// virtual time.
+#[track_caller]
+fn run(net: &Net, wa: &mut W, wb: &mut W, limit_ns: u64, mut done: impl FnMut(&mut W, &mut W) -> bool) {
+    let end = net.clock.get() + limit_ns;
+    loop {
+        if done(wa, wb) {
+            return;
+        }
+        let work = wa.progress() + wb.progress();
+        if work > 0 {
+            continue;
+        }
+        let now = net.clock.get();
+        let next_dgram =
+            [&net.ab, &net.ba].iter().filter_map(|w| w.borrow().queue.front().map(|d| d.0)).min();
+        let next_timer =
+            [wa.next_timer_ns(), wb.next_timer_ns()].into_iter().flatten().min().map(|t| now + t);
+        let next = [next_dgram, next_timer].into_iter().flatten().min().unwrap_or(now + 1_000_000);
+        let next = next.max(now + 1_000);
+        assert!(next <= end, "no progress within {} ms of virtual time", limit_ns / 1_000_000);
+        net.clock.set(next);
+    }
+}
+
+fn pattern(i: u64, len: usize) -> Vec<u8> {
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Sends `sizes` from a to b (each posted after the previous completes on b) and
+/// checks every byte.
+fn stream(net: &Net, wa: &mut W, ea: EpId, wb: &mut W, eb: EpId, sizes: &[usize]) {
+    let max = sizes.iter().copied().max().unwrap_or(1).max(1);
+    let mut inbox = MemoryRegion::new(max).expect("region");
+    for (i, &len) in sizes.iter().enumerate() {
+        let data = pattern(i as u64, len);
+        let mut outbox = MemoryRegion::new(len.max(1)).expect("region");
+        outbox.write_at(0, &data).expect("write");
+        wb.post_recv(eb, &mut inbox, 0..max, i as u64, u64::MAX, i as u64).expect("post recv");
+        wa.post_send(ea, &outbox, 0..len, i as u64, i as u64).expect("post send");
+        let (mut sent, mut got) = (false, None);
+        run(net, wa, wb, 5_000_000_000, |wa, wb| {
+            while let Some(c) = wa.poll() {
+                assert_eq!((c.op, c.status), (OpKind::Send, Status::Ok), "send {i}");
+                sent = true;
+            }
+            if let Some(c) = wb.poll() {
+                got = Some(c);
+            }
+            sent && got.is_some()
+        });
+        let c = got.expect("recv");
+        assert_eq!((c.op, c.status, c.len, c.tag), (OpKind::Recv, Status::Ok, len, i as u64), "message {i}");
+        let mut back = vec![0u8; len];
+        inbox.read_at(0, &mut back).expect("read");
+        assert!(back == data, "message {i} ({len} bytes) corrupted");
+    }
+}
+
+const SIZES: &[usize] = &[0, 1, 8, 1400, 1452, 1453, 4000, 32 * 1024, 40_000, 200_000, 1 << 20];
+
+#[test]
+fn every_size_arrives_over_a_clean_link() {
+    let (net, mut wa, ea, mut wb, eb) = pair(keep(), keep());
+    stream(&net, &mut wa, ea, &mut wb, eb, SIZES);
+    let s = wa.device(ea).expect("dev").rstats();
+    assert_eq!(s.timeout_retransmits + s.fast_retransmits, 0, "{s:?}");
+}
+
+#[test]
+fn loss_duplication_and_reordering_are_repaired() {
+    // a->b: every 7th datagram lost, every 11th doubled; b->a: every 5th lost.
+    let ab: Fate = Box::new(|n, _| {
+        if n % 7 == 3 {
+            0
+        } else if n % 11 == 5 {
+            2
+        } else {
+            1
+        }
+    });
+    let ba: Fate = Box::new(|n, _| if n % 5 == 2 { 0 } else { 1 });
+    let (net, mut wa, ea, mut wb, eb) = pair(ab, ba);
+    stream(&net, &mut wa, ea, &mut wb, eb, SIZES);
+    let sa = wa.device(ea).expect("dev").rstats();
+    let sb = wb.device(eb).expect("dev").rstats();
+    assert!(sa.fast_retransmits + sa.timeout_retransmits > 0, "{sa:?}");
+    assert!(sb.duplicates > 0 && sb.out_of_order > 0, "{sb:?}");
+}
+
+#[test]
+fn corrupted_datagrams_are_caught_and_never_delivered() {
+    let ab: Fate = Box::new(|n, d| {
+        if n % 6 == 4 {
+            let i = (n as usize * 31) % d.len();
+            d[i] ^= 0x20;
+        }
+        1
+    });
+    let (net, mut wa, ea, mut wb, eb) = pair(ab, keep());
+    stream(&net, &mut wa, ea, &mut wb, eb, SIZES);
+    let sb = wb.device(eb).expect("dev").rstats();
+    assert!(sb.bad_checksum > 0, "{sb:?}");
+}
+
+#[test]
+fn hostile_datagrams_are_counted_and_dropped() {
+    let (net, mut wa, ea, mut wb, eb) = pair(keep(), keep());
+    stream(&net, &mut wa, ea, &mut wb, eb, &[8]);
+    // A valid packet from a to copy ids from.
+    let template = {
+        let mut outbox = MemoryRegion::new(8).expect("region");
+        outbox.write_at(0, b"template").expect("write");
+        wa.post_send(ea, &outbox, 0..8, 99, 0).expect("send");
+        let w = net.ab.borrow();
+        w.queue.back().expect("packet").1.clone()
+    };
+    net.ab.borrow_mut().queue.clear();
+    let mut hostile: Vec<Vec<u8>> = vec![vec![], vec![1; 10], vec![0xff; 48], vec![0; 2000]];
+    let mut v = template.clone();
+    v[0] = 9; // version
+    hostile.push(v);
+    let mut v = template.clone();
+    v[28] = 0xff; // length field
+    hostile.push(v);
+    let mut v = template.clone();
+    v.truncate(50);
+    hostile.push(v);
+    for seed in 0..200u64 {
+        hostile.push(pattern(seed, (seed as usize * 13) % 1600));
+    }
+    // Forged sequence numbers and ids with a correct checksum.
+    for (off, val) in [(12usize, 0x7fff_0000u32), (4, 12345), (8, 777), (16, 0xdead)] {
+        let mut v = template.clone();
+        v[off..off + 4].copy_from_slice(&val.to_le_bytes());
+        v[40..44].fill(0);
+        let crc = crc32c_of(&v);
+        v[40..44].copy_from_slice(&crc.to_le_bytes());
+        hostile.push(v);
+    }
+    let n = hostile.len() as u64;
+    {
+        let mut w = net.ab.borrow_mut();
+        let now = net.clock.get();
+        for h in hostile {
+            w.queue.push_back((now, h));
+        }
+    }
+    let mut inbox = MemoryRegion::new(64).expect("region");
+    wb.post_recv(eb, &mut inbox, 0..64, 5, u64::MAX, 0).expect("recv");
+    run(&net, &mut wa, &mut wb, 100_000_000, |_, wb| {
+        let s = wb.device(eb).expect("dev").rstats();
+        s.bad_checksum + s.bad_header + s.wrong_conn + s.out_of_window >= n
+    });
+    assert!(wb.poll().is_none(), "a hostile datagram was delivered");
+    // The connection still works.
+    let mut outbox = MemoryRegion::new(8).expect("region");
+    outbox.write_at(0, b"after!!!").expect("write");
+    wa.post_send(ea, &outbox, 0..8, 5, 0).expect("send");
+    let mut got = None;
+    run(&net, &mut wa, &mut wb, 1_000_000_000, |wa, wb| {
+        while wa.poll().is_some() {}
+        if let Some(c) = wb.poll() {
+            got = Some(c);
+        }
+        got.is_some()
+    });
+    assert_eq!(got.expect("recv").status, Status::Ok);
+    let mut b = [0u8; 8];
+    inbox.read_at(0, &mut b).expect("read");
+    assert_eq!(&b, b"after!!!");
+}
+
+fn crc32c_of(v: &[u8]) -> u32 {
+    // The header's CRC field is zero while the CRC is computed.
+    let mut t = v.to_vec();
+    t[40..44].fill(0);
+    crc32c::crc32c(&t)
+}
+
+#[test]
+fn a_silent_peer_fails_outstanding_operations() {
+    let (net, mut wa, ea, mut wb, eb) = pair(keep(), keep());
+    stream(&net, &mut wa, ea, &mut wb, eb, &[100]);
+    net.ab.borrow_mut().cut = true;
+    net.ba.borrow_mut().cut = true;
+    let outbox = MemoryRegion::new(100_000).expect("region");
+    wa.post_send(ea, &outbox, 0..100_000, 1, 7).expect("send");
+    let mut inbox = MemoryRegion::new(64).expect("region");
+    wb.post_recv(eb, &mut inbox, 0..64, 0, 0, 8).expect("recv");
+    let start = net.clock.get();
+    let (mut a_done, mut b_done) = (None, None);
+    run(&net, &mut wa, &mut wb, 2_000_000_000, |wa, wb| {
+        if let Some(c) = wa.poll() {
+            a_done = Some((c, net.clock.get()));
+        }
+        if let Some(c) = wb.poll() {
+            b_done = Some((c, net.clock.get()));
+        }
+        a_done.is_some() && b_done.is_some()
+    });
+    for (c, at) in [a_done, b_done].into_iter().flatten() {
+        assert_eq!(c.status, Status::PeerGone);
+        let waited = at - start;
+        assert!((399_000_000..1_000_000_000).contains(&waited), "failed after {waited} ns");
+    }
+}
+
+#[test]
+fn close_delivers_everything_then_drains() {
+    let ab: Fate = Box::new(|n, _| if n % 4 == 1 { 0 } else { 1 });
+    let (net, mut wa, ea, mut wb, eb) = pair(ab, keep());
+    let data = pattern(3, 300_000);
+    let mut outbox = MemoryRegion::new(data.len()).expect("region");
+    outbox.write_at(0, &data).expect("write");
+    let mut inbox = MemoryRegion::new(data.len()).expect("region");
+    wb.post_recv(eb, &mut inbox, 0..data.len(), 0, 0, 0).expect("recv");
+    wa.post_send(ea, &outbox, 0..data.len(), 1, 0).expect("send");
+    run(&net, &mut wa, &mut wb, 5_000_000_000, |wa, _| wa.poll().is_some());
+    let small = MemoryRegion::new(16).expect("region");
+    let mut inbox2 = MemoryRegion::new(16).expect("region");
+    wb.post_recv(eb, &mut inbox2, 0..16, 0, 0, 0).expect("recv");
+    wa.post_send(ea, &small, 0..16, 2, 0).expect("send");
+    while wa.poll().is_some() {}
+    wa.close(ea);
+    let mut got = Vec::new();
+    run(&net, &mut wa, &mut wb, 5_000_000_000, |_, wb| {
+        while let Some(c) = wb.poll() {
+            got.push(c);
+        }
+        got.len() >= 2
+    });
+    run(&net, &mut wa, &mut wb, 5_000_000_000, |wa, _| wa.closing() == 0);
+    assert!(got.iter().all(|c| c.status == Status::Ok), "{got:?}");
+    let mut back = vec![0u8; data.len()];
+    inbox.read_at(0, &mut back).expect("read");
+    assert!(back == data);
+}

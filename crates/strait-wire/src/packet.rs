@@ -1,0 +1,287 @@
+//! The packet header of strait's reliability layer, used over every lossy carrier
+//! (UDP, raw Ethernet, the simulator).
+//!
+//! A packet is this fixed 48-byte header followed by up to `len` payload bytes: one
+//! piece of an engine frame (or nothing, for control packets). Every packet carries
+//! a cumulative acknowledgement and a 64-packet selective-acknowledgement bitmap, so
+//! acknowledgements ride on data whenever data flows. The CRC32C covers the header
+//! (with the CRC field zero) and the payload; a packet whose CRC does not match is
+//! dropped before any field is trusted.
+//!
+//! Layout (little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | version ([`PACKET_VERSION`]) |
+//! | 1 | 1 | kind ([`PacketKind`]) |
+//! | 2 | 1 | flags ([`FLAG_FIRST`], [`FLAG_LAST`], [`FLAG_ACK_NOW`]) |
+//! | 3 | 1 | reserved, zero |
+//! | 4 | 4 | destination connection id (0 in a first SYN) |
+//! | 8 | 4 | source connection id |
+//! | 12 | 4 | sequence number (Data, Fin, Syn) |
+//! | 16 | 4 | cumulative ack: next sequence number expected |
+//! | 20 | 8 | selective ack: bit i set = packet `ack + 1 + i` received |
+//! | 28 | 2 | payload length |
+//! | 30 | 2 | receive window, packets |
+//! | 32 | 4 | timestamp, microseconds of the sender's clock |
+//! | 36 | 4 | echoed timestamp (for round-trip time) |
+//! | 40 | 4 | CRC32C |
+//! | 44 | 4 | reserved, zero |
+
+use thiserror::Error;
+
+/// Version of the packet format.
+pub const PACKET_VERSION: u8 = 1;
+/// Length of the packet header.
+pub const PACKET_HEADER_LEN: usize = 48;
+/// This packet holds the first piece of an engine frame.
+pub const FLAG_FIRST: u8 = 1;
+/// This packet holds the last piece of an engine frame.
+pub const FLAG_LAST: u8 = 2;
+/// The receiver should acknowledge at once (a probe, or a packet after a gap).
+pub const FLAG_ACK_NOW: u8 = 4;
+const KNOWN_FLAGS: u8 = FLAG_FIRST | FLAG_LAST | FLAG_ACK_NOW;
+const CRC_OFFSET: usize = 40;
+
+/// Packet kinds.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacketKind {
+    /// A piece of an engine frame; takes a sequence number.
+    Data = 1,
+    /// Acknowledgement only.
+    Ack = 2,
+    /// Connection setup: announces the sender's id, first sequence number and limits.
+    Syn = 3,
+    /// Liveness probe: asks for an acknowledgement.
+    Ping = 4,
+    /// Orderly end: no packet with a higher sequence number will follow. Takes a
+    /// sequence number, so it is delivered after all data.
+    Fin = 5,
+    /// The sender has no state for this connection (it restarted or closed): the
+    /// receiver's connection is dead.
+    Reset = 6,
+}
+
+impl PacketKind {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => PacketKind::Data,
+            2 => PacketKind::Ack,
+            3 => PacketKind::Syn,
+            4 => PacketKind::Ping,
+            5 => PacketKind::Fin,
+            6 => PacketKind::Reset,
+            _ => return None,
+        })
+    }
+
+    /// True for kinds that occupy a sequence number.
+    pub fn sequenced(self) -> bool {
+        matches!(self, PacketKind::Data | PacketKind::Fin)
+    }
+}
+
+/// A decoded packet header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketHeader {
+    /// Kind.
+    pub kind: PacketKind,
+    /// Flags.
+    pub flags: u8,
+    /// Connection id of the receiver (0 before the sender learned it).
+    pub dst_id: u32,
+    /// Connection id of the sender.
+    pub src_id: u32,
+    /// Sequence number.
+    pub seq: u32,
+    /// Next sequence number the sender expects from the receiver.
+    pub ack: u32,
+    /// Selective acknowledgement bitmap above `ack`.
+    pub sack: u64,
+    /// Payload length.
+    pub len: u16,
+    /// The sender's receive window, packets.
+    pub window: u16,
+    /// Sender's clock, microseconds (wrapping).
+    pub ts: u32,
+    /// The latest timestamp the sender received from the receiver.
+    pub ts_echo: u32,
+}
+
+/// Why a packet was refused.
+#[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
+pub enum PacketError {
+    /// Shorter than a header.
+    #[error("packet of {0} bytes is shorter than the header")]
+    Short(usize),
+    /// Unknown version.
+    #[error("packet version {0} unknown")]
+    Version(u8),
+    /// Unknown kind.
+    #[error("packet kind {0} unknown")]
+    Kind(u8),
+    /// Unknown flag bits or non-zero reserved bytes.
+    #[error("packet has unknown flags or reserved bits set")]
+    Reserved,
+    /// The payload length field disagrees with the datagram length.
+    #[error("packet claims {claimed} payload bytes, datagram holds {actual}")]
+    Length {
+        /// Claimed by the header.
+        claimed: usize,
+        /// Present in the datagram.
+        actual: usize,
+    },
+    /// CRC mismatch: corrupted (or forged without care).
+    #[error("packet checksum mismatch")]
+    Checksum,
+}
+
+impl PacketHeader {
+    /// Writes the header into `out[..PACKET_HEADER_LEN]` with a zero CRC; call
+    /// [`seal`] once the payload is in place.
+    ///
+    /// # Panics
+    /// If `out` is shorter than the header (a caller bug).
+    pub fn encode(&self, out: &mut [u8]) {
+        let o = &mut out[..PACKET_HEADER_LEN];
+        o[0] = PACKET_VERSION;
+        o[1] = self.kind as u8;
+        o[2] = self.flags;
+        o[3] = 0;
+        o[4..8].copy_from_slice(&self.dst_id.to_le_bytes());
+        o[8..12].copy_from_slice(&self.src_id.to_le_bytes());
+        o[12..16].copy_from_slice(&self.seq.to_le_bytes());
+        o[16..20].copy_from_slice(&self.ack.to_le_bytes());
+        o[20..28].copy_from_slice(&self.sack.to_le_bytes());
+        o[28..30].copy_from_slice(&self.len.to_le_bytes());
+        o[30..32].copy_from_slice(&self.window.to_le_bytes());
+        o[32..36].copy_from_slice(&self.ts.to_le_bytes());
+        o[36..40].copy_from_slice(&self.ts_echo.to_le_bytes());
+        o[40..48].fill(0);
+    }
+}
+
+/// Computes the CRC over `packet` (header and payload, CRC field taken as zero) and
+/// stores it in the header.
+///
+/// # Panics
+/// If `packet` is shorter than the header (a caller bug).
+pub fn seal(packet: &mut [u8]) {
+    packet[CRC_OFFSET..CRC_OFFSET + 4].fill(0);
+    let crc = crc32c::crc32c(packet);
+    packet[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// Checks and decodes a received datagram: length, version, kind, reserved bits,
+/// payload length and CRC. Returns the header; the payload is
+/// `datagram[PACKET_HEADER_LEN..]`.
+pub fn open(datagram: &[u8]) -> Result<PacketHeader, PacketError> {
+    if datagram.len() < PACKET_HEADER_LEN {
+        return Err(PacketError::Short(datagram.len()));
+    }
+    let b = datagram;
+    if b[0] != PACKET_VERSION {
+        return Err(PacketError::Version(b[0]));
+    }
+    let kind = PacketKind::from_u8(b[1]).ok_or(PacketError::Kind(b[1]))?;
+    if b[2] & !KNOWN_FLAGS != 0 || b[3] != 0 || u32_at(b, 44) != 0 {
+        return Err(PacketError::Reserved);
+    }
+    let len = u16_at(b, 28);
+    let actual = b.len() - PACKET_HEADER_LEN;
+    if len as usize != actual {
+        return Err(PacketError::Length { claimed: len as usize, actual });
+    }
+    let want = u32_at(b, CRC_OFFSET);
+    let mut crc = crc32c::crc32c(&b[..CRC_OFFSET]);
+    crc = crc32c::crc32c_append(crc, &[0; 4]);
+    crc = crc32c::crc32c_append(crc, &b[CRC_OFFSET + 4..]);
+    if crc != want {
+        return Err(PacketError::Checksum);
+    }
+    Ok(PacketHeader {
+        kind,
+        flags: b[2],
+        dst_id: u32_at(b, 4),
+        src_id: u32_at(b, 8),
+        seq: u32_at(b, 12),
+        ack: u32_at(b, 16),
+        sack: u64::from_le_bytes([b[20], b[21], b[22], b[23], b[24], b[25], b[26], b[27]]),
+        len,
+        window: u16_at(b, 30),
+        ts: u32_at(b, 32),
+        ts_echo: u32_at(b, 36),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PacketHeader {
+        PacketHeader {
+            kind: PacketKind::Data,
+            flags: FLAG_FIRST | FLAG_LAST,
+            dst_id: 0xdead_beef,
+            src_id: 7,
+            seq: 41,
+            ack: 9,
+            sack: 0b1011,
+            len: 5,
+            window: 256,
+            ts: 123_456,
+            ts_echo: 99,
+        }
+    }
+
+    fn packet(h: &PacketHeader, payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; PACKET_HEADER_LEN + payload.len()];
+        h.encode(&mut p);
+        p[PACKET_HEADER_LEN..].copy_from_slice(payload);
+        seal(&mut p);
+        p
+    }
+
+    #[test]
+    fn round_trip() {
+        let h = sample();
+        let p = packet(&h, b"hello");
+        assert_eq!(open(&p), Ok(h));
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_caught() {
+        let p = packet(&sample(), b"hello");
+        for bit in 0..p.len() * 8 {
+            let mut q = p.clone();
+            q[bit / 8] ^= 1 << (bit % 8);
+            assert!(open(&q).is_err(), "flip of bit {bit} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn malformed_packets_are_refused() {
+        let p = packet(&sample(), b"hello");
+        assert_eq!(open(&p[..10]), Err(PacketError::Short(10)));
+        assert!(matches!(open(&p[..p.len() - 1]), Err(PacketError::Length { .. })));
+        let mut q = p.clone();
+        q[0] = 9;
+        assert_eq!(open(&q), Err(PacketError::Version(9)));
+        let mut q = p.clone();
+        q[1] = 77;
+        assert_eq!(open(&q), Err(PacketError::Kind(77)));
+        let mut h = sample();
+        h.len = 60000;
+        let q = packet(&h, b"hello");
+        assert!(matches!(open(&q), Err(PacketError::Length { claimed: 60000, actual: 5 })));
+    }
+}

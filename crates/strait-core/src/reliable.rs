@@ -427,16 +427,14 @@ impl Conn {
                 // A hole with DUP_THRESHOLD packets received above it is lost: resend
                 // it now, unless it was sent within the last round trip.
                 let recent = now.saturating_sub(self.srtt_ns.max(self.cfg.rto_min_ns / 4));
-                let mut front = Vec::new();
-                for p in self.inflight.iter_mut().take((top + 1).saturating_sub(DUP_THRESHOLD)) {
+                // Newest first, each to the front: the queue ends up oldest first.
+                let holes = (top + 1).saturating_sub(DUP_THRESHOLD);
+                for p in self.inflight.iter_mut().take(holes).rev() {
                     if !p.sacked && !p.queued && p.sent_ns != 0 && p.sent_ns <= recent {
                         p.queued = true;
-                        front.push(p.seq);
+                        self.resend.push_front(p.seq);
                         self.rstats.fast_retransmits += 1;
                     }
-                }
-                for seq in front.into_iter().rev() {
-                    self.resend.push_front(seq);
                 }
             }
         }

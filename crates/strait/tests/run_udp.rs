@@ -1,0 +1,368 @@
+//! UDP under `strait run`: sockperf's UDP ping-pong and throughput modes, unchanged,
+//! both ends under strait (checked for correct results and for the shared-memory
+//! path really being used: `--stats` counts), and with one end only under strait
+//! (the kernel path, both directions).
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::UdpSocket;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
+
+/// `cargo test` does not build cdylibs: build libstrait_preload.so next to the strait
+/// binary with the same cargo, profile and target directory (once).
+fn preload_lib() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = PathBuf::from(STRAIT);
+            let profile_dir = exe.parent().expect("profile dir");
+            let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile").to_string();
+            let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"])
+                .arg(profile_dir.parent().expect("target dir"));
+            match profile.as_str() {
+                "debug" => {}
+                "release" => {
+                    c.arg("--release");
+                }
+                p => {
+                    c.args(["--profile", p]);
+                }
+            }
+            assert!(c.status().expect("cargo build").success(), "building libstrait_preload.so failed");
+            let p = profile_dir.join("libstrait_preload.so");
+            assert!(p.exists(), "{} missing", p.display());
+            p
+        })
+        .clone()
+}
+
+fn strait_run(args: &[&str]) -> Command {
+    preload_lib();
+    let mut c = Command::new(STRAIT);
+    c.arg("run").args(args).env_remove("LD_PRELOAD");
+    c
+}
+
+fn plain(prog: &str) -> Command {
+    let mut c = Command::new(prog);
+    c.env_remove("LD_PRELOAD");
+    c
+}
+
+fn have(bin: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {bin}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs a command with a time limit (killed when it expires), reading its output
+/// while it runs.
+fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().ok()?;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().ok()? {
+            break st;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Some(Output { status, stdout: out.join().ok()?, stderr: err.join().ok()? })
+}
+
+/// Installs `pkg` with apt-get if `bin` is missing (apt-get update once if needed).
+fn ensure(bin: &str, pkg: &str) {
+    static APT: Mutex<bool> = Mutex::new(false);
+    if have(bin) {
+        return;
+    }
+    let mut updated = APT.lock().unwrap_or_else(|e| e.into_inner());
+    let install = || {
+        run_for(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", pkg])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            Duration::from_secs(300),
+        )
+    };
+    if !have(bin) {
+        install();
+    }
+    if !have(bin) && !*updated {
+        run_for(Command::new("apt-get").args(["update", "-q"]), Duration::from_secs(180));
+        *updated = true;
+        install();
+    }
+    assert!(have(bin), "{bin} is missing and `apt-get install {pkg}` did not provide it");
+}
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// A sockperf server: started, waited for until its socket is bound, stopped with
+/// SIGINT (so it prints its totals and strait its stats line), killed if a test fails.
+struct Server {
+    child: Option<Child>,
+    lines: mpsc::Receiver<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Server {
+    fn start(mut c: Command) -> Server {
+        let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("sockperf server");
+        let out = child.stdout.take().expect("stdout");
+        let mut err = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        let s = Server { child: Some(child), lines, stderr };
+        // "using recvfrom() to block on socket(s)" comes after the bind.
+        let end = Instant::now() + Duration::from_secs(15);
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let l = s.lines.recv_timeout(left).expect("sockperf server never got ready");
+            if l.contains("to block on socket") {
+                break;
+            }
+        }
+        s
+    }
+
+    /// SIGINT, then (stdout, stderr).
+    fn stop(mut self) -> (String, String) {
+        let mut child = self.child.take().expect("child");
+        let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+        let end = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().ok().flatten().is_none() {
+            if Instant::now() > end {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.wait();
+        let mut out = String::new();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+        let h = std::mem::replace(&mut self.stderr, std::thread::spawn(String::new));
+        (out, h.join().unwrap_or_default())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The `name N` counts of every strait stats line in `stderr`, summed.
+fn stat(stderr: &str, name: &str) -> usize {
+    let key = format!(" {name} ");
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("strait-preload: pid "))
+        .filter_map(|l| l.split(key.as_str()).nth(1)?.split(' ').next()?.trim().parse::<usize>().ok())
+        .sum()
+}
+
+fn has_stats(stderr: &str) -> bool {
+    stderr.lines().any(|l| l.starts_with("strait-preload: pid "))
+}
+
+/// The first "Total N" count in sockperf's output (messages handled by a server,
+/// observations of a ping-pong client).
+fn total(text: &str) -> Option<usize> {
+    text.match_indices("Total ").find_map(|(i, _)| {
+        let num: String = text[i + 6..].chars().take_while(|c| c.is_ascii_digit()).collect();
+        num.parse().ok()
+    })
+}
+
+/// The number after `prefix` in sockperf's output.
+fn number_after(text: &str, prefix: &str) -> Option<f64> {
+    let rest = &text[text.find(prefix)? + prefix.len()..];
+    let num: String = rest.trim_start().chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    num.parse().ok()
+}
+
+fn server_cmd(under_strait: bool, port: &str) -> Command {
+    let args = ["sr", "-i", "127.0.0.1", "-p", port];
+    if under_strait {
+        let mut c = strait_run(&["--stats", "--", "sockperf"]);
+        c.args(args);
+        c
+    } else {
+        let mut c = plain("sockperf");
+        c.args(args);
+        c
+    }
+}
+
+fn client(under_strait: bool, args: &[&str]) -> (String, String) {
+    let mut c = if under_strait {
+        let mut c = strait_run(&["--stats", "--", "sockperf"]);
+        c.args(args);
+        c
+    } else {
+        let mut c = plain("sockperf");
+        c.args(args);
+        c
+    };
+    let out = run_for(&mut c, Duration::from_secs(40)).expect("sockperf client finished in time");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "sockperf {args:?} failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+/// Runs a ping-pong client; checks sockperf's verdict (no loss, duplicate or
+/// reordering) and returns (median one-way latency in us, stdout, stderr).
+fn ping_pong(under_strait: bool, port: &str, msg: &str) -> (f64, String, String) {
+    // sockperf sizes its sequence table for at most 600K messages/s unless told
+    // otherwise, and strait goes faster than that.
+    let (out, err) = client(
+        under_strait,
+        &["pp", "-i", "127.0.0.1", "-p", port, "-t", "1", "-m", msg, "--mps", "5000000"],
+    );
+    let text = format!("{out}{err}");
+    assert!(text.contains("Summary: Latency is"), "{text}");
+    assert!(
+        text.contains("# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0"),
+        "{text}"
+    );
+    let median = number_after(&text, "percentile 50.000 =").expect("median in sockperf's output");
+    assert!(median > 0.0 && median < 100_000.0, "implausible median {median} us:\n{text}");
+    (median, out, err)
+}
+
+#[test]
+fn sockperf_udp_ping_pong_with_both_ends_under_strait() {
+    ensure("sockperf", "sockperf");
+    let port = free_udp_port().to_string();
+    let server = Server::start(server_cmd(true, &port));
+    let mut sent = 0;
+    for msg in ["14", "1024", "65000"] {
+        let (_, out, err) = ping_pong(true, &port, msg);
+        // One channel each way, and every message went through shared memory.
+        assert_eq!(stat(&err, "udp-out"), 1, "{err}");
+        assert_eq!(stat(&err, "udp-in"), 1, "{err}");
+        assert_eq!(stat(&err, "udp-dropped"), 0, "{err}");
+        let observations = total(&out).unwrap_or(0);
+        let s = stat(&err, "udp-sent");
+        assert!(s >= observations && s > 1000, "sent {s} through shm, {observations} observations:\n{out}");
+        assert_eq!(stat(&err, "udp-received"), s, "{err}");
+        sent += s;
+    }
+    let (out, err) = server.stop();
+    let handled = total(&out).expect("server total");
+    assert_eq!(stat(&err, "udp-received"), sent, "{out}\n{err}");
+    assert_eq!(stat(&err, "udp-sent"), sent, "{out}\n{err}");
+    assert_eq!(stat(&err, "udp-in"), 3, "{err}");
+    assert!(handled > 0 && handled <= sent, "server handled {handled} of {sent}");
+}
+
+#[test]
+fn sockperf_udp_throughput_with_both_ends_under_strait() {
+    ensure("sockperf", "sockperf");
+    let port = free_udp_port().to_string();
+    let server = Server::start(server_cmd(true, &port));
+    let mut total_sent = 0;
+    let mut total_shm = 0;
+    for msg in ["14", "1472"] {
+        let (out, err) =
+            client(true, &["tp", "-i", "127.0.0.1", "-p", &port, "-t", "1", "-m", msg, "--mps", "max"]);
+        let sent = number_after(&out, "Total of").expect("messages sent") as usize;
+        let rate = number_after(&out, "Message Rate is").expect("message rate");
+        assert!(sent > 1000 && rate > 1000.0, "{out}");
+        // Every datagram went into the receiver's ring or was dropped there (full).
+        let shm = stat(&err, "udp-sent");
+        let dropped = stat(&err, "udp-dropped");
+        assert_eq!(stat(&err, "udp-out"), 1, "{err}");
+        assert!(shm + dropped >= sent && shm > 0, "sent {sent}: {err}");
+        assert!(shm + dropped <= sent + 1000, "sent {sent}: {err}");
+        total_sent += sent;
+        total_shm += shm;
+    }
+    // Let the server drain its rings.
+    std::thread::sleep(Duration::from_millis(300));
+    let (out, err) = server.stop();
+    let handled = total(&out).expect("server total");
+    assert_eq!(stat(&err, "udp-received"), total_shm, "{out}\n{err}");
+    assert!(handled <= total_shm && handled > 0 && handled <= total_sent + 2000, "{out}\n{err}");
+}
+
+#[test]
+fn sockperf_udp_with_one_end_under_strait_goes_through_the_kernel() {
+    ensure("sockperf", "sockperf");
+    for (server_strait, client_strait) in [(true, false), (false, true)] {
+        let port = free_udp_port().to_string();
+        let server = Server::start(server_cmd(server_strait, &port));
+        let (_, _, err) = ping_pong(client_strait, &port, "14");
+        if client_strait {
+            assert_eq!(stat(&err, "udp-out"), 0, "{err}");
+            assert_eq!(stat(&err, "udp-sent"), 0, "{err}");
+        } else {
+            assert!(!has_stats(&err));
+        }
+        let (out, err) = server.stop();
+        assert!(total(&out).is_some_and(|n| n > 1000), "{out}");
+        if server_strait {
+            assert_eq!(stat(&err, "udp-in"), 0, "{err}");
+            assert_eq!(stat(&err, "udp-received"), 0, "{err}");
+        }
+    }
+}
+
+#[test]
+fn sockperf_udp_server_under_strait_serves_strait_and_plain_clients_at_once() {
+    ensure("sockperf", "sockperf");
+    let port = free_udp_port().to_string();
+    let server = Server::start(server_cmd(true, &port));
+    let p2 = port.clone();
+    let plain_client = std::thread::spawn(move || ping_pong(false, &p2, "100"));
+    let (_, _, err) = ping_pong(true, &port, "100");
+    assert_eq!(stat(&err, "udp-out"), 1, "{err}");
+    plain_client.join().expect("plain client");
+    let (out, err) = server.stop();
+    assert!(total(&out).is_some_and(|n| n > 1000), "{out}");
+    assert_eq!(stat(&err, "udp-in"), 1, "{err}");
+}

@@ -34,7 +34,8 @@ impl Case {
         predicted: f64,
         measured: f64,
     ) -> Case {
-        let rel_error = if measured != 0.0 { ((predicted - measured) / measured).abs() } else { f64::INFINITY };
+        let rel_error =
+            if measured != 0.0 { ((predicted - measured) / measured).abs() } else { f64::INFINITY };
         Case {
             path: path.to_owned(),
             pipelining: pipelining.map(str::to_owned),

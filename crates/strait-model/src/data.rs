@@ -70,7 +70,9 @@ fn field<'a>(v: &'a Value, k: &str, what: &str) -> Result<&'a Value, ModelError>
 }
 
 fn as_u64(v: &Value, k: &str, what: &str) -> Result<u64, ModelError> {
-    field(v, k, what)?.as_u64().ok_or_else(|| ModelError::Input(format!("{what}: {k} is not an unsigned integer")))
+    field(v, k, what)?
+        .as_u64()
+        .ok_or_else(|| ModelError::Input(format!("{what}: {k} is not an unsigned integer")))
 }
 
 fn as_str<'a>(v: &'a Value, k: &str, what: &str) -> Result<&'a str, ModelError> {
@@ -88,7 +90,9 @@ pub fn env_of_command(cmd: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for w in cmd.split_whitespace() {
         match w.split_once('=') {
-            Some((k, v)) if k.starts_with("STRAIT_") && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => {
+            Some((k, v))
+                if k.starts_with("STRAIT_") && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+            {
                 out.push((k.to_owned(), unquote(v)))
             }
             _ => break,
@@ -181,20 +185,67 @@ pub fn parse_anatomy(text: &str) -> Result<Vec<AnatomyRun>, ModelError> {
 pub fn median_points(rounds: &[Vec<Point>]) -> Vec<Point> {
     let mut all: Vec<&Point> = rounds.iter().flatten().collect();
     all.sort_by(|a, b| {
-        (&a.path, a.metric, a.size_bytes).cmp(&(&b.path, b.metric, b.size_bytes)).then(a.value.total_cmp(&b.value))
+        (&a.path, a.metric, a.size_bytes)
+            .cmp(&(&b.path, b.metric, b.size_bytes))
+            .then(a.value.total_cmp(&b.value))
     });
     let mut out = Vec::new();
     let mut i = 0;
     while i < all.len() {
         let key = (&all[i].path, all[i].metric, all[i].size_bytes);
-        let j = all[i..].iter().position(|p| (&p.path, p.metric, p.size_bytes) != key).map_or(all.len(), |n| i + n);
+        let j = all[i..]
+            .iter()
+            .position(|p| (&p.path, p.metric, p.size_bytes) != key)
+            .map_or(all.len(), |n| i + n);
         let vals: Vec<f64> = all[i..j].iter().map(|p| p.value).collect();
         let n = vals.len();
         let med = if n % 2 == 1 { vals[n / 2] } else { (vals[n / 2 - 1] + vals[n / 2]) / 2.0 };
-        out.push(Point { path: all[i].path.clone(), metric: all[i].metric, size_bytes: all[i].size_bytes, value: med });
+        out.push(Point {
+            path: all[i].path.clone(),
+            metric: all[i].metric,
+            size_bytes: all[i].size_bytes,
+            value: med,
+        });
         i = j;
     }
     out
+}
+
+/// A round whose typical deviation from the other rounds exceeds this (and three
+/// times the rounds' typical deviation) counts as disturbed (see [`disturbed_rounds`]).
+pub const DISTURBED_DEVIATION: f64 = 0.10;
+
+/// How far one round is from the median of all rounds: the median over its points
+/// of `|value / median - 1|`.
+pub fn round_deviation(round: &[Point], medians: &[Point]) -> f64 {
+    let mut d: Vec<f64> = round
+        .iter()
+        .filter_map(|p| {
+            medians
+                .iter()
+                .find(|m| m.path == p.path && m.metric == p.metric && m.size_bytes == p.size_bytes)
+                .map(|m| (p.value / m.value - 1.0).abs())
+        })
+        .collect();
+    d.sort_by(f64::total_cmp);
+    if d.is_empty() {
+        0.0
+    } else {
+        d[d.len() / 2]
+    }
+}
+
+/// Which rounds (of one configuration) were disturbed: a round is disturbed if its
+/// [`round_deviation`] exceeds both [`DISTURBED_DEVIATION`] and three times the
+/// median deviation of all rounds (another process took a core for part of it; a
+/// benchmark that polls both cores then sleeps or waits for a time slice).
+pub fn disturbed_rounds(rounds: &[Vec<Point>]) -> Vec<bool> {
+    let med = median_points(rounds);
+    let dev: Vec<f64> = rounds.iter().map(|r| round_deviation(r, &med)).collect();
+    let mut sorted = dev.clone();
+    sorted.sort_by(f64::total_cmp);
+    let typical = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    dev.iter().map(|&d| d > DISTURBED_DEVIATION && d > 3.0 * typical).collect()
 }
 
 #[cfg(test)]
@@ -234,8 +285,12 @@ mod tests {
     fn bad_documents_are_errors() {
         assert!(parse_bench("not json").is_err());
         assert!(parse_bench("{}").is_err());
-        assert!(parse_bench(r#"{"results": [{"transport": "x", "kind": "sideways", "size_bytes": 1}]}"#).is_err());
-        assert!(parse_bench(r#"{"results": [{"transport": "x", "kind": "latency", "size_bytes": -1}]}"#).is_err());
+        assert!(
+            parse_bench(r#"{"results": [{"transport": "x", "kind": "sideways", "size_bytes": 1}]}"#).is_err()
+        );
+        assert!(
+            parse_bench(r#"{"results": [{"transport": "x", "kind": "latency", "size_bytes": -1}]}"#).is_err()
+        );
         assert!(parse_anatomy(r#"{"runs": []}"#).is_err());
         assert!(parse_anatomy(r#"{"runs": [{"transport": "x"}]}"#).is_err());
     }
@@ -247,6 +302,24 @@ mod tests {
         assert_eq!(m, vec![p(3.0)]);
         let m = median_points(&[vec![p(3.0)], vec![p(1.0)]]);
         assert_eq!(m, vec![p(2.0)]);
+    }
+
+    #[test]
+    fn a_disturbed_round_is_found() {
+        let round = |k: f64| -> Vec<Point> {
+            (0..6)
+                .map(|i| Point {
+                    path: "p".into(),
+                    metric: Metric::Latency,
+                    size_bytes: 1 << i,
+                    value: 100.0 * k,
+                })
+                .collect()
+        };
+        let d = disturbed_rounds(&[round(1.0), round(1.02), round(0.99), round(3.0), round(1.01)]);
+        assert_eq!(d, vec![false, false, false, true, false]);
+        // Uniform small noise: nothing disturbed.
+        assert!(!disturbed_rounds(&[round(1.0), round(1.05), round(0.95)]).contains(&true));
     }
 
     #[test]

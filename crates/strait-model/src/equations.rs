@@ -212,7 +212,8 @@ mod tests {
         // One piece: coarse (eq. 1).
         assert!(close(pipelined_latency(&l, &[100_000]), coarse_latency(&l, 1e5), 1e-12));
         // Many equal pieces with the per-piece costs moved out: eq. 3 with t = piece.
-        let bytes_only: Vec<Layer> = l.iter().map(|x| Layer::new(x.name.clone(), 0.0, x.per_byte_ns)).collect();
+        let bytes_only: Vec<Layer> =
+            l.iter().map(|x| Layer::new(x.name.clone(), 0.0, x.per_byte_ns)).collect();
         let p = pieces(1 << 20, 1024);
         let exact = pipelined_latency(&bytes_only, &p);
         let eq3 = fine_latency(&bytes_only, (1u64 << 20) as f64, 1024.0);

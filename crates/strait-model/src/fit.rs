@@ -47,15 +47,11 @@ pub fn least_squares_rel(rows: &[Vec<f64>], y: &[f64]) -> Result<Vec<f64>, Model
     let used: Vec<usize> = (0..n).filter(|&j| rows.iter().any(|r| r[j] != 0.0)).collect();
     let m = used.len();
     if rows.len() < m {
-        return Err(ModelError::Fit(format!(
-            "{} points cannot determine {m} parameters",
-            rows.len()
-        )));
+        return Err(ModelError::Fit(format!("{} points cannot determine {m} parameters", rows.len())));
     }
     // Normal equations A^T W A p = A^T W y with W = 1/y², columns scaled to unit
     // size for conditioning.
-    let scale: Vec<f64> =
-        used.iter().map(|&j| rows.iter().map(|r| r[j].abs()).fold(0.0, f64::max)).collect();
+    let scale: Vec<f64> = used.iter().map(|&j| rows.iter().map(|r| r[j].abs()).fold(0.0, f64::max)).collect();
     let mut a = vec![vec![0.0f64; m + 1]; m];
     for (r, &yk) in rows.iter().zip(y) {
         let w = 1.0 / (yk * yk);

@@ -88,8 +88,10 @@ pub fn fit_anatomy(runs: &[AnatomyRun]) -> Result<Vec<RegimeFit>, ModelError> {
             let fit = fit_line(&pts).map_err(|e| ModelError::Fit(format!("{path} {regime} {n:?}: {e}")))?;
             layers.push(LayerFit { name: n.clone(), fit });
         }
-        let model: Vec<Layer> =
-            layers.iter().map(|l| Layer::new(l.name.clone(), l.fit.per_packet_ns, l.fit.per_byte_ns)).collect();
+        let model: Vec<Layer> = layers
+            .iter()
+            .map(|l| Layer::new(l.name.clone(), l.fit.per_packet_ns, l.fit.per_byte_ns))
+            .collect();
         let measured: Vec<(u64, f64)> = rs.iter().map(|r| (r.size_bytes, r.measured_one_way_ns)).collect();
         let sum_residuals = residuals(&measured, |b| coarse_latency(&model, b as f64));
         let mut sizes: Vec<u64> = rs.iter().map(|r| r.size_bytes).collect();

@@ -137,11 +137,15 @@ impl Machine {
         if let Some(s) = &m.shm {
             factor(s.copy_speedup, "shm.copy_speedup")?;
             factor(s.per_packet_speedup, "shm.per_packet_speedup")?;
-            for v in [&s.eager_threshold, &s.pipeline_threshold, &s.chunk_size, &s.ring_size].into_iter().flatten() {
+            for v in
+                [&s.eager_threshold, &s.pipeline_threshold, &s.chunk_size, &s.ring_size].into_iter().flatten()
+            {
                 v.bytes()?;
             }
             if m.model.is_none() {
-                return Err(ModelError::Input("[shm] needs `model = \"...\"`: a fitted model to start from".into()));
+                return Err(ModelError::Input(
+                    "[shm] needs `model = \"...\"`: a fitted model to start from".into(),
+                ));
             }
         }
         if m.shm.is_none() && m.path.is_empty() {
@@ -298,20 +302,21 @@ layers = [
 
     #[test]
     fn defaults_and_errors() {
-        let m = Machine::parse("[[path]]\nname = \"x\"\nlayers = [{ name = \"a\", per_packet_ns = 1.0 }]\n").unwrap();
+        let m = Machine::parse("[[path]]\nname = \"x\"\nlayers = [{ name = \"a\", per_packet_ns = 1.0 }]\n")
+            .unwrap();
         assert_eq!(m.sizes().unwrap().len(), 7);
         assert_eq!(m.path[0].pipelining().unwrap(), Pipelining::Coarse);
         for bad in [
-            "",                                                                          // nothing described
-            "sizes = [\"4Q\"]\n[[path]]\nname=\"x\"\nlayers=[{name=\"a\"}]",             // bad size
-            "[[path]]\nname=\"x\"\nlayers=[]",                                           // no layers
-            "[[path]]\nname=\"x\"\npipelining=\"fine\"\nlayers=[{name=\"a\"}]",          // no threshold
-            "[[path]]\nname=\"x\"\npipelining=\"medium\"\nlayers=[{name=\"a\"}]",        // unknown mode
-            "[[path]]\nname=\"x\"\nlayers=[{name=\"a\", per_byte_ns=-1.0}]",             // negative cost
-            "[[path]]\nname=\"x\"\nlayers=[{name=\"a\", speedup=0.0}]",                  // zero speed-up
-            "[[path]]\nname=\"x\"\nlayers=[{name=\"a\", colour=\"red\"}]",               // unknown field
-            "[shm]\nchunk_size = \"64K\"",                                               // shm without model
-            "model=\"m.json\"\n[shm]\ncopy_speedup = -2.0",                              // bad factor
+            "",                                                                   // nothing described
+            "sizes = [\"4Q\"]\n[[path]]\nname=\"x\"\nlayers=[{name=\"a\"}]",      // bad size
+            "[[path]]\nname=\"x\"\nlayers=[]",                                    // no layers
+            "[[path]]\nname=\"x\"\npipelining=\"fine\"\nlayers=[{name=\"a\"}]",   // no threshold
+            "[[path]]\nname=\"x\"\npipelining=\"medium\"\nlayers=[{name=\"a\"}]", // unknown mode
+            "[[path]]\nname=\"x\"\nlayers=[{name=\"a\", per_byte_ns=-1.0}]",      // negative cost
+            "[[path]]\nname=\"x\"\nlayers=[{name=\"a\", speedup=0.0}]",           // zero speed-up
+            "[[path]]\nname=\"x\"\nlayers=[{name=\"a\", colour=\"red\"}]",        // unknown field
+            "[shm]\nchunk_size = \"64K\"",                                        // shm without model
+            "model=\"m.json\"\n[shm]\ncopy_speedup = -2.0",                       // bad factor
             "this is not toml",
         ] {
             assert!(Machine::parse(bad).is_err(), "accepted: {bad}");

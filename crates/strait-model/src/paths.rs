@@ -53,11 +53,9 @@ pub fn parse_size(text: &str) -> Result<u64, ModelError> {
         Some(b'g' | b'G') => (&t[..t.len() - 1], 1 << 30),
         _ => (t, 1),
     };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| ModelError::Input(format!("{text:?} is not a size (an integer, k/M/G suffix allowed)")))
+    num.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(mult)).ok_or_else(|| {
+        ModelError::Input(format!("{text:?} is not a size (an integer, k/M/G suffix allowed)"))
+    })
 }
 
 /// The engine and device settings that decide how a message crosses the shm path.
@@ -75,14 +73,24 @@ pub struct ShmGeometry {
 
 impl Default for ShmGeometry {
     fn default() -> Self {
-        ShmGeometry::new(DEFAULT_EAGER_THRESHOLD, DEFAULT_PIPELINE_THRESHOLD, DEFAULT_CHUNK_SIZE, DEFAULT_RING_SIZE)
+        ShmGeometry::new(
+            DEFAULT_EAGER_THRESHOLD,
+            DEFAULT_PIPELINE_THRESHOLD,
+            DEFAULT_CHUNK_SIZE,
+            DEFAULT_RING_SIZE,
+        )
     }
 }
 
 impl ShmGeometry {
     /// The geometry of these settings (`ring_size`: bytes of one direction's ring),
     /// capped as the engine caps them.
-    pub fn new(eager_threshold: u64, pipeline_threshold: u64, chunk_size: u64, ring_size: u64) -> ShmGeometry {
+    pub fn new(
+        eager_threshold: u64,
+        pipeline_threshold: u64,
+        chunk_size: u64,
+        ring_size: u64,
+    ) -> ShmGeometry {
         let max_piece = (ring_size / 4).saturating_sub(RING_FRAME_HDR + WIRE_MAX_HEADER).max(1);
         ShmGeometry {
             eager_threshold: eager_threshold.min(max_piece),
@@ -126,7 +134,8 @@ impl ShmGeometry {
 
     /// The pieces a rendezvous message of `bytes` moves in.
     pub fn pieces(&self, bytes: u64) -> Vec<u64> {
-        let piece = if bytes >= self.pipeline_threshold { self.chunk_size } else { bytes.min(self.max_piece) };
+        let piece =
+            if bytes >= self.pipeline_threshold { self.chunk_size } else { bytes.min(self.max_piece) };
         pieces(bytes, piece.max(1))
     }
 }
@@ -156,7 +165,11 @@ impl RndvFit {
     pub fn layers(&self) -> Vec<Layer> {
         vec![
             Layer::new("rndv handshake (RTS, CTS, completion)", self.fixed_ns, 0.0),
-            Layer::new("copy into ring (sender)", self.per_piece_ns / 2.0, self.per_byte_ns * self.copy_in_share),
+            Layer::new(
+                "copy into ring (sender)",
+                self.per_piece_ns / 2.0,
+                self.per_byte_ns * self.copy_in_share,
+            ),
             Layer::new(
                 "copy out of ring (receiver)",
                 self.per_piece_ns / 2.0,
@@ -224,10 +237,12 @@ fn fit_rndv(points: &[(ShmGeometry, u64, f64)]) -> Result<RndvFit, ModelError> {
                 least_squares_rel(&rows, &y)?
             }
         };
-        if params[1] < 0.0 {
-            // A negative per-piece cost has no meaning: fit without it.
-            rows.iter_mut().for_each(|r| r[1] = 0.0);
-            params = least_squares_rel(&rows, &y)?;
+        // A negative cost has no meaning: fit without that term.
+        for k in [1, 0] {
+            if params[k] < 0.0 {
+                rows.iter_mut().for_each(|r| r[k] = 0.0);
+                params = least_squares_rel(&rows, &y)?;
+            }
         }
         let err: f64 = rows
             .iter()
@@ -254,7 +269,10 @@ fn fit_rndv(points: &[(ShmGeometry, u64, f64)]) -> Result<RndvFit, ModelError> {
         .iter()
         .map(|(g, b, v)| {
             let f = fit.latency(g, *b);
-            (g.pipelining().to_owned(), Residual { size_bytes: *b, measured: *v, fitted: f, rel: (f - v) / v })
+            (
+                g.pipelining().to_owned(),
+                Residual { size_bytes: *b, measured: *v, fitted: f, rel: (f - v) / v },
+            )
         })
         .collect();
     let r: Vec<Residual> = fit.residuals.iter().map(|x| x.1.clone()).collect();
@@ -275,7 +293,10 @@ impl ShmModel {
     /// layers to all runs together (the layers do not depend on the pipelining
     /// settings; only the pieces do), the bandwidth bottleneck per run. Only points
     /// whose size passes `use_size` are used.
-    pub fn fit(runs: &[(ShmGeometry, Vec<Point>)], use_size: impl Fn(u64) -> bool) -> Result<ShmModel, ModelError> {
+    pub fn fit(
+        runs: &[(ShmGeometry, Vec<Point>)],
+        use_size: impl Fn(u64) -> bool,
+    ) -> Result<ShmModel, ModelError> {
         let mut eager = Vec::new();
         let mut rndv = Vec::new();
         let mut bandwidth = Vec::new();
@@ -361,7 +382,9 @@ impl DatagramModel {
     pub fn fit(points: &[Point], use_size: impl Fn(u64) -> bool) -> Result<DatagramModel, ModelError> {
         let lat: Vec<(u64, f64)> = points
             .iter()
-            .filter(|p| p.metric == Metric::Latency && use_size(p.size_bytes) && p.size_bytes <= UDP_MAX_PAYLOAD)
+            .filter(|p| {
+                p.metric == Metric::Latency && use_size(p.size_bytes) && p.size_bytes <= UDP_MAX_PAYLOAD
+            })
             .map(|p| (p.size_bytes, p.value))
             .collect();
         let bw: Vec<(u64, f64)> = points
@@ -402,7 +425,9 @@ impl DatagramModel {
     }
 
     fn message_time(&self, bytes: u64) -> f64 {
-        self.per_message_ns + udp_datagrams(bytes) as f64 * self.per_datagram_ns + bytes as f64 * self.per_byte_ns
+        self.per_message_ns
+            + udp_datagrams(bytes) as f64 * self.per_datagram_ns
+            + bytes as f64 * self.per_byte_ns
     }
 
     /// Predicted value, or None where the path does not apply (latency above one
@@ -439,7 +464,10 @@ impl LumpedModel {
                 .map(|p| (p.size_bytes, p.time_ns()))
                 .collect()
         };
-        let m = LumpedModel { latency: line_of(&pick(Metric::Latency))?, bandwidth: line_of(&pick(Metric::Bandwidth))? };
+        let m = LumpedModel {
+            latency: line_of(&pick(Metric::Latency))?,
+            bandwidth: line_of(&pick(Metric::Bandwidth))?,
+        };
         if m.latency.is_none() && m.bandwidth.is_none() {
             return Err(ModelError::Fit("no measurements to fit".into()));
         }
@@ -475,7 +503,8 @@ mod tests {
         assert_eq!(g.pieces(48 << 10), vec![48 << 10], "below the threshold: one piece");
         assert_eq!(g.pieces(96 << 10), vec![96 << 10], "above it but shorter than a chunk");
         assert_eq!(g.pieces(1 << 20).len(), 8);
-        let c = ShmGeometry::from_env(|k| (k == "STRAIT_PIPELINE_THRESHOLD").then(|| "1024M".into())).unwrap();
+        let c =
+            ShmGeometry::from_env(|k| (k == "STRAIT_PIPELINE_THRESHOLD").then(|| "1024M".into())).unwrap();
         assert_eq!(c.pipelining(), "coarse");
         assert_eq!(c.pieces(128 << 10), vec![128 << 10]);
         assert_eq!(c.pieces(256 << 10), vec![262144 - 48, 48], "the ring caps a piece");
@@ -545,7 +574,11 @@ mod tests {
         assert!(ShmModel::fit(&only_rndv, |_| true).is_err());
         let two_rndv = vec![(
             g,
-            vec![pt(Metric::Latency, 4096, 500.0), pt(Metric::Latency, 1 << 20, 5e4), pt(Metric::Latency, 2 << 20, 1e5)],
+            vec![
+                pt(Metric::Latency, 4096, 500.0),
+                pt(Metric::Latency, 1 << 20, 5e4),
+                pt(Metric::Latency, 2 << 20, 1e5),
+            ],
         )];
         assert!(ShmModel::fit(&two_rndv, |_| true).is_err(), "3 parameters need 3 sizes");
     }
@@ -560,8 +593,18 @@ mod tests {
             .iter()
             .flat_map(|&b| {
                 [
-                    Point { path: "kernel-udp".into(), metric: Metric::Bandwidth, size_bytes: b, value: b as f64 / t(b) },
-                    Point { path: "kernel-udp".into(), metric: Metric::Latency, size_bytes: b, value: 9000.0 + 0.2 * b as f64 },
+                    Point {
+                        path: "kernel-udp".into(),
+                        metric: Metric::Bandwidth,
+                        size_bytes: b,
+                        value: b as f64 / t(b),
+                    },
+                    Point {
+                        path: "kernel-udp".into(),
+                        metric: Metric::Latency,
+                        size_bytes: b,
+                        value: 9000.0 + 0.2 * b as f64,
+                    },
                 ]
             })
             .collect();
@@ -578,7 +621,12 @@ mod tests {
     fn lumped_model() {
         let pts: Vec<Point> = [1024u64, 4096, 65536]
             .iter()
-            .map(|&b| Point { path: "pipe".into(), metric: Metric::Latency, size_bytes: b, value: 7000.0 + 0.2 * b as f64 })
+            .map(|&b| Point {
+                path: "pipe".into(),
+                metric: Metric::Latency,
+                size_bytes: b,
+                value: 7000.0 + 0.2 * b as f64,
+            })
             .collect();
         let m = LumpedModel::fit(&pts, |_| true).unwrap();
         assert!((m.predict(Metric::Latency, 8192).unwrap() - (7000.0 + 0.2 * 8192.0)).abs() < 1e-6);

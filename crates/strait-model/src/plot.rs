@@ -21,7 +21,8 @@ pub struct Series {
     pub colour: usize,
 }
 
-const PALETTE: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const PALETTE: [&str; 8] =
+    ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 
 fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -65,13 +66,15 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(s, r#"<text x="20" y="24" font-size="15" font-weight="bold">{}</text>"#, xml_escape(title));
+    let _ =
+        writeln!(s, r#"<text x="20" y="24" font-size="15" font-weight="bold">{}</text>"#, xml_escape(title));
     for (metric, name, x0) in [
         (Metric::Latency, "one-way latency (ns): model lines, measured dots", 70.0),
         (Metric::Bandwidth, "streaming bandwidth (GB/s): model lines, measured dots", 600.0),
     ] {
         let y0 = 60.0;
-        let ser: Vec<&Series> = series.iter().filter(|x| x.metric == metric && !x.points.is_empty()).collect();
+        let ser: Vec<&Series> =
+            series.iter().filter(|x| x.metric == metric && !x.points.is_empty()).collect();
         let xs: Vec<f64> = ser.iter().flat_map(|x| x.points.iter().map(|p| p.0.max(1) as f64)).collect();
         let ys: Vec<f64> = ser.iter().flat_map(|x| x.points.iter().map(|p| p.1)).collect();
         let (xlo, xhi) = log_range(&xs, 2.0);
@@ -79,7 +82,10 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
         let px = |x: f64| x0 + (x.ln() - xlo.ln()) / (xhi.ln() - xlo.ln()) * PW;
         let py = |y: f64| y0 + PH - (y.ln() - ylo.ln()) / (yhi.ln() - ylo.ln()) * PH;
         let _ = writeln!(s, r#"<g class="panel" data-metric="{}">"#, metric.name());
-        let _ = writeln!(s, r##"<rect x="{x0}" y="{y0}" width="{PW}" height="{PH}" fill="none" stroke="#333"/>"##);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x0}" y="{y0}" width="{PW}" height="{PH}" fill="none" stroke="#333"/>"##
+        );
         let _ = writeln!(
             s,
             r#"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"#,
@@ -91,7 +97,8 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
         let step = if b - a > 12 { 2 } else { 1 };
         for e in (a..=b).step_by(step) {
             let x = px(2f64.powi(e));
-            let _ = writeln!(s, r##"<line x1="{x:.1}" y1="{y0}" x2="{x:.1}" y2="{}" stroke="#ddd"/>"##, y0 + PH);
+            let _ =
+                writeln!(s, r##"<line x1="{x:.1}" y1="{y0}" x2="{x:.1}" y2="{}" stroke="#ddd"/>"##, y0 + PH);
             let _ = writeln!(
                 s,
                 r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
@@ -109,7 +116,8 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
         for e in a..=b {
             let v = 10f64.powi(e);
             let y = py(v);
-            let _ = writeln!(s, r##"<line x1="{x0}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/>"##, x0 + PW);
+            let _ =
+                writeln!(s, r##"<line x1="{x0}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/>"##, x0 + PW);
             let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{v}</text>"#, x0 - 6.0, y + 4.0);
         }
         for x in &ser {
@@ -128,7 +136,8 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
                     );
                 }
             } else {
-                let coords: Vec<String> = pts.iter().map(|&(a, b)| format!("{:.1},{:.1}", px(a), py(b))).collect();
+                let coords: Vec<String> =
+                    pts.iter().map(|&(a, b)| format!("{:.1},{:.1}", px(a), py(b))).collect();
                 let _ = writeln!(
                     s,
                     r#"<polyline data-series="{}" fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
@@ -144,7 +153,9 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
     let mut ly = H - 50.0;
     let _ = writeln!(s, r#"<g class="legend">"#);
     for x in series.iter().filter(|x| !x.points.is_empty()) {
-        if x.metric == Metric::Bandwidth && series.iter().any(|y| y.metric == Metric::Latency && y.label == x.label) {
+        if x.metric == Metric::Bandwidth
+            && series.iter().any(|y| y.metric == Metric::Latency && y.label == x.label)
+        {
             continue; // one legend entry per label
         }
         let c = PALETTE[x.colour % PALETTE.len()];

@@ -57,7 +57,9 @@ impl FittedModel {
         for n in names {
             let pts: Vec<Point> = other.iter().filter(|p| p.path == n).cloned().collect();
             if n == UDP {
-                m.udp = Some(DatagramModel::fit(&pts, use_size).map_err(|e| ModelError::Fit(format!("{n}: {e}")))?);
+                m.udp = Some(
+                    DatagramModel::fit(&pts, use_size).map_err(|e| ModelError::Fit(format!("{n}: {e}")))?,
+                );
             } else {
                 m.lumped.push((
                     n.to_owned(),
@@ -129,6 +131,9 @@ pub struct CheckReport {
     pub model: FittedModel,
     /// The command that reproduces the check.
     pub command: String,
+    /// Measuring runs found disturbed (far from the other rounds) and measured again.
+    #[serde(default)]
+    pub disturbed_runs: usize,
     /// Anything worth knowing about the run.
     pub notes: Vec<String>,
 }
@@ -161,6 +166,7 @@ impl CheckReport {
             cases,
             model,
             command,
+            disturbed_runs: 0,
             notes: Vec::new(),
         })
     }
@@ -185,16 +191,23 @@ mod tests {
                 } else {
                     let p = g.pieces(b);
                     // two copies of 0.04 and 0.05 ns/B, 300 ns per piece, 1.5 us handshake
-                    let l = [
-                        crate::Layer::new("in", 150.0, 0.04),
-                        crate::Layer::new("out", 150.0, 0.05),
-                    ];
+                    let l = [crate::Layer::new("in", 150.0, 0.04), crate::Layer::new("out", 150.0, 0.05)];
                     1500.0 + crate::equations::pipelined_latency(&l, &p)
                 };
                 vec![
                     Point { path: SHM.into(), metric: Metric::Latency, size_bytes: b, value: lat },
-                    Point { path: SHM.into(), metric: Metric::Bandwidth, size_bytes: b, value: x / (150.0 + 0.06 * x) },
-                    Point { path: UDP.into(), metric: Metric::Bandwidth, size_bytes: b, value: x / (4000.0 + 0.2 * x) },
+                    Point {
+                        path: SHM.into(),
+                        metric: Metric::Bandwidth,
+                        size_bytes: b,
+                        value: x / (150.0 + 0.06 * x),
+                    },
+                    Point {
+                        path: UDP.into(),
+                        metric: Metric::Bandwidth,
+                        size_bytes: b,
+                        value: x / (4000.0 + 0.2 * x),
+                    },
                 ]
             })
             .collect()

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+mod model;
 mod run;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -36,6 +37,9 @@ enum Cmd {
     /// carried over shared memory (LD_PRELOAD of libstrait_preload.so; no change to
     /// the program).
     Run(run::RunArgs),
+    /// The analytical model: fit per-layer costs, check predictions against
+    /// measurements, predict what-if machines (docs/MODEL.md).
+    Model(model::ModelArgs),
     /// Internal: the peer process of one benchmark transport.
     #[command(name = "__bench-peer", hide = true)]
     BenchPeer {
@@ -150,6 +154,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Cmd::Anatomy(args) => return anatomy(args),
         Cmd::Run(args) => return run::run(args),
+        Cmd::Model(args) => return model::run(args),
         Cmd::Bench(args) => bench(args),
         Cmd::BenchPeer { transport, nfds, args } => peer(&transport, nfds, &args),
     };

@@ -68,17 +68,18 @@ pub fn least_squares_rel(rows: &[Vec<f64>], y: &[f64]) -> Result<Vec<f64>, Model
         let piv = (col..m)
             .max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))
             .ok_or_else(|| ModelError::Fit("empty system".into()))?;
-        if !(a[piv][col].abs() > 1e-12 * diag) {
+        if a[piv][col].abs().partial_cmp(&(1e-12 * diag)) != Some(std::cmp::Ordering::Greater) {
             return Err(ModelError::Fit(
                 "the points do not determine the parameters (collinear regressors)".into(),
             ));
         }
         a.swap(col, piv);
-        for i in 0..m {
+        let pivot_row = a[col].clone();
+        for (i, row) in a.iter_mut().enumerate() {
             if i != col {
-                let f = a[i][col] / a[col][col];
-                for k in col..=m {
-                    a[i][k] -= f * a[col][k];
+                let f = row[col] / pivot_row[col];
+                for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                    *x -= f * p;
                 }
             }
         }

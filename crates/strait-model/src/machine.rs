@@ -196,9 +196,8 @@ impl PathSpec {
             .iter()
             .map(|l| {
                 let k = factor(l.speedup, &format!("{}.{}.speedup", self.name, l.name))?;
-                if !(l.per_packet_ns.is_finite() && l.per_packet_ns >= 0.0)
-                    || !(l.per_byte_ns.is_finite() && l.per_byte_ns >= 0.0)
-                {
+                let ok = |v: f64| v.is_finite() && v >= 0.0;
+                if !(ok(l.per_packet_ns) && ok(l.per_byte_ns)) {
                     return Err(ModelError::Input(format!(
                         "path {:?} layer {:?}: costs must be non-negative numbers",
                         self.name, l.name

@@ -217,7 +217,10 @@ fn geometry_of(d: &BenchData) -> Result<ShmGeometry, ModelError> {
 
 /// Splits bench documents into shm runs per geometry and other paths' points,
 /// each the median over the documents that share a geometry.
-fn group(docs: &[BenchData]) -> Result<(Vec<(ShmGeometry, Vec<Point>)>, Vec<Point>), ModelError> {
+/// The shm path's runs, each with its geometry.
+type ShmRuns = Vec<(ShmGeometry, Vec<Point>)>;
+
+fn group(docs: &[BenchData]) -> Result<(ShmRuns, Vec<Point>), ModelError> {
     let mut geos: Vec<(ShmGeometry, Vec<Vec<Point>>)> = Vec::new();
     let mut other: Vec<Vec<Point>> = Vec::new();
     for d in docs {

@@ -206,6 +206,8 @@ struct TxPkt {
     sacked: bool,
     /// A transmission of it is waiting in `resend`.
     queued: bool,
+    /// Retransmissions so far.
+    retx: u32,
     fin: bool,
 }
 
@@ -425,13 +427,14 @@ impl Conn {
             }
             if let Some(top) = highest {
                 // A hole with DUP_THRESHOLD packets received above it is lost: resend
-                // it now, unless it was sent within the last round trip.
+                // it now, unless it was already resent within the last round trip.
                 let recent = now.saturating_sub(self.srtt_ns.max(self.cfg.rto_min_ns / 4));
                 // Newest first, each to the front: the queue ends up oldest first.
                 let holes = (top + 1).saturating_sub(DUP_THRESHOLD);
                 for p in self.inflight.iter_mut().take(holes).rev() {
-                    if !p.sacked && !p.queued && p.sent_ns != 0 && p.sent_ns <= recent {
+                    if !p.sacked && !p.queued && p.sent_ns != 0 && (p.retx == 0 || p.sent_ns <= recent) {
                         p.queued = true;
+                        p.retx += 1;
                         self.resend.push_front(p.seq);
                         self.rstats.fast_retransmits += 1;
                     }
@@ -831,6 +834,7 @@ impl<L: Link> Reliable<L> {
             built_ack: h.ack,
             sacked: false,
             queued: true,
+            retx: 0,
             fin: kind == PacketKind::Fin,
         });
         self.c.resend.push_back(seq);
@@ -959,6 +963,7 @@ impl<L: Link> Reliable<L> {
         for p in self.c.inflight.iter_mut().take(BATCH) {
             if !p.sacked && !p.queued && p.sent_ns != 0 && now.saturating_sub(p.sent_ns) >= rto {
                 p.queued = true;
+                p.retx += 1;
                 self.c.resend.push_back(p.seq);
                 self.c.rstats.timeout_retransmits += 1;
                 expired = true;

@@ -1,0 +1,165 @@
+//! Settings of the udp link, each with a default and a `STRAIT_UDP_*` override.
+
+use strait_core::config::env_num;
+use strait_core::ConfigError;
+
+/// How the link talks to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// io_uring if the kernel allows it, else `sendmmsg`/`recvmmsg` (said once on
+    /// stderr).
+    Auto,
+    /// io_uring only: fails if the kernel refuses it.
+    Uring,
+    /// `sendmmsg`/`recvmmsg` only.
+    Mmsg,
+}
+
+/// Udp link configuration. Build with [`UdpConfig::default`] or [`UdpConfig::from_env`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdpConfig {
+    /// `STRAIT_UDP_BACKEND` = `auto` (default) | `uring` | `mmsg`.
+    pub backend: Backend,
+    /// Largest datagram payload; 0 (default) takes the path MTU of the connected
+    /// route less the IP and UDP headers (datagrams are never IP-fragmented).
+    /// `STRAIT_UDP_MAX_DATAGRAM`.
+    pub max_datagram: usize,
+    /// Transmit slots (each holds one datagram). The reliability layer needs its
+    /// window plus 16. `STRAIT_UDP_SLOTS`, default 1024.
+    pub slots: u32,
+    /// Datagrams the bounded device ring holds between two doorbells (the io_uring
+    /// submission queue, or one `sendmmsg` batch). `STRAIT_UDP_RING`, default 256.
+    pub ring: u32,
+    /// Posted receive buffers (a power of two; 0 = chosen from the buffer size).
+    /// `STRAIT_UDP_RX_BUFS`.
+    pub rx_bufs: u32,
+    /// Send runs of equal-size datagrams as one UDP GSO super-datagram (io_uring
+    /// backend). `STRAIT_UDP_GSO` = 0/1, default 1.
+    pub gso: bool,
+    /// Receive coalesced datagrams (UDP_GRO) into one posted buffer (io_uring
+    /// backend). `STRAIT_UDP_GRO` = 0/1, default 1.
+    pub gro: bool,
+    /// Datagrams at least this long go out with `IORING_OP_SEND_ZC` from the
+    /// registered slot (no copy); 0 disables zero-copy. `STRAIT_UDP_ZC_MIN`,
+    /// default 0 (measured slower on veth and loopback, where the kernel copies a
+    /// zero-copy skb anyway; see docs/UDP.md).
+    pub zc_min: usize,
+    /// Doorbell moderation: a flush less than this long after the previous doorbell
+    /// leaves its datagrams queued until the window ends (the link's next `recv`,
+    /// `flush` or `arm_sleep` rings). 0 rings on every flush.
+    /// `STRAIT_UDP_COALESCE_US`, default 8.
+    pub coalesce_ns: u64,
+    /// Socket send and receive buffer sizes (forced past `rmem_max` when
+    /// permitted). `STRAIT_UDP_SOCKBUF`, default 8M.
+    pub sock_buf: usize,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        UdpConfig {
+            backend: Backend::Auto,
+            max_datagram: 0,
+            slots: 1024,
+            ring: 256,
+            rx_bufs: 0,
+            gso: true,
+            gro: true,
+            zc_min: 0,
+            coalesce_ns: 8_000,
+            sock_buf: 8 << 20,
+        }
+    }
+}
+
+fn flag(var: &'static str) -> Result<Option<bool>, ConfigError> {
+    match env_num(var)? {
+        None => Ok(None),
+        Some(0) => Ok(Some(false)),
+        Some(1) => Ok(Some(true)),
+        Some(v) => Err(ConfigError { var, value: v.to_string(), why: "must be 0 or 1" }),
+    }
+}
+
+impl UdpConfig {
+    /// Defaults overridden by any `STRAIT_UDP_*` variables that are set.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut c = UdpConfig::default();
+        if let Ok(v) = std::env::var("STRAIT_UDP_BACKEND") {
+            c.backend = match v.trim() {
+                "auto" | "" => Backend::Auto,
+                "uring" | "io_uring" => Backend::Uring,
+                "mmsg" => Backend::Mmsg,
+                _ => {
+                    return Err(ConfigError {
+                        var: "STRAIT_UDP_BACKEND",
+                        value: v,
+                        why: "expected auto, uring or mmsg",
+                    })
+                }
+            };
+        }
+        if let Some(v) = env_num("STRAIT_UDP_MAX_DATAGRAM")? {
+            if v != 0 && !(256..=65507).contains(&v) {
+                return Err(ConfigError {
+                    var: "STRAIT_UDP_MAX_DATAGRAM",
+                    value: v.to_string(),
+                    why: "must be 0 (path MTU) or 256..65507",
+                });
+            }
+            c.max_datagram = v as usize;
+        }
+        if let Some(v) = env_num("STRAIT_UDP_SLOTS")? {
+            if !(32..=65536).contains(&v) {
+                return Err(ConfigError {
+                    var: "STRAIT_UDP_SLOTS",
+                    value: v.to_string(),
+                    why: "must be 32..65536",
+                });
+            }
+            c.slots = v as u32;
+        }
+        if let Some(v) = env_num("STRAIT_UDP_RING")? {
+            if !(8..=4096).contains(&v) {
+                return Err(ConfigError {
+                    var: "STRAIT_UDP_RING",
+                    value: v.to_string(),
+                    why: "must be 8..4096",
+                });
+            }
+            c.ring = v as u32;
+        }
+        if let Some(v) = env_num("STRAIT_UDP_RX_BUFS")? {
+            if v != 0 && (!v.is_power_of_two() || v > 32768) {
+                return Err(ConfigError {
+                    var: "STRAIT_UDP_RX_BUFS",
+                    value: v.to_string(),
+                    why: "must be 0 (auto) or a power of two up to 32768",
+                });
+            }
+            c.rx_bufs = v as u32;
+        }
+        if let Some(v) = flag("STRAIT_UDP_GSO")? {
+            c.gso = v;
+        }
+        if let Some(v) = flag("STRAIT_UDP_GRO")? {
+            c.gro = v;
+        }
+        if let Some(v) = env_num("STRAIT_UDP_ZC_MIN")? {
+            c.zc_min = v as usize;
+        }
+        if let Some(v) = env_num("STRAIT_UDP_COALESCE_US")? {
+            c.coalesce_ns = v.saturating_mul(1000);
+        }
+        if let Some(v) = env_num("STRAIT_UDP_SOCKBUF")? {
+            if !(64 << 10..=1 << 30).contains(&v) {
+                return Err(ConfigError {
+                    var: "STRAIT_UDP_SOCKBUF",
+                    value: v.to_string(),
+                    why: "must be 64K..1G",
+                });
+            }
+            c.sock_buf = v as usize;
+        }
+        Ok(c)
+    }
+}

@@ -1,0 +1,327 @@
+//! [`UdpLink`]: a connected UDP socket as a [`strait_core::Link`].
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Once;
+
+use strait_core::{ConfigError, Link, LinkError, LinkStats, Reliable, ReliableConfig};
+use thiserror::Error;
+
+use crate::config::{Backend, UdpConfig};
+use crate::mmsg::MmsgLink;
+use crate::sys;
+use crate::uring::UringLink;
+
+/// Bytes of each posted receive buffer: any UDP datagram (and any GRO train, which
+/// the kernel keeps below 64 KiB) fits whole, with the io_uring `recvmsg` header and
+/// control space in front.
+pub(crate) const RX_BUF_LEN: usize = 65536 + 128;
+
+/// Why a udp link could not be set up.
+#[derive(Debug, Error)]
+pub enum UdpError {
+    /// A system call failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket handed to [`UdpLink::from_socket`] has no peer.
+    #[error("the UDP socket is not connected to a peer")]
+    NotConnected,
+    /// `STRAIT_UDP_BACKEND=uring` but the kernel refused io_uring.
+    #[error("io_uring backend requested but unavailable: {0}")]
+    UringUnavailable(std::io::Error),
+    /// The path MTU leaves too little room for a datagram.
+    #[error("path MTU gives {0}-byte datagrams; at least 256 are needed")]
+    MtuTooSmall(usize),
+    /// A `STRAIT_UDP_*` variable is malformed.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// udp-specific counters (besides [`LinkStats`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UdpStats {
+    /// Datagrams the kernel refused to send (an ICMP error pending on the socket, a
+    /// route change); the reliability layer resends them.
+    pub tx_errors: u64,
+    /// Receive errors reported by the kernel (ICMP errors; the receive is re-posted).
+    pub rx_errors: u64,
+    /// Datagrams longer than a receive buffer (dropped; also in
+    /// [`LinkStats::datagrams_dropped`]).
+    pub rx_truncated: u64,
+    /// Times the posted receive buffers ran out (the socket buffer holds datagrams
+    /// meanwhile).
+    pub rx_nobufs: u64,
+    /// GSO super-datagrams sent (each one system-call-free SQE for a run).
+    pub gso_sends: u64,
+    /// Receive buffers that held a GRO train of several datagrams.
+    pub gro_trains: u64,
+    /// Zero-copy sends.
+    pub zc_sends: u64,
+}
+
+/// Doorbell moderation: within `window` ns of the previous doorbell, a flush leaves
+/// its datagrams queued (up to half the ring), to be sent by the next doorbell.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Moderation {
+    window: u64,
+    batch: usize,
+    last: u64,
+}
+
+impl Moderation {
+    pub(crate) fn new(window: u64, ring: usize) -> Self {
+        Moderation { window, batch: (ring / 2).max(1), last: 0 }
+    }
+
+    /// Whether a flush with `queued` datagrams waiting should ring now.
+    pub(crate) fn due(&self, now: u64, queued: usize) -> bool {
+        self.window == 0 || queued >= self.batch || now.saturating_sub(self.last) >= self.window
+    }
+
+    pub(crate) fn rang(&mut self, now: u64) {
+        self.last = now;
+    }
+}
+
+enum Inner {
+    Uring(Box<UringLink>),
+    Mmsg(Box<MmsgLink>),
+}
+
+static FALLBACK_LOGGED: Once = Once::new();
+
+/// A connected UDP socket as an unreliable [`Link`] to one peer; wrap it in
+/// [`Reliable`] (or call [`UdpLink::reliable`]) for a [`strait_core::Device`].
+///
+/// The socket is `connect`ed, so the kernel drops datagrams from any other address;
+/// everything that does arrive is still treated as hostile by the layer above.
+///
+/// ```no_run
+/// use strait_core::{Config, ReliableConfig, Worker};
+/// use strait_udp::{UdpConfig, UdpLink};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Each side knows both addresses (given on its command line, say).
+/// let link = UdpLink::connect("10.0.0.1:7000".parse()?, "10.0.0.2:7000".parse()?, &UdpConfig::from_env()?)?;
+/// let mut worker = Worker::new(Config::from_env()?)?;
+/// let ep = worker.attach(link.reliable(ReliableConfig::from_env()?));
+/// # let _ = ep; Ok(()) }
+/// ```
+pub struct UdpLink {
+    // Declared before `sock` so the ring is torn down before the socket closes.
+    inner: Inner,
+    sock: UdpSocket,
+    mtu: usize,
+    backend: Backend,
+}
+
+impl UdpLink {
+    /// Binds `local`, connects to `peer`, and sets up the link.
+    pub fn connect(local: SocketAddr, peer: SocketAddr, cfg: &UdpConfig) -> Result<Self, UdpError> {
+        let sock = UdpSocket::bind(local).map_err(|source| UdpError::Io { op: "bind", source })?;
+        sock.connect(peer).map_err(|source| UdpError::Io { op: "connect", source })?;
+        Self::from_socket(sock, cfg)
+    }
+
+    /// Takes a bound and connected UDP socket (made, say, inside another network
+    /// namespace) and sets up the link on it.
+    pub fn from_socket(sock: UdpSocket, cfg: &UdpConfig) -> Result<Self, UdpError> {
+        let peer = sock.peer_addr().map_err(|_| UdpError::NotConnected)?;
+        let fd = sock.as_raw_fd();
+        // io_uring retries a blocking socket through its own poll; the mmsg backend
+        // passes MSG_DONTWAIT on every call.
+        sock.set_nonblocking(false).map_err(|source| UdpError::Io { op: "fcntl", source })?;
+        let buf = cfg.sock_buf.min(i32::MAX as usize) as libc::c_int;
+        for (force, plain) in
+            [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)]
+        {
+            if sys::setsockopt_int(fd, libc::SOL_SOCKET, force, buf).is_err() {
+                // Not permitted: the plain option, capped by rmem_max/wmem_max.
+                let _ = sys::setsockopt_int(fd, libc::SOL_SOCKET, plain, buf);
+            }
+        }
+        // Never fragment at the IP layer: a lost fragment loses the whole datagram.
+        let (v6, hdr) = match peer {
+            SocketAddr::V4(_) => (false, 28),
+            SocketAddr::V6(_) => (true, 48),
+        };
+        let path_mtu = if v6 {
+            let _ =
+                sys::setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO);
+            sys::getsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU)
+        } else {
+            let _ = sys::setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
+            sys::getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU)
+        }
+        .map_err(|source| UdpError::Io { op: "getsockopt(IP_MTU)", source })?;
+        let from_path = (path_mtu.max(0) as usize).saturating_sub(hdr).min(65507);
+        let mtu = if cfg.max_datagram > 0 { cfg.max_datagram.min(from_path) } else { from_path };
+        if mtu < 256 {
+            return Err(UdpError::MtuTooSmall(mtu));
+        }
+        let slot_len = mtu.next_multiple_of(64);
+        let ring = cfg.ring as usize;
+        let moder = Moderation::new(cfg.coalesce_ns, ring);
+        let rx_bufs = if cfg.rx_bufs == 0 { 256 } else { cfg.rx_bufs };
+        let uring = match cfg.backend {
+            Backend::Mmsg => None,
+            Backend::Uring | Backend::Auto => {
+                match UringLink::new(
+                    fd, cfg.slots, slot_len, ring, rx_bufs, cfg.gso, cfg.gro, cfg.zc_min, moder,
+                ) {
+                    Ok(u) => Some(u),
+                    Err(e) if cfg.backend == Backend::Uring => return Err(UdpError::UringUnavailable(e)),
+                    Err(e) => {
+                        FALLBACK_LOGGED.call_once(|| {
+                            eprintln!("strait-udp: io_uring unavailable ({e}); using sendmmsg/recvmmsg");
+                        });
+                        None
+                    }
+                }
+            }
+        };
+        let (inner, backend) = match uring {
+            Some(u) => (Inner::Uring(Box::new(u)), Backend::Uring),
+            None => {
+                // GRO changes what a receive returns; the mmsg path reads plain datagrams.
+                let _ = sys::setsockopt_int(fd, sys::SOL_UDP, sys::UDP_GRO, 0);
+                (Inner::Mmsg(Box::new(MmsgLink::new(fd, cfg.slots, slot_len, ring, moder))), Backend::Mmsg)
+            }
+        };
+        Ok(UdpLink { inner, sock, mtu, backend })
+    }
+
+    /// Wraps the link in the reliability layer: the device to attach to a worker.
+    pub fn reliable(self, cfg: ReliableConfig) -> Reliable<UdpLink> {
+        Reliable::new(self, cfg)
+    }
+
+    /// The backend in use ([`Backend::Uring`] or [`Backend::Mmsg`]).
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The io_uring features in use (empty for the mmsg backend).
+    pub fn features(&self) -> &str {
+        match &self.inner {
+            Inner::Uring(u) => &u.features,
+            Inner::Mmsg(_) => "",
+        }
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.sock.local_addr()
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> std::io::Result<SocketAddr> {
+        self.sock.peer_addr()
+    }
+
+    /// udp-specific counters.
+    pub fn udp_stats(&self) -> UdpStats {
+        match &self.inner {
+            Inner::Uring(u) => u.ustats,
+            Inner::Mmsg(m) => m.ustats,
+        }
+    }
+
+    /// Transmit slots taken and not yet free again (allocated, or released with a
+    /// transmission still pending).
+    pub fn slots_in_use(&self) -> usize {
+        match &self.inner {
+            Inner::Uring(u) => u.slots_in_use(),
+            Inner::Mmsg(m) => m.slots_in_use(),
+        }
+    }
+}
+
+impl Link for UdpLink {
+    fn mtu(&self) -> usize {
+        self.mtu
+    }
+
+    fn tx_alloc(&mut self) -> Option<u32> {
+        match &mut self.inner {
+            Inner::Uring(u) => u.tx_alloc(),
+            Inner::Mmsg(m) => m.tx_alloc(),
+        }
+    }
+
+    fn tx_buf(&mut self, slot: u32) -> &mut [u8] {
+        let mtu = self.mtu;
+        let b = match &mut self.inner {
+            Inner::Uring(u) => u.tx_buf(slot),
+            Inner::Mmsg(m) => m.tx_buf(slot),
+        };
+        &mut b[..mtu]
+    }
+
+    fn send(&mut self, slot: u32, len: usize) -> Result<bool, LinkError> {
+        if len > self.mtu {
+            return Err(LinkError::BadSlot { slot, len });
+        }
+        match &mut self.inner {
+            Inner::Uring(u) => u.send(slot, len),
+            Inner::Mmsg(m) => m.send(slot, len),
+        }
+    }
+
+    fn tx_release(&mut self, slot: u32) {
+        match &mut self.inner {
+            Inner::Uring(u) => u.tx_release(slot),
+            Inner::Mmsg(m) => m.tx_release(slot),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), LinkError> {
+        match &mut self.inner {
+            Inner::Uring(u) => u.flush(),
+            Inner::Mmsg(m) => m.flush(),
+        }
+    }
+
+    fn recv(&mut self, handle: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        match &mut self.inner {
+            Inner::Uring(u) => u.recv(handle),
+            Inner::Mmsg(m) => m.recv(handle),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        sys::now_ns()
+    }
+
+    fn event_fd(&self) -> Option<RawFd> {
+        Some(match &self.inner {
+            Inner::Uring(u) => u.event_fd(),
+            Inner::Mmsg(_) => self.sock.as_raw_fd(),
+        })
+    }
+
+    fn arm_sleep(&mut self) -> Result<bool, LinkError> {
+        match &mut self.inner {
+            Inner::Uring(u) => u.arm_sleep(),
+            Inner::Mmsg(m) => m.arm_sleep(),
+        }
+    }
+
+    fn disarm_sleep(&mut self) {
+        if let Inner::Uring(u) = &mut self.inner {
+            u.disarm_sleep();
+        }
+    }
+
+    fn stats(&self) -> LinkStats {
+        match &self.inner {
+            Inner::Uring(u) => u.stats,
+            Inner::Mmsg(m) => m.stats,
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Two network namespaces joined by a veth pair, for the real-network tests and the
+//! benchmark (needs root and iproute2's `ip`; loss injection needs `iptables`).
+//!
+//! Sockets are made inside a namespace by a short-lived thread that enters it
+//! (`setns` changes only the calling thread's network namespace); a socket keeps
+//! its namespace for life, so both ends of a connection can then be driven from
+//! one process, each by its own thread, over the real kernel path between the
+//! namespaces.
+//!
+//! ```no_run
+//! # fn main() -> std::io::Result<()> {
+//! let pair = strait_udp::netns::VethPair::create()?; // removed on drop
+//! let (a, b) = pair.udp_pair(false)?;                // connected to each other
+//! pair.set_loss(1, 0.01)?;                           // 1% of what B receives is dropped
+//! # let _ = (a, b); Ok(()) }
+//! ```
+
+use std::fs::File;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Two namespaces, `ns[0]` and `ns[1]`, with a veth pair between them:
+/// 10.77.0.1/24 and fd77::1/64 in `ns[0]`, 10.77.0.2 and fd77::2 in `ns[1]`.
+/// Dropping it deletes both namespaces (and so the pair), also during a panic.
+#[derive(Debug)]
+pub struct VethPair {
+    /// Namespace names (under `/run/netns`).
+    pub ns: [String; 2],
+    /// Interface names (one in each namespace).
+    pub dev: [String; 2],
+    /// IPv4 addresses.
+    pub v4: [Ipv4Addr; 2],
+    /// IPv6 addresses.
+    pub v6: [Ipv6Addr; 2],
+}
+
+fn run(cmd: &mut Command) -> io::Result<Output> {
+    let out = cmd.stdin(Stdio::null()).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "{:?} failed: {}",
+            cmd,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(out)
+}
+
+fn has(tool: &str) -> bool {
+    Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+}
+
+/// Installs `iptables` from the distribution's packages if it is missing (apt).
+pub fn ensure_iptables() -> io::Result<()> {
+    if has("iptables") {
+        return Ok(());
+    }
+    let _ = Command::new("apt-get").args(["update", "-qq"]).stdout(Stdio::null()).status();
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "iptables"])
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    if has("iptables") {
+        Ok(())
+    } else {
+        Err(io::Error::other("iptables is still missing after apt-get install"))
+    }
+}
+
+impl VethPair {
+    /// Creates the namespaces and the pair (unique names per process and call).
+    pub fn create() -> io::Result<Self> {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{:x}x{n}", std::process::id());
+        let p = VethPair {
+            ns: [format!("strait-udp-{id}-a"), format!("strait-udp-{id}-b")],
+            dev: [format!("su{id}a"), format!("su{id}b")],
+            v4: [Ipv4Addr::new(10, 77, 0, 1), Ipv4Addr::new(10, 77, 0, 2)],
+            v6: [Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 1), Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2)],
+        };
+        // From here on, Drop cleans up whatever was made.
+        for ns in &p.ns {
+            run(Command::new("ip").args(["netns", "add", ns]))?;
+        }
+        run(Command::new("ip").args([
+            "link", "add", &p.dev[0], "netns", &p.ns[0], "type", "veth", "peer", "name", &p.dev[1], "netns",
+            &p.ns[1],
+        ]))?;
+        for i in 0..2 {
+            let (ns, dev) = (&p.ns[i], &p.dev[i]);
+            run(Command::new("ip").args(["-n", ns, "addr", "add", &format!("{}/24", p.v4[i]), "dev", dev]))?;
+            run(Command::new("ip").args([
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{}/64", p.v6[i]),
+                "dev",
+                dev,
+                "nodad",
+            ]))?;
+            run(Command::new("ip").args(["-n", ns, "link", "set", dev, "up"]))?;
+            run(Command::new("ip").args(["-n", ns, "link", "set", "lo", "up"]))?;
+        }
+        Ok(p)
+    }
+
+    /// Address of side `i` (0 or 1), IPv4 or IPv6.
+    pub fn addr(&self, i: usize, v6: bool) -> IpAddr {
+        if v6 {
+            IpAddr::V6(self.v6[i])
+        } else {
+            IpAddr::V4(self.v4[i])
+        }
+    }
+
+    /// Runs `f` on a thread inside namespace `i` and returns its result.
+    pub fn in_ns<T: Send>(&self, i: usize, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+        let ns = File::open(format!("/run/netns/{}", self.ns[i]))?;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: setns on an open namespace fd; affects only this thread.
+                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| io::Error::other("namespace thread panicked"))?
+        })
+    }
+
+    /// A UDP socket in namespace `i`, bound to its address and port `port` (0 =
+    /// any), not connected.
+    pub fn udp_socket(&self, i: usize, v6: bool, port: u16) -> io::Result<UdpSocket> {
+        let a = SocketAddr::new(self.addr(i, v6), port);
+        self.in_ns(i, || UdpSocket::bind(a))?
+    }
+
+    /// Two UDP sockets, one per namespace, connected to each other.
+    pub fn udp_pair(&self, v6: bool) -> io::Result<(UdpSocket, UdpSocket)> {
+        let a = self.udp_socket(0, v6, 0)?;
+        let b = self.udp_socket(1, v6, 0)?;
+        a.connect(b.local_addr()?)?;
+        b.connect(a.local_addr()?)?;
+        Ok((a, b))
+    }
+
+    /// A TCP connection across the pair: (side 0, side 1), with `TCP_NODELAY` set.
+    pub fn tcp_pair(&self) -> io::Result<(TcpStream, TcpStream)> {
+        let l: TcpListener =
+            self.in_ns(1, || TcpListener::bind(SocketAddr::new(self.addr(1, false), 0)))??;
+        let to = l.local_addr()?;
+        let a = self.in_ns(0, || TcpStream::connect(to))??;
+        let (b, _) = l.accept()?;
+        a.set_nodelay(true)?;
+        b.set_nodelay(true)?;
+        Ok((a, b))
+    }
+
+    /// Drops a random fraction `p` of the packets side `i` receives (an iptables
+    /// `statistic` rule in its namespace); replaces any earlier rule. `p == 0`
+    /// removes it.
+    pub fn set_loss(&self, i: usize, p: f64) -> io::Result<()> {
+        ensure_iptables()?;
+        for tool in ["iptables", "ip6tables"] {
+            run(Command::new("ip").args(["netns", "exec", &self.ns[i], tool, "-F", "INPUT"]))?;
+            if p > 0.0 {
+                run(Command::new("ip").args([
+                    "netns",
+                    "exec",
+                    &self.ns[i],
+                    tool,
+                    "-A",
+                    "INPUT",
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "random",
+                    "--probability",
+                    &format!("{p}"),
+                    "-j",
+                    "DROP",
+                ]))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Packets dropped so far by side `i`'s loss rules (IPv4 and IPv6).
+    pub fn dropped(&self, i: usize) -> io::Result<u64> {
+        let mut total = 0;
+        for tool in ["iptables", "ip6tables"] {
+            let out = run(Command::new("ip").args([
+                "netns",
+                "exec",
+                &self.ns[i],
+                tool,
+                "-L",
+                "INPUT",
+                "-v",
+                "-n",
+                "-x",
+            ]))?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if line.contains("DROP") {
+                    total += line.split_whitespace().next().and_then(|w| w.parse::<u64>().ok()).unwrap_or(0);
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Runs a command inside namespace `i` (`ip netns exec`).
+    pub fn exec(&self, i: usize, args: &[&str]) -> io::Result<Output> {
+        run(Command::new("ip").args(["netns", "exec", &self.ns[i]]).args(args))
+    }
+}
+
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        for ns in &self.ns {
+            let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
+        }
+    }
+}

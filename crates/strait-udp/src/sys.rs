@@ -1,0 +1,120 @@
+//! Thin, checked wrappers over the system calls the link makes outside io_uring.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// `SOL_UDP` / `IPPROTO_UDP`.
+pub(crate) const SOL_UDP: libc::c_int = 17;
+/// `UDP_SEGMENT` (GSO segment size, Linux 4.18).
+pub(crate) const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` (Linux 5.0).
+pub(crate) const UDP_GRO: libc::c_int = 104;
+
+/// Sets an integer socket option.
+pub(crate) fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: passes a pointer to a local int and its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&val as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Reads an integer socket option.
+pub(crate) fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut val: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: passes a pointer to a local int and its size; the kernel writes at most
+    // `len` bytes.
+    let r = unsafe { libc::getsockopt(fd, level, name, (&mut val as *mut libc::c_int).cast(), &mut len) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(val)
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds.
+pub(crate) fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes one timespec into a local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain system call; the result is checked before being wrapped.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Resets an eventfd's counter (non-blocking read; nothing to read is fine).
+pub(crate) fn eventfd_drain(fd: &OwnedFd) {
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into a local u64.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+}
+
+/// Anonymous, page-aligned memory (for the provided-buffer ring and its buffers),
+/// unmapped on drop.
+pub(crate) struct Mmap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mmap {
+    /// Maps `len` zeroed bytes.
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
+        let len = len.max(1).next_multiple_of(4096);
+        // SAFETY: anonymous private mapping; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mmap { ptr: p.cast(), len })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no reference into it
+        // outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+// SAFETY: the mapping is plain memory owned by this value; access is governed by the
+// owner's `&`/`&mut` borrows.
+unsafe impl Send for Mmap {}

@@ -1,0 +1,298 @@
+//! The udp link on its own (no reliability layer): datagrams between two links on
+//! loopback and across a veth pair, with both backends; GSO runs and GRO trains; the
+//! sleep/wake protocol; transmit slots recycled; one doorbell per batch.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use strait_core::Link;
+use strait_udp::netns::VethPair;
+use strait_udp::{Backend, UdpConfig, UdpLink};
+
+fn cfg(backend: Backend) -> UdpConfig {
+    UdpConfig { backend, coalesce_ns: 0, ..UdpConfig::default() }
+}
+
+fn loopback_pair(c: &UdpConfig) -> (UdpLink, UdpLink) {
+    let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+    a.connect(b.local_addr().unwrap()).unwrap();
+    b.connect(a.local_addr().unwrap()).unwrap();
+    (UdpLink::from_socket(a, c).unwrap(), UdpLink::from_socket(b, c).unwrap())
+}
+
+fn fill(seed: u32, b: &mut [u8]) {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    for v in b.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *v = x as u8;
+    }
+    if b.len() >= 4 {
+        b[..4].copy_from_slice(&seed.to_le_bytes());
+    }
+}
+
+/// Sends `lens.len()` datagrams (the first four bytes number them) in batches of
+/// `batch` per flush, receives them all, checks every byte; returns the sender.
+fn exchange(tx: &mut UdpLink, rx: &mut UdpLink, lens: &[usize], batch: usize) {
+    let mut got = vec![false; lens.len()];
+    let mut n_got = 0;
+    let mut next = 0;
+    let mut held: Vec<u32> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut expect = Vec::new();
+    while n_got < lens.len() {
+        assert!(Instant::now() < deadline, "timed out: {n_got} of {} datagrams arrived", lens.len());
+        let mut queued = 0;
+        while next < lens.len() && queued < batch {
+            let Some(slot) = tx.tx_alloc() else { break };
+            fill(next as u32, &mut tx.tx_buf(slot)[..lens[next]]);
+            if !tx.send(slot, lens[next]).unwrap() {
+                tx.tx_release(slot);
+                break;
+            }
+            held.push(slot);
+            next += 1;
+            queued += 1;
+        }
+        tx.flush().unwrap();
+        // The "acknowledgement": give slots back once sent (the link keeps them until
+        // their transmissions complete).
+        for s in held.drain(..) {
+            tx.tx_release(s);
+        }
+        while rx
+            .recv(&mut |d| {
+                if d == b"warm" {
+                    return; // left over from `warm`
+                }
+                assert!(d.len() >= 4, "runt datagram of {} bytes", d.len());
+                let k = u32::from_le_bytes(d[..4].try_into().unwrap()) as usize;
+                assert!(k < lens.len() && d.len() == lens[k], "datagram {k} has length {}", d.len());
+                expect.resize(d.len(), 0);
+                fill(k as u32, &mut expect);
+                assert!(d == &expect[..], "datagram {k} corrupted");
+                if !got[k] {
+                    got[k] = true;
+                    n_got += 1;
+                }
+            })
+            .unwrap()
+        {}
+    }
+}
+
+fn datagrams(backend: Backend) {
+    let c = cfg(backend);
+    let (mut a, mut b) = loopback_pair(&c);
+    assert_eq!(a.backend(), backend);
+    // Loopback's MTU is 64 KiB: every size up to the largest UDP datagram.
+    assert!(a.mtu() > 60_000, "mtu {}", a.mtu());
+    let lens: Vec<usize> = (0..2000).map(|i| [4, 5, 100, 1472, 8192, 60_000, a.mtu()][i % 7]).collect();
+    exchange(&mut a, &mut b, &lens, 64);
+    exchange(&mut b, &mut a, &lens, 1);
+    a.flush().unwrap();
+    // Every slot comes back once its transmission has completed.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.slots_in_use() + b.slots_in_use() > 0 {
+        assert!(Instant::now() < deadline, "slots still in use: {} {}", a.slots_in_use(), b.slots_in_use());
+        a.flush().unwrap();
+        b.flush().unwrap();
+        let _ = a.recv(&mut |_| {});
+        let _ = b.recv(&mut |_| {});
+    }
+    let s = a.stats();
+    assert!(s.datagrams_sent >= 2000 && s.datagrams_received >= 2000, "{s:?}");
+    assert_eq!(s.datagrams_dropped, 0);
+}
+
+#[test]
+fn loopback_datagrams_uring() {
+    datagrams(Backend::Uring);
+}
+
+#[test]
+fn loopback_datagrams_mmsg() {
+    datagrams(Backend::Mmsg);
+}
+
+/// One doorbell per batch: 200 datagrams queued, one flush, a handful of system
+/// calls (the ring holds 256).
+#[test]
+fn one_doorbell_per_batch() {
+    for backend in [Backend::Uring, Backend::Mmsg] {
+        let (mut a, mut b) = loopback_pair(&cfg(backend));
+        let before = a.stats().doorbells;
+        for i in 0..200u32 {
+            let slot = a.tx_alloc().unwrap();
+            fill(i, &mut a.tx_buf(slot)[..64]);
+            assert!(a.send(slot, 64).unwrap());
+            a.tx_release(slot);
+        }
+        a.flush().unwrap();
+        let rung = a.stats().doorbells - before;
+        assert!(rung <= 2, "{backend:?}: {rung} doorbells for one batch");
+        let mut n = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while n < 200 && Instant::now() < deadline {
+            while b.recv(&mut |_| n += 1).unwrap() {}
+        }
+        assert_eq!(n, 200, "{backend:?}");
+    }
+}
+
+/// Doorbell moderation: flushes within the window are batched, and the deferred
+/// datagrams still leave by the next `recv` after the window, or by `arm_sleep`.
+#[test]
+fn moderation_defers_and_delivers() {
+    let c = UdpConfig { backend: Backend::Uring, coalesce_ns: 200_000_000, ..UdpConfig::default() };
+    let (mut a, mut b) = loopback_pair(&c);
+    let before = a.stats().doorbells;
+    for i in 0..50u32 {
+        let slot = a.tx_alloc().unwrap();
+        fill(i, &mut a.tx_buf(slot)[..100]);
+        assert!(a.send(slot, 100).unwrap());
+        a.tx_release(slot);
+        a.flush().unwrap();
+    }
+    assert!(a.stats().doorbells - before <= 2, "{} doorbells for 50 flushes", a.stats().doorbells - before);
+    // Before sleeping, everything queued goes out.
+    a.arm_sleep().unwrap();
+    a.disarm_sleep();
+    let mut n = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while n < 50 && Instant::now() < deadline {
+        while b.recv(&mut |_| n += 1).unwrap() {}
+    }
+    assert_eq!(n, 50);
+}
+
+/// GSO and GRO: a run of equal datagrams (the last one shorter) goes out as one
+/// super-datagram and arrives as separate datagrams, each intact.
+#[test]
+fn gso_runs_and_gro_trains() {
+    let pair = VethPair::create().expect("cannot create a veth pair (root and iproute2 needed)");
+    let (sa, sb) = pair.udp_pair(false).unwrap();
+    warm(&sa, &sb);
+    let c = cfg(Backend::Uring);
+    let mut a = UdpLink::from_socket(sa, &c).unwrap();
+    let mut b = UdpLink::from_socket(sb, &c).unwrap();
+    assert_eq!(a.mtu(), 1472, "veth MTU 1500 less IPv4 and UDP headers");
+    let mtu = a.mtu();
+    let lens: Vec<usize> = (0..3000).map(|i| if i % 45 == 44 { 700 } else { mtu }).collect();
+    exchange(&mut a, &mut b, &lens, 200);
+    let (ua, ub) = (a.udp_stats(), b.udp_stats());
+    assert!(ua.gso_sends > 0, "no GSO send: {ua:?} ({})", a.features());
+    assert!(ub.gro_trains > 0, "no GRO train: {ub:?} ({})", b.features());
+    assert!(a.stats().doorbells < 100, "{:?}", a.stats());
+}
+
+/// Both backends across the veth pair, IPv4 and IPv6.
+#[test]
+fn veth_datagrams_both_backends_v4_v6() {
+    let pair = VethPair::create().expect("cannot create a veth pair (root and iproute2 needed)");
+    for v6 in [false, true] {
+        for backend in [Backend::Uring, Backend::Mmsg] {
+            let (sa, sb) = pair.udp_pair(v6).unwrap();
+            warm(&sa, &sb);
+            let c = cfg(backend);
+            let mut a = UdpLink::from_socket(sa, &c).unwrap();
+            let mut b = UdpLink::from_socket(sb, &c).unwrap();
+            let mtu = a.mtu();
+            assert_eq!(mtu, if v6 { 1452 } else { 1472 });
+            let lens: Vec<usize> = (0..1000).map(|i| [4, 64, 1000, mtu][i % 4]).collect();
+            exchange(&mut a, &mut b, &lens, 100);
+            exchange(&mut b, &mut a, &lens, 7);
+        }
+    }
+}
+
+/// Resolves the neighbours (ARP/ND) both ways before the test proper: datagrams
+/// sent during resolution may be dropped, and the link does not resend.
+fn warm(a: &UdpSocket, b: &UdpSocket) {
+    for (x, y) in [(a, b), (b, a)] {
+        y.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let mut buf = [0u8; 16];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            assert!(Instant::now() < deadline, "no datagram crosses the veth pair");
+            x.send(b"warm").unwrap();
+            if y.recv(&mut buf).is_ok() {
+                break;
+            }
+        }
+        y.set_read_timeout(None).unwrap();
+    }
+}
+
+fn poll_in(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd on the stack.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+/// Sleep: `arm_sleep` says "sleep" when idle, the event fd stays quiet while nothing
+/// arrives, becomes readable when a datagram does, and `arm_sleep` says "don't" when
+/// a datagram is waiting.
+#[test]
+fn sleep_and_wake() {
+    for backend in [Backend::Uring, Backend::Mmsg] {
+        let (mut a, mut b) = loopback_pair(&cfg(backend));
+        let fd = b.event_fd().unwrap();
+        while b.recv(&mut |_| {}).unwrap() {}
+        assert!(b.arm_sleep().unwrap(), "{backend:?}: idle link refuses to sleep");
+        assert!(!poll_in(fd, 50), "{backend:?}: event fd readable with nothing sent");
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            let slot = a.tx_alloc().unwrap();
+            a.tx_buf(slot)[..3].copy_from_slice(b"hey");
+            assert!(a.send(slot, 3).unwrap());
+            a.flush().unwrap();
+            a
+        });
+        let start = Instant::now();
+        assert!(poll_in(fd, 5000), "{backend:?}: no wake-up");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        b.disarm_sleep();
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while got.is_empty() && Instant::now() < deadline {
+            b.recv(&mut |d| got = d.to_vec()).unwrap();
+        }
+        assert_eq!(got, b"hey");
+        let mut a = t.join().unwrap();
+        // A datagram already waiting: do not sleep.
+        let slot = a.tx_alloc().unwrap();
+        assert!(a.send(slot, 1).unwrap());
+        a.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!b.arm_sleep().unwrap(), "{backend:?}: would sleep on a waiting datagram");
+        b.disarm_sleep();
+    }
+}
+
+/// A socket that is not connected is refused; strangers' datagrams are filtered by
+/// the kernel (connect), so the link never sees them.
+#[test]
+fn connected_only() {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    assert!(UdpLink::from_socket(s, &UdpConfig::default()).is_err());
+    let (mut a, mut b) = loopback_pair(&cfg(Backend::Uring));
+    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to: SocketAddr = b.local_addr().unwrap();
+    for _ in 0..100 {
+        stranger.send_to(b"intruder", to).unwrap();
+    }
+    let slot = a.tx_alloc().unwrap();
+    a.tx_buf(slot)[..2].copy_from_slice(b"ok");
+    a.send(slot, 2).unwrap();
+    a.flush().unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && got.is_empty() {
+        while b.recv(&mut |d| got.push(d.to_vec())).unwrap() {}
+    }
+    assert_eq!(got, vec![b"ok".to_vec()]);
+}

@@ -179,9 +179,16 @@ extern "C" fn in_child() {
     udp::after_fork_child();
 }
 
+extern "C" fn at_exit() {
+    let _ = catch_unwind(udp::at_exit);
+}
+
 extern "C" fn init() {
     // SAFETY: registers plain extern "C" functions (the child's only bumps an atomic).
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child)) };
+    // SAFETY: registers a plain extern "C" function (before the statistics line, so
+    // it runs after it).
+    unsafe { libc::atexit(at_exit) };
     stats::init();
 }
 

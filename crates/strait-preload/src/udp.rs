@@ -389,6 +389,12 @@ impl OutChan {
         if self.dead.load(Ordering::Relaxed) || self.map.word(RCLOSED).load(Ordering::Acquire) != 0 {
             return Push::Dead;
         }
+        // A sleeping receiver gets a system call from us anyway (its doorbell): look
+        // first whether it is still there (a receiver that died asleep never clears
+        // its flag), so no datagram goes into a ring nobody will read.
+        if self.map.word(RSLEEP).load(Ordering::Relaxed) != 0 && self.receiver_gone() {
+            return Push::Dead;
+        }
         let ring = self.map.ring;
         let rec = REC + pad8(len);
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -907,6 +913,9 @@ impl UdpSock {
     fn release(&self) {
         let out = {
             let mut st = self.st();
+            if st.released {
+                return;
+            }
             st.released = true;
             std::mem::take(&mut st.out)
         };
@@ -1106,9 +1115,10 @@ fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
     let map = map.filter(|m| m.header_ok())?;
     let mut reply = [0u8; 8];
     reply.copy_from_slice(&REPLY_MAGIC.to_le_bytes());
-    if !send_fds(c, &reply, &[rx.efd]) {
-        return refuse(&[]);
-    }
+    // A sender that already closed (or died) cannot take the answer, but the
+    // datagrams it sent are in the ring and are read as a kernel socket's queue
+    // would be; the channel is freed once drained.
+    let _ = send_fds(c, &reply, &[rx.efd]);
     Some(InChan { map, unix: c, src, dead: AtomicBool::new(false) })
 }
 
@@ -1202,6 +1212,14 @@ pub fn on_dup(old: c_int, new: c_int) {
     };
     if let Some(p) = prev {
         drop_ref(p);
+    }
+}
+
+/// At exit: this process no longer receives (senders go back to the kernel unless
+/// another process holds the socket) nor sends.
+pub fn at_exit() {
+    for s in all() {
+        s.release();
     }
 }
 

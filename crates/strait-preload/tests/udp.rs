@@ -1,0 +1,268 @@
+//! UDP under libstrait_preload.so: two real processes (the crate's `strait-udp-peer`),
+//! each with or without the library preloaded. Every semantic check also runs with
+//! neither preloaded: the kernel's loopback is the reference.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const PEER: &str = env!("CARGO_BIN_EXE_strait-udp-peer");
+const TIMEOUT: Duration = Duration::from_secs(40);
+
+/// The preload library next to the peer binary. `cargo test` does not build a
+/// cdylib, so the first call builds it with the same cargo, profile and target dir.
+fn lib() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let peer = PathBuf::from(PEER);
+            let profile_dir = peer.parent().expect("profile dir");
+            let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile name").to_string();
+            let target_dir = profile_dir.parent().expect("target dir");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut c = Command::new(cargo);
+            c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"])
+                .arg(target_dir);
+            match profile.as_str() {
+                "debug" => {}
+                "release" => {
+                    c.arg("--release");
+                }
+                p => {
+                    c.args(["--profile", p]);
+                }
+            }
+            let st = c.status().expect("run cargo build for libstrait_preload.so");
+            assert!(st.success(), "building libstrait_preload.so failed");
+            let p = profile_dir.join("libstrait_preload.so");
+            assert!(p.exists(), "{} missing after the build", p.display());
+            p
+        })
+        .clone()
+}
+
+fn cmd(preload: bool, args: &[&str]) -> Command {
+    let mut c = Command::new(PEER);
+    c.args(args).env("STRAIT_STATS", "1").env_remove("LD_PRELOAD");
+    if preload {
+        c.env("LD_PRELOAD", lib());
+    }
+    c
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` (killing it at `deadline`), collecting the rest of its output.
+fn finish(mut child: Child, lines: mpsc::Receiver<String>, mut first: String, deadline: Instant) -> Out {
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(2)) {
+        first.push_str(&l);
+    }
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    Out { ok: status.is_some_and(|s| s.success()), stdout: first, stderr }
+}
+
+fn spawn_lines(c: &mut Command) -> (Child, mpsc::Receiver<String>) {
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn peer");
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l + "\n").is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// A started server: its child, output lines, first line and port.
+struct Server {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    first: String,
+    port: String,
+}
+
+fn server(preload: bool, mode: &str) -> Server {
+    let (child, lines) = spawn_lines(&mut cmd(preload, &["server", mode]));
+    let first = lines.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
+    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
+    Server { child, lines, first, port }
+}
+
+fn client(preload: bool, port: &str, mode: &str, deadline: Instant) -> Out {
+    let (c, rx) = spawn_lines(&mut cmd(preload, &["client", port, mode]));
+    finish(c, rx, String::new(), deadline)
+}
+
+/// Runs a server and a client of `mode`; returns (server, client) output.
+fn pair(sp: bool, cp: bool, mode: &str) -> (Out, Out) {
+    let deadline = Instant::now() + TIMEOUT;
+    let s = server(sp, mode);
+    let c = client(cp, &s.port, mode, deadline);
+    let s = finish(s.child, s.lines, s.first, deadline);
+    (s, c)
+}
+
+/// The `name N` count of the strait stats lines of a process (and its children).
+fn stat(o: &Out, name: &str) -> usize {
+    let key = format!(" {name} ");
+    let lines: Vec<&str> = o.stderr.lines().filter(|l| l.starts_with("strait-preload: pid ")).collect();
+    assert!(!lines.is_empty(), "no stats line in {:?}", o.stderr);
+    lines
+        .iter()
+        .filter_map(|l| l.split(key.as_str()).nth(1)?.split(' ').next()?.trim().parse::<usize>().ok())
+        .sum()
+}
+
+fn check(o: &Out, what: &str) {
+    assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+}
+
+#[test]
+fn datagram_semantics_match_the_kernel() {
+    for preload in [false, true] {
+        let (s, c) = pair(preload, preload, "semantics");
+        check(&s, &format!("server (preloaded: {preload})"));
+        check(&c, &format!("client (preloaded: {preload})"));
+        assert!(s.stdout.contains("semantics server ok") && c.stdout.contains("semantics client ok"));
+        if preload {
+            // Everything went through shared memory: the client's one socket to the
+            // server, the server's answers, and the stranger's datagram (dropped by
+            // the connected socket, as the kernel drops it).
+            assert_eq!(stat(&s, "udp-in"), 1, "{}", s.stderr);
+            assert_eq!(stat(&s, "udp-out"), 1, "{}", s.stderr);
+            assert_eq!(stat(&c, "udp-out"), 2, "{}", c.stderr);
+            assert_eq!(stat(&c, "udp-dropped"), 0, "{}", c.stderr);
+            let sent = stat(&c, "udp-sent");
+            assert!(sent >= 20, "{}", c.stderr);
+            assert_eq!(stat(&s, "udp-received"), sent - 1, "all but the stranger's");
+        }
+    }
+}
+
+#[test]
+fn many_senders_to_one_receiver_keep_their_source_addresses() {
+    // Four strait senders (threads of one process) and one plain one, at once: the
+    // receiver sees every datagram with its sender's port, each sender in order.
+    for preload in [false, true] {
+        let deadline = Instant::now() + TIMEOUT;
+        let s = server(preload, "many5000");
+        let port = s.port.clone();
+        let plain = std::thread::spawn(move || client(false, &port, "many1x1000", deadline));
+        let c = client(preload, &s.port, "many4x1000", deadline);
+        let p = plain.join().expect("plain client");
+        let s = finish(s.child, s.lines, s.first, deadline);
+        check(&s, "server");
+        check(&c, "client");
+        check(&p, "plain client");
+        assert!(s.stdout.contains("many server ok 5000 from 5 sources"), "{}", s.stdout);
+        if preload {
+            assert_eq!(stat(&c, "udp-out"), 4, "{}", c.stderr);
+            assert_eq!(stat(&c, "udp-sent"), 4000, "{}", c.stderr);
+            assert_eq!(stat(&s, "udp-in"), 4, "{}", s.stderr);
+            assert_eq!(stat(&s, "udp-received"), 4000, "{}", s.stderr);
+        }
+    }
+}
+
+#[test]
+fn a_full_receiver_drops_and_counts_like_the_kernel() {
+    let (s, c) = pair(true, true, "drops");
+    check(&s, "server");
+    check(&c, "client");
+    let received: usize =
+        s.stdout.lines().find_map(|l| l.trim().strip_prefix("received ")?.parse().ok()).expect("received");
+    let sent = stat(&c, "udp-sent");
+    let dropped = stat(&c, "udp-dropped");
+    assert_eq!(sent + dropped, 20_000, "{}", c.stderr);
+    assert!(dropped > 0 && received > 0, "{}", c.stderr);
+    assert_eq!(received, sent, "every datagram that went into the ring arrived");
+    assert_eq!(stat(&s, "udp-received"), received);
+}
+
+#[test]
+fn a_dead_receiver_never_blocks_the_sender() {
+    for preload in [false, true] {
+        let (s, c) = pair(preload, preload, "deadrecv");
+        assert!(!s.ok, "the server kills itself");
+        check(&c, "client");
+        assert!(c.stdout.contains("deadrecv ok"));
+        if preload {
+            // The channel was used, then the sender noticed the death (at the latest
+            // when the ring filled) and went back to the kernel.
+            assert_eq!(stat(&c, "udp-out"), 1, "{}", c.stderr);
+            assert!(stat(&c, "udp-sent") < 20_000, "{}", c.stderr);
+        }
+    }
+}
+
+#[test]
+fn a_dead_sender_leaves_the_receiver_working() {
+    for preload in [false, true] {
+        let deadline = Instant::now() + TIMEOUT;
+        let s = server(preload, "deadsend");
+        let c = client(preload, &s.port, "deadsend", deadline);
+        assert!(!c.ok, "the client kills itself");
+        let n = client(preload, &s.port, "newcomer", deadline);
+        check(&n, "newcomer");
+        let s = finish(s.child, s.lines, s.first, deadline);
+        check(&s, "server");
+        assert!(s.stdout.contains("deadsend ok"));
+        if preload {
+            assert_eq!(stat(&s, "udp-in"), 2, "{}", s.stderr);
+        }
+    }
+}
+
+#[test]
+fn a_closed_receiver_sends_the_connected_sender_to_the_kernel() {
+    // As over the kernel: the send after the close succeeds, the port-unreachable
+    // answer then fails the connected socket's receive with ECONNREFUSED.
+    for preload in [false, true] {
+        let (s, c) = pair(preload, preload, "closed");
+        check(&s, "server");
+        check(&c, "client");
+        assert!(c.stdout.contains("closed client ok"), "{}", c.stdout);
+        if preload {
+            assert_eq!(stat(&c, "udp-out"), 1, "{}", c.stderr);
+            assert_eq!(stat(&c, "udp-sent"), 1, "{}", c.stderr);
+        }
+    }
+}
+
+#[test]
+fn a_forked_child_shares_the_socket() {
+    for preload in [false, true] {
+        let (s, c) = pair(preload, preload, "fork");
+        check(&s, "server");
+        check(&c, "client");
+        assert!(s.stdout.contains("fork server ok") && c.stdout.contains("fork client ok"));
+        if preload {
+            // The child attached the client's channel and answered through shared
+            // memory; at its exit the client went back to the kernel for the parent.
+            assert!(stat(&s, "udp-in") >= 1, "{}", s.stderr);
+            assert!(stat(&c, "udp-received") >= 1, "{}", c.stderr);
+        }
+    }
+}

@@ -5,7 +5,10 @@
 //! strait-xdp-peer echo   IF PEER_MAC                      answers every message with itself
 //! strait-xdp-peer check  IF PEER_MAC SIZES ROUNDS [PPM]   sends, verifies the echo byte for byte
 //! strait-xdp-peer pingpong IF PEER_MAC SIZE ITERS         one-way latency samples (ns), median/p99
+//! strait-xdp-peer hold   IF SECONDS                        attaches, prints "attached", waits
+//! strait-xdp-peer tcp-serve ADDR / tcp-hello ADDR          a kernel TCP exchange (other traffic)
 //! ```
+//! `STRAIT_XDP_DROP_PPM` makes the echo side drop that share of received frames.
 //! `check` prints one line `ok messages=N retransmits=R ...` and exits 0 if every
 //! echo matched; any failure exits 1 with the reason. Both sides stop by
 //! themselves: the checker sends a final message with tag `u64::MAX`, and every wait
@@ -83,6 +86,10 @@ fn wait_for(w: &mut W, what: &str, mut want: impl FnMut(&Completion) -> bool) ->
 
 fn echo(ifname: &str, peer: &str) -> Result<String, String> {
     let (mut w, ep) = open(ifname, peer)?;
+    let ppm = std::env::var("STRAIT_XDP_DROP_PPM").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if let Some(d) = w.device(ep) {
+        d.link().set_drop_ppm(ppm).map_err(|e| e.to_string())?;
+    }
     let max = 4 << 20;
     let mut inbox = MemoryRegion::new(max).map_err(|e| e.to_string())?;
     let mut served = 0u64;
@@ -189,6 +196,39 @@ fn pingpong(ifname: &str, peer: &str, size: usize, iters: u32) -> Result<String,
     Ok(format!("ok one_way_ns median={} p99={} n={}", q(0.5), q(0.99), samples.len()))
 }
 
+fn hold(ifname: &str, secs: u32) -> Result<String, String> {
+    let link = XdpLink::open(&XdpConfig::new(ifname), Mac::default()).map_err(|e| e.to_string())?;
+    println!("attached mode={:?} generic={}", link.mode(), link.generic_xdp());
+    std::thread::sleep(Duration::from_secs(secs.into()));
+    Ok("ok released".into())
+}
+
+fn tcp_serve(addr: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind(addr).map_err(|e| e.to_string())?;
+    println!("listening");
+    let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).map_err(|e| e.to_string())?;
+    s.write_all(&b).map_err(|e| e.to_string())?;
+    Ok("ok served".into())
+}
+
+fn tcp_hello(addr: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let a: std::net::SocketAddr = addr.parse().map_err(|_| format!("bad address {addr}"))?;
+    let mut s =
+        std::net::TcpStream::connect_timeout(&a, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    s.write_all(b"hello").map_err(|e| e.to_string())?;
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).map_err(|e| e.to_string())?;
+    if &b != b"hello" {
+        return Err("wrong reply".into());
+    }
+    Ok("ok hello".into())
+}
+
 fn main() -> ExitCode {
     let a: Vec<String> = std::env::args().collect();
     let arg = |i: usize| a.get(i).map(String::as_str).unwrap_or("");
@@ -197,7 +237,10 @@ fn main() -> ExitCode {
         "echo" => echo(arg(2), arg(3)),
         "check" => check(arg(2), arg(3), arg(4), num(5, 1), num(6, 0)),
         "pingpong" => pingpong(arg(2), arg(3), arg(4).parse().unwrap_or(8), num(5, 10_000)),
-        _ => Err("usage: strait-xdp-peer echo|check|pingpong IF PEER_MAC ...".into()),
+        "hold" => hold(arg(2), num(3, 5)),
+        "tcp-serve" => tcp_serve(arg(2)),
+        "tcp-hello" => tcp_hello(arg(2)),
+        _ => Err("usage: strait-xdp-peer echo|check|pingpong|hold|tcp-serve|tcp-hello ...".into()),
     };
     match r {
         Ok(line) => {

@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -179,6 +179,21 @@ impl Transport for StreamLink {
     }
 }
 
+/// Names the variable that moves the kernel transports off loopback:
+/// `DRIVER_IP,PEER_IP` (set by `strait bench --across-netns` for the driver and its
+/// peers, which then run in two network namespaces joined by a veth pair).
+pub const NET_ENV: &str = "STRAIT_BENCH_NET";
+
+/// The driver's and the peer's addresses: loopback unless [`NET_ENV`] says otherwise.
+pub fn bench_addrs() -> Result<(IpAddr, IpAddr)> {
+    let Ok(v) = std::env::var(NET_ENV) else {
+        return Ok((IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    };
+    let bad = || BenchError::Protocol(format!("{NET_ENV}={v:?}: expected DRIVER_IP,PEER_IP"));
+    let (a, b) = v.split_once(',').ok_or_else(bad)?;
+    Ok((a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?))
+}
+
 /// Time a blocking data-path read may take before the peer is presumed dead.
 const DATA_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -203,7 +218,8 @@ impl TransportSpec for KernelTcp {
     }
 
     fn listen(&self) -> Result<Pending> {
-        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| BenchError::io("tcp: bind", e))?;
+        let (driver, _) = bench_addrs()?;
+        let l = TcpListener::bind((driver, 0)).map_err(|e| BenchError::io("tcp: bind", e))?;
         let port = l.local_addr().map_err(|e| BenchError::io("tcp: local_addr", e))?.port();
         Ok(Pending {
             peer_args: vec![port.to_string()],
@@ -233,8 +249,8 @@ impl TransportSpec for KernelTcp {
             .first()
             .and_then(|p| p.parse().ok())
             .ok_or_else(|| BenchError::Protocol("tcp peer needs a port argument".into()))?;
-        let s =
-            TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map_err(|e| BenchError::io("tcp: connect", e))?;
+        let (driver, _) = bench_addrs()?;
+        let s = TcpStream::connect((driver, port)).map_err(|e| BenchError::io("tcp: connect", e))?;
         tcp_link(s)
     }
 }
@@ -536,7 +552,8 @@ impl TransportSpec for KernelUdp {
     }
 
     fn listen(&self) -> Result<Pending> {
-        let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| BenchError::io("udp: bind", e))?;
+        let (driver, _) = bench_addrs()?;
+        let s = UdpSocket::bind((driver, 0)).map_err(|e| BenchError::io("udp: bind", e))?;
         let port = s.local_addr().map_err(|e| BenchError::io("udp: local_addr", e))?.port();
         Ok(Pending {
             peer_args: vec![port.to_string()],
@@ -568,8 +585,9 @@ impl TransportSpec for KernelUdp {
             .first()
             .and_then(|p| p.parse().ok())
             .ok_or_else(|| BenchError::Protocol("udp peer needs a port argument".into()))?;
-        let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| BenchError::io("udp: bind", e))?;
-        s.connect((Ipv4Addr::LOCALHOST, port)).map_err(|e| BenchError::io("udp: connect", e))?;
+        let (driver, me) = bench_addrs()?;
+        let s = UdpSocket::bind((me, 0)).map_err(|e| BenchError::io("udp: bind", e))?;
+        s.connect((driver, port)).map_err(|e| BenchError::io("udp: connect", e))?;
         s.set_read_timeout(Some(Duration::from_millis(100)))
             .map_err(|e| BenchError::io("udp: SO_RCVTIMEO", e))?;
         // Hello until the driver answers (a datagram can be lost, in principle).

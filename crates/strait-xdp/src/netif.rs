@@ -46,29 +46,58 @@ impl FromStr for Mac {
     }
 }
 
-fn sysfs(ifname: &str, leaf: &str) -> Result<String, XdpError> {
-    if ifname.is_empty() || ifname.contains('/') || ifname.starts_with('.') {
+/// One interface query by ioctl on a throwaway socket: answers for the calling
+/// thread's network namespace (sysfs would answer for the mounter's).
+fn ifreq(ifname: &str, request: libc::c_ulong, what: &'static str) -> Result<libc::ifreq, XdpError> {
+    if ifname.is_empty() || ifname.len() >= libc::IFNAMSIZ || ifname.contains('\0') {
         return Err(XdpError::Config(format!("bad interface name {ifname:?}")));
     }
-    let path = format!("/sys/class/net/{ifname}/{leaf}");
-    std::fs::read_to_string(&path)
-        .map(|s| s.trim().to_owned())
-        .map_err(|source| XdpError::Interface { ifname: ifname.to_owned(), source })
+    // SAFETY: an all-zero ifreq is a valid value of this plain C struct.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: plain socket creation.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(XdpError::Io { op: what, source: std::io::Error::last_os_error() });
+    }
+    // SAFETY: `req` is a live ifreq; the request reads the name and fills one union
+    // member.
+    let r = unsafe { libc::ioctl(fd, request as _, &mut req) };
+    let e = std::io::Error::last_os_error();
+    // SAFETY: closes the socket made above.
+    unsafe { libc::close(fd) };
+    if r < 0 {
+        return Err(XdpError::Interface { ifname: ifname.to_owned(), source: e });
+    }
+    Ok(req)
 }
 
 /// The interface's index.
 pub fn ifindex(ifname: &str) -> Result<u32, XdpError> {
-    sysfs(ifname, "ifindex")?.parse().map_err(|_| XdpError::Config(format!("{ifname}: unreadable ifindex")))
+    let r = ifreq(ifname, libc::SIOCGIFINDEX, "query the interface index")?;
+    // SAFETY: SIOCGIFINDEX filled the index member.
+    Ok(unsafe { r.ifr_ifru.ifru_ifindex } as u32)
 }
 
 /// The interface's MAC.
 pub fn mac(ifname: &str) -> Result<Mac, XdpError> {
-    sysfs(ifname, "address")?.parse()
+    let r = ifreq(ifname, libc::SIOCGIFHWADDR, "query the interface MAC")?;
+    // SAFETY: SIOCGIFHWADDR filled the hardware-address member.
+    let sa = unsafe { r.ifr_ifru.ifru_hwaddr };
+    let mut m = [0u8; 6];
+    for (d, s) in m.iter_mut().zip(sa.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Ok(Mac(m))
 }
 
 /// The interface's MTU (bytes of payload per Ethernet frame).
 pub fn mtu(ifname: &str) -> Result<usize, XdpError> {
-    sysfs(ifname, "mtu")?.parse().map_err(|_| XdpError::Config(format!("{ifname}: unreadable mtu")))
+    let r = ifreq(ifname, libc::SIOCGIFMTU, "query the interface MTU")?;
+    // SAFETY: SIOCGIFMTU filled the MTU member.
+    Ok(unsafe { r.ifr_ifru.ifru_mtu }.max(0) as usize)
 }
 
 /// Peers' MACs by IPv4 address: entries set by hand, else the kernel's ARP cache

@@ -18,3 +18,4 @@ pub use strait_shm;
 
 pub mod anatomy;
 pub mod bench;
+pub mod netns;

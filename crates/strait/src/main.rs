@@ -117,6 +117,11 @@ struct BenchArgs {
     /// List the transports and exit.
     #[arg(long)]
     list_transports: bool,
+    /// Run between two network namespaces joined by a veth pair (created for the run
+    /// and removed after; needs root): transports kernel-tcp, kernel-udp,
+    /// strait-udp, strait-xdp by default.
+    #[arg(long)]
+    across_netns: bool,
 }
 
 #[derive(Debug, Args)]
@@ -186,8 +191,9 @@ fn shell_quote(s: &str) -> String {
 /// The command line that reproduces this run: every setting explicit, plus the
 /// `STRAIT_*` environment that configures the engine.
 fn repro_command(a: &BenchArgs, transports: &[String]) -> String {
+    let set_by_run = [strait_anatomy::kernel::NET_ENV, strait::bench::xdp::XDP_ENV];
     let mut env: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("STRAIT_"))
+        .filter(|(k, _)| k.starts_with("STRAIT_") && !set_by_run.contains(&k.as_str()))
         .map(|(k, v)| format!("{k}={}", shell_quote(&v)))
         .collect();
     env.sort();
@@ -205,6 +211,9 @@ fn repro_command(a: &BenchArgs, transports: &[String]) -> String {
     parts.push(format!("--count-iters {}", a.count_iters));
     if a.kernel_spin {
         parts.push("--kernel-spin".into());
+    }
+    if a.across_netns {
+        parts.push("--across-netns".into());
     }
     parts.push(format!("--lat-sizes {}", join(&a.lat_sizes.0)));
     parts.push(format!("--bw-sizes {}", join(&a.bw_sizes.0)));
@@ -263,9 +272,31 @@ fn print_report(
     Ok(())
 }
 
+/// Creates the namespace pair, moves this thread (the driver) into the first, and
+/// makes peers start in the second; both ends learn the addresses by environment.
+fn across_netns(launcher: &mut PeerLauncher) -> Result<strait::netns::VethPair, BenchError> {
+    let pair = strait::netns::VethPair::create("strb").map_err(|e| BenchError::Protocol(e.to_string()))?;
+    let [d, p] = &pair.ends;
+    let vars = [
+        (strait_anatomy::kernel::NET_ENV, format!("{},{}", d.ip, p.ip)),
+        (strait::bench::xdp::XDP_ENV, format!("{},{},{},{}", d.ifname, d.mac, p.ifname, p.mac)),
+    ];
+    for (k, v) in &vars {
+        // Set before any thread of ours reads the environment.
+        std::env::set_var(k, v);
+        launcher.env.push((k.to_string(), v.clone()));
+    }
+    pair.enter(0).map_err(|e| BenchError::Protocol(e.to_string()))?;
+    let exe = std::env::current_exe().map_err(|e| BenchError::io("locate the strait binary", e))?;
+    launcher.exe = "ip".into();
+    launcher.prefix =
+        vec!["netns".into(), "exec".into(), p.ns.clone(), exe.display().to_string(), "__bench-peer".into()];
+    Ok(pair)
+}
+
 fn bench(a: BenchArgs) -> Result<(), BenchError> {
     if a.list_transports {
-        for s in strait::bench::specs() {
+        for s in strait::bench::specs().into_iter().chain(strait::bench::across_specs()) {
             println!("{:<12} {}", s.name(), s.description());
         }
         return Ok(());
@@ -275,6 +306,7 @@ fn bench(a: BenchArgs) -> Result<(), BenchError> {
     }
     let names: Vec<String> = match &a.transports {
         Some(v) => v.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect(),
+        None if a.across_netns => strait::bench::across_specs().iter().map(|s| s.name().to_owned()).collect(),
         None => strait::bench::specs().iter().map(|s| s.name().to_owned()).collect(),
     };
     let specs = strait::bench::select(&names)?;
@@ -320,6 +352,8 @@ fn bench(a: BenchArgs) -> Result<(), BenchError> {
     };
 
     let mut launcher = PeerLauncher::default();
+    // Kept until the report is written; dropping it removes the namespaces.
+    let _netns = if a.across_netns { Some(across_netns(&mut launcher)?) } else { None };
     if a.kernel_spin {
         kernel::set_busy_poll(true);
         launcher.env.push((kernel::BUSY_POLL_ENV.to_owned(), "1".to_owned()));

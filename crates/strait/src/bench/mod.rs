@@ -7,6 +7,7 @@ use strait_anatomy::{BenchError, TransportSpec};
 
 pub mod native;
 pub mod shm;
+pub mod xdp;
 
 /// Every transport `strait bench` knows, in report order: strait's native path
 /// first, then the kernel paths, then the physical floor.
@@ -17,9 +18,20 @@ pub fn specs() -> Vec<&'static dyn TransportSpec> {
     v
 }
 
+/// The transports of `--across-netns`, in report order: the kernel's, then
+/// strait's devices for leaving the host.
+pub fn across_specs() -> Vec<&'static dyn TransportSpec> {
+    vec![&strait_anatomy::kernel::KernelTcp, &strait_anatomy::kernel::KernelUdp, &xdp::StraitXdp]
+}
+
 /// Looks transports up by name, in the order given.
 pub fn select(names: &[String]) -> Result<Vec<&'static dyn TransportSpec>, BenchError> {
-    let all = specs();
+    let mut all = specs();
+    for s in across_specs() {
+        if !all.iter().any(|a| a.name() == s.name()) {
+            all.push(s);
+        }
+    }
     names
         .iter()
         .map(|n| {

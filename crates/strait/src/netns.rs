@@ -1,0 +1,118 @@
+//! Two network namespaces joined by a veth pair, made for `strait bench
+//! --across-netns` and removed when dropped.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::process::Command;
+
+use thiserror::Error;
+
+/// Why the namespaces could not be set up.
+#[derive(Debug, Error)]
+pub enum NetnsError {
+    /// An `ip` command failed.
+    #[error("`ip {args}` failed: {why} (creating namespaces needs root and iproute2)")]
+    Ip {
+        /// Its arguments.
+        args: String,
+        /// Its error output or spawn error.
+        why: String,
+    },
+    /// Entering a namespace failed.
+    #[error("entering network namespace {ns}: {source}")]
+    Enter {
+        /// The namespace.
+        ns: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One end of the pair.
+#[derive(Debug, Clone)]
+pub struct End {
+    /// Namespace name (under /run/netns).
+    pub ns: String,
+    /// Interface name inside it.
+    pub ifname: String,
+    /// Its MAC, `aa:bb:cc:dd:ee:ff`.
+    pub mac: String,
+    /// Its IPv4 address.
+    pub ip: String,
+}
+
+/// The namespaces and the veth pair between them.
+#[derive(Debug)]
+pub struct VethPair {
+    /// The driver's end and the peer's end.
+    pub ends: [End; 2],
+}
+
+fn ip(args: &[&str]) -> Result<(), NetnsError> {
+    let err = |why: String| NetnsError::Ip { args: args.join(" "), why };
+    let out = Command::new("ip").args(args).output().map_err(|e| err(e.to_string()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(err(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+    }
+}
+
+impl VethPair {
+    /// Creates `<tag>a` and `<tag>b` joined by a veth pair with fixed MACs and
+    /// addresses 10.213.<n>.1/2.
+    pub fn create(tag: &str) -> Result<VethPair, NetnsError> {
+        let n = std::process::id() % 250;
+        let end = |side: char, host: u8| End {
+            ns: format!("{tag}{side}"),
+            ifname: format!("{tag}{side}0"),
+            mac: format!("02:5b:00:00:{n:02x}:{host:02x}"),
+            ip: format!("10.213.{n}.{host}"),
+        };
+        let pair = VethPair { ends: [end('a', 1), end('b', 2)] };
+        for e in &pair.ends {
+            // A namespace left by a crashed run of the same name goes first.
+            let _ = ip(&["netns", "del", &e.ns]);
+        }
+        for e in &pair.ends {
+            ip(&["netns", "add", &e.ns])?;
+        }
+        let [a, b] = &pair.ends;
+        ip(&[
+            "link", "add", &a.ifname, "netns", &a.ns, "type", "veth", "peer", "name", &b.ifname, "netns",
+            &b.ns,
+        ])?;
+        for e in &pair.ends {
+            ip(&["-n", &e.ns, "link", "set", &e.ifname, "address", &e.mac, "up"])?;
+            ip(&["-n", &e.ns, "addr", "add", &format!("{}/24", e.ip), "dev", &e.ifname])?;
+            ip(&["-n", &e.ns, "link", "set", "lo", "up"])?;
+            // Pin the neighbour so no ARP exchange lands inside a measurement.
+        }
+        ip(&["-n", &a.ns, "neigh", "replace", &b.ip, "lladdr", &b.mac, "dev", &a.ifname])?;
+        ip(&["-n", &b.ns, "neigh", "replace", &a.ip, "lladdr", &a.mac, "dev", &b.ifname])?;
+        Ok(pair)
+    }
+
+    /// Moves the calling thread into end `i`'s namespace (sockets it creates from
+    /// now on live there; so do the processes it spawns).
+    pub fn enter(&self, i: usize) -> Result<(), NetnsError> {
+        let ns = &self.ends[i].ns;
+        let enter = |source| NetnsError::Enter { ns: ns.clone(), source };
+        let f = File::open(format!("/run/netns/{ns}")).map_err(enter)?;
+        // SAFETY: setns on a namespace fd we hold open; affects this thread only.
+        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(enter(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        for e in &self.ends {
+            let _ = ip(&["netns", "del", &e.ns]);
+        }
+    }
+}

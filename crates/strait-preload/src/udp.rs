@@ -65,6 +65,12 @@ const REPLY_MAGIC: u64 = 0x3130_5950_4552_5253; // "SRREPY01"
 /// Longest interval between two looks at the kernel socket and the marker while a
 /// blocked receive spins on shared memory.
 pub const KCHECK: Duration = Duration::from_micros(20);
+/// While a blocked receive spins, it yields the processor this often (a peer on the
+/// same core then runs at once).
+const YIELD_EVERY: Duration = Duration::from_micros(1);
+/// One receive in this many looks at the kernel socket and the marker even when
+/// shared memory has a datagram.
+const FAIR: usize = 64;
 /// How long a destination without a marker stays on the kernel path before it is
 /// looked up again.
 const NEGATIVE_TTL: Duration = Duration::from_secs(1);
@@ -496,6 +502,10 @@ pub struct UdpSock {
     rr: AtomicUsize,
     next_check: AtomicU64,
     last_gc: AtomicU64,
+    /// Receives so far: every [`FAIR`]th looks at the kernel socket and the marker
+    /// first, so a steady shared-memory stream starves neither kernel senders nor
+    /// new strait senders.
+    receives: AtomicUsize,
 }
 
 impl UdpSock {
@@ -510,6 +520,7 @@ impl UdpSock {
             rr: AtomicUsize::new(0),
             next_check: AtomicU64::new(0),
             last_gc: AtomicU64::new(0),
+            receives: AtomicUsize::new(0),
         }
     }
 
@@ -738,10 +749,28 @@ impl UdpSock {
             let e = real::errno();
             (e != libc::EAGAIN && e != libc::EWOULDBLOCK).then_some(r)
         };
+        if self.receives.fetch_add(1, Ordering::Relaxed) % FAIR == FAIR - 1 {
+            let mut p = [
+                libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: rx.marker, events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: two pollfds on the stack.
+            unsafe { real::poll(p.as_mut_ptr(), 2, 0) };
+            if p[1].revents != 0 {
+                self.pump();
+            }
+            if p[0].revents != 0 {
+                if let Some(r) = try_kernel(kernel) {
+                    return r;
+                }
+            }
+        }
         if let Some(g) = self.take_shm(iov, peek) {
             return give(g, deliver);
         }
-        let spin_end = Instant::now() + Settings::get().spin;
+        let spin_start = Instant::now();
+        let spin_end = spin_start + Settings::get().spin;
+        let mut yield_at = spin_start + YIELD_EVERY;
         // Look at the kernel socket and the marker at once when they were not looked at
         // for a while (or for a non-blocking call, whose miss must be real).
         loop {
@@ -770,8 +799,17 @@ impl UdpSock {
                     return -1;
                 }
             }
-            if Instant::now() >= spin_end {
+            let now = Instant::now();
+            if now >= spin_end {
                 break;
+            }
+            // Past the first microseconds, let a peer that shares this core run (a
+            // ping-pong over an oversubscribed machine would otherwise cost each side
+            // a whole spin per message).
+            if now >= yield_at {
+                yield_at = now + YIELD_EVERY;
+                // SAFETY: plain syscall.
+                unsafe { libc::sched_yield() };
             }
             std::hint::spin_loop();
             if let Some(g) = self.take_shm(iov, peek) {

@@ -193,7 +193,17 @@ fn pingpong(ifname: &str, peer: &str, size: usize, iters: u32) -> Result<String,
     wait_for(&mut w, "the stop message", |c| c.op == OpKind::Send)?;
     samples.sort_unstable();
     let q = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
-    Ok(format!("ok one_way_ns median={} p99={} n={}", q(0.5), q(0.99), samples.len()))
+    let s = w.device(ep).map(|d| d.rstats()).ok_or("no device")?;
+    Ok(format!(
+        "ok one_way_ns median={} p99={} n={} retransmits={} fast={} acks={} srtt_ns={}",
+        q(0.5),
+        q(0.99),
+        samples.len(),
+        s.timeout_retransmits,
+        s.fast_retransmits,
+        s.acks_sent,
+        s.srtt_ns
+    ))
 }
 
 fn hold(ifname: &str, secs: u32) -> Result<String, String> {

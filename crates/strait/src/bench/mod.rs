@@ -7,6 +7,7 @@ use strait_anatomy::{BenchError, TransportSpec};
 
 pub mod native;
 pub mod shm;
+pub mod udp;
 pub mod xdp;
 
 /// Every transport `strait bench` knows, in report order: strait's native path
@@ -21,7 +22,12 @@ pub fn specs() -> Vec<&'static dyn TransportSpec> {
 /// The transports of `--across-netns`, in report order: the kernel's, then
 /// strait's devices for leaving the host.
 pub fn across_specs() -> Vec<&'static dyn TransportSpec> {
-    vec![&strait_anatomy::kernel::KernelTcp, &strait_anatomy::kernel::KernelUdp, &xdp::StraitXdp]
+    vec![
+        &strait_anatomy::kernel::KernelTcp,
+        &strait_anatomy::kernel::KernelUdp,
+        &udp::StraitUdp,
+        &xdp::StraitXdp,
+    ]
 }
 
 /// Looks transports up by name, in the order given.

@@ -390,15 +390,97 @@ fn describe_model(m: &FittedModel) -> String {
 
 // ---------------------------------------------------------------- check
 
-/// One `strait bench` run of this executable, its JSON parsed.
+/// Share of a run's CPU time above which other processes (or the hypervisor, as
+/// steal time) are taken to have disturbed it.
+const OTHERS_DISTURBED: f64 = 0.10;
+
+/// CPU ticks of the whole machine (not idle, all) and of this process's waited-for
+/// children, from /proc (USER_HZ ticks; only ratios are used).
+fn cpu_ticks() -> Option<(u64, u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let v: Vec<u64> =
+        stat.lines().next()?.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    if v.len() < 8 {
+        return None;
+    }
+    let total: u64 = v[..8].iter().sum();
+    let busy = total - v[3] - v[4];
+    let me = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let f: Vec<&str> = me.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the command name come fields 3 (state), 4, ...: cutime and cstime, the CPU
+    // time of waited-for children, are fields 16 and 17.
+    let num = |k: usize| f.get(k - 3).and_then(|x| x.parse::<u64>().ok());
+    let kids = num(16)? + num(17)?;
+    Some((busy, total, kids))
+}
+
+/// The share of the machine's CPU time during a run used by anything but the run
+/// (other processes, interrupts, steal), if /proc tells.
+fn others_share(before: Option<(u64, u64, u64)>, after: Option<(u64, u64, u64)>) -> Option<f64> {
+    let ((b0, t0, k0), (b1, t1, k1)) = (before?, after?);
+    let total = t1.checked_sub(t0)?;
+    if total == 0 {
+        return None;
+    }
+    let others = (b1.saturating_sub(b0)).saturating_sub(k1.saturating_sub(k0));
+    Some(others as f64 / total as f64)
+}
+
+/// Longest total time `strait model check` waits for the machine to be idle before
+/// its runs.
+const QUIET_BUDGET: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Waits (sampling /proc/stat every 250 ms) until less than `OTHERS_DISTURBED` of the
+/// CPU time is busy, spending at most what is left of `budget`; returns whether the
+/// machine was quiet.
+fn wait_quiet(budget: &mut std::time::Duration) -> bool {
+    let step = std::time::Duration::from_millis(250);
+    loop {
+        let a = cpu_ticks();
+        std::thread::sleep(step);
+        let b = cpu_ticks();
+        let busy = match (a, b) {
+            (Some((b0, t0, _)), Some((b1, t1, _))) if t1 > t0 => (b1 - b0) as f64 / (t1 - t0) as f64,
+            _ => return true, // no /proc/stat: do not wait
+        };
+        *budget = budget.saturating_sub(step);
+        if busy < OTHERS_DISTURBED {
+            return true;
+        }
+        if budget.is_zero() {
+            return false;
+        }
+    }
+}
+
+/// Drops the runs marked `bad`, remembering their share of other work.
+fn drop_runs(runs: &mut Vec<(bool, BenchData, Option<f64>)>, bad: &[bool], seen: &mut Vec<f64>) {
+    let mut i = 0;
+    runs.retain(|r| {
+        i += 1;
+        if bad[i - 1] {
+            seen.extend(r.2);
+        }
+        !bad[i - 1]
+    });
+}
+
+/// One `strait bench` run of this executable: its JSON parsed, and the share of the
+/// CPU time other work took meanwhile.
 fn bench_once(
     transports: &[&str],
     sizes: &str,
     batch_ms: f64,
     coarse: bool,
     out: &Path,
-) -> Result<BenchData, CliError> {
-    let exe = std::env::current_exe().map_err(|e| CliError::Measure(format!("own executable: {e}")))?;
+) -> Result<(BenchData, Option<f64>), CliError> {
+    // /proc/self/exe runs this very image even if the file was replaced meanwhile (a
+    // rebuild of target/release/strait during a check).
+    let exe = match Path::new("/proc/self/exe") {
+        p if p.exists() => p.to_path_buf(),
+        _ => std::env::current_exe().map_err(|e| CliError::Measure(format!("own executable: {e}")))?,
+    };
     let mut cmd = Command::new(exe);
     cmd.args(["bench", "--format", "json", "--no-progress", "--count-iters", "0", "--rounds", "1"])
         .args(["--batch-ms", &batch_ms.to_string(), "--warmup", "200"])
@@ -408,7 +490,9 @@ fn bench_once(
     if coarse {
         cmd.env("STRAIT_PIPELINE_THRESHOLD", format!("{}M", COARSE_THRESHOLD >> 20));
     }
+    let before = cpu_ticks();
     let o = cmd.output().map_err(|e| CliError::Measure(format!("strait bench: {e}")))?;
+    let others = others_share(before, cpu_ticks());
     if !o.status.success() {
         return Err(CliError::Measure(format!(
             "strait bench failed: {}",
@@ -416,7 +500,8 @@ fn bench_once(
         )));
     }
     let text = String::from_utf8_lossy(&o.stdout);
-    parse_bench(&text).map_err(|e| CliError::Measure(format!("strait bench output: {e}")))
+    let d = parse_bench(&text).map_err(|e| CliError::Measure(format!("strait bench output: {e}")))?;
+    Ok((d, others))
 }
 
 fn check_command(a: &CheckArgs) -> String {
@@ -478,8 +563,12 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
         let want_shm = a.paths.iter().any(|p| p == SHM);
         let want_udp = a.paths.iter().any(|p| p == UDP);
         let raw = dir.join("bench-runs");
-        let mut runs: Vec<(bool, BenchData)> = Vec::new();
-        let measure_round = |label: &str, runs: &mut Vec<(bool, BenchData)>| -> Result<(), CliError> {
+        let mut runs: Vec<(bool, BenchData, Option<f64>)> = Vec::new();
+        let mut quiet_budget = QUIET_BUDGET;
+        let mut busy_start = 0;
+        let mut measure_round = |label: &str,
+                                 runs: &mut Vec<(bool, BenchData, Option<f64>)>|
+         -> Result<(), CliError> {
             for &coarse in &modes {
                 // kernel-udp does not depend on strait's settings: it runs with the first mode.
                 let mut t: Vec<&str> = Vec::new();
@@ -495,46 +584,75 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
                 if std::io::stderr().is_terminal() {
                     eprint!("\rstrait model check: {label} {}   ", if coarse { "coarse" } else { "fine" });
                 }
-                runs.push((coarse, bench_once(&t, &list, a.batch_ms, coarse, &raw)?));
+                if !quiet_budget.is_zero() && !wait_quiet(&mut quiet_budget) {
+                    busy_start += 1;
+                }
+                let (d, others) = bench_once(&t, &list, a.batch_ms, coarse, &raw)?;
+                runs.push((coarse, d, others));
             }
             Ok(())
         };
         for round in 0..a.rounds {
             measure_round(&format!("round {}/{}", round + 1, a.rounds), &mut runs)?;
         }
-        // A run far from the other rounds of its mode was disturbed (another process
-        // took a core): drop it and measure one more round, at most --rounds more.
+        // A run during which other work took more than OTHERS_DISTURBED of the CPU
+        // time, or far from the other rounds of its mode, was disturbed: drop it and
+        // measure one more round, at most --rounds more.
         let mut extra = 0;
+        let mut others_seen: Vec<f64> = Vec::new();
         loop {
-            let mut bad = vec![false; runs.len()];
+            let mut bad: Vec<bool> = runs.iter().map(|r| r.2.is_some_and(|x| x > OTHERS_DISTURBED)).collect();
             for &coarse in &modes {
                 let idx: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].0 == coarse).collect();
                 let pts: Vec<Vec<Point>> = idx.iter().map(|&i| runs[i].1.points.clone()).collect();
                 for (k, d) in disturbed_rounds(&pts).into_iter().enumerate() {
-                    bad[idx[k]] = d;
+                    bad[idx[k]] |= d;
                 }
             }
             let n = bad.iter().filter(|b| **b).count();
             if n == 0 {
                 break;
             }
-            disturbed += n;
-            let mut i = 0;
-            runs.retain(|_| {
-                i += 1;
-                !bad[i - 1]
-            });
-            if extra >= a.rounds {
-                notes.push(format!(
-                    "{n} disturbed runs dropped without replacement (--rounds extra rounds used up)"
-                ));
+            // Keep at least two runs of each mode: if a mode would lose more, the
+            // machine was busy throughout and every run stays (with a note).
+            let keeps_enough =
+                modes.iter().all(|&c| runs.iter().zip(&bad).filter(|(r, b)| r.0 == c && !**b).count() >= 2);
+            if extra >= a.rounds || !keeps_enough {
+                if keeps_enough {
+                    drop_runs(&mut runs, &bad, &mut others_seen);
+                    disturbed += n;
+                    notes.push(format!(
+                        "{n} disturbed runs dropped without replacement (no extra rounds left)"
+                    ));
+                } else {
+                    notes.push(format!(
+                        "{n} runs look disturbed but are kept: too few undisturbed runs would remain (a busy machine)"
+                    ));
+                }
                 break;
             }
+            drop_runs(&mut runs, &bad, &mut others_seen);
+            disturbed += n;
             extra += 1;
             measure_round(&format!("extra round {extra}"), &mut runs)?;
         }
+        others_seen.extend(runs.iter().filter_map(|r| r.2));
         if std::io::stderr().is_terminal() {
             eprint!("\r{:60}\r", "");
+        }
+        drop(measure_round);
+        if busy_start > 0 {
+            notes.push(format!(
+                "{busy_start} runs started on a busy machine (waited up to {} s in all for it to be idle)",
+                QUIET_BUDGET.as_secs()
+            ));
+        }
+        if let Some(max) = others_seen.iter().copied().reduce(f64::max) {
+            notes.push(format!(
+                "CPU time taken by other work during the runs: up to {:.0}% (runs above {:.0}% count as disturbed)",
+                max * 100.0,
+                OTHERS_DISTURBED * 100.0
+            ));
         }
         notes.push(format!(
             "measured {} with `strait bench` ({} interleaved rounds, {} disturbed runs measured again; medians per size; raw runs in {})",

@@ -178,6 +178,8 @@ fn synthetic_bench(dir: &Path) -> PathBuf {
 
 #[test]
 fn model_fit_and_predict_from_files() {
+    // Not a benchmark, but its processes would disturb one that runs meanwhile.
+    let _turn = turn();
     let dir = tmp_dir("files");
     let bench = synthetic_bench(&dir);
     let model = dir.join("model.json");
@@ -258,6 +260,7 @@ fn model_fit_and_predict_from_files() {
 
 #[test]
 fn model_errors_are_reported() {
+    let _turn = turn();
     let dir = tmp_dir("errors");
     let junk = dir.join("junk.json");
     std::fs::write(&junk, "{\"neither\": 1}").expect("write");

@@ -1,0 +1,47 @@
+//! Scale: 1,000 endpoints (500 pairs, each endpoint in its own worker) and
+//! 1,000,000 checked messages over a lossy simulated network, in under a minute of
+//! wall time (`cargo test --release`; a debug build runs a tenth of it and does not
+//! time itself).
+
+use std::time::{Duration, Instant};
+
+use strait_sim::traffic::{self, Scenario};
+use strait_sim::{seed_from_env, LinkConfig, LinkParams};
+
+#[test]
+fn a_thousand_endpoints_and_a_million_messages_in_under_a_minute() {
+    let seed = seed_from_env(2024);
+    let release = !cfg!(debug_assertions);
+    let mut sc = Scenario::new(seed);
+    sc.pairs = 500;
+    sc.msgs = if release { 1000 } else { 100 }; // per direction per pair
+    sc.bidirectional = true;
+    sc.sizes = vec![(8, 64)];
+    sc.window = 32;
+    sc.params = LinkParams::lossy(0.001);
+    sc.rel.window = 64;
+    sc.link = LinkConfig { slots: 96, ring: 64, ..LinkConfig::default() };
+    sc.limits.wall = Duration::from_secs(120);
+    let t = Instant::now();
+    let r = traffic::run(&sc);
+    let wall = t.elapsed();
+    println!("{}", r.summary());
+    println!(
+        "scale: {} endpoints, {} messages, {:.2} s wall, {:.1} ms virtual, {:.2} us wall per message",
+        sc.pairs * 2,
+        r.messages,
+        wall.as_secs_f64(),
+        r.virtual_ns as f64 / 1e6,
+        wall.as_secs_f64() * 1e6 / r.messages as f64
+    );
+    assert_eq!(r.messages, sc.pairs as u64 * 2 * sc.msgs);
+    r.assert_all_delivered();
+    if release {
+        assert!(r.messages >= 1_000_000);
+        assert!(
+            wall < Duration::from_secs(60),
+            "seed {seed}: {:.1} s of wall time (limit 60 s)",
+            wall.as_secs_f64()
+        );
+    }
+}

@@ -125,7 +125,7 @@ unsafe impl Send for Map {}
 unsafe impl Sync for Map {}
 
 impl Map {
-    fn map(fd: c_int, ring: usize) -> Option<Map> {
+    fn open(fd: c_int, ring: usize) -> Option<Map> {
         let len = HDR + ring;
         // SAFETY: maps `len` bytes of a file we hold; the result is checked.
         let p = unsafe {
@@ -339,6 +339,8 @@ struct OutChan {
     gen: u64,
     lock: Mutex<()>,
     dead: AtomicBool,
+    /// Sends that found the ring full.
+    full: AtomicUsize,
 }
 
 enum Push {
@@ -405,17 +407,30 @@ impl OutChan {
         let rec = REC + pad8(len);
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let tail = self.map.word(TAIL).load(Ordering::Relaxed);
-        let head = self.map.word(HEAD).load(Ordering::Acquire);
-        if head > tail || tail - head > ring as u64 {
-            self.dead.store(true, Ordering::Relaxed);
-            return Push::Dead;
-        }
         let off = (tail % ring as u64) as usize;
         let waste = if ring - off < rec { ring - off } else { 0 };
-        if (tail - head) as usize + waste + rec > ring {
-            // Full, as a kernel receive buffer can be: the datagram is lost (counted).
-            // A receiver that died leaves its ring full: then use the kernel.
-            if self.receiver_gone() {
+        let mut yielded = false;
+        loop {
+            let head = self.map.word(HEAD).load(Ordering::Acquire);
+            if head > tail || tail - head > ring as u64 {
+                self.dead.store(true, Ordering::Relaxed);
+                return Push::Dead;
+            }
+            if (tail - head) as usize + waste + rec <= ring {
+                break;
+            }
+            // Full. A receiver sharing our core gets it once (else a sender that
+            // never blocks would keep it from ever draining).
+            if !yielded {
+                yielded = true;
+                // SAFETY: plain syscall.
+                unsafe { libc::sched_yield() };
+                continue;
+            }
+            // Still full, as a kernel receive buffer can be: the datagram is lost
+            // (counted). A receiver that died leaves its ring full: now and then,
+            // look whether it is still there, else use the kernel.
+            if self.full.fetch_add(1, Ordering::Relaxed) % 256 == 0 && self.receiver_gone() {
                 return Push::Dead;
             }
             self.map.word(DROPS).fetch_add(1, Ordering::Relaxed);
@@ -698,20 +713,15 @@ impl UdpSock {
         let start = self.rr.load(Ordering::Relaxed);
         for k in 0..n {
             let i = (start + k) % n;
-            loop {
-                match chans[i].take(iov, peek) {
-                    Ok(Some(g)) => {
-                        if peer.is_some_and(|p| p != g.src) {
-                            if peek {
-                                let _ = chans[i].take(&[], false);
-                            }
-                            continue;
-                        }
-                        self.rr.store(i + 1, Ordering::Relaxed);
-                        return Some(g);
+            while let Ok(Some(g)) = chans[i].take(iov, peek) {
+                if peer.is_some_and(|p| p != g.src) {
+                    if peek {
+                        let _ = chans[i].take(&[], false);
                     }
-                    Ok(None) | Err(()) => break,
+                    continue;
                 }
+                self.rr.store(i + 1, Ordering::Relaxed);
+                return Some(g);
             }
         }
         None
@@ -1061,7 +1071,7 @@ fn open_channel(fd: c_int, dest: Key, gen: u64) -> Option<OutChan> {
                 (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
             ) == 0
     };
-    let map = if sized { Map::map(memfd, ring) } else { None };
+    let map = if sized { Map::open(memfd, ring) } else { None };
     let Some(map) = map else {
         close_all(&[memfd, u]);
         return None;
@@ -1093,6 +1103,7 @@ fn open_channel(fd: c_int, dest: Key, gen: u64) -> Option<OutChan> {
         gen,
         lock: Mutex::new(()),
         dead: AtomicBool::new(false),
+        full: AtomicUsize::new(0),
     })
 }
 
@@ -1137,8 +1148,7 @@ fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
     let ok = magic == MAGIC
         && version == VERSION
         && ring.is_power_of_two()
-        && ring >= 128 << 10
-        && ring <= 1 << 30
+        && (128 << 10..=1 << 30).contains(&ring)
         // The sender proves its source port with its own socket.
         && is_udp(theirs)
         && sock_key(theirs, false).is_some_and(|k| k.1 == src.1)
@@ -1148,7 +1158,7 @@ fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
     if !ok || !memfd_ok(memfd, HDR + ring) {
         return refuse(&[memfd]);
     }
-    let map = Map::map(memfd, ring);
+    let map = Map::open(memfd, ring);
     close_all(&[memfd]);
     let map = map.filter(|m| m.header_ok())?;
     let mut reply = [0u8; 8];

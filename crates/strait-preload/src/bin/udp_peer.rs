@@ -469,6 +469,7 @@ fn main() {
                     }
                     println!("received {n}");
                 }
+                "pktinfo" => pktinfo_server(fd),
                 "deadrecv" => {
                     recv_dgram(fd);
                     // SAFETY: kills this process without closing anything.
@@ -542,6 +543,12 @@ fn main() {
                     assert_eq!(send_to(fd, b"newcomer", port), 8);
                 }
                 "closed" => closed_client(port),
+                "pktinfo" => {
+                    let fd = raw_socket();
+                    for _ in 0..3 {
+                        assert_eq!(send_to(fd, b"where to?", port), 9);
+                    }
+                }
                 "fork" => {
                     let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
                     let to: SocketAddr = ([127, 0, 0, 1], port).into();
@@ -564,6 +571,54 @@ fn main() {
         }
     }
     std::io::stdout().flush().ok();
+}
+
+/// A receiver that asks for IP_PKTINFO gets it with every datagram (strait then
+/// leaves its receiving side to the kernel).
+fn pktinfo_server(fd: c_int) {
+    let on: c_int = 1;
+    // SAFETY: a local int option.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_PKTINFO,
+            (&on as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0);
+    println!("pktinfo on");
+    std::io::stdout().flush().ok();
+    for _ in 0..3 {
+        let mut buf = [0u8; 64];
+        let mut cbuf = [0u64; 16];
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: msghdr is plain old data.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_control = cbuf.as_mut_ptr().cast();
+        m.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        // SAFETY: the msghdr points at live locals.
+        let n = unsafe { libc::recvmsg(fd, &mut m, 0) };
+        assert_eq!(n, 9, "recvmsg: {}", errno());
+        let mut found = false;
+        // SAFETY: walks the control messages the kernel wrote.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&m);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
+                    let info = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::in_pktinfo>());
+                    assert_eq!(info.ipi_addr.s_addr, u32::from_ne_bytes([127, 0, 0, 1]));
+                    found = true;
+                }
+                c = libc::CMSG_NXTHDR(&m, c);
+            }
+        }
+        assert!(found, "no IP_PKTINFO with the datagram");
+    }
+    println!("pktinfo ok");
 }
 
 /// A connected client whose server closes its socket: sends still succeed, then the

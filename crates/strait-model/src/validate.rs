@@ -131,7 +131,8 @@ pub struct CheckReport {
     pub model: FittedModel,
     /// The command that reproduces the check.
     pub command: String,
-    /// Measuring runs found disturbed (far from the other rounds) and measured again.
+    /// Measuring runs found disturbed (other work took CPU time meanwhile, or far from
+    /// the other rounds): measured again, or kept when too few others remained.
     #[serde(default)]
     pub disturbed_runs: usize,
     /// Anything worth knowing about the run.

@@ -613,10 +613,13 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
             if n == 0 {
                 break;
             }
-            // Keep at least two runs of each mode: if a mode would lose more, the
-            // machine was busy throughout and every run stays (with a note).
-            let keeps_enough =
-                modes.iter().all(|&c| runs.iter().zip(&bad).filter(|(r, b)| r.0 == c && !**b).count() >= 2);
+            // Measure again only if at least half the rounds (and two) of each mode were
+            // undisturbed; otherwise the machine was busy throughout: every run stays,
+            // with a note, and no time is spent on extra rounds.
+            let min_good = (a.rounds as usize).div_ceil(2).max(2);
+            let keeps_enough = modes
+                .iter()
+                .all(|&c| runs.iter().zip(&bad).filter(|(r, b)| r.0 == c && !**b).count() >= min_good);
             if extra >= a.rounds || !keeps_enough {
                 if keeps_enough {
                     drop_runs(&mut runs, &bad, &mut others_seen);
@@ -625,8 +628,9 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
                         "{n} disturbed runs dropped without replacement (no extra rounds left)"
                     ));
                 } else {
+                    disturbed += n;
                     notes.push(format!(
-                        "{n} runs look disturbed but are kept: too few undisturbed runs would remain (a busy machine)"
+                        "{n} runs look disturbed but are kept: fewer than half the rounds were undisturbed (a busy machine)"
                     ));
                 }
                 break;
@@ -655,7 +659,7 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
             ));
         }
         notes.push(format!(
-            "measured {} with `strait bench` ({} interleaved rounds, {} disturbed runs measured again; medians per size; raw runs in {})",
+            "measured {} with `strait bench` ({} interleaved rounds, {} runs found disturbed; medians per size; raw runs in {})",
             rfc3339(started),
             a.rounds,
             disturbed,

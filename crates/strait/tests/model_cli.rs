@@ -109,6 +109,9 @@ fn model_check_predicts_shm_within_ten_percent() {
             assert!((4096..=4 << 20).contains(&s), "{c}");
             assert!(c["predicted"].as_f64().is_some_and(|v| v > 0.0), "{c}");
         }
+        // Every metric and mode has its cases at 4K..4M (a wildly disturbed run can
+        // miss some: a fit that predicts nothing there).
+        let mut complete = true;
         for metric in ["latency", "bandwidth"] {
             for mode in ["fine", "coarse"] {
                 let sizes: Vec<u64> = cases
@@ -116,8 +119,7 @@ fn model_check_predicts_shm_within_ten_percent() {
                     .filter(|c| c["metric"] == metric && c["pipelining"] == mode)
                     .filter_map(|c| c["size_bytes"].as_u64())
                     .collect();
-                assert!(sizes.contains(&4096) && sizes.contains(&(4 << 20)), "{metric} {mode}: {sizes:?}");
-                assert!(sizes.len() >= 10, "{metric} {mode}: {sizes:?}");
+                complete &= sizes.contains(&4096) && sizes.contains(&(4 << 20)) && sizes.len() >= 10;
             }
         }
         let fit: Vec<u64> =
@@ -133,17 +135,19 @@ fn model_check_predicts_shm_within_ten_percent() {
         let disturbed = doc["disturbed_runs"].as_u64().unwrap_or(0);
         let resid = worst_fit_residual(&doc);
         last = format!(
-            "attempt {attempt}: median error latency {:.1}%, bandwidth {:.1}%, disturbed runs {disturbed}, worst fit residual {:.1}%",
+            "attempt {attempt}: median error latency {:.1}%, bandwidth {:.1}%, all cases {complete}, disturbed runs {disturbed}, worst fit residual {:.1}%",
             lat * 100.0,
             bw * 100.0,
             resid * 100.0
         );
         eprintln!("{last}");
-        if lat <= BAR && bw <= BAR {
+        if complete && lat <= BAR && bw <= BAR {
             return;
         }
         let clearly_disturbed = disturbed > 0 || resid > 0.15;
-        assert!(clearly_disturbed, "median prediction error above 10% on an undisturbed run: {last}\n{doc}");
+        assert!(clearly_disturbed, "prediction missed on an undisturbed run: {last}\n{doc}");
+        // Give the other work on the machine a moment before measuring again.
+        std::thread::sleep(std::time::Duration::from_secs(10));
     }
     panic!("median prediction error above 10% in three runs: {last}");
 }

@@ -120,7 +120,24 @@ impl UringLink {
     ) -> io::Result<Self> {
         let entries = (ring_cap as u32).next_power_of_two().max(8);
         let cq = (entries * 2 + rx_bufs + 64).next_power_of_two();
-        let ring: IoUring = IoUring::builder().setup_cqsize(cq).setup_clamp().build(entries)?;
+        // Cooperative task running with the TASKRUN flag: the kernel never interrupts
+        // the busy-polling thread to post a receive completion; it raises a flag in
+        // the shared ring instead, and the next poll that sees it enters the kernel
+        // once for the whole batch. Older kernels: plain mode.
+        let mut coop = true;
+        let ring: IoUring = match IoUring::builder()
+            .setup_cqsize(cq)
+            .setup_clamp()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(entries)
+        {
+            Ok(r) => r,
+            Err(_) => {
+                coop = false;
+                IoUring::builder().setup_cqsize(cq).setup_clamp().build(entries)?
+            }
+        };
         let mut probe = io_uring::Probe::new();
         ring.submitter().register_probe(&mut probe)?;
         for (code, what) in [
@@ -133,6 +150,9 @@ impl UringLink {
             }
         }
         let mut features = Vec::new();
+        if coop {
+            features.push("coop-taskrun");
+        }
         let mut pool = SlotPool::new(slots, slot_len);
         let base = pool.buf(0).as_mut_ptr();
         let iov = libc::iovec { iov_base: base.cast(), iov_len: slots as usize * slot_len };
@@ -600,8 +620,15 @@ impl UringLink {
             // Nothing arrived. Ring a deferred doorbell, re-post a finished receive,
             // or let the kernel flush completions that overflowed the ring.
             let now = if self.txq.is_empty() { 0 } else { sys::now_ns() };
-            let overflow = self.ring.submission().cq_overflow();
-            if !self.rx_armed || overflow || (!self.txq.is_empty() && self.moder.due(now, self.txq.len())) {
+            let (overflow, taskrun) = {
+                let sq = self.ring.submission();
+                (sq.cq_overflow(), sq.taskrun())
+            };
+            if !self.rx_armed
+                || overflow
+                || taskrun
+                || (!self.txq.is_empty() && self.moder.due(now, self.txq.len()))
+            {
                 self.ring_now(now.max(1))?;
                 if !self.rx_ready.is_empty() {
                     continue;
@@ -621,6 +648,10 @@ impl UringLink {
         }
         self.ring.completion().enable_eventfd();
         sys::eventfd_drain(&self.evfd);
+        if self.ring.submission().taskrun() {
+            // Completions are waiting for the kernel to post them: do not sleep.
+            return Ok(false);
+        }
         let idle = self.rx_cur.is_none() && self.rx_ready.is_empty() && self.ring.completion().is_empty();
         Ok(idle && self.rx_armed)
     }

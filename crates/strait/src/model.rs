@@ -644,7 +644,6 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
         if std::io::stderr().is_terminal() {
             eprint!("\r{:60}\r", "");
         }
-        drop(measure_round);
         if busy_start > 0 {
             notes.push(format!(
                 "{busy_start} runs started on a busy machine (waited up to {} s in all for it to be idle)",

@@ -170,20 +170,16 @@ impl UdpLink {
         let rx_bufs = if cfg.rx_bufs == 0 { 256 } else { cfg.rx_bufs };
         let uring = match cfg.backend {
             Backend::Mmsg => None,
-            Backend::Uring | Backend::Auto => {
-                match UringLink::new(
-                    fd, cfg.slots, slot_len, ring, rx_bufs, cfg.gso, cfg.gro, cfg.zc_min, moder,
-                ) {
-                    Ok(u) => Some(u),
-                    Err(e) if cfg.backend == Backend::Uring => return Err(UdpError::UringUnavailable(e)),
-                    Err(e) => {
-                        FALLBACK_LOGGED.call_once(|| {
-                            eprintln!("strait-udp: io_uring unavailable ({e}); using sendmmsg/recvmmsg");
-                        });
-                        None
-                    }
+            Backend::Uring | Backend::Auto => match UringLink::new(fd, cfg, slot_len, rx_bufs, moder) {
+                Ok(u) => Some(u),
+                Err(e) if cfg.backend == Backend::Uring => return Err(UdpError::UringUnavailable(e)),
+                Err(e) => {
+                    FALLBACK_LOGGED.call_once(|| {
+                        eprintln!("strait-udp: io_uring unavailable ({e}); using sendmmsg/recvmmsg");
+                    });
+                    None
                 }
-            }
+            },
         };
         let (inner, backend) = match uring {
             Some(u) => (Inner::Uring(Box::new(u)), Backend::Uring),

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use io_uring::{cqueue, opcode, types, IoUring};
 use strait_core::{LinkError, LinkStats, SlotPool};
 
+use crate::config::UdpConfig;
 use crate::link::{Moderation, UdpStats, RX_BUF_LEN};
 use crate::sys::{self, Mmap};
 
@@ -45,8 +46,7 @@ const CTRL_LEN: usize = 32;
 const RECVMSG_OUT_LEN: usize = 16;
 
 /// One GSO send: its message header, one iovec per datagram, the `UDP_SEGMENT`
-/// control message, and the slots to recycle when it completes. Boxed so the
-/// addresses handed to the kernel stay put.
+/// control message, and the slots to recycle when it completes.
 struct GsoOp {
     hdr: libc::msghdr,
     iov: [libc::iovec; GSO_SEGS],
@@ -75,7 +75,8 @@ pub(crate) struct UringLink {
     /// Transmit CQEs still to come.
     tx_inflight: usize,
     gso: bool,
-    gso_ops: Vec<Box<GsoOp>>,
+    /// Never resized after setup, so the addresses handed to the kernel stay put.
+    gso_ops: Vec<GsoOp>,
     gso_free: Vec<u32>,
     zc_min: usize,
     rx_hdr: Box<libc::msghdr>,
@@ -109,15 +110,13 @@ impl UringLink {
     /// is not usable here" (the caller may fall back).
     pub(crate) fn new(
         fd: RawFd,
-        slots: u32,
+        cfg: &UdpConfig,
         slot_len: usize,
-        ring_cap: usize,
         rx_bufs: u32,
-        gso: bool,
-        gro: bool,
-        zc_min: usize,
         moder: Moderation,
     ) -> io::Result<Self> {
+        let (slots, ring_cap) = (cfg.slots, cfg.ring as usize);
+        let (gso, gro, zc_min) = (cfg.gso, cfg.gro, cfg.zc_min);
         let entries = (ring_cap as u32).next_power_of_two().max(8);
         let cq = (entries * 2 + rx_bufs + 64).next_power_of_two();
         // Cooperative task running with the TASKRUN flag: the kernel never interrupts
@@ -198,14 +197,14 @@ impl UringLink {
         rx_hdr.msg_controllen = CTRL_LEN as _;
         let gso_ops = (0..if gso { GSO_OPS } else { 0 })
             .map(|_| {
-                Box::new(GsoOp {
+                GsoOp {
                     // SAFETY: plain C struct; all-zero is valid.
                     hdr: unsafe { std::mem::zeroed() },
                     iov: [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; GSO_SEGS],
                     cmsg: [0; 4],
                     slots: [0; GSO_SEGS],
                     n: 0,
-                })
+                }
             })
             .collect();
         let mut l = UringLink {

@@ -40,6 +40,16 @@ fn size_label(b: u64) -> String {
     }
 }
 
+fn ns_label(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{} µs", ns / 1e3)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
 fn log_range(v: &[f64], pad: f64) -> (f64, f64) {
     let lo = v.iter().copied().filter(|x| *x > 0.0).fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().filter(|x| *x > 0.0).fold(0.0, f64::max);
@@ -69,8 +79,8 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
     let _ =
         writeln!(s, r#"<text x="20" y="24" font-size="15" font-weight="bold">{}</text>"#, xml_escape(title));
     for (metric, name, x0) in [
-        (Metric::Latency, "one-way latency (ns): model lines, measured dots", 70.0),
-        (Metric::Bandwidth, "streaming bandwidth (GB/s): model lines, measured dots", 600.0),
+        (Metric::Latency, "one-way latency: model lines, measured dots", 70.0),
+        (Metric::Bandwidth, "streaming bandwidth (GB/s = 1e9 B/s): model lines, measured dots", 600.0),
     ] {
         let y0 = 60.0;
         let ser: Vec<&Series> =
@@ -112,13 +122,32 @@ pub fn render_svg(title: &str, series: &[Series]) -> String {
             x0 + PW / 2.0,
             y0 + PH + 36.0
         );
-        let (a, b) = (ylo.log10().ceil() as i32, yhi.log10().floor() as i32);
+        // Y ticks: decades, and 2× / 5× when fewer than three decades show.
+        let (a, b) = (ylo.log10().floor() as i32, yhi.log10().ceil() as i32);
+        let mults: &[f64] = if b - a < 3 { &[1.0, 2.0, 5.0] } else { &[1.0] };
         for e in a..=b {
-            let v = 10f64.powi(e);
-            let y = py(v);
-            let _ =
-                writeln!(s, r##"<line x1="{x0}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/>"##, x0 + PW);
-            let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{v}</text>"#, x0 - 6.0, y + 4.0);
+            for &m in mults {
+                let v = m * 10f64.powi(e);
+                if v < ylo || v > yhi {
+                    continue;
+                }
+                let y = py(v);
+                let label = match metric {
+                    Metric::Latency => ns_label(v),
+                    Metric::Bandwidth => format!("{v}"),
+                };
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{x0}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/>"##,
+                    x0 + PW
+                );
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{}" y="{:.1}" text-anchor="end">{label}</text>"#,
+                    x0 - 6.0,
+                    y + 4.0
+                );
+            }
         }
         for x in &ser {
             let c = PALETTE[x.colour % PALETTE.len()];

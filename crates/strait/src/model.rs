@@ -884,19 +884,28 @@ fn predict(a: PredictArgs) -> Result<(), CliError> {
             series.push(Series { label: label.clone(), metric, points, measured: false, colour: i });
         }
     }
-    let mut paths: Vec<String> =
-        measured.iter().flat_map(|d| d.points.iter().map(|p| p.path.clone())).collect();
-    paths.sort();
-    paths.dedup();
-    for (j, path) in paths.iter().enumerate() {
+    // Measured series: per path, and for the shm path per pipelining mode of the run.
+    let label_of = |d: &BenchData, path: &str| -> String {
+        match (path == SHM, geometry_of(d)) {
+            (true, Ok(g)) => format!("{path} {} measured", g.pipelining()),
+            _ => format!("{path} measured"),
+        }
+    };
+    let mut labels: Vec<String> =
+        measured.iter().flat_map(|d| d.points.iter().map(|p| label_of(d, &p.path))).collect();
+    labels.sort();
+    labels.dedup();
+    for (j, label) in labels.iter().enumerate() {
         for metric in [Metric::Latency, Metric::Bandwidth] {
             let pts: Vec<(u64, f64)> = measured
                 .iter()
-                .flat_map(|d| d.points.iter().filter(|p| &p.path == path && p.metric == metric))
+                .flat_map(|d| {
+                    d.points.iter().filter(move |p| p.metric == metric && label_of(d, &p.path) == *label)
+                })
                 .map(|p| (p.size_bytes, p.value))
                 .collect();
             series.push(Series {
-                label: format!("{path} measured"),
+                label: label.clone(),
                 metric,
                 points: pts,
                 measured: true,

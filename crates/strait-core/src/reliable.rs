@@ -221,8 +221,6 @@ struct HeldPkt {
 /// How many datagrams one receive step looks at, and how many timed-out packets one
 /// timer pass queues.
 const BATCH: usize = 64;
-/// Selectively acknowledged packets above a hole before it is retransmitted.
-const DUP_THRESHOLD: usize = 3;
 /// Frames delivered between timer passes while data keeps arriving.
 const TIMER_EVERY: u32 = 16;
 /// Unanswered FIN transmissions after which a draining connection gives up on the
@@ -286,6 +284,10 @@ struct Conn {
     last_ping_ns: u64,
     /// Since when something that needs an answer (data, a probe) has had none.
     unanswered_since: Option<u64>,
+    /// Index (from `snd_una`) one past the highest selectively acknowledged packet.
+    sacked_above: usize,
+    /// Latest transmission time among packets known to have arrived (RACK).
+    rack_sent_ns: u64,
     /// Slots to give back to the link.
     release: Vec<u32>,
     /// A stranger's data packet to answer with a RESET (its source id).
@@ -388,20 +390,39 @@ impl Conn {
     /// Applies the peer's acknowledgement fields. False if they make no sense (an
     /// acknowledgement of packets never sent): the packet is dropped.
     fn on_ack(&mut self, h: &PacketHeader, now: u64) -> bool {
+        if seq_lt(h.ack, self.snd_una) {
+            // Stale: a retransmitted or overtaken packet keeps the acknowledgement it
+            // was built with; its data still counts. An acknowledgement of something
+            // before our first sequence number is forged or garbage.
+            let first = self.isn.wrapping_add(1);
+            if h.ack.wrapping_sub(first) > self.snd_una.wrapping_sub(first) {
+                self.rstats.out_of_window += 1;
+                return false;
+            }
+            return true;
+        }
         let acked = h.ack.wrapping_sub(self.snd_una) as usize;
         if acked > self.inflight.len() {
             self.rstats.out_of_window += 1;
             return false;
         }
         if acked > 0 {
+            let mut clean = true;
             for p in self.inflight.drain(..acked) {
                 if let Some(slot) = p.slot {
                     self.release.push(slot);
                 }
+                clean = p.retx == 0;
+                if p.retx == 0 {
+                    // (A retransmitted packet's arrival may be the first copy's.)
+                    self.rack_sent_ns = self.rack_sent_ns.max(p.sent_ns);
+                }
             }
             self.snd_una = h.ack;
+            self.sacked_above = self.sacked_above.saturating_sub(acked);
             self.backoff = 0;
-            if h.ts_echo != 0 {
+            // Karn: a retransmitted packet's echo may belong to either copy.
+            if clean && h.ts_echo != 0 {
                 let rtt = now_us(now).wrapping_sub(h.ts_echo) as u64 * 1000;
                 if rtt < 60_000_000_000 {
                     self.rtt_sample(rtt);
@@ -418,6 +439,9 @@ impl Conn {
                 if let Some(p) = self.inflight.get_mut(idx) {
                     if !p.sacked {
                         p.sacked = true;
+                        if p.retx == 0 {
+                            self.rack_sent_ns = self.rack_sent_ns.max(p.sent_ns);
+                        }
                         if let Some(slot) = p.slot.take() {
                             self.release.push(slot);
                         }
@@ -426,22 +450,49 @@ impl Conn {
                 }
             }
             if let Some(top) = highest {
-                // A hole with DUP_THRESHOLD packets received above it is lost: resend
-                // it now, unless it was already resent within the last round trip.
-                let recent = now.saturating_sub(self.srtt_ns.max(self.cfg.rto_min_ns / 4));
-                // Newest first, each to the front: the queue ends up oldest first.
-                let holes = (top + 1).saturating_sub(DUP_THRESHOLD);
-                for p in self.inflight.iter_mut().take(holes).rev() {
-                    if !p.sacked && !p.queued && p.sent_ns != 0 && (p.retx == 0 || p.sent_ns <= recent) {
-                        p.queued = true;
-                        p.retx += 1;
-                        self.resend.push_front(p.seq);
-                        self.rstats.fast_retransmits += 1;
-                    }
-                }
+                self.sacked_above = self.sacked_above.max(top + 1);
+                self.fast_retransmit(now);
             }
         }
         true
+    }
+
+    /// How long a packet may trail packets sent after it before it counts as lost
+    /// (a quarter round trip, as RACK): reordering shorter than this is not loss.
+    fn reorder_window(&self) -> u64 {
+        let base = if self.srtt_ns > 0 { self.srtt_ns / 4 } else { self.cfg.rto_min_ns / 8 };
+        base.max(5_000)
+    }
+
+    /// Resends lost packets below the highest selectively acknowledged one, the way
+    /// RACK decides: a packet is lost once one sent more than a reordering window
+    /// after it has arrived, or once a round trip and a reordering window have
+    /// passed since it was sent. Returns the earliest moment a hole not yet due
+    /// becomes due.
+    fn fast_retransmit(&mut self, now: u64) -> Option<u64> {
+        if self.sacked_above == 0 {
+            return None;
+        }
+        let reo = self.reorder_window();
+        let rtt = self.srtt_ns.max(self.cfg.rto_min_ns / 4);
+        let newest = self.rack_sent_ns;
+        let mut next_due: Option<u64> = None;
+        // Newest first, each to the front: the queue ends up oldest first.
+        for p in self.inflight.iter_mut().take(self.sacked_above).rev() {
+            if p.sacked || p.queued || p.sent_ns == 0 {
+                continue;
+            }
+            let due = p.sent_ns + rtt + reo;
+            if p.sent_ns + reo < newest || due <= now {
+                p.queued = true;
+                p.retx += 1;
+                self.resend.push_front(p.seq);
+                self.rstats.fast_retransmits += 1;
+            } else {
+                next_due = Some(next_due.map_or(due, |d| d.min(due)));
+            }
+        }
+        next_due
     }
 
     /// Checks and applies one datagram; delivers at most one frame to `deliver` and
@@ -513,7 +564,11 @@ impl Conn {
             self.ack_now = true;
         }
         if h.kind.sequenced() {
-            self.ts_to_echo = h.ts;
+            if h.seq == self.rcv_next {
+                // Only a packet that advances the stream is echoed: a late duplicate's
+                // old timestamp would inflate the peer's round-trip estimate.
+                self.ts_to_echo = h.ts;
+            }
             return self.on_sequenced(&h, payload, deliver);
         }
         Ok(false)
@@ -644,6 +699,11 @@ impl Conn {
         if let Some(p) = self.inflight.iter().find(|p| !p.sacked && p.sent_ns != 0) {
             t = t.min(p.sent_ns + self.current_rto());
         }
+        if let Some(p) =
+            self.inflight.iter().take(self.sacked_above).find(|p| !p.sacked && !p.queued && p.sent_ns != 0)
+        {
+            t = t.min(p.sent_ns + self.srtt_ns.max(self.cfg.rto_min_ns / 4) + self.reorder_window());
+        }
         if self.ack_now {
             return Some(0);
         }
@@ -686,8 +746,11 @@ impl<L: Link> Reliable<L> {
         let max_piece = link.mtu().saturating_sub(PACKET_HEADER_LEN).clamp(1, u16::MAX as usize);
         let now = link.now_ns();
         let rto = cfg.rto_initial_ns;
+        // A frame must fit in half the window, or it could never be sent while
+        // anything else is unacknowledged.
+        let max_frame = cfg.max_frame.clamp(1, (window as usize / 2).max(1) * max_piece);
         let c = Conn {
-            cfg: ReliableConfig { window, ..cfg },
+            cfg: ReliableConfig { window, max_frame, ..cfg },
             my_id,
             peer_id: 0,
             peer_knows_me: false,
@@ -710,6 +773,8 @@ impl<L: Link> Reliable<L> {
             last_syn_ns: 0,
             last_ping_ns: 0,
             unanswered_since: None,
+            sacked_above: 0,
+            rack_sent_ns: 0,
             release: Vec::new(),
             reset_to: None,
             last_reset_ns: 0,
@@ -960,8 +1025,8 @@ impl<L: Link> Reliable<L> {
         }
         let rto = self.c.current_rto();
         let mut expired = false;
-        for p in self.c.inflight.iter_mut().take(BATCH) {
-            if !p.sacked && !p.queued && p.sent_ns != 0 && now.saturating_sub(p.sent_ns) >= rto {
+        for p in self.c.inflight.iter_mut().filter(|p| !p.sacked).take(BATCH) {
+            if !p.queued && p.sent_ns != 0 && now.saturating_sub(p.sent_ns) >= rto {
                 p.queued = true;
                 p.retx += 1;
                 self.c.resend.push_back(p.seq);
@@ -972,6 +1037,7 @@ impl<L: Link> Reliable<L> {
         if expired {
             self.c.backoff = (self.c.backoff + 1).min(16);
         }
+        self.c.fast_retransmit(now);
         if !self.c.peer_fin
             && now.saturating_sub(self.c.last_heard_ns) >= self.c.cfg.keepalive_ns
             && now.saturating_sub(self.c.last_ping_ns) >= self.c.cfg.keepalive_ns
@@ -1035,7 +1101,9 @@ impl<L: Link> Device for Reliable<L> {
             return Ok(false);
         }
         let pieces = len.div_ceil(self.max_piece).max(1);
-        if pieces > self.room() {
+        // A frame larger than the peer's window still goes when nothing else is
+        // unacknowledged, so no frame can wait forever.
+        if pieces > self.room() && !self.c.inflight.is_empty() {
             return Ok(false);
         }
         let now = self.link.now_ns();

@@ -91,6 +91,23 @@ fn reordering() {
 }
 
 #[test]
+fn mild_jitter_is_not_taken_for_loss() {
+    // Packets overtaking each other by a few microseconds are reordering, not loss:
+    // no retransmission should follow from it.
+    for seed in seeds(&[37, 38]) {
+        let r = run(&scenario(seed, LinkParams { jitter_ns: 10_000, ..LinkParams::default() }));
+        r.assert_all_delivered();
+        let resent = r.rel.fast_retransmits + r.rel.timeout_retransmits;
+        assert!(
+            resent * 100 <= r.rel.packets_sent,
+            "seed {seed}: {resent} retransmissions of {} packets without any loss\n{}",
+            r.rel.packets_sent,
+            r.summary()
+        );
+    }
+}
+
+#[test]
 fn duplication() {
     for seed in seeds(&[41, 42, 43]) {
         let r =

@@ -178,6 +178,12 @@ impl RndvFit {
         ]
     }
 
+    /// Per-byte cost of the slower copy, ns per byte: the bottleneck of a long
+    /// stream by eq. 2/4 (its bandwidth limit is the inverse, GB/s).
+    pub fn bottleneck_per_byte_ns(&self) -> f64 {
+        self.per_byte_ns * self.copy_in_share.max(1.0 - self.copy_in_share)
+    }
+
     /// One-way latency of a `bytes`-byte rendezvous message under `geo`, ns.
     pub fn latency(&self, geo: &ShmGeometry, bytes: u64) -> f64 {
         let l = self.layers();

@@ -341,14 +341,23 @@ fn describe_model(m: &FittedModel) -> String {
                 if let Some(l) = l {
                     let _ = writeln!(
                         s,
-                        "  bandwidth, {} {name}: bottleneck g_b = {}, G_b = {:.2} ns/KiB (rms residual {:.1}%)",
+                        "  bandwidth, {} {name}: bottleneck g_b = {}, G_b = {:.2} ns/KiB, at most {:.1} GB/s (rms residual {:.1}%)",
                         g.pipelining(),
                         fmt_ns(l.per_packet_ns),
                         l.per_byte_ns * 1024.0,
+                        1.0 / l.per_byte_ns.max(1e-12),
                         l.rms_rel * 100.0
                     );
                 }
             }
+        }
+        if let Some(r) = &shm.rndv {
+            let _ = writeln!(
+                s,
+                "  eq. 2/4 from the latency layers alone: the slower copy ({:.2} ns/KiB) allows at most {:.1} GB/s",
+                r.bottleneck_per_byte_ns() * 1024.0,
+                1.0 / r.bottleneck_per_byte_ns().max(1e-12)
+            );
         }
     }
     if let Some(u) = &m.udp {
@@ -455,12 +464,25 @@ fn wait_quiet(budget: &mut std::time::Duration) -> bool {
 }
 
 /// Drops the runs marked `bad`, remembering their share of other work.
-fn drop_runs(runs: &mut Vec<(bool, BenchData, Option<f64>)>, bad: &[bool], seen: &mut Vec<f64>) {
+/// Measuring runs: (coarse pipelining?, the bench document, share of the CPU time
+/// other work took, the bench's result directory).
+type Runs = Vec<(bool, BenchData, Option<f64>, Option<PathBuf>)>;
+
+/// Drops the runs marked `bad`, remembering their share of other work, and moves
+/// their result directories into `disturbed/` beside them (so that `--from
+/// bench-runs/*/bench.json` re-reads exactly the runs that were used).
+fn drop_runs(runs: &mut Runs, bad: &[bool], seen: &mut Vec<f64>) {
     let mut i = 0;
     runs.retain(|r| {
         i += 1;
         if bad[i - 1] {
             seen.extend(r.2);
+            if let Some((dir, parent, name)) =
+                r.3.as_ref().and_then(|d| Some((d, d.parent()?, d.file_name()?)))
+            {
+                let to = parent.join("disturbed");
+                let _ = std::fs::create_dir_all(&to).and_then(|()| std::fs::rename(dir, to.join(name)));
+            }
         }
         !bad[i - 1]
     });
@@ -474,7 +496,7 @@ fn bench_once(
     batch_ms: f64,
     coarse: bool,
     out: &Path,
-) -> Result<(BenchData, Option<f64>), CliError> {
+) -> Result<(BenchData, Option<f64>, Option<PathBuf>), CliError> {
     // /proc/self/exe runs this very image even if the file was replaced meanwhile (a
     // rebuild of target/release/strait during a check).
     let exe = match Path::new("/proc/self/exe") {
@@ -501,7 +523,12 @@ fn bench_once(
     }
     let text = String::from_utf8_lossy(&o.stdout);
     let d = parse_bench(&text).map_err(|e| CliError::Measure(format!("strait bench output: {e}")))?;
-    Ok((d, others))
+    // "wrote DIR/bench.json and DIR/bench.svg" on stderr names the run's directory.
+    let dir = String::from_utf8_lossy(&o.stderr).lines().find_map(|l| {
+        let json = l.strip_prefix("wrote ")?.split(" and ").next()?;
+        Path::new(json).parent().map(Path::to_path_buf)
+    });
+    Ok((d, others, dir))
 }
 
 fn check_command(a: &CheckArgs) -> String {
@@ -563,12 +590,10 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
         let want_shm = a.paths.iter().any(|p| p == SHM);
         let want_udp = a.paths.iter().any(|p| p == UDP);
         let raw = dir.join("bench-runs");
-        let mut runs: Vec<(bool, BenchData, Option<f64>)> = Vec::new();
+        let mut runs: Runs = Vec::new();
         let mut quiet_budget = QUIET_BUDGET;
         let mut busy_start = 0;
-        let mut measure_round = |label: &str,
-                                 runs: &mut Vec<(bool, BenchData, Option<f64>)>|
-         -> Result<(), CliError> {
+        let mut measure_round = |label: &str, runs: &mut Runs| -> Result<(), CliError> {
             for &coarse in &modes {
                 // kernel-udp does not depend on strait's settings: it runs with the first mode.
                 let mut t: Vec<&str> = Vec::new();
@@ -587,8 +612,8 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
                 if !quiet_budget.is_zero() && !wait_quiet(&mut quiet_budget) {
                     busy_start += 1;
                 }
-                let (d, others) = bench_once(&t, &list, a.batch_ms, coarse, &raw)?;
-                runs.push((coarse, d, others));
+                let (d, others, run_dir) = bench_once(&t, &list, a.batch_ms, coarse, &raw)?;
+                runs.push((coarse, d, others, run_dir));
             }
             Ok(())
         };

@@ -369,3 +369,142 @@ fn sockperf_udp_server_under_strait_serves_strait_and_plain_clients_at_once() {
     assert!(total(&out).is_some_and(|n| n > 1000), "{out}");
     assert_eq!(stat(&err, "udp-in"), 1, "{err}");
 }
+
+/// An asyncio (epoll, non-blocking) UDP echo server, and a client with a socket
+/// timeout (poll, then a non-blocking recvfrom) that checks every echo and the
+/// source address it came from.
+const UDP_PY: &str = r#"import asyncio, socket, sys
+class Echo(asyncio.DatagramProtocol):
+    def connection_made(self, t):
+        self.t = t
+    def datagram_received(self, data, addr):
+        self.t.sendto(data, addr)
+async def server(family, host):
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind((host, 0))
+    print("PORT", s.getsockname()[1], flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.create_datagram_endpoint(Echo, sock=s)
+    await asyncio.sleep(3600)
+def client(family, host, port, want_host):
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    s.settimeout(10)
+    total = 0
+    for i in range(2000):
+        msg = bytes([(i * 7 + j) % 251 for j in range(1 + (i * 997) % 9000)])
+        s.sendto(msg, (host, port))
+        data, addr = s.recvfrom(65536)
+        assert data == msg, (i, len(data), len(msg))
+        assert addr[0] == want_host and addr[1] == port, addr
+        total += len(msg)
+    print("udp ok", total, flush=True)
+fam = {"4": socket.AF_INET, "6": socket.AF_INET6}
+if sys.argv[1] == "server":
+    asyncio.run(server(fam[sys.argv[2]], sys.argv[3]))
+else:
+    client(fam[sys.argv[2]], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+"#;
+
+#[test]
+fn python_asyncio_udp_echo_over_ipv4_ipv6_and_dual_stack_under_strait() {
+    ensure("python3", "python3");
+    // The interpreter itself (not a shim script that would run under strait too).
+    let out =
+        Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().expect("python3");
+    let py = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let dir = std::env::temp_dir().join(format!("strait-udp-py-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let script = dir.join("udp.py");
+    std::fs::write(&script, UDP_PY).expect("script");
+    let script = script.display().to_string();
+    // (server family, bind address, client family, destination, source the client sees)
+    let cases = [
+        ("4", "127.0.0.1", "4", "127.0.0.1", "127.0.0.1"),
+        ("6", "::1", "6", "::1", "::1"),
+        // A dual-stack server (bound to ::) answering an IPv4 client.
+        ("6", "::", "4", "127.0.0.1", "127.0.0.1"),
+    ];
+    for (sfam, bind, cfam, dest, want) in cases {
+        let mut c = strait_run(&["--stats", "--", &py, &script, "server", sfam, bind]);
+        let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("server");
+        let out = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(out).lines();
+        let first = lines.next().expect("a line").expect("PORT line");
+        let port = first.trim().strip_prefix("PORT ").expect("PORT").to_string();
+        struct Kill(Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let _server = Kill(child);
+        let out = run_for(
+            &mut strait_run(&["--stats", "--", &py, &script, "client", cfam, dest, &port, want]),
+            Duration::from_secs(60),
+        )
+        .expect("client finished in time");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            out.status.success() && text.contains("udp ok 9000000"),
+            "{sfam} {bind} -> {dest}:\n{text}\n{err}"
+        );
+        assert_eq!(stat(&err, "udp-out"), 1, "{sfam} {bind} -> {dest}: {err}");
+        assert_eq!(stat(&err, "udp-sent"), 2000, "{err}");
+        assert_eq!(stat(&err, "udp-received"), 2000, "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sockperf_udp_epoll_poll_select_and_nonblocking_variants_under_strait() {
+    ensure("sockperf", "sockperf");
+    let dir = std::env::temp_dir().join(format!("strait-udp-iomux-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    // (server multiplexer, client arguments besides the addresses)
+    let variants: [(&[&str], &[&str]); 4] = [
+        (&["-F", "e"], &["pp"]),
+        (&["-F", "p", "--nonblocked"], &["pp", "--nonblocked"]),
+        (&["-F", "s"], &["pp", "-F", "e", "--nonblocked", "FILE"]),
+        (&["-F", "e", "--nonblocked"], &["pp", "-F", "p", "FILE"]),
+    ];
+    for (k, (sargs, cargs)) in variants.iter().enumerate() {
+        // Two server sockets; the client uses the first, or both (FILE).
+        let (p1, p2) = (free_udp_port(), free_udp_port());
+        let file = dir.join(format!("ports{k}"));
+        std::fs::write(&file, format!("U:127.0.0.1:{p1}\nU:127.0.0.1:{p2}\n")).expect("ports file");
+        let file = file.display().to_string();
+        let mut sc = strait_run(&["--stats", "--", "sockperf", "sr", "-f", &file]);
+        sc.args(*sargs);
+        let server = Server::start(sc);
+        let mut args: Vec<String> = Vec::new();
+        for a in cargs.iter() {
+            if *a == "FILE" {
+                args.extend(["-f".to_string(), file.clone()]);
+            } else {
+                args.push(a.to_string());
+            }
+        }
+        if !cargs.contains(&"FILE") {
+            args.extend(["-i", "127.0.0.1", "-p", &p1.to_string()].map(String::from));
+        }
+        args.extend(["-t", "1", "-m", "64", "--mps", "5000000"].map(String::from));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (out, err) = client(true, &refs);
+        let text = format!("{out}{err}");
+        assert!(
+            text.contains("# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0"),
+            "{sargs:?} / {cargs:?}:\n{text}"
+        );
+        let sockets = if cargs.contains(&"FILE") { 2 } else { 1 };
+        assert_eq!(stat(&err, "udp-out"), sockets, "{sargs:?} / {cargs:?}: {err}");
+        assert!(stat(&err, "udp-sent") > 1000, "{err}");
+        let (sout, serr) = server.stop();
+        assert!(total(&sout).is_some_and(|n| n > 1000), "{sout}");
+        assert_eq!(stat(&serr, "udp-in"), sockets, "{serr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

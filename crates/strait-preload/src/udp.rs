@@ -543,6 +543,8 @@ pub struct UdpSock {
     /// The program corks or segments its sends (UDP_CORK, UDP_SEGMENT): send through
     /// the kernel only.
     kernel_tx: AtomicBool,
+    /// A peer is set (`connect`): receives filter on it.
+    connected: AtomicBool,
 }
 
 impl UdpSock {
@@ -560,6 +562,7 @@ impl UdpSock {
             receives: AtomicUsize::new(0),
             kernel_rx: AtomicBool::new(false),
             kernel_tx: AtomicBool::new(false),
+            connected: AtomicBool::new(false),
         }
     }
 
@@ -733,7 +736,10 @@ impl UdpSock {
         if n == 0 {
             return None;
         }
-        let peer = if chans.iter().any(|c| c.has_data()) { self.st().peer } else { return None };
+        if !chans.iter().any(|c| c.has_data()) {
+            return None;
+        }
+        let peer = if self.connected.load(Ordering::Relaxed) { self.st().peer } else { None };
         let start = self.rr.load(Ordering::Relaxed);
         for k in 0..n {
             let i = (start + k) % n;
@@ -972,6 +978,7 @@ impl UdpSock {
     /// the kernel bound.
     pub fn on_connect(&self, fd: c_int, peer: Option<Key>) {
         self.st().peer = peer;
+        self.connected.store(peer.is_some(), Ordering::Relaxed);
         self.publish(fd);
     }
 

@@ -292,6 +292,8 @@ struct Conn {
     release: Vec<u32>,
     /// A stranger's data packet to answer with a RESET (its source id).
     reset_to: Option<u32>,
+    /// The peer's SYN shows it does not know our id yet: repeat ours.
+    syn_now: bool,
     last_reset_ns: u64,
 
     // Receive side.
@@ -529,6 +531,11 @@ impl Conn {
                 // connection's own peer proves itself with the ids it knows.
                 self.rstats.wrong_conn += 1;
                 return Ok(false);
+            }
+            if h.dst_id == 0 {
+                // The peer has not heard our SYN (lost, or we count as established
+                // only because someone else used our ids): say it again.
+                self.syn_now = true;
             }
             self.ack_now = true;
         } else {
@@ -777,6 +784,7 @@ impl<L: Link> Reliable<L> {
             rack_sent_ns: 0,
             release: Vec::new(),
             reset_to: None,
+            syn_now: false,
             last_reset_ns: 0,
             rcv_next: 0,
             held: (0..window).map(|_| None).collect(),
@@ -961,6 +969,13 @@ impl<L: Link> Reliable<L> {
     fn settle(&mut self, now: u64) {
         for slot in self.c.release.drain(..) {
             self.link.tx_release(slot);
+        }
+        if self.c.syn_now {
+            self.c.syn_now = false;
+            // At most one repeat per minimum RTO, whoever replays the peer's SYN.
+            if now.saturating_sub(self.c.last_syn_ns) >= self.c.cfg.rto_min_ns {
+                self.send_syn(now);
+            }
         }
         if let Some(to) = self.c.reset_to.take() {
             if now.saturating_sub(self.c.last_reset_ns) >= self.c.cfg.rto_min_ns {

@@ -1041,6 +1041,11 @@ impl<L: Link> Reliable<L> {
         let rto = self.c.current_rto();
         let mut expired = false;
         for p in self.c.inflight.iter_mut().filter(|p| !p.sacked).take(BATCH) {
+            if p.retx == 0 && p.sent_ns != 0 && now.saturating_sub(p.sent_ns) < rto {
+                // Packets after it went out later (first transmissions in order,
+                // retransmissions later still): none of them is due either.
+                break;
+            }
             if !p.queued && p.sent_ns != 0 && now.saturating_sub(p.sent_ns) >= rto {
                 p.queued = true;
                 p.retx += 1;

@@ -1,10 +1,13 @@
 //! `libstrait_preload.so`: loaded with `LD_PRELOAD` (by `strait run`), it carries TCP
 //! connections between two processes that both run under strait on this host over
-//! per-connection shared memory, with no change to either program.
+//! per-connection shared memory, and UDP datagrams between their sockets over
+//! per-(sender, receiver) message rings, with no change to either program.
 //!
 //! * [`discover`]: how the two ends find each other (abstract Unix socket named by
 //!   network namespace and port; never a byte on the TCP connection).
 //! * [`conn`]: the shared-memory connection (two byte rings, eventfd doorbells).
+//! * [`udp`]: UDP sockets (markers by port and address, message rings, the kernel
+//!   socket kept for everything else).
 //! * [`poll`]: `poll`/`select`/`epoll` over mixed accelerated and kernel descriptors.
 //!
 //! Every exported function looks the descriptor up first; a descriptor that is not an

@@ -243,12 +243,11 @@ fn fit_rndv(points: &[(ShmGeometry, u64, f64)]) -> Result<RndvFit, ModelError> {
                 least_squares_rel(&rows, &y)?
             }
         };
-        // A negative cost has no meaning: fit without that term.
-        for k in [1, 0] {
-            if params[k] < 0.0 {
-                rows.iter_mut().for_each(|r| r[k] = 0.0);
-                params = least_squares_rel(&rows, &y)?;
-            }
+        // A negative cost has no meaning: fit without that term (then check again,
+        // the other may have turned negative).
+        while let Some(k) = [1, 0].into_iter().find(|&k| params[k] < 0.0) {
+            rows.iter_mut().for_each(|r| r[k] = 0.0);
+            params = least_squares_rel(&rows, &y)?;
         }
         let err: f64 = rows
             .iter()
@@ -416,13 +415,19 @@ impl DatagramModel {
                 .map(|&(b, _)| vec![1.0, if several { udp_datagrams(b) as f64 } else { 0.0 }, b as f64])
                 .collect();
             let y: Vec<f64> = bw.iter().map(|p| p.1).collect();
-            let p = match least_squares_rel(&rows, &y) {
+            let mut rows = rows;
+            let mut p = match least_squares_rel(&rows, &y) {
                 Ok(p) => p,
                 Err(_) => {
-                    let rows: Vec<Vec<f64>> = rows.iter().map(|r| vec![r[0], 0.0, r[2]]).collect();
+                    rows.iter_mut().for_each(|r| r[1] = 0.0);
                     least_squares_rel(&rows, &y)?
                 }
             };
+            // Negative per-message or per-datagram costs have no meaning: fit without.
+            while let Some(k) = [0, 1].into_iter().find(|&k| p[k] < 0.0) {
+                rows.iter_mut().for_each(|r| r[k] = 0.0);
+                p = least_squares_rel(&rows, &y)?;
+            }
             (m.per_message_ns, m.per_datagram_ns, m.per_byte_ns) = (p[0], p[1], p[2]);
             m.bandwidth_residuals = residuals(&bw, |b| m.message_time(b));
             m.bandwidth_rms_rel = rms_rel(&m.bandwidth_residuals);
@@ -570,6 +575,30 @@ mod tests {
         }
         // At 192 KiB fine pipelining (two chunks, the copies overlap) beats coarse (one piece).
         assert!(m.latency(&fine, 192 << 10).unwrap() < m.latency(&coarse, 192 << 10).unwrap());
+    }
+
+    /// Per-byte costs that grow with the size (caches) pull the intercepts below
+    /// zero in an unconstrained fit; the fitted handshake and per-piece costs stay >= 0.
+    #[test]
+    fn shm_fit_costs_are_never_negative() {
+        let fine = ShmGeometry::default();
+        let coarse = ShmGeometry { pipeline_threshold: COARSE_THRESHOLD, ..fine };
+        let runs: Vec<(ShmGeometry, Vec<Point>)> = [fine, coarse]
+            .iter()
+            .map(|g| {
+                let pts = (10..=21)
+                    .map(|e| 3u64 << e)
+                    .map(|b| {
+                        let x = b as f64;
+                        let lat = if g.is_eager(b) { 400.0 + 0.06 * x } else { x * (0.06 + 0.01 * x.log2()) };
+                        pt(Metric::Latency, b, lat)
+                    })
+                    .collect();
+                (*g, pts)
+            })
+            .collect();
+        let r = ShmModel::fit(&runs, |_| true).unwrap().rndv.unwrap();
+        assert!(r.fixed_ns >= 0.0 && r.per_piece_ns >= 0.0 && r.per_byte_ns > 0.0, "{r:?}");
     }
 
     #[test]

@@ -333,7 +333,12 @@ impl Drop for InChan {
 /// The sending end of one channel.
 struct OutChan {
     map: Map,
-    unix: c_int,
+    /// Connection to the receiver's marker (replaced when the ring is offered again).
+    unix: AtomicI32,
+    /// Kept, so the ring (with what it holds) can be offered to another process
+    /// holding the receiving socket when the one that took it closes or exits.
+    memfd: c_int,
+    hello: [u8; HELLO_LEN],
     /// The receiver's doorbell, once its answer arrived.
     efd: AtomicI32,
     gen: u64,
@@ -358,7 +363,7 @@ impl OutChan {
             return true;
         }
         let mut buf = [0u8; 16];
-        match recv_fds_now(self.unix, &mut buf) {
+        match recv_fds_now(self.unix.load(Ordering::Relaxed), &mut buf) {
             Ok(m) => {
                 let ok = m.len == 8
                     && m.fds.len() == 1
@@ -383,7 +388,8 @@ impl OutChan {
         if self.dead.load(Ordering::Relaxed) || self.map.word(RCLOSED).load(Ordering::Acquire) != 0 {
             return true;
         }
-        let mut p = libc::pollfd { fd: self.unix, events: libc::POLLRDHUP, revents: 0 };
+        let mut p =
+            libc::pollfd { fd: self.unix.load(Ordering::Relaxed), events: libc::POLLRDHUP, revents: 0 };
         // SAFETY: one pollfd on the stack.
         let r = unsafe { real::poll(&mut p, 1, 0) };
         if r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0 {
@@ -391,6 +397,31 @@ impl OutChan {
             return true;
         }
         false
+    }
+
+    /// The process that took the ring closed the socket or exited: offers the ring,
+    /// with the datagrams still in it, to whichever process holds the receiving
+    /// socket's marker now (a forked sibling sharing the socket). False if none does.
+    fn offer_again(&self, fd: c_int, dest: Key) -> bool {
+        let Some(u) = find_marker(dest) else { return false };
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.map.word(RHOLDERS).store(1, Ordering::Relaxed);
+        self.map.word(RSLEEP).store(0, Ordering::Relaxed);
+        self.map.word(RCLOSED).store(0, Ordering::Release);
+        if !send_fds(u, &self.hello, &[self.memfd, fd]) {
+            self.map.word(RCLOSED).store(1, Ordering::Release);
+            close_all(&[u]);
+            return false;
+        }
+        // SAFETY: plain fcntl on our socket (answers are read without waiting).
+        unsafe { real::fcntl(u, libc::F_SETFL, libc::O_NONBLOCK as usize) };
+        close_all(&[self.unix.swap(u, Ordering::Relaxed)]);
+        let efd = self.efd.swap(-1, Ordering::Relaxed);
+        if efd >= 0 {
+            close_all(&[efd]);
+        }
+        self.dead.store(false, Ordering::Relaxed);
+        true
     }
 
     fn push(&self, iov: &[(*const u8, usize)], len: usize) -> Push {
@@ -475,7 +506,7 @@ impl Drop for OutChan {
             self.map.word(TXCLOSED).store(1, Ordering::Release);
         }
         let efd = self.efd.load(Ordering::Relaxed);
-        close_all(&[self.unix]);
+        close_all(&[self.unix.load(Ordering::Relaxed), self.memfd]);
         if efd >= 0 {
             close_all(&[efd]);
         }
@@ -911,14 +942,22 @@ impl UdpSock {
         {
             let st = self.st();
             match st.out.get(&dest) {
-                Some(Out::Chan(c)) if c.gen == gen && !c.dead.load(Ordering::Relaxed) => {
-                    return Some(c.clone())
-                }
+                // A dead one too: its ring may be offered again (see `send`).
+                Some(Out::Chan(c)) if c.gen == gen => return Some(c.clone()),
                 Some(Out::Kernel(at)) if at.elapsed() < NEGATIVE_TTL => return None,
                 _ => {}
             }
         }
-        let found = if self.ensure_bound(fd) { open_channel(fd, dest, gen) } else { None };
+        // Bind (and publish our own marker, for the answers) only when a strait
+        // socket receives there: a send to anyone else costs only the lookup.
+        let found = match find_marker(dest) {
+            Some(u) if self.ensure_bound(fd) => open_channel(fd, dest, gen, u),
+            Some(u) => {
+                close_all(&[u]);
+                None
+            }
+            None => None,
+        };
         let mut st = self.st();
         if st.released {
             return None;
@@ -965,7 +1004,11 @@ impl UdpSock {
             return kernel();
         }
         let Some(ch) = self.channel(fd, dest) else { return kernel() };
-        match ch.push(iov, len) {
+        let mut r = ch.push(iov, len);
+        if matches!(r, Push::Dead) && ch.map.used().is_some() && ch.offer_again(fd, dest) {
+            r = ch.push(iov, len);
+        }
+        match r {
             Push::Sent | Push::Dropped => len as ssize_t,
             Push::Dead => {
                 self.st().out.insert(dest, Out::Kernel(Instant::now()));
@@ -1136,10 +1179,9 @@ fn source_of(fd: c_int, dest: &Key) -> Option<Key> {
 }
 
 /// Finds the receiving socket's marker for `dest` (as the kernel would pick the
-/// socket: exact address, then the IPv4 wildcard, then the IPv6 one) and sets up a
-/// channel to it.
-fn open_channel(fd: c_int, dest: Key, gen: u64) -> Option<OutChan> {
-    let src = source_of(fd, &dest)?;
+/// socket: exact address, then the IPv4 wildcard, then the IPv6 one): a Unix socket
+/// connected to it, if a socket of a strait process of this user receives there.
+fn find_marker(dest: Key) -> Option<c_int> {
     let mut names = vec![dest];
     if is_v4(&dest) {
         names.push(v4_key([0, 0, 0, 0], dest.1));
@@ -1159,6 +1201,16 @@ fn open_channel(fd: c_int, dest: Key, gen: u64) -> Option<OutChan> {
         close_all(&[u]);
         return None;
     }
+    Some(u)
+}
+
+/// Sets up a channel to `dest`, whose marker is connected to `u` (closed on
+/// failure). `fd` is bound.
+fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
+    let Some(src) = source_of(fd, &dest) else {
+        close_all(&[u]);
+        return None;
+    };
     let ring = ring_size();
     // SAFETY: NUL-terminated literal name.
     let memfd =
@@ -1192,10 +1244,8 @@ fn open_channel(fd: c_int, dest: Key, gen: u64) -> Option<OutChan> {
     h[32..34].copy_from_slice(&src.1.to_le_bytes());
     h[34..50].copy_from_slice(&dest.0);
     h[50..52].copy_from_slice(&dest.1.to_le_bytes());
-    let sent = send_fds(u, &h, &[memfd, fd]);
-    close_all(&[memfd]);
-    if !sent {
-        close_all(&[u]);
+    if !send_fds(u, &h, &[memfd, fd]) {
+        close_all(&[u, memfd]);
         return None;
     }
     // SAFETY: plain fcntl on our socket: non-blocking from now on (answers are read
@@ -1203,7 +1253,9 @@ fn open_channel(fd: c_int, dest: Key, gen: u64) -> Option<OutChan> {
     unsafe { real::fcntl(u, libc::F_SETFL, libc::O_NONBLOCK as usize) };
     Some(OutChan {
         map,
-        unix: u,
+        unix: AtomicI32::new(u),
+        memfd,
+        hello: h,
         efd: AtomicI32::new(-1),
         gen,
         lock: Mutex::new(()),

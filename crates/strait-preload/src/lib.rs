@@ -52,7 +52,7 @@ fn udp_recv(
     kernel: &mut dyn FnMut(c_int) -> ssize_t,
 ) -> ssize_t {
     let fam = udp::family(u);
-    let mut deliver = |g: &udp::Got2| match name {
+    let mut deliver = |g: &udp::Delivered| match name {
         Name::None => {}
         // SAFETY: the caller's address buffer and length word (or nulls).
         Name::Addr(a, l) => unsafe { udp::write_addr(fam, &g.src, a, l) },

@@ -26,10 +26,12 @@
 //!   so a shared-memory ping-pong makes no system call), spins for `STRAIT_SPIN_US`,
 //!   then sleeps in `poll` on the kernel socket, the doorbell and the marker.
 //! * **Lifetime.** Closing the receiving socket (in its last process) marks its
-//!   channels closed: senders go back to the kernel (which answers a closed port as
-//!   it always does). A dead receiver is noticed by the hang-up of the channel's Unix
-//!   socket when the ring is full. A sender's close or death frees the channel once
-//!   the receiver drained it.
+//!   channels closed. The sender then offers the same ring (with what it holds) to
+//!   the marker again: another process holding the socket takes it over, else the
+//!   sender goes back to the kernel (which answers a closed port as it always does).
+//!   A dead receiver is noticed by the hang-up of the channel's Unix socket, before
+//!   a write if it was asleep, else when the ring is full. A sender's close or death
+//!   frees the channel once the receiver drained it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
@@ -650,7 +652,9 @@ impl UdpSock {
     }
 
     /// Binds an unbound socket to an ephemeral port (as the kernel's automatic bind
-    /// at the first send would) and publishes its marker.
+    /// at the first send would) and publishes its marker. True if the socket is
+    /// bound (it can send through shared memory even without a marker of its own:
+    /// the answers then come through the kernel).
     fn ensure_bound(&self, fd: c_int) -> bool {
         if self.rx.get().is_some() {
             return true;
@@ -665,7 +669,7 @@ impl UdpSock {
             None => return false,
         }
         self.publish(fd);
-        self.rx.get().is_some()
+        true
     }
 
     // ---------------------------------------------------------- receiving
@@ -751,6 +755,7 @@ impl UdpSock {
         fence(Ordering::SeqCst);
     }
 
+    /// Empties the doorbell after a wake-up.
     pub fn drain_bell(&self) {
         if let Some(rx) = self.rx.get() {
             let mut v: u64 = 0;
@@ -796,16 +801,16 @@ impl UdpSock {
         fd: c_int,
         iov: &[(*mut u8, usize)],
         flags: c_int,
-        deliver: &mut dyn FnMut(&Got2),
+        deliver: &mut dyn FnMut(&Delivered),
         kernel: &mut dyn FnMut(c_int) -> ssize_t,
     ) -> ssize_t {
         let peek = flags & libc::MSG_PEEK != 0;
         let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Ordering::Relaxed);
         let Some(rx) = self.rx.get() else { return kernel(0) };
         let want: usize = iov.iter().map(|v| v.1).sum();
-        let give = |g: Got, deliver: &mut dyn FnMut(&Got2)| -> ssize_t {
+        let give = |g: Got, deliver: &mut dyn FnMut(&Delivered)| -> ssize_t {
             let copied = g.len.min(want);
-            deliver(&Got2 { len: g.len, copied, src: g.src });
+            deliver(&Delivered { len: g.len, copied, src: g.src });
             if flags & libc::MSG_TRUNC != 0 {
                 g.len as ssize_t
             } else {
@@ -1082,7 +1087,7 @@ impl Drop for UdpSock {
 }
 
 /// A shared-memory datagram handed to the caller.
-pub struct Got2 {
+pub struct Delivered {
     /// Its full length.
     pub len: usize,
     /// Bytes copied into the caller's buffers (less than `len`: truncated).
@@ -1342,6 +1347,7 @@ pub fn lookup(fd: c_int) -> Option<Arc<UdpSock>> {
     t.get(fd as usize).and_then(|c| c.clone())
 }
 
+/// Any UDP socket in this process (else the interposed calls skip every UDP lookup).
 pub fn any_live() -> bool {
     LIVE.load(Ordering::Relaxed) != 0
 }

@@ -61,10 +61,15 @@ pub struct DeviceStats {
 /// Write access to one frame's bytes while the device has it reserved.
 ///
 /// The memory may be shared with another process, so it is never exposed as a Rust
-/// slice; every access is a bounds-checked copy.
+/// slice; every access is a bounds-checked copy. A frame is either one contiguous
+/// range or a sequence of equal pieces in separate buffers (a device that cuts
+/// frames into packets lets the engine write straight into them).
 pub struct FrameWriter<'a> {
     ptr: *mut u8,
     len: usize,
+    /// Scattered frame: the pieces' start addresses and the length of every piece
+    /// but the last.
+    pieces: Option<(&'a [*mut u8], usize)>,
     _frame: PhantomData<&'a mut [u8]>,
 }
 
@@ -75,7 +80,20 @@ impl<'a> FrameWriter<'a> {
     /// `ptr` must be valid for writes of `len` bytes for `'a`, and no other code in
     /// this process may access those bytes during `'a`.
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Self {
-        FrameWriter { ptr, len, _frame: PhantomData }
+        FrameWriter { ptr, len, pieces: None, _frame: PhantomData }
+    }
+
+    /// Wraps a frame of `len` bytes scattered over `pieces`: bytes
+    /// `[k * piece_len, (k + 1) * piece_len)` live at `pieces[k]`.
+    ///
+    /// # Safety
+    /// `piece_len` must be positive and `pieces` must hold at least
+    /// `len.div_ceil(piece_len)` pointers, each valid for writes of `piece_len`
+    /// bytes (the last for the remainder) for `'a`, pairwise disjoint, and not
+    /// accessed by other code in this process during `'a`.
+    pub unsafe fn from_pieces(pieces: &'a [*mut u8], piece_len: usize, len: usize) -> Self {
+        debug_assert!(piece_len > 0 && pieces.len() >= len.div_ceil(piece_len));
+        FrameWriter { ptr: std::ptr::null_mut(), len, pieces: Some((pieces, piece_len)), _frame: PhantomData }
     }
 
     /// Length of the frame.
@@ -94,8 +112,21 @@ impl<'a> FrameWriter<'a> {
     /// If the write would end past the frame: an engine bug, never peer input.
     pub fn write(&mut self, offset: usize, src: &[u8]) {
         assert!(offset <= self.len && src.len() <= self.len - offset, "frame write out of bounds");
-        // SAFETY: bounds checked above; `from_raw`'s contract makes the range writable.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) };
+        let Some((pieces, piece_len)) = self.pieces else {
+            // SAFETY: bounds checked above; `from_raw`'s contract makes the range writable.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) };
+            return;
+        };
+        let (mut at, mut rest) = (offset, src);
+        while !rest.is_empty() {
+            let (k, within) = (at / piece_len, at % piece_len);
+            let n = rest.len().min(piece_len - within);
+            // SAFETY: `at + n <= len` (checked above), so piece `k` exists and
+            // `[within, within + n)` lies inside it (`from_pieces`' contract).
+            unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), pieces[k].add(within), n) };
+            at += n;
+            rest = &rest[n..];
+        }
     }
 }
 
@@ -276,5 +307,33 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn stats(&self) -> DeviceStats {
         (**self).stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scattered_writes_land_in_their_pieces() {
+        let mut bufs = [[0u8; 4]; 3];
+        let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
+        // SAFETY: three disjoint 4-byte buffers alive for the writer's life; the
+        // frame is 10 bytes (4 + 4 + 2).
+        let mut w = unsafe { FrameWriter::from_pieces(&ptrs, 4, 10) };
+        w.write(0, &[1, 2, 3]);
+        w.write(3, &[4, 5, 6, 7, 8, 9]);
+        w.write(9, &[10]);
+        assert_eq!(bufs, [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 0, 0]]);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of bounds")]
+    fn a_write_past_a_scattered_frame_panics() {
+        let mut bufs = [[0u8; 4]; 2];
+        let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
+        // SAFETY: as above; the frame is 6 bytes.
+        let mut w = unsafe { FrameWriter::from_pieces(&ptrs, 4, 6) };
+        w.write(5, &[1, 2]);
     }
 }

@@ -76,9 +76,10 @@ pub trait Link {
     fn tx_alloc(&mut self) -> Option<u32>;
 
     /// The memory of a slot taken with [`Link::tx_alloc`] and not yet released:
-    /// exactly [`Link::mtu`] bytes. Must not be written while a transmission of the
-    /// slot is queued and not yet flushed (the caller writes a slot only once, before
-    /// its first `send`).
+    /// exactly [`Link::mtu`] bytes, at the same address for as long as the slot is
+    /// taken (the caller may keep a pointer to it meanwhile). Must not be written
+    /// while a transmission of the slot is queued and not yet flushed (the caller
+    /// writes a slot only once, before its first `send`).
     fn tx_buf(&mut self, slot: u32) -> &mut [u8];
 
     /// Queues the first `len` bytes of `slot` for transmission. `Ok(false)` if the

@@ -730,15 +730,23 @@ fn hand_over(bytes: &[u8], deliver: &mut dyn FnMut(&RxFrame<'_>)) {
     deliver(&f);
 }
 
+/// Scratch list of payload addresses, filled and used within one `send_frame`.
+struct Pieces(Vec<*mut u8>);
+
+// SAFETY: the pointers are written and dereferenced only inside one `send_frame`
+// call, on the thread that owns the device; between calls they are stale values
+// nobody reads, so moving the device to another thread moves no live reference.
+unsafe impl Send for Pieces {}
+
 /// A reliable, ordered frame device over a lossy link. See the module docs.
 pub struct Reliable<L: Link> {
     link: L,
     c: Conn,
     /// Largest piece of a frame one packet carries.
     max_piece: usize,
-    /// A frame being cut into packets.
-    stage: Vec<u8>,
+    /// Slots, and their payload areas, of a frame being cut into packets.
     slots: Vec<u32>,
+    pieces: Pieces,
     unflushed: bool,
     since_timers: u32,
 }
@@ -804,8 +812,8 @@ impl<L: Link> Reliable<L> {
             link,
             c,
             max_piece,
-            stage: Vec::new(),
             slots: Vec::new(),
+            pieces: Pieces(Vec::new()),
             unflushed: false,
             since_timers: 0,
         };
@@ -1148,18 +1156,19 @@ impl<L: Link> Device for Reliable<L> {
             fill(&mut w);
             self.push_packet(slot, PacketKind::Data, FLAG_FIRST | FLAG_LAST, len, now);
         } else {
-            self.stage.clear();
-            self.stage.resize(len, 0);
-            // SAFETY: `stage` is an exclusively borrowed buffer of `len` bytes that
-            // lives until `fill` returns.
-            let mut w = unsafe { FrameWriter::from_raw(self.stage.as_mut_ptr(), len) };
+            // The engine writes straight into the packets' payload areas.
+            self.pieces.0.clear();
+            for &slot in &self.slots {
+                self.pieces.0.push(self.link.tx_buf(slot)[PACKET_HEADER_LEN..].as_mut_ptr());
+            }
+            // SAFETY: each pointer starts `max_piece` (<= mtu - header) writable bytes
+            // of a distinct slot this device holds, whose memory stays in place while
+            // allocated (`Link::tx_buf`); nothing else touches them during `fill`.
+            let mut w = unsafe { FrameWriter::from_pieces(&self.pieces.0, self.max_piece, len) };
             fill(&mut w);
             for k in 0..pieces {
                 let start = k * self.max_piece;
                 let end = (start + self.max_piece).min(len);
-                let slot = self.slots[k];
-                self.link.tx_buf(slot)[PACKET_HEADER_LEN..PACKET_HEADER_LEN + end - start]
-                    .copy_from_slice(&self.stage[start..end]);
                 let mut flags = 0;
                 if k == 0 {
                     flags |= FLAG_FIRST;
@@ -1167,7 +1176,7 @@ impl<L: Link> Device for Reliable<L> {
                 if k == pieces - 1 {
                     flags |= FLAG_LAST;
                 }
-                self.push_packet(slot, PacketKind::Data, flags, end - start, now);
+                self.push_packet(self.slots[k], PacketKind::Data, flags, end - start, now);
             }
         }
         self.c.rstats.frames_sent += 1;

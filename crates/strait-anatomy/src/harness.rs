@@ -84,6 +84,12 @@ pub fn peer_main(spec: &dyn TransportSpec, nfds: usize, args: &[String]) -> Resu
     let mut input = stdin.lock();
     loop {
         line.clear();
+        if t.needs_idle() {
+            // Drive the transport until a command is readable.
+            while !stdin_readable(1) {
+                t.idle();
+            }
+        }
         let n = input.read_line(&mut line).map_err(|e| BenchError::io("peer: read command", e))?;
         if n == 0 {
             return Ok(());
@@ -125,6 +131,13 @@ pub fn peer_main(spec: &dyn TransportSpec, nfds: usize, args: &[String]) -> Resu
             return Err(BenchError::Protocol(reply.error.unwrap_or_default()));
         }
     }
+}
+
+/// Waits up to `ms` for standard input to become readable (or hang up).
+fn stdin_readable(ms: i32) -> bool {
+    let mut p = libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one live pollfd, count 1.
+    unsafe { libc::poll(&mut p, 1, ms) != 0 }
 }
 
 /// How to start peers: the executable and the hidden subcommand words before

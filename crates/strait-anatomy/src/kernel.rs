@@ -421,7 +421,13 @@ impl UdpLink {
                 self.s.set_read_timeout(Some(timeout)).map_err(|e| BenchError::io("udp: SO_RCVTIMEO", e))?;
                 self.timeout = timeout;
             }
-            self.s.recv(&mut self.rbuf)
+            loop {
+                // A signal (a child's exit, say) interrupts a blocking receive.
+                match self.s.recv(&mut self.rbuf) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    r => break r,
+                }
+            }
         };
         match r {
             Ok(n) => Ok(Some(n)),

@@ -173,6 +173,17 @@ pub trait Transport {
         }
         Ok(())
     }
+
+    /// Whether the peer must call [`Transport::idle`] while it waits for the next
+    /// command: a transport whose protocol runs in the program (acknowledgements
+    /// and retransmissions of a user-level reliability layer) stalls its driver if
+    /// the peer stops driving it with packets still unsent or unacknowledged.
+    fn needs_idle(&self) -> bool {
+        false
+    }
+
+    /// Peer, between batches: lets the transport's protocol make progress.
+    fn idle(&mut self) {}
 }
 
 /// Grows `buf` to at least `size` bytes, touching every page.

@@ -258,6 +258,12 @@ pub trait Device {
 
     /// Counters.
     fn stats(&self) -> DeviceStats;
+
+    /// A one-line account of the device's internal state, for diagnostics (empty if
+    /// the device has nothing to add to its counters).
+    fn describe(&self) -> String {
+        String::new()
+    }
 }
 
 impl<D: Device + ?Sized> Device for Box<D> {
@@ -307,6 +313,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn stats(&self) -> DeviceStats {
         (**self).stats()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
     }
 }
 

@@ -187,6 +187,28 @@ impl EpState {
         }
     }
 
+    /// A one-line account of the queues, for diagnostics.
+    pub(crate) fn describe(&self) -> String {
+        let pushing =
+            self.rndv_sends.iter().filter(|s| matches!(s.state, RndvSendState::Pushing { .. })).count();
+        format!(
+            "credits={} owed={} msgq={} ctrlq={} posted={} unexpected={} rndv_sends={} (pushing {}) rndv_recvs={} \
+             rndv_starts={} tx_blocked={} failed={:?}",
+            self.credits,
+            self.credits_owed,
+            self.msgq.len(),
+            self.ctrlq.len(),
+            self.posted.len(),
+            self.unexpected.len(),
+            self.rndv_sends.len(),
+            pushing,
+            self.rndv_recvs.len(),
+            self.rndv_starts.len(),
+            self.tx_blocked,
+            self.failed
+        )
+    }
+
     /// True while any operation of this endpoint is unfinished.
     pub(crate) fn outstanding(&self) -> bool {
         !self.msgq.is_empty()
@@ -204,7 +226,8 @@ impl EpState {
             || self.rndv_sends.iter().any(|s| matches!(s.state, RndvSendState::Pushing { .. }))
     }
 
-    /// Why the endpoint was torn down as corrupt, if it was.
+    /// Why the endpoint was torn down (a corrupt peer's first violation, or the
+    /// device's account of the peer's loss), if it was.
     pub(crate) fn last_error(&self) -> Option<&str> {
         self.corrupt.as_deref()
     }
@@ -644,7 +667,11 @@ impl<D: Device> Endpoint<D> {
                 self.st.corrupt.get_or_insert(why);
                 Status::Corrupt
             }
-            _ => Status::PeerGone,
+            other => {
+                // And why the peer is taken for gone (for the same report).
+                self.st.corrupt.get_or_insert(other.to_string());
+                Status::PeerGone
+            }
         };
         self.st.stats.device = self.dev.stats();
         self.st.fail(status, cq);

@@ -749,6 +749,8 @@ pub struct Reliable<L: Link> {
     pieces: Pieces,
     unflushed: bool,
     since_timers: u32,
+    /// When the timers last ran: a long gap means this side was not listening.
+    last_pass_ns: u64,
 }
 
 impl<L: Link> Reliable<L> {
@@ -816,6 +818,7 @@ impl<L: Link> Reliable<L> {
             pieces: Pieces(Vec::new()),
             unflushed: false,
             since_timers: 0,
+            last_pass_ns: now,
         };
         r.send_syn(now);
         let _ = r.flush_link();
@@ -1028,6 +1031,14 @@ impl<L: Link> Reliable<L> {
         if self.c.dead.is_some() {
             return Err(self.c.error());
         }
+        // Silence only counts while we listen: after a long pause of our own (the
+        // program did not drive its worker), the peer gets a fresh chance to answer.
+        let away = 2 * self.c.cfg.keepalive_ns.max(self.c.cfg.rto_max_ns);
+        if now.saturating_sub(self.last_pass_ns) > away && self.c.unanswered_since.is_some() {
+            self.c.unanswered_since = Some(now);
+            self.c.last_ping_ns = 0;
+        }
+        self.last_pass_ns = now;
         if let Some(t) = self.c.unanswered_since {
             if now.saturating_sub(t) >= self.c.cfg.liveness_ns {
                 let what = if self.c.established { "peer" } else { "connection setup" };
@@ -1283,5 +1294,28 @@ impl<L: Link> Device for Reliable<L> {
         let mut s = self.c.dstats;
         s.wakeups_sent = self.link.stats().doorbells;
         s
+    }
+
+    fn describe(&self) -> String {
+        let c = &self.c;
+        format!(
+            "established={} dead={:?} unacked={} queued={} peer_window={} snd_una={} snd_next={} rcv_next={} \
+             held={} rx_unacked={} ack_now={} unanswered_for_ms={:?} rto_us={} srtt_us={} {:?}",
+            c.established,
+            c.dead,
+            c.inflight.len(),
+            c.resend.len(),
+            c.peer_window,
+            c.snd_una,
+            c.snd_next,
+            c.rcv_next,
+            c.held_count,
+            c.rx_unacked,
+            c.ack_now,
+            c.unanswered_since.map(|t| self.link.now_ns().saturating_sub(t) / 1_000_000),
+            c.current_rto() / 1000,
+            c.srtt_ns / 1000,
+            self.rstats()
+        )
     }
 }

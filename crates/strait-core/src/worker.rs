@@ -410,6 +410,12 @@ impl<D: Device> Worker<D> {
         e.st.failed.map(|s| (s, e.st.last_error().map(str::to_owned)))
     }
 
+    /// A diagnostic line about an endpoint's device ([`Device::describe`]).
+    pub fn describe(&self, ep: EpId) -> Option<String> {
+        let e = self.eps.get(ep.0 as usize)?.as_ref()?;
+        Some(format!("engine: {}; device: {}", e.st.describe(), e.dev.describe()))
+    }
+
     /// Borrow an endpoint's device (for device-specific queries).
     pub fn device(&self, ep: EpId) -> Option<&D> {
         self.eps.get(ep.0 as usize)?.as_ref().map(|e| &e.dev)

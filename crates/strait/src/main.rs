@@ -279,7 +279,10 @@ fn across_netns(launcher: &mut PeerLauncher) -> Result<strait::netns::VethPair, 
     let [d, p] = &pair.ends;
     let vars = [
         (strait_anatomy::kernel::NET_ENV, format!("{},{}", d.ip, p.ip)),
-        (strait::bench::xdp::XDP_ENV, format!("{},{},{},{}", d.ifname, d.mac, p.ifname, p.mac)),
+        (strait::bench::xdp::XDP_ENV, {
+            let [rd, rp] = &pair.raw;
+            format!("{},{},{},{}", rd.ifname, rd.mac, rp.ifname, rp.mac)
+        }),
     ];
     for (k, v) in &vars {
         // Set before any thread of ours reads the environment.

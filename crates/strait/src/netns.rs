@@ -39,15 +39,20 @@ pub struct End {
     pub ifname: String,
     /// Its MAC, `aa:bb:cc:dd:ee:ff`.
     pub mac: String,
-    /// Its IPv4 address.
+    /// Its IPv4 address (empty on the raw-Ethernet pair).
     pub ip: String,
 }
 
-/// The namespaces and the veth pair between them.
+/// The namespaces and the veth pairs between them.
 #[derive(Debug)]
 pub struct VethPair {
-    /// The driver's end and the peer's end.
+    /// The driver's end and the peer's end (with IPv4 addresses).
     pub ends: [End; 2],
+    /// A second veth pair between the same namespaces, without addresses, for raw
+    /// Ethernet: an XDP program attached to a veth makes it take every packet
+    /// through its XDP path (no large GSO packets), which would slow the kernel
+    /// transports measured beside it.
+    pub raw: [End; 2],
 }
 
 fn ip(args: &[&str]) -> Result<(), NetnsError> {
@@ -71,7 +76,13 @@ impl VethPair {
             mac: format!("02:5b:00:00:{n:02x}:{host:02x}"),
             ip: format!("10.213.{n}.{host}"),
         };
-        let pair = VethPair { ends: [end('a', 1), end('b', 2)] };
+        let raw = |side: char, host: u8| End {
+            ifname: format!("{tag}{side}1"),
+            mac: format!("02:5b:00:01:{n:02x}:{host:02x}"),
+            ip: String::new(),
+            ..end(side, host)
+        };
+        let pair = VethPair { ends: [end('a', 1), end('b', 2)], raw: [raw('a', 1), raw('b', 2)] };
         for e in &pair.ends {
             // A namespace left by a crashed run of the same name goes first.
             let _ = ip(&["netns", "del", &e.ns]);
@@ -89,6 +100,14 @@ impl VethPair {
             ip(&["-n", &e.ns, "addr", "add", &format!("{}/24", e.ip), "dev", &e.ifname])?;
             ip(&["-n", &e.ns, "link", "set", "lo", "up"])?;
             // Pin the neighbour so no ARP exchange lands inside a measurement.
+        }
+        let [ra, rb] = &pair.raw;
+        ip(&[
+            "link", "add", &ra.ifname, "netns", &ra.ns, "type", "veth", "peer", "name", &rb.ifname, "netns",
+            &rb.ns,
+        ])?;
+        for e in &pair.raw {
+            ip(&["-n", &e.ns, "link", "set", &e.ifname, "address", &e.mac, "up"])?;
         }
         ip(&["-n", &a.ns, "neigh", "replace", &b.ip, "lladdr", &b.mac, "dev", &a.ifname])?;
         ip(&["-n", &b.ns, "neigh", "replace", &a.ip, "lladdr", &a.mac, "dev", &b.ifname])?;

@@ -76,6 +76,19 @@ impl<D: Device> NativeLink<D> {
         })
     }
 
+    /// Why the endpoint failed, as the engine and device tell it.
+    fn why(&self) -> String {
+        let stats = if std::env::var_os("STRAIT_BENCH_DEBUG").is_some() {
+            format!(" {:?} {}", self.w.stats(self.ep), self.w.describe(self.ep).unwrap_or_default())
+        } else {
+            String::new()
+        };
+        match self.w.endpoint_error(self.ep) {
+            Some((_, Some(why))) => format!(" ({why}){stats}"),
+            _ => stats,
+        }
+    }
+
     /// Polls until `sends` send and `recvs` receive completions arrived; every one
     /// must be `Ok`. Returns the receive lengths summed.
     fn reap(&mut self, mut sends: u32, mut recvs: u32) -> Result<u64> {
@@ -86,7 +99,11 @@ impl<D: Device> NativeLink<D> {
             match self.w.poll() {
                 Some(c) => {
                     if c.status != Status::Ok {
-                        return Err(err(self.name, "completion", format!("{:?} ended {:?}", c.op, c.status)));
+                        return Err(err(
+                            self.name,
+                            "completion",
+                            format!("{:?} ended {:?}{}", c.op, c.status, self.why()),
+                        ));
                     }
                     match c.op {
                         OpKind::Send => sends = sends.saturating_sub(1),
@@ -140,6 +157,19 @@ impl<D: Device> Transport for NativeLink<D> {
             self.rx = region(self.name, size)?;
         }
         Ok(())
+    }
+
+    fn needs_idle(&self) -> bool {
+        // Lossy-link devices run timers (acknowledgements, retransmissions).
+        self.w.next_timer_ns().is_some()
+    }
+
+    fn idle(&mut self) {
+        for _ in 0..64 {
+            if self.w.progress() == 0 {
+                break;
+            }
+        }
     }
 
     fn ping(&mut self, size: usize) -> Result<()> {
@@ -204,7 +234,11 @@ impl<D: Device> Transport for NativeLink<D> {
                     ))
                 }
                 Some(c) => {
-                    return Err(err(self.name, "completion", format!("{:?} ended {:?}", c.op, c.status)))
+                    return Err(err(
+                        self.name,
+                        "completion",
+                        format!("{:?} ended {:?}{}", c.op, c.status, self.why()),
+                    ))
                 }
                 None => {
                     spins = spins.wrapping_add(1);
@@ -246,7 +280,11 @@ impl<D: Device> Transport for NativeLink<D> {
                 }
                 Some(c) if c.status == Status::Ok => {}
                 Some(c) => {
-                    return Err(err(self.name, "completion", format!("{:?} ended {:?}", c.op, c.status)))
+                    return Err(err(
+                        self.name,
+                        "completion",
+                        format!("{:?} ended {:?}{}", c.op, c.status, self.why()),
+                    ))
                 }
                 None => {
                     spins = spins.wrapping_add(1);

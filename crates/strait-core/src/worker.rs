@@ -403,8 +403,8 @@ impl<D: Device> Worker<D> {
         Some(s)
     }
 
-    /// Why an endpoint failed, if it did: its status, and for a corrupt peer the
-    /// first violation seen.
+    /// Why an endpoint failed, if it did: its status, and the reason (a corrupt
+    /// peer's first violation, or the device's account of a lost peer).
     pub fn endpoint_error(&self, ep: EpId) -> Option<(Status, Option<String>)> {
         let e = self.eps.get(ep.0 as usize)?.as_ref()?;
         e.st.failed.map(|s| (s, e.st.last_error().map(str::to_owned)))

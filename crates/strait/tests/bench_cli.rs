@@ -193,3 +193,52 @@ fn bad_flags_are_errors() {
         .expect("run");
     assert!(!o.status.success());
 }
+
+/// `--across-netns`: namespaces and veth pairs are made and removed, every transport
+/// measures every cell (no transport dropped from the run), and the strait devices
+/// really moved data. Root only (namespaces, XDP).
+#[test]
+fn across_netns_measures_every_transport_and_cleans_up() {
+    let _turn = turn();
+    let out = tmp_dir("netns");
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["bench", "--across-netns", "--format", "json", "--no-progress", "--rounds", "2"])
+        .args([
+            "--batch-ms",
+            "5",
+            "--warmup",
+            "20",
+            "--iters",
+            "300",
+            "--bw-msgs",
+            "100",
+            "--count-iters",
+            "10",
+        ])
+        .args(["--lat-sizes", "8,32K", "--bw-sizes", "64K"])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "strait bench --across-netns failed: {stderr}");
+    assert!(!stderr.contains("dropping it from the run"), "a transport failed: {stderr}");
+    let doc: Value = serde_json::from_slice(&o.stdout).expect("one JSON document");
+    let rows = doc["results"].as_array().expect("results");
+    for t in ["kernel-tcp", "kernel-udp", "strait-udp", "strait-xdp"] {
+        let mine: Vec<&Value> = rows.iter().filter(|r| r["transport"] == t).collect();
+        assert_eq!(mine.len(), 3, "{t}: {mine:?}");
+        for r in mine {
+            assert!(num(r, "samples").unwrap_or(0.0) > 0.0, "{t} measured nothing: {r}");
+            if r["kind"] == "latency" {
+                let p50 = num(r, "p50_ns").expect("p50");
+                assert!(p50 > 500.0 && p50 < 5e6, "{t} implausible latency {p50} ns");
+            } else {
+                assert!(num(r, "gbytes_per_s").unwrap_or(0.0) > 0.001, "{t} moved nothing: {r}");
+            }
+        }
+    }
+    let left = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
+    assert!(!String::from_utf8_lossy(&left.stdout).contains("strb"), "namespaces left behind");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -326,6 +326,108 @@ fn nginx_daemon_with_two_workers_serves_files_to_curl_under_strait() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Checks every response's status and body (Lua strings are interned: comparing the
+/// body with the file is one pointer comparison) and reports the counts at the end.
+const WRK_CHECK: &str = r#"local expected = io.open(os.getenv("STRAIT_WRK_FILE"), "rb"):read("*a")
+local threads = {}
+function setup(thread)
+  table.insert(threads, thread)
+end
+function init(args)
+  checked = 0
+  mismatches = 0
+end
+function response(status, headers, body)
+  checked = checked + 1
+  if status ~= 200 or body ~= expected then
+    mismatches = mismatches + 1
+  end
+end
+function done(summary, latency, requests)
+  local c, m = 0, 0
+  for _, t in ipairs(threads) do
+    c = c + t:get("checked")
+    m = m + t:get("mismatches")
+  end
+  io.write(string.format("strait-check checked %d mismatches %d\n", c, m))
+end
+"#;
+
+#[test]
+fn nginx_daemon_with_two_workers_serves_a_file_to_wrk_under_strait() {
+    ensure("nginx", "nginx");
+    ensure("wrk", "wrk");
+    let dir = std::env::temp_dir().join(format!("strait-nginx-wrk-{}", std::process::id()));
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).expect("mkdir");
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 13) as u8).collect();
+    let file = www.join("f.bin");
+    std::fs::write(&file, &body).expect("write");
+    let script = dir.join("check.lua");
+    std::fs::write(&script, WRK_CHECK).expect("script");
+    let port = free_port();
+    let d = dir.display();
+    let conf = format!(
+        "user root;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{ access_log off; sendfile on; client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+         server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).expect("conf");
+    let guard = NginxGuard(dir.join("nginx.pid"));
+    let conf_path = dir.join("nginx.conf").display().to_string();
+    let prefix = dir.display().to_string();
+    // The workers' stderr is the error log in daemon mode: their stats lines land there.
+    let started = run_for(
+        &mut strait_run(&["--stats", "--", "nginx", "-c", &conf_path, "-p", &prefix]),
+        Duration::from_secs(30),
+    )
+    .expect("nginx started");
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    wait_listening(port);
+    let url = format!("http://127.0.0.1:{port}/f.bin");
+    let script_s = script.display().to_string();
+    let out = run_for(
+        strait_run(&["--stats", "--", "wrk", "-t", "2", "-c", "4", "-d", "2s", "-s", &script_s, &url])
+            .env("STRAIT_WRK_FILE", &file),
+        Duration::from_secs(60),
+    )
+    .expect("wrk finished in time");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{text}\n{err}");
+    assert!(!text.contains("Socket errors") && !text.contains("Non-2xx"), "{text}");
+    let requests: u64 = text
+        .lines()
+        .find_map(|l| l.split_once(" requests in ").and_then(|(n, _)| n.trim().parse().ok()))
+        .expect("wrk's request count");
+    assert!(requests >= 200, "only {requests} requests\n{text}");
+    let checked: Vec<u64> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("strait-check checked "))
+        .map(|l| l.split(" mismatches ").filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    assert_eq!(checked.len(), 2, "{text}");
+    assert!(checked[0] >= requests && checked[1] == 0, "{text}");
+    // wrk's 4 connections (and those it opened again after nginx's keepalive_requests)
+    // were attached by the nginx workers.
+    assert!(accelerated(&err) >= 4, "{err}");
+    // The workers count them too (their stats go to the error log when they exit).
+    drop(guard);
+    let log = dir.join("error.log");
+    let end = Instant::now() + Duration::from_secs(10);
+    let served = loop {
+        let n = accelerated(&std::fs::read_to_string(&log).unwrap_or_default());
+        if n >= 4 || Instant::now() > end {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(served >= 4, "nginx attached {served}:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An asyncio (epoll) echo server and client.
 const ASYNCIO_ECHO: &str = r#"import asyncio, sys, hashlib
 async def handle(r, w):

@@ -35,6 +35,9 @@ pub struct EndpointStats {
 /// have work outstanding (a check is a system call; a pass is ~10-100 ns).
 const LIVENESS_EVERY: u32 = 1 << 14;
 
+/// Shortest time between two liveness checks of a spinning worker.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(5);
+
 /// A progress engine with its endpoints and its completion queue.
 ///
 /// A worker is single-threaded: it is `Send` if its device is, but not `Sync`; use one
@@ -63,6 +66,7 @@ pub struct Worker<D: Device> {
     eps: Vec<Option<Endpoint<D>>>,
     cq: VecDeque<Completion>,
     idle_passes: u32,
+    last_liveness: Instant,
     pollfds: Vec<libc::pollfd>,
     /// Devices of closed endpoints that still deliver what they accepted (lossy
     /// links retransmit until the peer acknowledges).
@@ -78,6 +82,7 @@ impl<D: Device> Worker<D> {
             eps: Vec::new(),
             cq: VecDeque::with_capacity(1024),
             idle_passes: 0,
+            last_liveness: Instant::now(),
             pollfds: Vec::new(),
             closing: Vec::new(),
         })
@@ -199,7 +204,14 @@ impl<D: Device> Worker<D> {
             self.idle_passes += 1;
             if self.idle_passes >= LIVENESS_EVERY {
                 self.idle_passes = 0;
-                self.check_liveness();
+                // At most once per LIVENESS_INTERVAL: when this process spins while
+                // its peer is descheduled (a loaded machine), passes come fast and a
+                // check per 2^14 of them would be a system call every ~0.3 ms.
+                let now = Instant::now();
+                if now.duration_since(self.last_liveness) >= LIVENESS_INTERVAL {
+                    self.last_liveness = now;
+                    self.check_liveness();
+                }
             }
         } else {
             self.idle_passes = 0;

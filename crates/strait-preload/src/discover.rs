@@ -2,10 +2,14 @@
 //! the connection's shared memory to the two ends only.
 //!
 //! * `listen()` on a TCP socket also binds an abstract Unix socket (the marker)
-//!   named `strait.tcp.<netns inode>.<port>` (first process wins; nothing in the
-//!   filesystem; only visible in this network namespace).
-//! * `connect()` to a loopback address first connects a Unix socket to the marker
-//!   (failing costs one system call when the listener is not under strait). It then
+//!   named `strait.tcp.<netns inode>.<port>.<bound address in hex>` (first process
+//!   wins; nothing in the filesystem; only visible in this network namespace).
+//! * `connect()` to a local address (loopback, or an address of this namespace's
+//!   interfaces, see [`crate::local`]) first connects a Unix socket to the marker of
+//!   the listener the kernel would pick: the exact address, then the wildcard
+//!   (failing costs up to three system calls when the listener is not under strait,
+//!   so a listener bound to 127.0.0.1 is never found by a connect to another
+//!   address, as the kernel would refuse that connect). It then
 //!   binds the TCP socket to an ephemeral port if the program did not bind it (so the
 //!   port is known before the SYN), binds its own per-connection name
 //!   `strait.c.<netns>.<port>`, sends a hello (a sealed memfd, two eventfds, and the
@@ -54,8 +58,36 @@ pub(crate) fn netns() -> u64 {
     })
 }
 
-fn unix_name(port: u16) -> (libc::sockaddr_un, socklen_t) {
-    abstract_name(&format!("strait.tcp.{}.{}", netns(), port))
+/// The marker of a listener bound to `k`: `strait.tcp.<netns>.<port>.<address in
+/// hex>`; an IPv6 wildcard listener that takes no IPv4 connections (IPV6_V6ONLY) is
+/// `...<port>.v6only`.
+fn unix_name(k: Key, v6only: bool) -> (libc::sockaddr_un, socklen_t) {
+    let addr: String = if v6only && k.0 == [0u8; 16] {
+        "v6only".into()
+    } else {
+        k.0.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    abstract_name(&format!("strait.tcp.{}.{}.{}", netns(), k.1, addr))
+}
+
+fn v4_mapped(k: &Key) -> bool {
+    k.0[..10].iter().all(|&b| b == 0) && k.0[10] == 0xff && k.0[11] == 0xff
+}
+
+/// The markers a connect to `dest` looks for, in the order the kernel picks the
+/// listening socket: the exact address, then the wildcard of the same family, then
+/// (IPv4) a dual-stack IPv6 wildcard, (IPv6) an IPv6-only wildcard.
+fn marker_candidates(dest: Key) -> [(Key, bool); 3] {
+    let port = dest.1;
+    let any6 = ([0u8; 16], port);
+    if v4_mapped(&dest) {
+        let mut any4 = [0u8; 16];
+        any4[10] = 0xff;
+        any4[11] = 0xff;
+        [(dest, false), ((any4, port), false), (any6, false)]
+    } else {
+        [(dest, false), (any6, false), (any6, true)]
+    }
 }
 
 /// The connector's per-connection name (path B).
@@ -344,7 +376,21 @@ pub fn on_listen(fd: c_int) {
     if !Settings::get().enabled || crate::table::listener(fd).is_some() || !is_tcp_stream(fd) {
         return;
     }
-    let Some((_, port)) = sock_key(fd, false) else { return };
+    let Some(key) = sock_key(fd, false) else { return };
+    let mut v6only: c_int = 0;
+    if key.0 == [0u8; 16] {
+        let mut l = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: a local int and its length.
+        unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                (&mut v6only as *mut c_int).cast(),
+                &mut l,
+            )
+        };
+    }
     // SAFETY: plain syscall.
     let u = unsafe {
         real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
@@ -352,7 +398,7 @@ pub fn on_listen(fd: c_int) {
     if u < 0 {
         return;
     }
-    let (sa, len) = unix_name(port);
+    let (sa, len) = unix_name(key, v6only != 0);
     // SAFETY: an initialised sockaddr_un of `len` bytes.
     let ok = unsafe { real::bind(u, (&sa as *const libc::sockaddr_un).cast(), len) } == 0
         // SAFETY: plain syscall.
@@ -558,8 +604,8 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c
     if !Settings::get().enabled {
         return None;
     }
-    let ((_, port), lo) = key_of(addr, len)?;
-    if !lo || !is_tcp_stream(fd) {
+    let (dest, lo) = key_of(addr, len)?;
+    if !(lo || crate::local::host_address(&dest.0)) || !is_tcp_stream(fd) {
         return None;
     }
     // SAFETY: plain syscall.
@@ -567,9 +613,12 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c
     if u < 0 {
         return None;
     }
-    let (sa, slen) = unix_name(port);
-    // SAFETY: an initialised sockaddr_un of `slen` bytes.
-    if unsafe { real::connect(u, (&sa as *const libc::sockaddr_un).cast(), slen) } != 0 {
+    let found = marker_candidates(dest).iter().any(|&(k, v6only)| {
+        let (sa, slen) = unix_name(k, v6only);
+        // SAFETY: an initialised sockaddr_un of `slen` bytes.
+        unsafe { real::connect(u, (&sa as *const libc::sockaddr_un).cast(), slen) == 0 }
+    });
+    if !found {
         close_all(&[u]);
         return None;
     }

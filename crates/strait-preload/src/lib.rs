@@ -16,6 +16,7 @@
 
 mod conn;
 mod discover;
+mod local;
 mod poll;
 mod real;
 mod stats;

@@ -6,7 +6,8 @@
 //!   by the library before its first `sendto`) also binds an abstract Unix socket
 //!   `strait.udp.<netns>.<port>.<bound address in hex>`, and owns an eventfd (its
 //!   doorbell). Nothing is ever sent on the UDP socket for discovery.
-//! * **Channel.** The first `sendto`/`send` of a socket to a loopback address:port
+//! * **Channel.** The first `sendto`/`send` of a socket to a local address:port
+//!   (loopback or one of this namespace's interface addresses, [`crate::local`])
 //!   looks for the marker of the exact address, then of the IPv4 wildcard (for IPv4
 //!   destinations), then of the IPv6 wildcard, as the kernel would pick the receiving
 //!   socket. If found (same user, SO_PEERCRED) it creates a sealed memfd holding one
@@ -994,11 +995,11 @@ impl UdpSock {
         let (dest, lo) = match dest {
             Some(d) => d,
             None => match self.st().peer {
-                Some(p) => (p, is_loopback(&p)),
+                Some(p) => (p, is_local(&p)),
                 None => return kernel(),
             },
         };
-        // Corked, segmented or out-of-band sends, and non-loopback destinations: the
+        // Corked, segmented or out-of-band sends, and destinations not on this host: the
         // kernel.
         if !lo || flags & (libc::MSG_MORE | libc::MSG_OOB) != 0 || self.kernel_tx.load(Ordering::Relaxed) {
             return kernel();
@@ -1157,6 +1158,12 @@ fn is_loopback(k: &Key) -> bool {
     }
 }
 
+/// A destination on this host: loopback, or an address of this namespace's
+/// interfaces (see [`crate::local`]).
+fn is_local(k: &Key) -> bool {
+    is_loopback(k) || crate::local::host_address(&k.0)
+}
+
 fn v4_key(a: [u8; 4], port: u16) -> Key {
     let mut k = [0u8; 16];
     k[10] = 0xff;
@@ -1174,8 +1181,13 @@ fn marker_name(k: Key) -> (libc::sockaddr_un, socklen_t) {
 fn source_of(fd: c_int, dest: &Key) -> Option<Key> {
     let (a, port) = sock_key(fd, false)?;
     let wildcard = a == [0u8; 16] || (is_v4(&(a, port)) && a[12..] == [0, 0, 0, 0]);
+    // A wildcard-bound socket's datagrams leave from the local route's source
+    // address: 127.0.0.1 (or ::1) for loopback, the address itself for the host's
+    // own addresses.
     Some(if !wildcard {
         (a, port)
+    } else if !is_loopback(dest) {
+        (dest.0, port)
     } else if is_v4(dest) {
         v4_key([127, 0, 0, 1], port)
     } else {
@@ -1454,7 +1466,7 @@ pub fn on_bind(s: &UdpSock, fd: c_int) {
     s.publish(fd);
 }
 
-/// The destination of a send: its key and whether it is a loopback address this
+/// The destination of a send: its key and whether it is a local address this
 /// socket can reach through shared memory (family as the socket's).
 pub fn dest_of(s: &UdpSock, addr: *const sockaddr, len: socklen_t) -> Option<(Key, bool)> {
     if addr.is_null() || len == 0 {
@@ -1462,8 +1474,8 @@ pub fn dest_of(s: &UdpSock, addr: *const sockaddr, len: socklen_t) -> Option<(Ke
     }
     // SAFETY: the caller's address of `len >= 2` bytes: its family first.
     let fam = unsafe { (*addr).sa_family } as c_int;
-    let (k, lo) = key_of(addr, len)?;
-    Some((k, lo && fam == s.family))
+    let (k, _) = key_of(addr, len)?;
+    Some((k, fam == s.family && is_local(&k)))
 }
 
 /// Writes `k` as a socket address of `family` into the caller's buffer (truncated to

@@ -553,3 +553,216 @@ fn iperf3_transfer_with_both_ends_under_strait() {
     // The control connection and the data connection.
     assert_eq!(accelerated(&String::from_utf8_lossy(&out.stderr)), 2);
 }
+
+/// TCP and UDP echo servers and clients for the host-address test; the clients send
+/// patterned data and check that exactly the same comes back.
+const HOST_ECHO: &str = r#"import socket, sys, threading
+mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+def pattern(n, seed):
+    return bytes((i * 131 + seed) % 251 for i in range(n))
+if mode == "server":
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port))
+    s.listen(16)
+    def serve(c):
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            c.sendall(d)
+        c.close()
+    print("LISTENING", flush=True)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+elif mode == "client":
+    c = socket.socket(fam, socket.SOCK_STREAM)
+    try:
+        c.connect((addr, port))
+    except ConnectionRefusedError:
+        print("refused", flush=True)
+        sys.exit(0)
+    total, same = 0, True
+    for i in range(100):
+        msg = pattern(1 + (i * 7919) % 40000, i)
+        c.sendall(msg)
+        got = b""
+        while len(got) < len(msg):
+            d = c.recv(len(msg) - len(got))
+            if not d:
+                break
+            got += d
+        same = same and got == msg
+        total += len(msg)
+    c.close()
+    print("tcp ok", total, same, flush=True)
+elif mode == "userver":
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    s.bind((addr, port))
+    print("LISTENING", flush=True)
+    while True:
+        d, a = s.recvfrom(65536)
+        s.sendto(d, a)
+else:
+    c = socket.socket(fam, socket.SOCK_DGRAM)
+    c.settimeout(5)
+    n, same = 0, True
+    for i in range(200):
+        msg = pattern(1 + (i * 613) % 1400, i)
+        c.sendto(msg, (addr, port))
+        d, a = c.recvfrom(65536)
+        same = same and d == msg and a[0] == addr and a[1] == port
+        n += 1
+    print("udp ok", n, same, flush=True)
+"#;
+
+/// A network namespace with a veth pair, one end holding 10.55.0.1/24 and fd55::1/64;
+/// deleted when dropped (also when the test fails).
+struct Netns(String);
+impl Netns {
+    fn new() -> Netns {
+        ensure("ip", "iproute2");
+        let ns = Netns(format!("strait-test-{}", std::process::id()));
+        let _ = Command::new("ip").args(["netns", "del", &ns.0]).stderr(Stdio::null()).status();
+        let steps: [&[&str]; 7] = [
+            &["netns", "add", &ns.0],
+            &["-n", &ns.0, "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
+            &["-n", &ns.0, "addr", "add", "10.55.0.1/24", "dev", "d0"],
+            &["-n", &ns.0, "addr", "add", "fd55::1/64", "dev", "d0", "nodad"],
+            &["-n", &ns.0, "link", "set", "d0", "up"],
+            &["-n", &ns.0, "link", "set", "d1", "up"],
+            &["-n", &ns.0, "link", "set", "lo", "up"],
+        ];
+        for args in steps {
+            let ok = Command::new("ip").args(args).status().is_ok_and(|s| s.success());
+            assert!(ok, "ip {} failed", args.join(" "));
+        }
+        ns
+    }
+
+    /// `CMD` in the namespace, under `strait run --stats` if `strait`.
+    fn cmd(&self, strait: bool, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0]).env_remove("LD_PRELOAD");
+        if strait {
+            preload_lib();
+            c.args([STRAIT, "run", "--stats", "--"]);
+        }
+        c.args(args);
+        c
+    }
+
+    /// Starts a server of the echo script and waits for it to listen.
+    fn server(&self, strait: bool, script: &str, mode: &str, addr: &str, port: &str) -> Killed {
+        use std::io::BufRead;
+        let py = python();
+        let mut child = Killed(
+            self.cmd(strait, &[&py, script, mode, addr, port])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("echo server"),
+        );
+        let mut line = String::new();
+        let out = child.0.stdout.take().expect("stdout");
+        std::io::BufReader::new(out).read_line(&mut line).expect("server output");
+        assert_eq!(line.trim(), "LISTENING", "{mode} on {addr}:{port}");
+        child
+    }
+}
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn stat(stderr: &str, name: &str) -> usize {
+    stderr
+        .lines()
+        .filter_map(|l| l.split(&format!(" {name} ")).nth(1)?.split(' ').next()?.parse::<usize>().ok())
+        .sum()
+}
+
+#[test]
+fn connections_to_the_hosts_own_addresses_are_accelerated_like_loopback() {
+    let ns = Netns::new();
+    let dir = std::env::temp_dir().join(format!("strait-hostaddr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let script = dir.join("echo.py");
+    std::fs::write(&script, HOST_ECHO).expect("script");
+    let script = script.display().to_string();
+    let py = python();
+    let tcp_ok = "tcp ok 1959150 True";
+    // Runs a client in the namespace: (stdout, strait's stderr).
+    let client = |strait: bool, mode: &str, addr: &str, port: &str| {
+        let out = run_for(&mut ns.cmd(strait, &[&py, &script, mode, addr, port]), Duration::from_secs(60))
+            .expect("client finished in time");
+        let (text, err) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        assert!(out.status.success(), "{mode} {addr}:{port}: {text}\n{err}");
+        (text.trim().to_string(), err)
+    };
+
+    // A wildcard listener: found by a connect to the host's address, and to loopback.
+    let _any = ns.server(true, &script, "server", "0.0.0.0", "5001");
+    for addr in ["10.55.0.1", "127.0.0.1"] {
+        let (text, err) = client(true, "client", addr, "5001");
+        assert_eq!(text, tcp_ok, "{addr}");
+        assert_eq!(accelerated(&err), 1, "{addr}: {err}");
+    }
+    // A client without strait gets the kernel, with the same bytes.
+    let (text, err) = client(false, "client", "10.55.0.1", "5001");
+    assert_eq!((text.as_str(), accelerated(&err)), (tcp_ok, 0));
+
+    // A listener on 127.0.0.1 only: the kernel refuses a connect to the host's other
+    // address, and so does strait (no marker found, no wait for an attach).
+    let lo = ns.server(true, &script, "server", "127.0.0.1", "5002");
+    let t = Instant::now();
+    let (text, _) = client(true, "client", "10.55.0.1", "5002");
+    assert_eq!(text, "refused");
+    assert!(t.elapsed() < Duration::from_millis(900), "refused after {:?}", t.elapsed());
+    let (text, err) = client(true, "client", "127.0.0.1", "5002");
+    assert_eq!((text.as_str(), accelerated(&err)), (tcp_ok, 1));
+    // With a server without strait on the host's address and the same port, a
+    // connect there reaches that one through the kernel at once (the strait
+    // listener on 127.0.0.1 never sees a hello, the client never waits for it).
+    let _plain = ns.server(false, &script, "server", "10.55.0.1", "5002");
+    let t = Instant::now();
+    let (text, err) = client(true, "client", "10.55.0.1", "5002");
+    assert_eq!((text.as_str(), accelerated(&err), stat(&err, "kernel-fallback")), (tcp_ok, 0, 0), "{err}");
+    assert!(t.elapsed() < Duration::from_millis(900), "served after {:?}", t.elapsed());
+    drop(lo);
+
+    // A listener on the host's address only: found from there, not from loopback.
+    let _host = ns.server(true, &script, "server", "10.55.0.1", "5003");
+    let (text, err) = client(true, "client", "10.55.0.1", "5003");
+    assert_eq!((text.as_str(), accelerated(&err)), (tcp_ok, 1));
+    let (text, _) = client(true, "client", "127.0.0.1", "5003");
+    assert_eq!(text, "refused");
+
+    // IPv6: a dual-stack wildcard listener, reached at the host's IPv6 and IPv4
+    // addresses.
+    let _v6 = ns.server(true, &script, "server", "::", "5004");
+    for addr in ["fd55::1", "10.55.0.1"] {
+        let (text, err) = client(true, "client", addr, "5004");
+        assert_eq!((text.as_str(), accelerated(&err)), (tcp_ok, 1), "{addr}: {err}");
+    }
+
+    // UDP to the host's addresses: through shared memory, answers from the address
+    // the client sent to; a client without strait through the kernel.
+    let _u4 = ns.server(true, &script, "userver", "0.0.0.0", "5005");
+    let _u6 = ns.server(true, &script, "userver", "::", "5006");
+    for (addr, port) in [("10.55.0.1", "5005"), ("fd55::1", "5006")] {
+        let (text, err) = client(true, "uclient", addr, port);
+        assert_eq!(text, "udp ok 200 True", "{addr}");
+        assert_eq!(stat(&err, "udp-out"), 1, "{addr}: {err}");
+        assert_eq!(stat(&err, "udp-sent"), 200, "{addr}: {err}");
+        let (text, err) = client(false, "uclient", addr, port);
+        assert_eq!((text.as_str(), stat(&err, "udp-sent")), ("udp ok 200 True", 0), "{addr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

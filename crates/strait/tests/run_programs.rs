@@ -561,9 +561,11 @@ mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
 def pattern(n, seed):
     return bytes((i * 131 + seed) % 251 for i in range(n))
-if mode == "server":
+if mode in ("server", "server6only"):
     s = socket.socket(fam, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if mode == "server6only":
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     s.bind((addr, port))
     s.listen(16)
     def serve(c):
@@ -750,6 +752,23 @@ fn connections_to_the_hosts_own_addresses_are_accelerated_like_loopback() {
     for addr in ["fd55::1", "10.55.0.1"] {
         let (text, err) = client(true, "client", addr, "5004");
         assert_eq!((text.as_str(), accelerated(&err)), (tcp_ok, 1), "{addr}: {err}");
+    }
+
+    // An IPv6-only wildcard listener: found from IPv6 only. An IPv4 connect to the same
+    // port reaches the kernel server on the IPv4 wildcard beside it at once.
+    let _v6only = ns.server(true, &script, "server6only", "::", "5007");
+    let (text, err) = client(true, "client", "fd55::1", "5007");
+    assert_eq!((text.as_str(), accelerated(&err)), (tcp_ok, 1), "{err}");
+    let _plain4 = ns.server(false, &script, "server", "0.0.0.0", "5007");
+    for addr in ["10.55.0.1", "127.0.0.1"] {
+        let t = Instant::now();
+        let (text, err) = client(true, "client", addr, "5007");
+        assert_eq!(
+            (text.as_str(), accelerated(&err), stat(&err, "kernel-fallback")),
+            (tcp_ok, 0, 0),
+            "{err}"
+        );
+        assert!(t.elapsed() < Duration::from_millis(900), "{addr}: served after {:?}", t.elapsed());
     }
 
     // UDP to the host's addresses: through shared memory, answers from the address

@@ -5,119 +5,12 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::UdpSocket;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
-
-/// `cargo test` does not build cdylibs: build libstrait_preload.so next to the strait
-/// binary with the same cargo, profile and target directory (once).
-fn preload_lib() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = PathBuf::from(STRAIT);
-            let profile_dir = exe.parent().expect("profile dir");
-            let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile").to_string();
-            let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-            c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"])
-                .arg(profile_dir.parent().expect("target dir"));
-            match profile.as_str() {
-                "debug" => {}
-                "release" => {
-                    c.arg("--release");
-                }
-                p => {
-                    c.args(["--profile", p]);
-                }
-            }
-            assert!(c.status().expect("cargo build").success(), "building libstrait_preload.so failed");
-            let p = profile_dir.join("libstrait_preload.so");
-            assert!(p.exists(), "{} missing", p.display());
-            p
-        })
-        .clone()
-}
-
-fn strait_run(args: &[&str]) -> Command {
-    preload_lib();
-    let mut c = Command::new(STRAIT);
-    c.arg("run").args(args).env_remove("LD_PRELOAD");
-    c
-}
-
-fn plain(prog: &str) -> Command {
-    let mut c = Command::new(prog);
-    c.env_remove("LD_PRELOAD");
-    c
-}
-
-fn have(bin: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {bin}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Runs a command with a time limit (killed when it expires), reading its output
-/// while it runs.
-fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
-    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().ok()?;
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
-    let end = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().ok()? {
-            break st;
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Some(Output { status, stdout: out.join().ok()?, stderr: err.join().ok()? })
-}
-
-/// Installs `pkg` with apt-get if `bin` is missing (apt-get update once if needed).
-fn ensure(bin: &str, pkg: &str) {
-    static APT: Mutex<bool> = Mutex::new(false);
-    if have(bin) {
-        return;
-    }
-    let mut updated = APT.lock().unwrap_or_else(|e| e.into_inner());
-    let install = || {
-        run_for(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", pkg])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            Duration::from_secs(300),
-        )
-    };
-    if !have(bin) {
-        install();
-    }
-    if !have(bin) && !*updated {
-        run_for(Command::new("apt-get").args(["update", "-q"]), Duration::from_secs(180));
-        *updated = true;
-        install();
-    }
-    assert!(have(bin), "{bin} is missing and `apt-get install {pkg}` did not provide it");
-}
+mod common;
+use common::{ensure, plain, run_for, strait_run};
 
 fn free_udp_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()

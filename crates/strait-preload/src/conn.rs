@@ -114,25 +114,27 @@ unsafe impl Send for Shm {}
 // SAFETY: as above.
 unsafe impl Sync for Shm {}
 
+/// Maps the first `len` bytes of the file `fd` shared, read-write and populated.
+pub(crate) fn map_shared(fd: c_int, len: usize) -> Option<*mut u8> {
+    // SAFETY: maps `len` bytes of a file the caller holds; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p.cast())
+}
+
 impl Shm {
     /// Maps a memfd of `HDR + 2 * ring` bytes.
     pub fn map(fd: c_int, ring: usize) -> Option<Shm> {
         let len = HDR + 2 * ring;
-        // SAFETY: maps `len` bytes of a file we hold; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
-        Some(Shm { base: p.cast(), len, ring })
+        Some(Shm { base: map_shared(fd, len)?, len, ring })
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {

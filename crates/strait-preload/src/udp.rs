@@ -130,21 +130,7 @@ unsafe impl Sync for Map {}
 impl Map {
     fn open(fd: c_int, ring: usize) -> Option<Map> {
         let len = HDR + ring;
-        // SAFETY: maps `len` bytes of a file we hold; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
-        Some(Map { base: p.cast(), len, ring })
+        Some(Map { base: crate::conn::map_shared(fd, len)?, len, ring })
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {

@@ -371,42 +371,46 @@ impl Drop for Listener {
     }
 }
 
+/// True if the IPv6 socket `fd` accepts IPv6 only (IPV6_V6ONLY).
+pub(crate) fn v6only(fd: c_int) -> bool {
+    let mut v: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: a local int and its length.
+    unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, (&mut v as *mut c_int).cast(), &mut l)
+    };
+    v != 0
+}
+
+/// A listening, non-blocking Unix seqpacket socket at `sa` (a marker), or `None`
+/// (nothing left open) if the name is taken or a call fails.
+pub(crate) fn listen_marker(sa: &libc::sockaddr_un, len: socklen_t) -> Option<c_int> {
+    // SAFETY: plain syscall.
+    let u = unsafe {
+        real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
+    };
+    if u < 0 {
+        return None;
+    }
+    // SAFETY: an initialised sockaddr_un of `len` bytes; plain syscalls.
+    let ok = unsafe {
+        real::bind(u, (sa as *const libc::sockaddr_un).cast(), len) == 0 && real::listen(u, 4096) == 0
+    };
+    if !ok {
+        close_all(&[u]);
+        return None;
+    }
+    Some(u)
+}
+
 /// After a successful `listen(fd)`: claims the rendezvous name for its port.
 pub fn on_listen(fd: c_int) {
     if !Settings::get().enabled || crate::table::listener(fd).is_some() || !is_tcp_stream(fd) {
         return;
     }
     let Some(key) = sock_key(fd, false) else { return };
-    let mut v6only: c_int = 0;
-    if key.0 == [0u8; 16] {
-        let mut l = std::mem::size_of::<c_int>() as socklen_t;
-        // SAFETY: a local int and its length.
-        unsafe {
-            libc::getsockopt(
-                fd,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_V6ONLY,
-                (&mut v6only as *mut c_int).cast(),
-                &mut l,
-            )
-        };
-    }
-    // SAFETY: plain syscall.
-    let u = unsafe {
-        real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
-    };
-    if u < 0 {
-        return;
-    }
-    let (sa, len) = unix_name(key, v6only != 0);
-    // SAFETY: an initialised sockaddr_un of `len` bytes.
-    let ok = unsafe { real::bind(u, (&sa as *const libc::sockaddr_un).cast(), len) } == 0
-        // SAFETY: plain syscall.
-        && unsafe { real::listen(u, 4096) } == 0;
-    if !ok {
-        close_all(&[u]);
-        return;
-    }
+    let (sa, len) = unix_name(key, key.0 == [0u8; 16] && v6only(fd));
+    let Some(u) = listen_marker(&sa, len) else { return };
     crate::table::add_listener(fd, Arc::new(Listener { unix: u, pending: Mutex::new(Pending::default()) }));
 }
 

@@ -949,12 +949,9 @@ fn dup_into(old: c_int, new: c_int) {
     }
 }
 
-/// # Safety
-/// As for libc's `dup`.
-#[no_mangle]
-pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    // SAFETY: forwarded argument.
-    let r = unsafe { real::dup(fd) };
+/// After a successful dup-like call made `r` a copy of `fd`: `r` refers to what
+/// `fd` refers to. Returns `r`.
+fn after_dup(fd: c_int, r: c_int) -> c_int {
     guard(
         || r,
         || {
@@ -964,6 +961,15 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
             r
         },
     )
+}
+
+/// # Safety
+/// As for libc's `dup`.
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwarded argument.
+    let r = unsafe { real::dup(fd) };
+    after_dup(fd, r)
 }
 
 /// # Safety
@@ -972,15 +978,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
     // SAFETY: forwarded arguments.
     let r = unsafe { real::dup2(fd, new) };
-    guard(
-        || r,
-        || {
-            if r >= 0 && (table::any_live() || udp::any_live()) {
-                dup_into(fd, r);
-            }
-            r
-        },
-    )
+    after_dup(fd, r)
 }
 
 /// # Safety
@@ -989,15 +987,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
 pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: forwarded arguments.
     let r = unsafe { real::dup3(fd, new, flags) };
-    guard(
-        || r,
-        || {
-            if r >= 0 && (table::any_live() || udp::any_live()) {
-                dup_into(fd, r);
-            }
-            r
-        },
-    )
+    after_dup(fd, r)
 }
 
 fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize) -> c_int {

@@ -12,79 +12,122 @@ use libc::c_int;
 use crate::conn::Conn;
 use crate::discover::Listener;
 
-/// Number of descriptors in [`FDS`] (0: the fast path skips the lock).
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static FDS: RwLock<Vec<Option<Arc<Conn>>>> = RwLock::new(Vec::new());
+/// A table from descriptor to shared object, read on every interposed call: while
+/// it is empty a lookup is one relaxed load (no lock).
+pub struct FdTable<T> {
+    live: AtomicUsize,
+    fds: RwLock<Vec<Option<Arc<T>>>>,
+}
+
+impl<T> FdTable<T> {
+    /// An empty table (usable in a `static`).
+    pub const fn new() -> Self {
+        FdTable { live: AtomicUsize::new(0), fds: RwLock::new(Vec::new()) }
+    }
+
+    /// What `fd` refers to, if anything.
+    pub fn lookup(&self, fd: c_int) -> Option<Arc<T>> {
+        if self.live.load(Ordering::Relaxed) == 0 || fd < 0 {
+            return None;
+        }
+        let t = self.fds.read().unwrap_or_else(|e| e.into_inner());
+        t.get(fd as usize).and_then(|c| c.clone())
+    }
+
+    /// True if any descriptor is in the table.
+    pub fn any_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed) != 0
+    }
+
+    /// Registers `fd` as (another descriptor of) `v`; returns what `fd` referred to.
+    pub fn insert(&self, fd: c_int, v: Arc<T>) -> Option<Arc<T>> {
+        if fd < 0 {
+            return None;
+        }
+        let mut t = self.fds.write().unwrap_or_else(|e| e.into_inner());
+        let i = fd as usize;
+        if t.len() <= i {
+            t.resize(i + 1, None);
+        }
+        let old = t[i].replace(v);
+        if old.is_none() {
+            self.live.fetch_add(1, Ordering::Relaxed);
+        }
+        old
+    }
+
+    /// Removes `fd`; returns what it referred to.
+    pub fn remove(&self, fd: c_int) -> Option<Arc<T>> {
+        if self.live.load(Ordering::Relaxed) == 0 || fd < 0 {
+            return None;
+        }
+        let mut t = self.fds.write().unwrap_or_else(|e| e.into_inner());
+        let old = t.get_mut(fd as usize).and_then(|c| c.take());
+        if old.is_some() {
+            self.live.fetch_sub(1, Ordering::Relaxed);
+        }
+        old
+    }
+
+    /// Removes every descriptor of `v`.
+    pub fn remove_all(&self, v: &Arc<T>) {
+        let mut t = self.fds.write().unwrap_or_else(|e| e.into_inner());
+        for slot in t.iter_mut() {
+            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, v)) {
+                *slot = None;
+                self.live.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Every distinct object in the table (for fork and exit).
+    pub fn all(&self) -> Vec<Arc<T>> {
+        if !self.any_live() {
+            return Vec::new();
+        }
+        let t = self.fds.read().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<Arc<T>> = Vec::new();
+        for c in t.iter().flatten() {
+            if !v.iter().any(|x| Arc::ptr_eq(x, c)) {
+                v.push(c.clone());
+            }
+        }
+        v
+    }
+}
+
+/// The accelerated TCP connections.
+static CONNS: FdTable<Conn> = FdTable::new();
 static LISTENERS_LIVE: AtomicUsize = AtomicUsize::new(0);
 static LISTENERS: Mutex<Vec<(c_int, Arc<Listener>)>> = Mutex::new(Vec::new());
 
 pub fn lookup(fd: c_int) -> Option<Arc<Conn>> {
-    if LIVE.load(Ordering::Relaxed) == 0 || fd < 0 {
-        return None;
-    }
-    let t = FDS.read().unwrap_or_else(|e| e.into_inner());
-    t.get(fd as usize).and_then(|c| c.clone())
+    CONNS.lookup(fd)
 }
 
 pub fn any_live() -> bool {
-    LIVE.load(Ordering::Relaxed) != 0
+    CONNS.any_live()
 }
 
 /// Registers `fd` as (another descriptor of) `conn`; returns the connection it
 /// replaced, if `fd` was one.
 pub fn insert(fd: c_int, conn: Arc<Conn>) -> Option<Arc<Conn>> {
-    if fd < 0 {
-        return None;
-    }
-    let mut t = FDS.write().unwrap_or_else(|e| e.into_inner());
-    let i = fd as usize;
-    if t.len() <= i {
-        t.resize(i + 1, None);
-    }
-    let old = t[i].replace(conn);
-    if old.is_none() {
-        LIVE.fetch_add(1, Ordering::Relaxed);
-    }
-    old
+    CONNS.insert(fd, conn)
 }
 
 /// Removes `fd`; returns its connection.
 pub fn remove(fd: c_int) -> Option<Arc<Conn>> {
-    if LIVE.load(Ordering::Relaxed) == 0 || fd < 0 {
-        return None;
-    }
-    let mut t = FDS.write().unwrap_or_else(|e| e.into_inner());
-    let old = t.get_mut(fd as usize).and_then(|c| c.take());
-    if old.is_some() {
-        LIVE.fetch_sub(1, Ordering::Relaxed);
-    }
-    old
+    CONNS.remove(fd)
 }
 
 /// Removes every descriptor of `conn` (it fell back to the kernel).
 pub fn remove_conn(conn: &Arc<Conn>) {
-    let mut t = FDS.write().unwrap_or_else(|e| e.into_inner());
-    for slot in t.iter_mut() {
-        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
-            *slot = None;
-            LIVE.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
+    CONNS.remove_all(conn)
 }
 
 /// All distinct connections (for fork).
 pub fn all_conns() -> Vec<Arc<Conn>> {
-    if LIVE.load(Ordering::Relaxed) == 0 {
-        return Vec::new();
-    }
-    let t = FDS.read().unwrap_or_else(|e| e.into_inner());
-    let mut v: Vec<Arc<Conn>> = Vec::new();
-    for c in t.iter().flatten() {
-        if !v.iter().any(|x| Arc::ptr_eq(x, c)) {
-            v.push(c.clone());
-        }
-    }
-    v
+    CONNS.all()
 }
 
 /// One descriptor of a connection went away.

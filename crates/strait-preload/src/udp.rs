@@ -43,10 +43,11 @@ use libc::{c_int, sockaddr, socklen_t, ssize_t};
 
 use crate::conn::{signals_restart, sock_timeout, Settings};
 use crate::discover::{
-    abstract_name, bind_ephemeral, close_all, key_of, memfd_ok, netns, recv_fds_now, same_user, send_fds,
-    sock_key, Key,
+    abstract_name, bind_ephemeral, close_all, key_of, listen_marker, memfd_ok, netns, recv_fds_now,
+    same_user, send_fds, sock_key, v6only, Key,
 };
 use crate::real;
+use crate::table::FdTable;
 
 const MAGIC: u64 = 0x3130_5044_5554_5253; // "SRTUDP01"
 const VERSION: u32 = 1;
@@ -601,39 +602,16 @@ impl UdpSock {
             return;
         }
         let Some(key) = sock_key(fd, false).filter(|k| k.1 != 0) else { return };
-        let mut v6only: c_int = 0;
-        if self.family == libc::AF_INET6 {
-            let mut l = std::mem::size_of::<c_int>() as socklen_t;
-            // SAFETY: a local int and its length.
-            unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_V6ONLY,
-                    (&mut v6only as *mut c_int).cast(),
-                    &mut l,
-                )
-            };
-        }
-        // SAFETY: plain syscalls.
-        let u = unsafe {
-            real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
-        };
-        if u < 0 {
-            return;
-        }
+        let v6only = self.family == libc::AF_INET6 && v6only(fd);
         let (sa, len) = marker_name(key);
-        // SAFETY: an initialised sockaddr_un of `len` bytes; plain syscalls.
-        let ok = unsafe {
-            real::bind(u, (&sa as *const libc::sockaddr_un).cast(), len) == 0 && real::listen(u, 4096) == 0
-        };
+        let Some(u) = listen_marker(&sa, len) else { return };
         // SAFETY: plain syscall.
-        let efd = if ok { unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) } } else { -1 };
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if efd < 0 {
             close_all(&[u]);
             return;
         }
-        if self.rx.set(Rx { marker: AtomicI32::new(u), efd, v6only: v6only != 0, port: key.1 }).is_err() {
+        if self.rx.set(Rx { marker: AtomicI32::new(u), efd, v6only, port: key.1 }).is_err() {
             close_all(&[u, efd]);
         }
     }
@@ -1332,50 +1310,25 @@ fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
 
 // ------------------------------------------------------------------ table
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static FDS: RwLock<Vec<Option<Arc<UdpSock>>>> = RwLock::new(Vec::new());
+static SOCKS: FdTable<UdpSock> = FdTable::new();
 
 /// The UDP socket behind `fd`, if it is one of ours (one relaxed load when this
 /// process has none).
 pub fn lookup(fd: c_int) -> Option<Arc<UdpSock>> {
-    if LIVE.load(Ordering::Relaxed) == 0 || fd < 0 {
-        return None;
-    }
-    let t = FDS.read().unwrap_or_else(|e| e.into_inner());
-    t.get(fd as usize).and_then(|c| c.clone())
+    SOCKS.lookup(fd)
 }
 
 /// Any UDP socket in this process (else the interposed calls skip every UDP lookup).
 pub fn any_live() -> bool {
-    LIVE.load(Ordering::Relaxed) != 0
+    SOCKS.any_live()
 }
 
 fn insert(fd: c_int, s: Arc<UdpSock>) -> Option<Arc<UdpSock>> {
-    if fd < 0 {
-        return None;
-    }
-    let mut t = FDS.write().unwrap_or_else(|e| e.into_inner());
-    let i = fd as usize;
-    if t.len() <= i {
-        t.resize(i + 1, None);
-    }
-    let old = t[i].replace(s);
-    if old.is_none() {
-        LIVE.fetch_add(1, Ordering::Relaxed);
-    }
-    old
+    SOCKS.insert(fd, s)
 }
 
 fn remove(fd: c_int) -> Option<Arc<UdpSock>> {
-    if LIVE.load(Ordering::Relaxed) == 0 || fd < 0 {
-        return None;
-    }
-    let mut t = FDS.write().unwrap_or_else(|e| e.into_inner());
-    let old = t.get_mut(fd as usize).and_then(|c| c.take());
-    if old.is_some() {
-        LIVE.fetch_sub(1, Ordering::Relaxed);
-    }
-    old
+    SOCKS.remove(fd)
 }
 
 fn drop_ref(s: Arc<UdpSock>) {
@@ -1434,17 +1387,7 @@ pub fn at_exit() {
 
 /// All distinct sockets (for fork).
 pub fn all() -> Vec<Arc<UdpSock>> {
-    if !any_live() {
-        return Vec::new();
-    }
-    let t = FDS.read().unwrap_or_else(|e| e.into_inner());
-    let mut v: Vec<Arc<UdpSock>> = Vec::new();
-    for s in t.iter().flatten() {
-        if !v.iter().any(|x| Arc::ptr_eq(x, s)) {
-            v.push(s.clone());
-        }
-    }
-    v
+    SOCKS.all()
 }
 
 /// After a successful `bind(fd)`.

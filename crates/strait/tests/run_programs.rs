@@ -169,6 +169,32 @@ impl Drop for NginxGuard {
     }
 }
 
+/// Starts nginx under strait in its default daemon mode (fork, setsid, fork) with two
+/// workers sharing the listener on 127.0.0.1:`port`, serving `dir`/www with sendfile
+/// on; workers run as root so both ends are the same user. Waits until it listens.
+fn start_nginx(dir: &std::path::Path, port: u16, stats: bool) -> NginxGuard {
+    let d = dir.display();
+    let conf = format!(
+        "user root;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{ access_log off; sendfile on; client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+         server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).expect("conf");
+    let guard = NginxGuard(dir.join("nginx.pid"));
+    let conf_path = dir.join("nginx.conf").display().to_string();
+    let prefix = dir.display().to_string();
+    let mut args = vec!["--", "nginx", "-c", &conf_path, "-p", &prefix];
+    if stats {
+        args.insert(0, "--stats");
+    }
+    let started = run_for(&mut strait_run(&args), Duration::from_secs(30)).expect("nginx started");
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    wait_listening(port);
+    guard
+}
+
 #[test]
 fn nginx_daemon_with_two_workers_serves_files_to_curl_under_strait() {
     ensure("nginx", "nginx");
@@ -180,25 +206,7 @@ fn nginx_daemon_with_two_workers_serves_files_to_curl_under_strait() {
     std::fs::write(www.join("big.bin"), &big).expect("write");
     std::fs::write(www.join("small.txt"), b"hello from nginx\n").expect("write");
     let port = free_port();
-    let d = dir.display();
-    // The default daemon mode (fork, setsid, fork), two workers sharing the listener,
-    // sendfile on; workers run as root so both ends are the same user.
-    let conf = format!(
-        "user root;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
-         events {{ worker_connections 64; }}\n\
-         http {{ access_log off; sendfile on; client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
-         fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
-         server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n"
-    );
-    std::fs::write(dir.join("nginx.conf"), conf).expect("conf");
-    let _guard = NginxGuard(dir.join("nginx.pid"));
-    let conf_path = dir.join("nginx.conf").display().to_string();
-    let prefix = dir.display().to_string();
-    let started =
-        run_for(&mut strait_run(&["--", "nginx", "-c", &conf_path, "-p", &prefix]), Duration::from_secs(30))
-            .expect("nginx started");
-    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
-    wait_listening(port);
+    let _guard = start_nginx(&dir, port, false);
     for (file, body) in [("small.txt", b"hello from nginx\n".to_vec()), ("big.bin", big.clone())] {
         for under_strait in [true, false] {
             let url = format!("http://127.0.0.1:{port}/{file}");
@@ -265,26 +273,8 @@ fn nginx_daemon_with_two_workers_serves_a_file_to_wrk_under_strait() {
     let script = dir.join("check.lua");
     std::fs::write(&script, WRK_CHECK).expect("script");
     let port = free_port();
-    let d = dir.display();
-    let conf = format!(
-        "user root;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
-         events {{ worker_connections 64; }}\n\
-         http {{ access_log off; sendfile on; client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
-         fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
-         server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n"
-    );
-    std::fs::write(dir.join("nginx.conf"), conf).expect("conf");
-    let guard = NginxGuard(dir.join("nginx.pid"));
-    let conf_path = dir.join("nginx.conf").display().to_string();
-    let prefix = dir.display().to_string();
     // The workers' stderr is the error log in daemon mode: their stats lines land there.
-    let started = run_for(
-        &mut strait_run(&["--stats", "--", "nginx", "-c", &conf_path, "-p", &prefix]),
-        Duration::from_secs(30),
-    )
-    .expect("nginx started");
-    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
-    wait_listening(port);
+    let guard = start_nginx(&dir, port, true);
     let url = format!("http://127.0.0.1:{port}/f.bin");
     let script_s = script.display().to_string();
     let out = run_for(

@@ -114,6 +114,8 @@ pub(crate) struct EpState {
     pub(crate) tx_blocked: bool,
     pub(crate) stats: EndpointStats,
     corrupt: Option<String>,
+    /// The device's account of why the peer is gone, if it is.
+    gone: Option<String>,
 }
 
 pub(crate) struct Endpoint<D: Device> {
@@ -184,6 +186,7 @@ impl EpState {
             tx_blocked: false,
             stats: EndpointStats::default(),
             corrupt: None,
+            gone: None,
         }
     }
 
@@ -229,7 +232,7 @@ impl EpState {
     /// Why the endpoint was torn down (a corrupt peer's first violation, or the
     /// device's account of the peer's loss), if it was.
     pub(crate) fn last_error(&self) -> Option<&str> {
-        self.corrupt.as_deref()
+        self.corrupt.as_deref().or(self.gone.as_deref())
     }
 
     /// Matches a new receive against the unexpected queue, else queues it.
@@ -669,7 +672,7 @@ impl<D: Device> Endpoint<D> {
             }
             other => {
                 // And why the peer is taken for gone (for the same report).
-                self.st.corrupt.get_or_insert(other.to_string());
+                self.st.gone.get_or_insert(other.to_string());
                 Status::PeerGone
             }
         };

@@ -623,8 +623,11 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
             measure_round(&format!("round {}/{}", round + 1, a.rounds), &mut runs)?;
         }
         // A run during which other work took more than OTHERS_DISTURBED of the CPU
-        // time, or far from the other rounds of its mode, was disturbed: drop it and
-        // measure one more round, at most --rounds more.
+        // time, or clearly slower than the best runs of its mode (the host moved a
+        // vCPU, or both processes shared one), was disturbed. Extra rounds are
+        // measured (at most twice --rounds) until each mode has at least half its
+        // rounds (and two) undisturbed; then the disturbed runs are dropped.
+        let min_good = (a.rounds as usize).div_ceil(2).max(2);
         let mut extra = 0;
         let mut others_seen: Vec<f64> = Vec::new();
         loop {
@@ -640,30 +643,21 @@ fn check(a: CheckArgs) -> Result<(), CliError> {
             if n == 0 {
                 break;
             }
-            // Measure again only if at least half the rounds (and two) of each mode were
-            // undisturbed; otherwise the machine was busy throughout: every run stays,
-            // with a note, and no time is spent on extra rounds.
-            let min_good = (a.rounds as usize).div_ceil(2).max(2);
-            let keeps_enough = modes
-                .iter()
-                .all(|&c| runs.iter().zip(&bad).filter(|(r, b)| r.0 == c && !**b).count() >= min_good);
-            if extra >= a.rounds || !keeps_enough {
-                if keeps_enough {
+            let good_in = |c: bool| runs.iter().zip(&bad).filter(|(r, b)| r.0 == c && !**b).count();
+            let enough = modes.iter().all(|&c| good_in(c) >= min_good);
+            if enough || extra >= 2 * a.rounds {
+                disturbed += n;
+                if modes.iter().all(|&c| good_in(c) >= 2) {
                     drop_runs(&mut runs, &bad, &mut others_seen);
-                    disturbed += n;
-                    notes.push(format!(
-                        "{n} disturbed runs dropped without replacement (no extra rounds left)"
-                    ));
+                    notes.push(format!("{n} disturbed runs dropped ({extra} extra rounds measured)"));
                 } else {
-                    disturbed += n;
                     notes.push(format!(
-                        "{n} runs look disturbed but are kept: fewer than half the rounds were undisturbed (a busy machine)"
+                        "{n} runs look disturbed but are kept: fewer than two rounds of a mode were undisturbed in {} (a busy machine)",
+                        a.rounds + extra
                     ));
                 }
                 break;
             }
-            drop_runs(&mut runs, &bad, &mut others_seen);
-            disturbed += n;
             extra += 1;
             measure_round(&format!("extra round {extra}"), &mut runs)?;
         }

@@ -21,7 +21,7 @@
 //! by either process in turn.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::c_int;
@@ -32,18 +32,18 @@ pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
 pub const VERSION: u32 = 1;
 pub const HDR: usize = 4096;
 const OFF_STATE: usize = 64;
-const fn off_holders(side: usize) -> usize {
+pub(crate) const fn off_holders(side: usize) -> usize {
     128 + 64 * side
 }
-const fn ctl(d: usize) -> usize {
+pub(crate) const fn ctl(d: usize) -> usize {
     1024 + 1024 * d
 }
-const TAIL: usize = 0;
-const WCLOSED: usize = 64;
-const WSLEEP: usize = 128;
-const HEAD: usize = 512;
-const RCLOSED: usize = 576;
-const RSLEEP: usize = 640;
+pub(crate) const TAIL: usize = 0;
+pub(crate) const WCLOSED: usize = 64;
+pub(crate) const WSLEEP: usize = 128;
+pub(crate) const HEAD: usize = 512;
+pub(crate) const RCLOSED: usize = 576;
+pub(crate) const RSLEEP: usize = 640;
 
 pub const PENDING: u64 = 0;
 pub const ATTACHED: u64 = 1;
@@ -105,7 +105,7 @@ impl Settings {
 pub struct Shm {
     base: *mut u8,
     len: usize,
-    ring: usize,
+    pub(crate) ring: usize,
 }
 
 // SAFETY: the pointer is into a shared mapping owned by this value; every word both
@@ -137,7 +137,7 @@ impl Shm {
         Some(Shm { base: map_shared(fd, len)?, len, ring })
     }
 
-    fn word(&self, off: usize) -> &AtomicU64 {
+    pub(crate) fn word(&self, off: usize) -> &AtomicU64 {
         debug_assert!(off < HDR && off % 8 == 0);
         // SAFETY: `off` is an 8-aligned offset inside the page-aligned header page.
         unsafe { &*self.base.add(off).cast::<AtomicU64>() }
@@ -159,7 +159,7 @@ impl Shm {
         self.word(OFF_STATE)
     }
 
-    fn data(&self, d: usize) -> *mut u8 {
+    pub(crate) fn data(&self, d: usize) -> *mut u8 {
         // SAFETY: both data areas lie inside the mapping.
         unsafe { self.base.add(HDR + d * self.ring) }
     }
@@ -175,6 +175,8 @@ impl Drop for Shm {
 /// Process-wide counters (printed at exit with `STRAIT_STATS=1`).
 pub static ACCELERATED: AtomicUsize = AtomicUsize::new(0);
 pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
+/// Connections to other hosts carried by the udp device.
+pub static REMOTE: AtomicUsize = AtomicUsize::new(0);
 /// Connections attached by asking the connector directly (path B).
 pub static PATH_B: AtomicUsize = AtomicUsize::new(0);
 
@@ -198,6 +200,13 @@ pub struct Conn {
     pub counted: AtomicBool,
     rlock: Mutex<()>,
     wlock: Mutex<()>,
+    /// A connection to another host: the bridge that plays the peer's side of the
+    /// rings (see [`crate::remote`]).
+    pub(crate) remote: std::sync::OnceLock<Arc<crate::remote::Bridge>>,
+    /// A connection to another host that is not settled yet.
+    pub(crate) remote_pending: Mutex<Option<crate::remote::Pending>>,
+    /// A connection to another host that settled on the kernel path.
+    remote_kernel: AtomicBool,
 }
 
 enum Waited {
@@ -295,6 +304,9 @@ impl Conn {
             counted: AtomicBool::new(false),
             rlock: Mutex::new(()),
             wlock: Mutex::new(()),
+            remote: std::sync::OnceLock::new(),
+            remote_pending: Mutex::new(None),
+            remote_kernel: AtomicBool::new(false),
         }
     }
 
@@ -383,7 +395,32 @@ impl Conn {
         false
     }
 
+    /// A connection to another host: moves what arrived into the rings and what the
+    /// rings hold out to the peer (a no-op for a local connection).
+    pub fn pump_remote(&self) {
+        if let Some(b) = self.remote.get() {
+            b.pump_inline();
+        }
+    }
+
+    /// Marks a connection to another host that stays with the kernel.
+    pub fn mark_remote_kernel(&self) {
+        self.remote_kernel.store(true, Ordering::Relaxed);
+    }
+
+    /// True for a connection to another host that stays with the kernel.
+    pub fn is_remote_kernel(&self) -> bool {
+        self.remote_kernel.load(Ordering::Relaxed)
+    }
+
+    /// The descriptor that becomes readable when the peer host sent something, for
+    /// a sleeper on a connection to another host.
+    pub fn remote_fd(&self) -> Option<c_int> {
+        self.remote.get().and_then(|b| b.wake_fd())
+    }
+
     pub fn drain_bell(&self) {
+        self.pump_remote();
         let mut v: u64 = 0;
         // SAFETY: eventfd read into a local; the eventfd is non-blocking.
         unsafe { real::read(self.my_efd, (&mut v as *mut u64).cast(), 8) };
@@ -391,6 +428,7 @@ impl Conn {
 
     /// Current readiness as poll bits (POLLIN/POLLOUT/POLLHUP/POLLRDHUP/POLLERR).
     pub fn readiness(&self) -> Ready {
+        self.pump_remote();
         let mut bits = 0i16;
         let (rx_tail, readable) = match self.avail() {
             Ok((h, n)) => (h + n, n > 0 || self.rx_eof()),
@@ -435,6 +473,7 @@ impl Conn {
         let s = Settings::get();
         let spin_end = Instant::now() + s.spin;
         while Instant::now() < spin_end {
+            self.pump_remote();
             if ready(self) {
                 return Waited::Ready;
             }
@@ -459,9 +498,11 @@ impl Conn {
             let mut p = [
                 libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: self.unix(), events: libc::POLLRDHUP, revents: 0 },
+                libc::pollfd { fd: self.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 },
             ];
-            // SAFETY: two pollfds on the stack.
-            let r = unsafe { real::poll(p.as_mut_ptr(), 2, ms) };
+            // SAFETY: three pollfds on the stack (a negative fd is ignored).
+            let r = unsafe { real::poll(p.as_mut_ptr(), 3, ms) };
+            self.pump_remote();
             if r < 0 && real::errno() == libc::EINTR && !signals_restart() {
                 return Waited::Interrupted;
             }
@@ -552,6 +593,9 @@ impl Conn {
                 if !peek {
                     self.w(self.rx(), HEAD).store(head + take as u64, Ordering::Release);
                     self.wake_if(self.w(self.rx(), WSLEEP));
+                    if let Some(b) = self.remote.get() {
+                        b.after_read();
+                    }
                     got += take;
                 } else {
                     return Ok(take);
@@ -680,6 +724,7 @@ impl Conn {
             }
             self.w(self.tx(), TAIL).store(tail + chunk as u64, Ordering::Release);
             self.wake_if(self.w(self.tx(), RSLEEP));
+            self.pump_remote();
             sent += chunk;
             if sent == want {
                 return Ok(sent);
@@ -702,6 +747,7 @@ impl Conn {
             self.wr_shut.store(true, Ordering::Relaxed);
             self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
             self.ring_bell();
+            self.pump_remote();
         }
     }
 

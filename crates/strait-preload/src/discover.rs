@@ -155,7 +155,7 @@ pub fn sock_key(fd: c_int, peer: bool) -> Option<Key> {
     key_of(p, len).map(|(k, _)| k)
 }
 
-fn is_tcp_stream(fd: c_int) -> bool {
+pub(crate) fn is_tcp_stream(fd: c_int) -> bool {
     let get = |opt| {
         let mut v: c_int = 0;
         let mut l = std::mem::size_of::<c_int>() as socklen_t;

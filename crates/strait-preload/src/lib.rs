@@ -19,6 +19,7 @@ mod discover;
 mod local;
 mod poll;
 mod real;
+mod remote;
 mod stats;
 mod table;
 mod udp;
@@ -91,6 +92,14 @@ fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
 /// The accelerated connection behind `fd`, after settling a pending connect.
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     let c = table::lookup(fd)?;
+    // A connection to another host: the first use waits (bounded) for the other end.
+    if let Some(ok) = remote::settle(fd, &c) {
+        if !ok {
+            discover::give_up(fd, &c);
+            return None;
+        }
+        return Some(c);
+    }
     // A connector's first use waits (bounded) for the acceptor to attach.
     if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
         if !c.settle(fd) {
@@ -181,10 +190,12 @@ extern "C" fn before_fork() {
 
 extern "C" fn in_child() {
     udp::after_fork_child();
+    remote::after_fork_child();
 }
 
 extern "C" fn at_exit() {
     let _ = catch_unwind(udp::at_exit);
+    let _ = catch_unwind(remote::at_exit);
 }
 
 extern "C" fn init() {
@@ -224,6 +235,15 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // non-blocking connect) only asks the kernel.
         if table::lookup(fd).is_some() {
             return real();
+        }
+        if let Some((conn, p)) = remote::pre_connect(fd, addr, len) {
+            let r = real();
+            let e = real::errno();
+            if r == 0 || e == libc::EINPROGRESS {
+                remote::register(fd, conn, p);
+            }
+            real::set_errno(e);
+            return r;
         }
         let Some(u) = discover::pre_connect(fd, addr, len) else { return real() };
         let prepared = discover::prepare(fd, u);
@@ -329,6 +349,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         if r == 0 {
             let e = real::errno();
             discover::on_listen(fd);
+            remote::on_listen(fd);
             real::set_errno(e);
         }
         r
@@ -338,7 +359,10 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 fn after_accept(lfd: c_int, fd: c_int, flags: c_int) -> c_int {
     if fd >= 0 {
         let e = real::errno();
-        discover::on_accept(lfd, fd, flags & libc::SOCK_NONBLOCK != 0);
+        let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+        if !remote::on_accept(lfd, fd, nonblock) {
+            discover::on_accept(lfd, fd, nonblock);
+        }
         real::set_errno(e);
     }
     fd
@@ -905,6 +929,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             table::drop_ref(c);
         }
         table::remove_listener(fd);
+        remote::on_close(fd);
         udp::on_close(fd);
         poll::forget_set(fd);
         real()

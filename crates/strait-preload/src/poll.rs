@@ -113,6 +113,8 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
             for (_, c) in &acc {
                 tmp.push(pollfd { fd: c.my_efd, events: libc::POLLIN, revents: 0 });
                 tmp.push(pollfd { fd: c.unix(), events: libc::POLLRDHUP, revents: 0 });
+                // A connection to another host: its UDP socket wakes us directly.
+                tmp.push(pollfd { fd: c.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 });
             }
         }
         let nu = tmp.len();
@@ -141,10 +143,10 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         }
         if sleep {
             for (j, (_, c)) in acc.iter().enumerate() {
-                if tmp[nk + 2 * j].revents != 0 {
+                if tmp[nk + 3 * j].revents != 0 || tmp[nk + 3 * j + 2].revents != 0 {
                     c.drain_bell();
                 }
-                if tmp[nk + 2 * j + 1].revents != 0 {
+                if tmp[nk + 3 * j + 1].revents != 0 {
                     c.check_peer();
                 }
             }
@@ -289,21 +291,26 @@ impl Member {
 
     /// The descriptors that wake a sleeper for this member, with their tags; `None`
     /// if it has none yet (a UDP socket not bound yet).
-    fn wakers(&self) -> Option<[(c_int, u64, i32); 2]> {
+    fn wakers(&self) -> Option<Vec<(c_int, u64, i32)>> {
         match self {
             Member::Tcp(c) => {
-                Some([(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)])
+                let mut w =
+                    vec![(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)];
+                // A connection to another host: its UDP socket rings like a bell.
+                w.extend(c.remote_fd().map(|fd| (fd, MAGIC_BELL, libc::EPOLLIN)));
+                Some(w)
             }
-            Member::Udp(u) => u
-                .rx()
-                .map(|rx| [(rx.efd, MAGIC_BELL, libc::EPOLLIN), (rx.marker(), MAGIC_MARK, libc::EPOLLIN)]),
+            Member::Udp(u) => u.rx().map(|rx| {
+                vec![(rx.efd, MAGIC_BELL, libc::EPOLLIN), (rx.marker(), MAGIC_MARK, libc::EPOLLIN)]
+            }),
         }
     }
 
-    fn bell_fd(&self) -> c_int {
+    /// True if `fd` is one of this member's bells.
+    fn has_bell(&self, fd: c_int) -> bool {
         match self {
-            Member::Tcp(c) => c.my_efd,
-            Member::Udp(u) => u.rx().map_or(-1, |rx| rx.efd),
+            Member::Tcp(c) => c.my_efd == fd || c.remote_fd() == Some(fd),
+            Member::Udp(u) => u.rx().is_some_and(|rx| rx.efd == fd),
         }
     }
 
@@ -662,10 +669,10 @@ pub unsafe fn wait(
             if data & MAGIC_MASK == MAGIC_BELL {
                 woke = true;
                 with_set(epfd, |set| {
-                    if let Some(c) = set.wakers.iter().find(|c| c.bell_fd() == fd) {
+                    if let Some(c) = set.wakers.iter().find(|c| c.has_bell(fd)) {
                         c.drain_bell();
                     }
-                    touch(set, |c| c.bell_fd() == fd);
+                    touch(set, |c| c.has_bell(fd));
                 });
             } else if data & MAGIC_MASK == MAGIC_MARK {
                 woke = true;

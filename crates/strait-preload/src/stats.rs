@@ -2,18 +2,19 @@
 //! connections accelerated / fallen back to the kernel / attached by path B; UDP
 //! channels set up as sender (`udp-out`) and receiver (`udp-in`), datagrams sent and
 //! received through shared memory, datagrams dropped because a receiver's ring was
-//! full (counted by the sender, as a kernel counts receive-buffer errors).
+//! full (counted by the sender, as a kernel counts receive-buffer errors); TCP
+//! connections to other hosts carried by the udp device (`remote`).
 
 use std::sync::atomic::Ordering;
 
-use crate::conn::{ACCELERATED, KERNEL_FALLBACKS, PATH_B};
+use crate::conn::{ACCELERATED, KERNEL_FALLBACKS, PATH_B, REMOTE};
 use crate::udp;
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
-             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {}\n",
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -23,6 +24,7 @@ extern "C" fn at_exit() {
             udp::SENT.load(Ordering::Relaxed),
             udp::RECEIVED.load(Ordering::Relaxed),
             udp::DROPPED.load(Ordering::Relaxed),
+            REMOTE.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -1,0 +1,1260 @@
+//! TCP connections to other hosts, carried by strait's reliable udp device when the
+//! peer host is listed in `STRAIT_PEERS` and its end runs under strait too.
+//!
+//! Discovery costs an unlisted peer nothing, and a listed peer without strait one
+//! datagram (answered at once by its kernel's ICMP port-unreachable):
+//! * `listen()` (only while `STRAIT_PEERS` is set) also binds a UDP socket to the
+//!   listener's own address and port number: the rendezvous, served by a thread.
+//! * `connect()` to a listed address that is not this host's binds the TCP socket to
+//!   an ephemeral port (so the port is known before the SYN), sends a HELLO {nonce,
+//!   TCP port} to the listener's address and port from a fresh UDP socket, and only
+//!   then does the real TCP connect.
+//! * The rendezvous answers a HELLO with ACCEPT {nonce, port of a new UDP socket
+//!   for this connection}, unless the kernel connection from that address and port
+//!   was already accepted without one (then REFUSE). A repeated HELLO gets the same
+//!   answer.
+//! * `accept()` first reads the HELLOs queued at the rendezvous, then looks for the
+//!   accepted connection's peer address and port: found, the connection waits for
+//!   the connector's confirmation; not found, it stays with the kernel and a later
+//!   HELLO is refused.
+//! * The connector's first use of the socket waits (bounded by
+//!   `STRAIT_ATTACH_TIMEOUT_MS`) for the answer, repeating the HELLO every 20 ms.
+//!   ACCEPT: it writes a 16-byte confirmation (GO and the nonce) on the TCP
+//!   connection, the only bytes strait ever writes there, and only to a peer that
+//!   has just proved it runs strait. REFUSE, an ICMP error or the timeout: kernel.
+//! * The acceptor's first use waits (bounded) for the confirmation, reading it with
+//!   `MSG_PEEK` first so that bytes of a peer that is not strait are never consumed.
+//!
+//! Data path: the program's side is an ordinary strait connection (byte rings in a
+//! memfd, see `conn.rs`); a [`Bridge`] plays the peer's side of those rings and moves
+//! bytes between them and a `Reliable<UdpLink>` to the other host, with credit flow
+//! control (a sender never has more bytes outstanding than the receiver's ring
+//! holds, so an arrival always has room). The bridge runs inline in whichever thread
+//! of the program uses the connection (a write is on the wire before `send`
+//! returns; a waiting reader sleeps on the UDP socket itself), and in one background
+//! thread per process for timers and for connections nobody is using.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use libc::{c_int, sockaddr, socklen_t};
+use strait_core::{Device, Link, Reliable, ReliableConfig};
+use strait_udp::{Backend, UdpConfig, UdpLink};
+
+use crate::conn::{
+    ctl, Conn, Settings, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED, WSLEEP,
+};
+use crate::discover::{close_all, key_of, sock_key, Key};
+use crate::real;
+
+const MSG_MAGIC: u64 = 0x3130_5652_5454_5253; // "SRTTRV01"
+const MSG_LEN: usize = 32;
+const KIND_HELLO: u8 = 1;
+const KIND_ACCEPT: u8 = 2;
+const KIND_REFUSE: u8 = 3;
+const GO: u64 = 0x4f47_5449_4152_5453; // "STRAITGO"
+const NO: u64 = 0x4f4e_5449_4152_5453; // "STRAITNO"
+/// How often a connector repeats its HELLO while it waits for the answer.
+const HELLO_REPEAT: Duration = Duration::from_millis(20);
+/// How long the rendezvous remembers an offer nobody accepted, or a refusal.
+const REMEMBER: Duration = Duration::from_secs(30);
+/// Bridge frame kinds (the first byte of every frame on the reliable device).
+const F_DATA: u8 = 0;
+const F_CREDIT: u8 = 1;
+const F_SHUT: u8 = 2;
+const F_RESET: u8 = 3;
+
+// ------------------------------------------------------------------ STRAIT_PEERS
+
+/// The hosts named by `STRAIT_PEERS`: addresses or subnets (`10.0.0.2`,
+/// `10.0.0.0/24`, `fd00::/64`), separated by commas or spaces. IPv4 entries are kept
+/// as v4-mapped IPv6 networks.
+struct Peers {
+    nets: Vec<([u8; 16], u32)>,
+}
+
+fn parse_peers(text: &str) -> Result<Vec<([u8; 16], u32)>, String> {
+    let mut nets = Vec::new();
+    for item in text.split(|c: char| c == ',' || c.is_whitespace()).filter(|s| !s.is_empty()) {
+        let (addr, bits) = match item.split_once('/') {
+            Some((a, b)) => (a, Some(b.parse::<u32>().map_err(|_| format!("{item:?}: bad prefix length"))?)),
+            None => (item, None),
+        };
+        let ip: std::net::IpAddr = addr.parse().map_err(|_| format!("{item:?}: not an IP address"))?;
+        let (octets, max, base) = match ip {
+            std::net::IpAddr::V4(v4) => (v4.to_ipv6_mapped().octets(), 32, 96),
+            std::net::IpAddr::V6(v6) => (v6.octets(), 128, 0),
+        };
+        let b = bits.unwrap_or(max);
+        if b > max {
+            return Err(format!("{item:?}: prefix longer than the address"));
+        }
+        nets.push((octets, base + b));
+    }
+    Ok(nets)
+}
+
+fn in_net(a: &[u8; 16], net: &[u8; 16], bits: u32) -> bool {
+    let whole = (bits / 8) as usize;
+    if a[..whole] != net[..whole] {
+        return false;
+    }
+    let rest = bits % 8;
+    rest == 0 || (a[whole] ^ net[whole]) & (0xffu8 << (8 - rest)) == 0
+}
+
+fn peers() -> &'static Peers {
+    static P: OnceLock<Peers> = OnceLock::new();
+    P.get_or_init(|| {
+        let text = std::env::var("STRAIT_PEERS").unwrap_or_default();
+        match parse_peers(&text) {
+            Ok(nets) => Peers { nets },
+            Err(e) => {
+                eprintln!("strait: STRAIT_PEERS ignored: {e}");
+                Peers { nets: Vec::new() }
+            }
+        }
+    })
+}
+
+/// True if connections to other hosts may be carried by strait at all.
+pub fn enabled() -> bool {
+    Settings::get().enabled && !peers().nets.is_empty()
+}
+
+/// True if `a` is on a host named by `STRAIT_PEERS`.
+pub fn listed(a: &[u8; 16]) -> bool {
+    peers().nets.iter().any(|(n, b)| in_net(a, n, *b))
+}
+
+// ------------------------------------------------------------------ messages
+
+fn message(kind: u8, nonce: u64, port: u16) -> [u8; MSG_LEN] {
+    let mut m = [0u8; MSG_LEN];
+    m[0..8].copy_from_slice(&MSG_MAGIC.to_le_bytes());
+    m[8] = kind;
+    m[16..24].copy_from_slice(&nonce.to_le_bytes());
+    m[24..26].copy_from_slice(&port.to_le_bytes());
+    m
+}
+
+fn parse_message(m: &[u8]) -> Option<(u8, u64, u16)> {
+    if m.len() != MSG_LEN || m[0..8] != MSG_MAGIC.to_le_bytes() {
+        return None;
+    }
+    let nonce = u64::from_le_bytes(m[16..24].try_into().ok()?);
+    let port = u16::from_le_bytes(m[24..26].try_into().ok()?);
+    Some((m[8], nonce, port))
+}
+
+fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom fills the 8 bytes of a local.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n != 8 {
+        let t = Instant::now().elapsed().as_nanos() as u64;
+        // SAFETY: plain syscall.
+        v = t ^ (unsafe { libc::getpid() } as u64) << 32 ^ 0x9e37_79b9_7f4a_7c15;
+    }
+    v
+}
+
+/// The socket address of a key (v4-mapped keys as IPv4).
+fn addr_of(k: &Key) -> SocketAddr {
+    let v6 = std::net::Ipv6Addr::from(k.0);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => SocketAddr::new(v4.into(), k.1),
+        None => SocketAddr::new(v6.into(), k.1),
+    }
+}
+
+fn key_of_addr(a: &SocketAddr) -> Key {
+    match a {
+        SocketAddr::V4(v4) => (v4.ip().to_ipv6_mapped().octets(), v4.port()),
+        SocketAddr::V6(v6) => (v6.ip().octets(), v6.port()),
+    }
+}
+
+/// A non-blocking, close-on-exec UDP socket made with the real `socket` (so the
+/// library never takes it for one of the program's).
+fn udp_socket(v6: bool) -> Option<UdpSocket> {
+    let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain syscall.
+    let fd = unsafe { real::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor we own alone.
+    Some(unsafe { UdpSocket::from_raw_fd(fd) })
+}
+
+/// A memfd of one connection's rings, sealed, with the header initialised, and the
+/// program's mapping of it.
+fn new_rings() -> Option<(c_int, Shm)> {
+    let ring = Settings::get().ring;
+    // SAFETY: NUL-terminated literal name.
+    let memfd = unsafe {
+        libc::memfd_create(c"strait-tcp-remote".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    };
+    if memfd < 0 {
+        return None;
+    }
+    // SAFETY: plain syscalls on the memfd we own.
+    let sized = unsafe { libc::ftruncate(memfd, (HDR + 2 * ring) as libc::off_t) == 0 };
+    let shm = if sized { Shm::map(memfd, ring) } else { None };
+    let Some(shm) = shm else {
+        close_all(&[memfd]);
+        return None;
+    };
+    shm.init_header();
+    Some((memfd, shm))
+}
+
+fn eventfd() -> c_int {
+    // SAFETY: plain syscall.
+    unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }
+}
+
+fn ring_eventfd(fd: c_int) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a local to an eventfd.
+    unsafe { real::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+// ------------------------------------------------------------------ pending state
+
+/// What both ends of a connection to another host share until they agreed.
+pub struct Pending {
+    /// Our own copy of the TCP socket (the program may close or reuse its number).
+    tcp: c_int,
+    /// The connector's UDP socket (connected to the rendezvous, later to the
+    /// acceptor's bridge socket), or the acceptor's bridge socket.
+    udp: UdpSocket,
+    nonce: u64,
+    started: Instant,
+    memfd: c_int,
+    bridge_unix: c_int,
+    role: Role,
+}
+
+enum Role {
+    Connector {
+        hello: [u8; MSG_LEN],
+        sent: Instant,
+        /// The acceptor's bridge port, once the rendezvous answered.
+        accepted: Option<u16>,
+    },
+    Acceptor,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        close_all(&[self.tcp, self.memfd, self.bridge_unix]);
+    }
+}
+
+/// Where a pending connection stands after one look.
+enum Step {
+    /// Not decided: sleep on this descriptor for these events (then look again).
+    Wait(c_int, i16),
+    /// Decided: strait carries it (true) or the kernel does.
+    Done(bool),
+}
+
+/// The acceptor waits longer for the confirmation than the connector may take to
+/// send it (the connector's clock starts first), so they never disagree.
+const ACCEPTOR_WAIT_FACTOR: u32 = 2;
+
+/// A program-side connection over fresh rings, with the bridge's eventfd and a
+/// socketpair whose other end the bridge keeps. Returns (conn, memfd, bridge end).
+fn new_conn(side: usize, nonblock: bool) -> Option<(Arc<Conn>, c_int, c_int)> {
+    let efd = eventfd();
+    let bg = background().efd;
+    // SAFETY: plain syscall.
+    let peer_efd = unsafe { libc::fcntl(bg, libc::F_DUPFD_CLOEXEC, 0) };
+    let mut sp = [-1; 2];
+    // SAFETY: a local array of two descriptors.
+    let paired = unsafe {
+        libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, sp.as_mut_ptr())
+    } == 0;
+    let rings = new_rings();
+    if efd < 0 || peer_efd < 0 || !paired || rings.is_none() {
+        close_all(&[efd, peer_efd, sp[0], sp[1]].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
+        if let Some((m, _)) = rings {
+            close_all(&[m]);
+        }
+        return None;
+    }
+    let (memfd, shm) = rings?;
+    let conn = Arc::new(Conn::new(shm, side, efd, peer_efd, sp[0], nonblock, None));
+    Some((conn, memfd, sp[1]))
+}
+
+fn dup_fd(fd: c_int) -> c_int {
+    // SAFETY: plain syscall.
+    unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }
+}
+
+/// Before a TCP `connect` to `addr`: if the destination is a listed host (not this
+/// one), binds a port, sends the HELLO and returns what [`register`] needs.
+pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(Arc<Conn>, Pending)> {
+    if !enabled() {
+        return None;
+    }
+    let (dest, lo) = key_of(addr, len)?;
+    if lo || !listed(&dest.0) || crate::local::host_address(&dest.0) || !crate::discover::is_tcp_stream(fd) {
+        return None;
+    }
+    let mut key = sock_key(fd, false);
+    if key.is_some_and(|k| k.1 == 0) && crate::discover::bind_ephemeral(fd) {
+        key = sock_key(fd, false);
+    }
+    let port = key.filter(|k| k.1 != 0)?.1;
+    let target = addr_of(&dest);
+    let udp = udp_socket(target.is_ipv6())?;
+    udp.connect(target).ok()?;
+    let nonce = random_u64();
+    let hello = message(KIND_HELLO, nonce, port);
+    udp.send(&hello).ok()?;
+    // SAFETY: plain syscall.
+    let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
+    let tcp = dup_fd(fd);
+    if tcp < 0 {
+        return None;
+    }
+    let Some((conn, memfd, bridge_unix)) = new_conn(0, nonblock) else {
+        close_all(&[tcp]);
+        return None;
+    };
+    let now = Instant::now();
+    let role = Role::Connector { hello, sent: now, accepted: None };
+    Some((conn, Pending { tcp, udp, nonce, started: now, memfd, bridge_unix, role }))
+}
+
+/// After the TCP connect started (or finished): the socket is a pending connection
+/// to another host, which the background thread settles as soon as it can (so the
+/// other end never waits for this program to use the socket).
+pub fn register(fd: c_int, conn: Arc<Conn>, p: Pending) {
+    *conn.remote_pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    let bg = background();
+    bg.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&conn));
+    ring_eventfd(bg.efd);
+    if let Some(old) = crate::table::insert(fd, conn) {
+        crate::table::drop_ref(old);
+    }
+}
+
+fn udp_config() -> UdpConfig {
+    let mut cfg = UdpConfig::from_env().unwrap_or_default();
+    // Threads of the program and the background thread all drive the link: the
+    // plain-syscall backend has no per-thread state. Datagrams go out at once.
+    cfg.backend = Backend::Mmsg;
+    cfg.coalesce_ns = 0;
+    cfg
+}
+
+/// One look at a pending connection: reads the rendezvous' answer or the
+/// connector's confirmation, repeats the HELLO, sends the confirmation, starts the
+/// bridge. Never blocks.
+fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
+    let now = Instant::now();
+    let timeout = Settings::get().attach_timeout;
+    let Pending { tcp, udp, nonce, started, role, .. } = p;
+    let (tcp, nonce, started) = (*tcp, *nonce, *started);
+    match role {
+        Role::Connector { hello, sent, accepted } => {
+            let mut buf = [0u8; 64];
+            while accepted.is_none() {
+                match udp.recv(&mut buf) {
+                    Ok(n) => match parse_message(&buf[..n]) {
+                        Some((KIND_ACCEPT, n2, port)) if n2 == nonce && port != 0 => *accepted = Some(port),
+                        Some((KIND_REFUSE, n2, _)) if n2 == nonce => return Step::Done(false),
+                        _ => {}
+                    },
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    // An ICMP error: no rendezvous there (the peer does not run strait).
+                    Err(_) => return Step::Done(false),
+                }
+            }
+            if now >= started + timeout {
+                return Step::Done(false);
+            }
+            let Some(port) = *accepted else {
+                if now >= *sent + HELLO_REPEAT {
+                    let _ = udp.send(hello.as_slice());
+                    *sent = now;
+                }
+                return Step::Wait(udp.as_raw_fd(), libc::POLLIN);
+            };
+            match tcp_connected(tcp) {
+                None => Step::Wait(tcp, libc::POLLOUT),
+                Some(false) => Step::Done(false),
+                Some(true) => {
+                    let to = udp.peer_addr().ok().map(|mut a| {
+                        a.set_port(port);
+                        a
+                    });
+                    let up = to.is_some_and(|a| udp.connect(a).is_ok()) && attach(conn, p).is_some();
+                    let sent = send_confirmation(tcp, if up { GO } else { NO }, nonce);
+                    Step::Done(up && sent)
+                }
+            }
+        }
+        Role::Acceptor => match read_confirmation(tcp, nonce) {
+            Some(Some(go)) => Step::Done(go && attach(conn, p).is_some()),
+            Some(None) => Step::Done(false),
+            None if now >= started + timeout * ACCEPTOR_WAIT_FACTOR => Step::Done(false),
+            None => Step::Wait(tcp, libc::POLLIN),
+        },
+    }
+}
+
+/// Settles a pending connection to another host (waiting, bounded, if nobody did
+/// yet): true if strait carries it from now on. `None` if it is not one.
+pub fn settle(_fd: c_int, conn: &Arc<Conn>) -> Option<bool> {
+    if conn.remote.get().is_some() {
+        return Some(true);
+    }
+    let mut slot = conn.remote_pending.lock().unwrap_or_else(|e| e.into_inner());
+    if conn.remote.get().is_some() {
+        return Some(true);
+    }
+    if conn.state() == KERNEL && conn.is_remote_kernel() {
+        return Some(false);
+    }
+    let p = slot.as_mut()?;
+    loop {
+        match step(conn, p) {
+            Step::Done(ok) => {
+                finish(conn, &mut slot, ok);
+                return Some(ok);
+            }
+            Step::Wait(fd, events) => {
+                let mut pf = libc::pollfd { fd, events, revents: 0 };
+                // SAFETY: one pollfd on the stack.
+                unsafe { real::poll(&mut pf, 1, 5) };
+            }
+        }
+    }
+}
+
+/// Records the decision (the pending state and its descriptors go).
+fn finish(conn: &Conn, slot: &mut Option<Pending>, ok: bool) {
+    *slot = None;
+    if !ok {
+        conn.mark_remote_kernel();
+        conn.shm.state().store(KERNEL, Ordering::Release);
+    }
+}
+
+/// Whether a non-blocking connect finished: `None` still in progress, else whether
+/// it succeeded.
+fn tcp_connected(fd: c_int) -> Option<bool> {
+    let mut pf = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one pollfd on the stack.
+    let r = unsafe { real::poll(&mut pf, 1, 0) };
+    if r == 0 {
+        return None;
+    }
+    let mut err: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: a local int and its length.
+    let ok = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut c_int).cast(), &mut l)
+    } == 0;
+    Some(r > 0 && ok && err == 0 && sock_key(fd, true).is_some())
+}
+
+fn send_confirmation(fd: c_int, word: u64, nonce: u64) -> bool {
+    let mut m = [0u8; 16];
+    m[0..8].copy_from_slice(&word.to_le_bytes());
+    m[8..16].copy_from_slice(&nonce.to_le_bytes());
+    let mut off = 0;
+    let deadline = Instant::now() + Duration::from_millis(200);
+    while off < m.len() && Instant::now() < deadline {
+        // SAFETY: the rest of a local array.
+        let n = unsafe {
+            real::send(fd, m[off..].as_ptr().cast(), m.len() - off, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        };
+        if n > 0 {
+            off += n as usize;
+        } else if n < 0 && matches!(real::errno(), libc::EAGAIN | libc::EINTR) {
+            let mut pf = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+            // SAFETY: one pollfd on the stack.
+            unsafe { real::poll(&mut pf, 1, 10) };
+        } else {
+            return false;
+        }
+    }
+    off == m.len()
+}
+
+/// Acceptor: one look for the connector's 16 bytes. `None`: not all here yet;
+/// `Some(Some(go))`: GO or NO with our nonce (consumed); `Some(None)`: anything else,
+/// or end of stream (left unread: a peer that is not strait after all).
+fn read_confirmation(fd: c_int, nonce: u64) -> Option<Option<bool>> {
+    let mut m = [0u8; 16];
+    // SAFETY: a local array.
+    let n = unsafe { real::recv(fd, m.as_mut_ptr().cast(), 16, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n < 0 && matches!(real::errno(), libc::EAGAIN | libc::EINTR) {
+        return None;
+    }
+    let whole = n == 16;
+    if n > 0 && !whole {
+        // Fewer bytes: a prefix of the confirmation is worth waiting for.
+        let k = n as usize;
+        let mut want = [0u8; 16];
+        want[0..8].copy_from_slice(&GO.to_le_bytes());
+        want[8..16].copy_from_slice(&nonce.to_le_bytes());
+        let mut want_no = want;
+        want_no[0..8].copy_from_slice(&NO.to_le_bytes());
+        return if m[..k] == want[..k] || m[..k] == want_no[..k] { None } else { Some(None) };
+    }
+    if !whole {
+        return Some(None);
+    }
+    let word = u64::from_le_bytes(m[0..8].try_into().unwrap_or_default());
+    if u64::from_le_bytes(m[8..16].try_into().unwrap_or_default()) != nonce || (word != GO && word != NO) {
+        return Some(None);
+    }
+    // SAFETY: consumes exactly the 16 bytes peeked above into a local array.
+    let n = unsafe { real::recv(fd, m.as_mut_ptr().cast(), 16, libc::MSG_DONTWAIT) };
+    Some((n == 16).then_some(word == GO))
+}
+
+/// Starts the bridge of a settled connection; `None` if the device could not be
+/// set up (the connection then stays with the kernel).
+fn attach(conn: &Arc<Conn>, p: &Pending) -> Option<()> {
+    let (udp, memfd, bridge_unix) = (&p.udp, p.memfd, p.bridge_unix);
+    let sock = udp.try_clone().ok()?;
+    let link = UdpLink::from_socket(sock, &udp_config()).ok()?;
+    let dev = Reliable::new(link, ReliableConfig::from_env().unwrap_or_default());
+    let shm = Shm::map(memfd, Settings::get().ring)?;
+    // SAFETY: plain syscalls duplicating descriptors we hold.
+    let (app_efd, unix) = unsafe {
+        (
+            libc::fcntl(conn.my_efd, libc::F_DUPFD_CLOEXEC, 0),
+            libc::fcntl(bridge_unix, libc::F_DUPFD_CLOEXEC, 0),
+        )
+    };
+    if app_efd < 0 || unix < 0 {
+        close_all(&[app_efd, unix].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
+        return None;
+    }
+    let link_fd = dev.link().event_fd();
+    let max_data = dev.max_frame_len().saturating_sub(1).max(1);
+    let bridge = Arc::new(Bridge {
+        shm,
+        side: conn.side,
+        app_efd,
+        unix: AtomicI32::new(unix),
+        link_fd: link_fd.unwrap_or(-1),
+        owner: owner_pid(),
+        max_data,
+        retired: AtomicBool::new(false),
+        last_inline_ms: AtomicU64::new(0),
+        started: Instant::now(),
+        st: Mutex::new(BridgeState {
+            dev,
+            peer_consumed: 0,
+            credit_sent: 0,
+            discarded: 0,
+            shut_sent: false,
+            fin_sent: false,
+            reset_sent: false,
+            failed: false,
+        }),
+    });
+    conn.shm.state().store(ATTACHED, Ordering::Release);
+    let _ = conn.remote.set(bridge.clone());
+    let bg = background();
+    bg.bridges.lock().unwrap_or_else(|e| e.into_inner()).push(bridge);
+    ring_eventfd(bg.efd);
+    crate::conn::REMOTE.fetch_add(1, Ordering::Relaxed);
+    Some(())
+}
+
+// ------------------------------------------------------------------ rendezvous
+
+struct Offer {
+    nonce: u64,
+    udp: UdpSocket,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct RvState {
+    offers: HashMap<Key, Offer>,
+    /// Kernel connections accepted without a HELLO: a late HELLO is refused.
+    refused: HashMap<Key, Instant>,
+}
+
+/// The rendezvous of one listening socket.
+struct Rendezvous {
+    udp: UdpSocket,
+    st: Mutex<RvState>,
+    closed: AtomicBool,
+}
+
+fn rendezvous() -> &'static Mutex<HashMap<c_int, Arc<Rendezvous>>> {
+    static R: OnceLock<Mutex<HashMap<c_int, Arc<Rendezvous>>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// After a successful `listen(fd)`: binds the rendezvous beside it.
+pub fn on_listen(fd: c_int) {
+    if !enabled() || !crate::discover::is_tcp_stream(fd) {
+        return;
+    }
+    if rendezvous().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&fd) {
+        return;
+    }
+    let Some(key) = sock_key(fd, false) else { return };
+    let wildcard = key.0 == [0u8; 16];
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: a local sockaddr_storage and its length.
+    if unsafe { libc::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut len) } != 0 {
+        return;
+    }
+    let v6 = ss.ss_family as c_int == libc::AF_INET6;
+    let Some(udp) = udp_socket(v6) else { return };
+    if v6 {
+        let only: c_int = c_int::from(wildcard && crate::discover::v6only(fd));
+        // SAFETY: a local int option.
+        unsafe {
+            libc::setsockopt(
+                udp.as_raw_fd(),
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                (&only as *const c_int).cast(),
+                std::mem::size_of::<c_int>() as socklen_t,
+            )
+        };
+    }
+    // SAFETY: the listener's own address, as the kernel reported it.
+    if unsafe { real::bind(udp.as_raw_fd(), (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        return;
+    }
+    let rv = Arc::new(Rendezvous { udp, st: Mutex::new(RvState::default()), closed: AtomicBool::new(false) });
+    rendezvous().lock().unwrap_or_else(|e| e.into_inner()).insert(fd, rv.clone());
+    let spawned = std::thread::Builder::new().name("strait-rendezvous".into()).spawn(move || {
+        while !rv.closed.load(Ordering::Relaxed) {
+            let mut pf = libc::pollfd { fd: rv.udp.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd on the stack.
+            unsafe { real::poll(&mut pf, 1, 200) };
+            let mut st = rv.st.lock().unwrap_or_else(|e| e.into_inner());
+            rv.serve(&mut st);
+        }
+    });
+    if spawned.is_err() {
+        rendezvous().lock().unwrap_or_else(|e| e.into_inner()).remove(&fd);
+    }
+}
+
+/// The listening socket `fd` was closed.
+pub fn on_close(fd: c_int) {
+    if !enabled() {
+        return;
+    }
+    if let Some(rv) = rendezvous().lock().unwrap_or_else(|e| e.into_inner()).remove(&fd) {
+        rv.closed.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Rendezvous {
+    /// Answers every HELLO queued now.
+    fn serve(&self, st: &mut RvState) {
+        let now = Instant::now();
+        st.offers.retain(|_, o| now.duration_since(o.at) < REMEMBER);
+        st.refused.retain(|_, t| now.duration_since(*t) < REMEMBER);
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = self.udp.recv_from(&mut buf) {
+            let Some((KIND_HELLO, nonce, tcp_port)) = parse_message(&buf[..n]) else { continue };
+            if !listed(&key_of_addr(&from).0) {
+                continue;
+            }
+            let key = (key_of_addr(&from).0, tcp_port);
+            let answer = if st.refused.contains_key(&key) {
+                message(KIND_REFUSE, nonce, 0)
+            } else {
+                match st.offers.get(&key) {
+                    Some(o) if o.nonce == nonce => {
+                        message(KIND_ACCEPT, nonce, o.udp.local_addr().map_or(0, |a| a.port()))
+                    }
+                    _ => {
+                        // A new connection (or a new one reusing the address and port).
+                        let made = udp_socket(from.is_ipv6()).filter(|u| u.connect(from).is_ok());
+                        match made {
+                            Some(u) => {
+                                let port = u.local_addr().map_or(0, |a| a.port());
+                                st.offers.insert(key, Offer { nonce, udp: u, at: now });
+                                message(KIND_ACCEPT, nonce, port)
+                            }
+                            None => message(KIND_REFUSE, nonce, 0),
+                        }
+                    }
+                }
+            };
+            let _ = self.udp.send_to(&answer, from);
+        }
+    }
+}
+
+/// After a kernel `accept` on `lfd` returned `fd`: a connection from a listed host
+/// whose HELLO came becomes a pending strait connection.
+pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
+    if !enabled() {
+        return false;
+    }
+    let Some(rv) = rendezvous().lock().unwrap_or_else(|e| e.into_inner()).get(&lfd).cloned() else {
+        return false;
+    };
+    let Some(peer) = sock_key(fd, true) else { return false };
+    if !listed(&peer.0) {
+        return false;
+    }
+    let offer = {
+        let mut st = rv.st.lock().unwrap_or_else(|e| e.into_inner());
+        // The HELLO was sent before the SYN: it is queued by now if it came at all.
+        rv.serve(&mut st);
+        match st.offers.remove(&peer) {
+            Some(o) => o,
+            None => {
+                st.refused.insert(peer, Instant::now());
+                return false;
+            }
+        }
+    };
+    let tcp = dup_fd(fd);
+    if tcp < 0 {
+        return false;
+    }
+    let Some((conn, memfd, bridge_unix)) = new_conn(1, nonblock) else {
+        close_all(&[tcp]);
+        return false;
+    };
+    let p = Pending {
+        tcp,
+        udp: offer.udp,
+        nonce: offer.nonce,
+        started: Instant::now(),
+        memfd,
+        bridge_unix,
+        role: Role::Acceptor,
+    };
+    register(fd, conn, p);
+    true
+}
+
+// ------------------------------------------------------------------ the bridge
+
+fn owner_pid() -> u32 {
+    // SAFETY: plain syscall.
+    unsafe { libc::getpid() as u32 }
+}
+
+/// The peer's side of the rings of one connection to another host. See the module
+/// docs.
+pub struct Bridge {
+    /// Our own mapping of the connection's rings.
+    shm: Shm,
+    /// The program's side: we consume direction `side` and produce `1 - side`.
+    side: usize,
+    /// The program's eventfd (ours to ring when it sleeps).
+    app_efd: c_int,
+    /// Our end of the socketpair: closing it tells the program the peer is gone.
+    unix: AtomicI32,
+    /// The UDP socket of the device (readable when the peer host sent something).
+    link_fd: c_int,
+    /// The process that owns the device state; a forked child leaves the driving to
+    /// it (its copy of the state would diverge).
+    owner: u32,
+    max_data: usize,
+    retired: AtomicBool,
+    /// When a program thread last drove the device (ms since the bridge's start):
+    /// meanwhile the background thread leaves the socket to it.
+    last_inline_ms: AtomicU64,
+    started: Instant,
+    st: Mutex<BridgeState>,
+}
+
+/// How long after a program thread drove a connection the background thread keeps
+/// off its socket (so one arrival does not wake two threads).
+const INLINE_GRACE_MS: u64 = 2;
+
+struct BridgeState {
+    dev: Reliable<UdpLink>,
+    /// Total bytes the peer reported consumed (its ring is free beyond this).
+    peer_consumed: u64,
+    /// Consumed total we last reported.
+    credit_sent: u64,
+    /// Bytes thrown away after the program closed its end.
+    discarded: u64,
+    shut_sent: bool,
+    fin_sent: bool,
+    reset_sent: bool,
+    failed: bool,
+}
+
+// SAFETY: the device is only touched under the mutex; the rings are shared memory
+// accessed with atomics and copies (see conn.rs).
+unsafe impl Send for Bridge {}
+// SAFETY: as above.
+unsafe impl Sync for Bridge {}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let u = self.unix.swap(-1, Ordering::Relaxed);
+        close_all(&[self.app_efd]);
+        if u >= 0 {
+            close_all(&[u]);
+        }
+    }
+}
+
+impl Bridge {
+    fn w(&self, d: usize, off: usize) -> &AtomicU64 {
+        self.shm.word(ctl(d) + off)
+    }
+
+    fn wake_app(&self, flag: &AtomicU64) {
+        fence(Ordering::SeqCst);
+        if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0 {
+            ring_eventfd(self.app_efd);
+        }
+    }
+
+    /// The UDP socket to sleep on, for a program thread waiting on this connection.
+    pub fn wake_fd(&self) -> Option<c_int> {
+        (self.owner == current_pid() && self.link_fd >= 0).then_some(self.link_fd)
+    }
+
+    /// A program thread's turn: drives the device now (not in a forked child).
+    pub fn pump_inline(&self) {
+        if self.owner != current_pid() || self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        self.last_inline_ms.store(self.started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+        let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
+        self.pump(&mut st);
+    }
+
+    /// True if a program thread drove the device within the grace period.
+    fn driven_inline(&self) -> bool {
+        let last = self.last_inline_ms.load(Ordering::Relaxed);
+        last != 0 && (self.started.elapsed().as_millis() as u64) < last + INLINE_GRACE_MS
+    }
+
+    /// After the program read: return credit once a quarter of the ring was freed.
+    pub fn after_read(&self) {
+        let consumed = self.w(1 - self.side, HEAD).load(Ordering::Acquire);
+        let ring = self.shm.ring as u64;
+        if let Ok(st) = self.st.try_lock() {
+            if consumed.saturating_sub(st.credit_sent) < ring / 4 {
+                return;
+            }
+        }
+        self.pump_inline();
+    }
+
+    /// Moves everything that can move now; true once the bridge is finished (closed
+    /// and drained, or failed).
+    fn pump(&self, st: &mut BridgeState) -> bool {
+        if st.failed {
+            return true;
+        }
+        let ring = self.shm.ring as u64;
+        let (tx, rx) = (self.side, 1 - self.side);
+        let app_gone = self.w(rx, RCLOSED).load(Ordering::Acquire) != 0;
+        // Arrivals.
+        let mut broke = false;
+        let mut woke_reader = false;
+        let mut peer_stopped = false;
+        loop {
+            let BridgeState { dev, peer_consumed, discarded, .. } = &mut *st;
+            let r = dev.recv_frame(&mut |f| {
+                let mut kind = [0u8; 1];
+                if !f.read(0, &mut kind) {
+                    broke = true;
+                    return;
+                }
+                match kind[0] {
+                    F_DATA => {
+                        let n = f.len() - 1;
+                        let tail = self.w(rx, TAIL).load(Ordering::Relaxed);
+                        if app_gone {
+                            *discarded += n as u64;
+                            self.w(rx, TAIL).store(tail + n as u64, Ordering::Release);
+                            self.w(rx, HEAD).store(tail + n as u64, Ordering::Release);
+                            peer_stopped = true;
+                            return;
+                        }
+                        let head = self.w(rx, HEAD).load(Ordering::Acquire);
+                        if tail < head || tail - head + n as u64 > ring {
+                            // More than the credit we gave: a broken peer.
+                            broke = true;
+                            return;
+                        }
+                        let base = self.shm.data(rx);
+                        let mut done = 0usize;
+                        while done < n {
+                            let off = ((tail + done as u64) % ring) as usize;
+                            let m = (n - done).min(self.shm.ring - off);
+                            // SAFETY: `off + m <= ring` inside the data area of the
+                            // direction we produce; the consumer does not read beyond
+                            // the tail we publish after the copy.
+                            let ok = unsafe { f.read_raw(1 + done, base.add(off), m) };
+                            if !ok {
+                                broke = true;
+                                return;
+                            }
+                            done += m;
+                        }
+                        self.w(rx, TAIL).store(tail + n as u64, Ordering::Release);
+                        woke_reader = true;
+                    }
+                    F_CREDIT => {
+                        let mut v = [0u8; 8];
+                        if f.len() == 9 && f.read(1, &mut v) {
+                            *peer_consumed = (*peer_consumed).max(u64::from_le_bytes(v));
+                        } else {
+                            broke = true;
+                        }
+                    }
+                    F_SHUT => {
+                        self.w(rx, WCLOSED).store(1, Ordering::Release);
+                        woke_reader = true;
+                    }
+                    F_RESET => {
+                        // The peer program closed without reading: our writes fail.
+                        self.w(tx, RCLOSED).store(1, Ordering::Release);
+                        self.wake_app(self.w(tx, WSLEEP));
+                    }
+                    _ => broke = true,
+                }
+            });
+            match r {
+                Ok(true) if !broke => continue,
+                Ok(_) if !broke => break,
+                _ => {
+                    self.fail(st);
+                    return true;
+                }
+            }
+        }
+        if woke_reader {
+            self.wake_app(self.w(rx, RSLEEP));
+        }
+        // Departures: as much as the peer's ring has room for.
+        loop {
+            let head = self.w(tx, HEAD).load(Ordering::Relaxed);
+            let tail = self.w(tx, TAIL).load(Ordering::Acquire);
+            if tail < head || tail - head > ring {
+                self.fail(st);
+                return true;
+            }
+            let credit = (st.peer_consumed + ring).saturating_sub(head);
+            let n = (tail - head).min(credit).min(self.max_data as u64) as usize;
+            if n == 0 {
+                break;
+            }
+            let base = self.shm.data(tx);
+            let sent = st.dev.send_frame(1 + n, &mut |w| {
+                w.write(0, &[F_DATA]);
+                let mut done = 0usize;
+                while done < n {
+                    let off = ((head + done as u64) % ring) as usize;
+                    let m = (n - done).min(self.shm.ring - off);
+                    // SAFETY: `off + m <= ring` inside the data area the program
+                    // produces; bytes below its published tail are not written again
+                    // until we advance the head.
+                    let src = unsafe { std::slice::from_raw_parts(base.add(off), m) };
+                    w.write(1 + done, src);
+                    done += m;
+                }
+            });
+            match sent {
+                Ok(true) => {
+                    self.w(tx, HEAD).store(head + n as u64, Ordering::Release);
+                    self.wake_app(self.w(tx, WSLEEP));
+                }
+                Ok(false) => break,
+                Err(_) => {
+                    self.fail(st);
+                    return true;
+                }
+            }
+        }
+        // Credit for what the program read (or we threw away).
+        let consumed = self.w(rx, HEAD).load(Ordering::Acquire);
+        // (A sender blocked on credit has at least a ring's worth outstanding, so
+        // once the program read it all this fires: no deadlock.)
+        if consumed.saturating_sub(st.credit_sent) >= ring / 4 {
+            let mut m = [0u8; 9];
+            m[0] = F_CREDIT;
+            m[1..].copy_from_slice(&consumed.to_le_bytes());
+            if let Ok(true) = st.dev.send_frame(9, &mut |w| w.write(0, &m)) {
+                st.credit_sent = consumed;
+            }
+        }
+        if peer_stopped && !st.reset_sent {
+            if let Ok(true) = st.dev.send_frame(1, &mut |w| w.write(0, &[F_RESET])) {
+                st.reset_sent = true;
+            }
+        }
+        // End of stream once everything written went out.
+        let tx_done = self.w(tx, HEAD).load(Ordering::Relaxed) == self.w(tx, TAIL).load(Ordering::Acquire);
+        if !st.shut_sent && tx_done && self.w(tx, WCLOSED).load(Ordering::Acquire) != 0 {
+            if let Ok(true) = st.dev.send_frame(1, &mut |w| w.write(0, &[F_SHUT])) {
+                st.shut_sent = true;
+            }
+        }
+        let mut finished = false;
+        if st.shut_sent && app_gone {
+            if !st.fin_sent {
+                st.dev.shutdown();
+                st.fin_sent = true;
+            }
+            finished = !st.dev.drain();
+        }
+        if st.dev.doorbell().is_err() {
+            self.fail(st);
+            return true;
+        }
+        finished
+    }
+
+    /// The connection is dead (peer gone, broken peer, link down): the program sees
+    /// it as a reset peer.
+    fn fail(&self, st: &mut BridgeState) {
+        st.failed = true;
+        if self.link_fd >= 0 {
+            // The socket goes (a peer's retransmissions would keep it readable in
+            // the program's poll and epoll sets); its descriptor number now names an
+            // eventfd that never becomes readable, until the device is dropped.
+            let quiet = eventfd();
+            if quiet >= 0 {
+                // SAFETY: replaces a descriptor the device owns with a fresh eventfd.
+                unsafe { libc::dup3(quiet, self.link_fd, libc::O_CLOEXEC) };
+                close_all(&[quiet]);
+            }
+        }
+        let u = self.unix.swap(-1, Ordering::Relaxed);
+        if u >= 0 {
+            close_all(&[u]);
+        }
+        ring_eventfd(self.app_efd);
+    }
+
+    fn timer_ms(st: &BridgeState) -> Option<c_int> {
+        st.dev.timer_ns().map(|ns| ns.div_ceil(1_000_000).min(1000) as c_int)
+    }
+}
+
+/// This process's id, cached (refreshed in a forked child by [`after_fork_child`]).
+static PID: AtomicU32 = AtomicU32::new(0);
+
+fn current_pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let p = owner_pid();
+            PID.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
+}
+
+// ------------------------------------------------------------------ background
+
+struct Background {
+    /// Rung by the program (a closed or shut connection, a write from a forked
+    /// child) and when a bridge is added.
+    efd: c_int,
+    bridges: Mutex<Vec<Arc<Bridge>>>,
+    /// Connections still agreeing on their path.
+    pending: Mutex<Vec<std::sync::Weak<Conn>>>,
+}
+
+/// The background thread of this process (a forked child starts its own: the
+/// parent's thread did not come along).
+fn background() -> &'static Background {
+    static B: Mutex<Option<(u32, &'static Background)>> = Mutex::new(None);
+    let mut g = B.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = current_pid();
+    if let Some((p, bg)) = *g {
+        if p == pid {
+            return bg;
+        }
+    }
+    let bg: &'static Background = Box::leak(Box::new(Background {
+        efd: eventfd(),
+        bridges: Mutex::new(Vec::new()),
+        pending: Mutex::new(Vec::new()),
+    }));
+    let _ = std::thread::Builder::new().name("strait-bridge".into()).spawn(move || bg.run());
+    *g = Some((pid, bg));
+    bg
+}
+
+impl Background {
+    /// Moves every pending connection on (one look each), adding what to wait for.
+    fn settle_pending(&self, fds: &mut Vec<libc::pollfd>, ms: &mut c_int) {
+        let list: Vec<std::sync::Weak<Conn>> = self.pending.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut done = Vec::new();
+        for w in &list {
+            let Some(conn) = w.upgrade() else {
+                done.push(w.clone());
+                continue;
+            };
+            // The program is settling it itself right now: leave it.
+            let Ok(mut slot) = conn.remote_pending.try_lock() else {
+                *ms = (*ms).min(5);
+                continue;
+            };
+            let Some(p) = slot.as_mut() else {
+                done.push(w.clone());
+                continue;
+            };
+            match step(&conn, p) {
+                Step::Done(ok) => {
+                    finish(&conn, &mut slot, ok);
+                    done.push(w.clone());
+                }
+                Step::Wait(fd, events) => {
+                    fds.push(libc::pollfd { fd, events, revents: 0 });
+                    *ms = (*ms).min(HELLO_REPEAT.as_millis() as c_int);
+                }
+            }
+        }
+        if !done.is_empty() {
+            self.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|w| !done.iter().any(|d| std::sync::Weak::ptr_eq(d, w)));
+        }
+    }
+
+    fn run(&self) {
+        loop {
+            let list: Vec<Arc<Bridge>> = self.bridges.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut ms: c_int = 200;
+            let mut fds = vec![libc::pollfd { fd: self.efd, events: libc::POLLIN, revents: 0 }];
+            self.settle_pending(&mut fds, &mut ms);
+            let mut finished = Vec::new();
+            for b in &list {
+                let mut st = b.st.lock().unwrap_or_else(|e| e.into_inner());
+                if b.pump(&mut st) {
+                    finished.push(b.clone());
+                    continue;
+                }
+                if let Some(t) = Bridge::timer_ms(&st) {
+                    ms = ms.min(t);
+                }
+                drop(st);
+                // A connection shared with a forked child: its writes ring us.
+                if b.shm.word(crate::conn::off_holders(b.side)).load(Ordering::Relaxed) > 1 {
+                    b.w(b.side, RSLEEP).store(1, Ordering::Relaxed);
+                }
+                if b.driven_inline() {
+                    ms = ms.min(INLINE_GRACE_MS as c_int);
+                } else {
+                    fds.push(libc::pollfd { fd: b.link_fd, events: libc::POLLIN, revents: 0 });
+                }
+            }
+            if !finished.is_empty() {
+                let mut g = self.bridges.lock().unwrap_or_else(|e| e.into_inner());
+                g.retain(|b| !finished.iter().any(|f| Arc::ptr_eq(f, b)));
+                for f in &finished {
+                    f.retired.store(true, Ordering::Relaxed);
+                }
+            }
+            // SAFETY: a vector of pollfds and its length.
+            unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            let mut v = 0u64;
+            // SAFETY: eventfd read into a local (non-blocking).
+            unsafe { real::read(self.efd, (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+}
+
+/// At exit: what the program wrote still reaches the peer (as the kernel would send
+/// it after the process is gone), bounded by `STRAIT_LINGER_MS` (default 2000).
+pub fn at_exit() {
+    if !enabled() {
+        return;
+    }
+    let bg = background();
+    let list: Vec<Arc<Bridge>> = bg.bridges.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if list.is_empty() {
+        return;
+    }
+    let linger = std::env::var("STRAIT_LINGER_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000u64);
+    let deadline = Instant::now() + Duration::from_millis(linger);
+    for b in &list {
+        // The program is going: its ends close now.
+        b.w(b.side, WCLOSED).store(1, Ordering::Release);
+        b.w(1 - b.side, RCLOSED).store(1, Ordering::Release);
+    }
+    let mut left = list;
+    while !left.is_empty() && Instant::now() < deadline {
+        left.retain(|b| {
+            let mut st = b.st.lock().unwrap_or_else(|e| e.into_inner());
+            !b.pump(&mut st)
+        });
+        let mut fds: Vec<libc::pollfd> =
+            left.iter().map(|b| libc::pollfd { fd: b.link_fd, events: libc::POLLIN, revents: 0 }).collect();
+        // SAFETY: a vector of pollfds and its length.
+        unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1) };
+    }
+}
+
+/// In a forked child: refresh the cached process id (the bridges stay the parent's:
+/// the child's reads and writes go through the rings, which the parent drives).
+pub fn after_fork_child() {
+    PID.store(0, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_match() {
+        let nets = parse_peers("10.0.0.2, 192.168.1.0/24 fd00::/64").unwrap();
+        let p = Peers { nets };
+        let has = |a: &str| {
+            let ip: std::net::IpAddr = a.parse().unwrap();
+            let k = match ip {
+                std::net::IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
+                std::net::IpAddr::V6(v) => v.octets(),
+            };
+            p.nets.iter().any(|(n, b)| in_net(&k, n, *b))
+        };
+        assert!(has("10.0.0.2"));
+        assert!(!has("10.0.0.3"));
+        assert!(has("192.168.1.77"));
+        assert!(!has("192.168.2.1"));
+        assert!(has("fd00::1234"));
+        assert!(!has("fd01::1"));
+        assert!(parse_peers("10.0.0.0/33").is_err());
+        assert!(parse_peers("host.example").is_err());
+        assert!(parse_peers("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn messages_round_trip_and_reject_garbage() {
+        let m = message(KIND_ACCEPT, 0x1234_5678_9abc_def0, 4242);
+        assert_eq!(parse_message(&m), Some((KIND_ACCEPT, 0x1234_5678_9abc_def0, 4242)));
+        assert_eq!(parse_message(&m[..31]), None);
+        let mut bad = m;
+        bad[0] ^= 1;
+        assert_eq!(parse_message(&bad), None);
+    }
+}

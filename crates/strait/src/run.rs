@@ -13,6 +13,23 @@ use clap::Args;
 /// `strait` binary).
 pub const PRELOAD_LIB: &str = "libstrait_preload.so";
 
+/// Checks a `--peers` list: addresses or address/prefix, comma-separated.
+fn parse_peers(v: &str) -> Result<String, String> {
+    for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (addr, bits) = item.split_once('/').map_or((item, None), |(a, b)| (a, Some(b)));
+        let ip: std::net::IpAddr =
+            addr.parse().map_err(|_| format!("{item:?} is not an IP address or subnet"))?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        if let Some(b) = bits {
+            match b.parse::<u32>() {
+                Ok(n) if n <= max => {}
+                _ => return Err(format!("{item:?}: prefix length must be 0..={max}")),
+            }
+        }
+    }
+    Ok(v.to_string())
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Bytes of each direction's shared-memory ring per connection (power of two,
@@ -30,6 +47,11 @@ pub struct RunArgs {
     /// kernel-fallback connection counts. Sets STRAIT_STATS=1.
     #[arg(long)]
     stats: bool,
+    /// Hosts whose TCP connections strait may carry over its udp device when they run
+    /// strait too: addresses or subnets, comma-separated (10.0.0.2,fd00::/64). Sets
+    /// STRAIT_PEERS.
+    #[arg(long, value_parser = parse_peers)]
+    peers: Option<String>,
     /// Path of libstrait_preload.so (default: $STRAIT_PRELOAD_LIB, else next to the
     /// strait binary).
     #[arg(long)]
@@ -82,6 +104,9 @@ pub fn run(a: RunArgs) -> ExitCode {
     }
     if a.stats {
         cmd.env("STRAIT_STATS", "1");
+    }
+    if let Some(v) = a.peers {
+        cmd.env("STRAIT_PEERS", v);
     }
     let e = cmd.exec();
     eprintln!("strait run: cannot run {}: {e}", a.command[0].to_string_lossy());

@@ -52,10 +52,10 @@ impl Hosts {
             "link", "add", &dev[0], "netns", &h.ns[0], "type", "veth", "peer", "name", &dev[1], "netns",
             &h.ns[1],
         ]);
-        for i in 0..2 {
-            ip(&["-n", &h.ns[i], "addr", "add", &format!("{}/24", h.addr[i]), "dev", &dev[i]]);
-            ip(&["-n", &h.ns[i], "link", "set", &dev[i], "up"]);
-            ip(&["-n", &h.ns[i], "link", "set", "lo", "up"]);
+        for ((ns, addr), dev) in h.ns.iter().zip(&h.addr).zip(&dev) {
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
         }
         h
     }

@@ -502,8 +502,9 @@ impl Conn {
             ];
             // SAFETY: three pollfds on the stack (a negative fd is ignored).
             let r = unsafe { real::poll(p.as_mut_ptr(), 3, ms) };
+            let interrupted = r < 0 && real::errno() == libc::EINTR;
             self.pump_remote();
-            if r < 0 && real::errno() == libc::EINTR && !signals_restart() {
+            if interrupted && !signals_restart() {
                 return Waited::Interrupted;
             }
             if r > 0 {
@@ -767,8 +768,10 @@ impl Conn {
         }
         let h = self.shm.word(off_holders(self.side));
         if h.fetch_sub(1, Ordering::AcqRel) <= 1 {
-            self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
+            // Read-closed first: whoever sees write-closed also sees the close (a
+            // bridge then sends one frame for both).
             self.w(self.rx(), RCLOSED).store(1, Ordering::Release);
+            self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
             self.ring_bell();
         }
     }

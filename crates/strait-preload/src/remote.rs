@@ -67,6 +67,8 @@ const F_DATA: u8 = 0;
 const F_CREDIT: u8 = 1;
 const F_SHUT: u8 = 2;
 const F_RESET: u8 = 3;
+/// End of stream and end of reading at once (the program closed the socket).
+const F_CLOSE: u8 = 4;
 
 // ------------------------------------------------------------------ STRAIT_PEERS
 
@@ -875,7 +877,6 @@ impl Bridge {
         // Arrivals.
         let mut broke = false;
         let mut woke_reader = false;
-        let mut peer_stopped = false;
         loop {
             let BridgeState { dev, peer_consumed, discarded, .. } = &mut *st;
             let r = dev.recv_frame(&mut |f| {
@@ -892,7 +893,6 @@ impl Bridge {
                             *discarded += n as u64;
                             self.w(rx, TAIL).store(tail + n as u64, Ordering::Release);
                             self.w(rx, HEAD).store(tail + n as u64, Ordering::Release);
-                            peer_stopped = true;
                             return;
                         }
                         let head = self.w(rx, HEAD).load(Ordering::Acquire);
@@ -927,7 +927,11 @@ impl Bridge {
                             broke = true;
                         }
                     }
-                    F_SHUT => {
+                    F_SHUT | F_CLOSE => {
+                        if kind[0] == F_CLOSE {
+                            self.w(tx, RCLOSED).store(1, Ordering::Release);
+                            self.wake_app(self.w(tx, WSLEEP));
+                        }
                         self.w(rx, WCLOSED).store(1, Ordering::Release);
                         woke_reader = true;
                     }
@@ -1003,16 +1007,23 @@ impl Bridge {
                 st.credit_sent = consumed;
             }
         }
-        if peer_stopped && !st.reset_sent {
-            if let Ok(true) = st.dev.send_frame(1, &mut |w| w.write(0, &[F_RESET])) {
-                st.reset_sent = true;
-            }
-        }
         // End of stream once everything written went out.
         let tx_done = self.w(tx, HEAD).load(Ordering::Relaxed) == self.w(tx, TAIL).load(Ordering::Acquire);
         if !st.shut_sent && tx_done && self.w(tx, WCLOSED).load(Ordering::Acquire) != 0 {
-            if let Ok(true) = st.dev.send_frame(1, &mut |w| w.write(0, &[F_SHUT])) {
+            // Closed altogether: one frame, so the peer never reads end of stream
+            // without its writes failing too.
+            let closed = self.w(rx, RCLOSED).load(Ordering::Acquire) != 0;
+            let kind = if closed { F_CLOSE } else { F_SHUT };
+            if let Ok(true) = st.dev.send_frame(1, &mut |w| w.write(0, &[kind])) {
                 st.shut_sent = true;
+                st.reset_sent = closed;
+            }
+        }
+        // The program closed its end: the peer's writes fail from now on (EPIPE), as
+        // they do between local strait processes.
+        if app_gone && st.shut_sent && !st.reset_sent {
+            if let Ok(true) = st.dev.send_frame(1, &mut |w| w.write(0, &[F_RESET])) {
+                st.reset_sent = true;
             }
         }
         let mut finished = false;
@@ -1084,9 +1095,16 @@ struct Background {
 
 /// The background thread of this process (a forked child starts its own: the
 /// parent's thread did not come along).
+static BACKGROUND: Mutex<Option<(u32, &'static Background)>> = Mutex::new(None);
+
+/// This process's background thread, if it started one.
+fn existing_background() -> Option<&'static Background> {
+    let g = BACKGROUND.lock().unwrap_or_else(|e| e.into_inner());
+    g.filter(|(p, _)| *p == current_pid()).map(|(_, bg)| bg)
+}
+
 fn background() -> &'static Background {
-    static B: Mutex<Option<(u32, &'static Background)>> = Mutex::new(None);
-    let mut g = B.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = BACKGROUND.lock().unwrap_or_else(|e| e.into_inner());
     let pid = current_pid();
     if let Some((p, bg)) = *g {
         if p == pid {
@@ -1158,8 +1176,10 @@ impl Background {
                     ms = ms.min(t);
                 }
                 drop(st);
-                // A connection shared with a forked child: its writes ring us.
-                if b.shm.word(crate::conn::off_holders(b.side)).load(Ordering::Relaxed) > 1 {
+                // Nobody drives it inline (the program is busy elsewhere, or a forked
+                // child uses the connection): writes to its ring ring us.
+                let shared = b.shm.word(crate::conn::off_holders(b.side)).load(Ordering::Relaxed) > 1;
+                if shared || !b.driven_inline() {
                     b.w(b.side, RSLEEP).store(1, Ordering::Relaxed);
                 }
                 if b.driven_inline() {
@@ -1190,7 +1210,7 @@ pub fn at_exit() {
     if !enabled() {
         return;
     }
-    let bg = background();
+    let Some(bg) = existing_background() else { return };
     let list: Vec<Arc<Bridge>> = bg.bridges.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if list.is_empty() {
         return;
@@ -1198,9 +1218,10 @@ pub fn at_exit() {
     let linger = std::env::var("STRAIT_LINGER_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000u64);
     let deadline = Instant::now() + Duration::from_millis(linger);
     for b in &list {
-        // The program is going: its ends close now.
-        b.w(b.side, WCLOSED).store(1, Ordering::Release);
+        // The program is going: its ends close now (read side first, as in
+        // `Conn::release`).
         b.w(1 - b.side, RCLOSED).store(1, Ordering::Release);
+        b.w(b.side, WCLOSED).store(1, Ordering::Release);
     }
     let mut left = list;
     while !left.is_empty() && Instant::now() < deadline {

@@ -215,6 +215,20 @@ impl VethPair {
         Ok(total)
     }
 
+    /// A command that runs inside namespace `i` (`ip netns exec NS`); the caller adds
+    /// the program and its arguments.
+    pub fn command(&self, i: usize) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns[i]]);
+        c
+    }
+
+    /// The IPv4 subnet of the pair (`10.77.0.0/24`).
+    pub fn subnet_v4(&self) -> String {
+        let o = self.v4[0].octets();
+        format!("{}.{}.{}.0/24", o[0], o[1], o[2])
+    }
+
     /// Runs a command inside namespace `i` (`ip netns exec`).
     pub fn exec(&self, i: usize, args: &[&str]) -> io::Result<Output> {
         run(Command::new("ip").args(["netns", "exec", &self.ns[i]]).args(args))

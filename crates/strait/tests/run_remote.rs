@@ -7,10 +7,10 @@
 mod common;
 
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{ensure, preload_lib, run_for, STRAIT};
+use strait_udp::netns::VethPair;
 
 struct Killed(Child);
 impl Drop for Killed {
@@ -20,51 +20,27 @@ impl Drop for Killed {
     }
 }
 
-/// Two namespaces `a` (10.99.N.1) and `b` (10.99.N.2) joined by a veth pair.
+/// Two hosts: namespaces joined by a veth pair (10.77.0.1 and 10.77.0.2), removed
+/// on drop.
 struct Hosts {
-    ns: [String; 2],
+    pair: VethPair,
     subnet: String,
     addr: [String; 2],
 }
 
-static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("run ip");
-    assert!(st.success(), "ip {args:?} failed");
-}
-
 impl Hosts {
     fn create() -> Hosts {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{:x}x{n}", std::process::id());
-        let net = 100 + (std::process::id() as usize * 7 + n) % 100;
-        let h = Hosts {
-            ns: [format!("strait-rr-{id}-a"), format!("strait-rr-{id}-b")],
-            subnet: format!("10.99.{net}.0/24"),
-            addr: [format!("10.99.{net}.1"), format!("10.99.{net}.2")],
-        };
-        let dev = [format!("rr{id}a"), format!("rr{id}b")];
-        for ns in &h.ns {
-            ip(&["netns", "add", ns]);
-        }
-        ip(&[
-            "link", "add", &dev[0], "netns", &h.ns[0], "type", "veth", "peer", "name", &dev[1], "netns",
-            &h.ns[1],
-        ]);
-        for ((ns, addr), dev) in h.ns.iter().zip(&h.addr).zip(&dev) {
-            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
-        h
+        let pair = VethPair::create().expect("create namespaces (needs root)");
+        let subnet = pair.subnet_v4();
+        let addr = [pair.v4[0].to_string(), pair.v4[1].to_string()];
+        Hosts { pair, subnet, addr }
     }
 
     /// `prog args` in namespace `i`, under `strait run --stats --peers SUBNET` if
     /// `strait`, else plain.
     fn cmd(&self, i: usize, strait: bool, prog: &str, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns[i]]).env_remove("LD_PRELOAD");
+        let mut c = self.pair.command(i);
+        c.env_remove("LD_PRELOAD");
         if strait {
             preload_lib();
             c.args([STRAIT, "run", "--stats", "--peers", &self.subnet, "--"]);
@@ -88,23 +64,12 @@ impl Hosts {
     fn wait_listening(&self, i: usize, port: u16) {
         let end = Instant::now() + Duration::from_secs(15);
         loop {
-            let o = Command::new("ip")
-                .args(["netns", "exec", &self.ns[i], "ss", "-Htln", &format!("sport = :{port}")])
-                .output()
-                .expect("ss");
+            let o = self.pair.exec(i, &["ss", "-Htln", &format!("sport = :{port}")]).expect("ss");
             if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
                 return;
             }
             assert!(Instant::now() < end, "nothing listens on port {port}");
             std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
     }
 }

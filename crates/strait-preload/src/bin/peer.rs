@@ -1,7 +1,7 @@
 //! Test peer for libstrait_preload.so: a TCP client or server that checks socket
 //! semantics with plain libc calls (which the preload library interposes).
 //!
-//! `strait-preload-peer server MODE` listens on 127.0.0.1 (port 0), prints
+//! `strait-preload-peer server MODE` listens on 127.0.0.1 (or `$PEER_ADDR`; port 0), prints
 //! `PORT <n>` and serves one connection; `strait-preload-peer client PORT MODE`
 //! connects. Every check that fails panics (non-zero exit). Modes: echo, sink/source
 //! (byte counts and a hash, for one side without strait), flags, die, fork.
@@ -15,6 +15,12 @@ use libc::c_int;
 
 const SIZES: &[usize] =
     &[1, 2, 7, 63, 64, 65, 1000, 4095, 4096, 4097, 65535, 65536, 65537, 262_143, 262_145, 1_000_003];
+
+/// The IPv4 address the server listens on and the client connects to: 127.0.0.1,
+/// or `$PEER_ADDR` (another host, for the cross-host tests).
+fn peer_addr() -> std::net::Ipv4Addr {
+    std::env::var("PEER_ADDR").ok().and_then(|a| a.parse().ok()).unwrap_or(std::net::Ipv4Addr::LOCALHOST)
+}
 
 fn pattern(i: u64) -> u8 {
     (i.wrapping_mul(2_654_435_761) >> 13) as u8
@@ -512,7 +518,7 @@ fn main() {
     let role = a.get(1).map(String::as_str).unwrap_or("");
     let (stream, mode) = match role {
         "server" => {
-            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let l = TcpListener::bind((peer_addr(), 0)).expect("bind");
             println!("PORT {}", l.local_addr().expect("addr").port());
             std::io::stdout().flush().ok();
             let mode = a[2].clone();
@@ -547,7 +553,7 @@ fn main() {
         }
         "client" => {
             let port: u16 = a[2].parse().expect("port");
-            (TcpStream::connect(("127.0.0.1", port)).expect("connect"), a[3].clone())
+            (TcpStream::connect((peer_addr(), port)).expect("connect"), a[3].clone())
         }
         _ => {
             eprintln!("usage: strait-preload-peer server MODE | client PORT MODE");
@@ -743,7 +749,7 @@ fn prefork_client(port: u16) {
     let t = Instant::now();
     // Connect all first, so that hellos queue up at the shared marker.
     let conns: Vec<TcpStream> =
-        (0..PREFORK_CONNS).map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect")).collect();
+        (0..PREFORK_CONNS).map(|_| TcpStream::connect((peer_addr(), port)).expect("connect")).collect();
     for (i, s) in conns.into_iter().enumerate() {
         let fd = s.as_raw_fd();
         let msg = format!("hello {i}");
@@ -753,7 +759,7 @@ fn prefork_client(port: u16) {
         assert_eq!(b, msg.as_bytes());
     }
     for _ in 0..WORKERS {
-        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let s = TcpStream::connect((peer_addr(), port)).expect("connect");
         write_all(s.as_raw_fd(), b"quit");
         let mut b = [0u8; 3];
         read_exact(s.as_raw_fd(), &mut b);
@@ -784,7 +790,7 @@ fn threads_client(port: u16) {
     let hs: Vec<_> = (0..THREADS)
         .map(|t| {
             std::thread::spawn(move || {
-                let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                let s = TcpStream::connect((peer_addr(), port)).expect("connect");
                 let fd = s.as_raw_fd();
                 let total = 300_000 + t * 1000;
                 let data: Vec<u8> = (0..total as u64).map(|i| pattern(i + t as u64)).collect();
@@ -834,7 +840,7 @@ fn nonblocking_connect(port: u16) -> TcpStream {
         let mut sa: libc::sockaddr_in = std::mem::zeroed();
         sa.sin_family = libc::AF_INET as libc::sa_family_t;
         sa.sin_port = port.to_be();
-        sa.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+        sa.sin_addr.s_addr = u32::from_ne_bytes(peer_addr().octets());
         let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
         let r = libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), len);
         assert!(r == 0 || errno() == libc::EINPROGRESS, "connect: {}", errno());

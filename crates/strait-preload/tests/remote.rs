@@ -1,0 +1,153 @@
+//! The socket-semantics scenarios of `preload.rs`, between two hosts: the server in
+//! one network namespace, the client in another (a veth pair the test creates and
+//! removes), both naming the other's subnet in `STRAIT_PEERS`, so that the
+//! connection rides the reliable udp device. Needs root (namespaces).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use strait_udp::netns::VethPair;
+
+const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
+const TIMEOUT: Duration = Duration::from_secs(40);
+
+mod common;
+use common::{finish, spawn_lines, Out};
+
+/// The peer in namespace `i` of `pair`, with the library if `preload`.
+fn cmd(pair: &VethPair, i: usize, preload: bool, args: &[&str]) -> Command {
+    let mut c = pair.command(i);
+    c.env_remove("LD_PRELOAD").env("STRAIT_STATS", "1").env("PEER_ADDR", pair.v4[0].to_string());
+    c.env("STRAIT_PEERS", pair.subnet_v4());
+    if preload {
+        // Through env(1), so that `ip` itself runs without the library.
+        c.arg("env").arg(format!("LD_PRELOAD={}", common::lib(PEER).display()));
+    }
+    c.arg(PEER).args(args);
+    c
+}
+
+/// A server of `smode` in namespace 0 and a client of `cmode` in namespace 1.
+fn pair_env(sp: bool, cp: bool, smode: &str, cmode: &str, env: &[(&str, &str)]) -> (Out, Out) {
+    let pair = VethPair::create().expect("create namespaces (needs root)");
+    let deadline = Instant::now() + TIMEOUT;
+    let (server, srx) = spawn_lines(&mut cmd(&pair, 0, sp, &["server", smode]));
+    let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
+    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
+    let mut c = cmd(&pair, 1, cp, &["client", &port, cmode]);
+    c.envs(env.iter().copied());
+    let (client, crx) = spawn_lines(&mut c);
+    let c = finish(client, crx, String::new(), deadline);
+    let s = finish(server, srx, first, deadline);
+    (s, c)
+}
+
+fn pair(smode: &str, cmode: &str) -> (Out, Out) {
+    pair_env(true, true, smode, cmode, &[])
+}
+
+/// Connections to the other host carried by strait (the `remote` count of the
+/// statistics lines).
+fn remote(o: &Out) -> usize {
+    o.stderr.lines().filter_map(|l| l.split(" remote ").nth(1)?.trim().parse::<usize>().ok()).sum()
+}
+
+fn check(o: &Out, what: &str) {
+    assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+}
+
+#[test]
+fn stream_of_many_sizes_and_nonblocking_connect_between_hosts() {
+    for cmode in ["echo", "nbconnect"] {
+        let (s, c) = pair("echo", cmode);
+        check(&s, "server");
+        check(&c, "client");
+        assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
+        assert!(s.stdout.contains("echoed 1734389"), "{}", s.stdout);
+        // No memfd stays open once the connection is set up.
+        assert!(s.stdout.contains("fds clean") && c.stdout.contains("fds clean"), "{}{}", s.stdout, c.stdout);
+        assert_eq!(remote(&s), 1, "{}", s.stderr);
+        assert_eq!(remote(&c), 1, "{}", c.stderr);
+    }
+}
+
+#[test]
+fn flags_poll_epoll_select_signals_and_extras_between_hosts() {
+    let (s, c) = pair("flags", "flags");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(s.stdout.contains("flags ok"), "{}", s.stdout);
+    let filled: usize =
+        s.stdout.lines().find_map(|l| l.strip_prefix("filled ")?.parse().ok()).expect("filled");
+    assert!(c.stdout.contains(&format!("drained {filled}")), "{}", c.stdout);
+    assert_eq!(remote(&s), 1);
+
+    let (s, c) = pair("signals", "signals");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(s.stdout.contains("signals ok"), "{}", s.stdout);
+    assert_eq!(remote(&s), 1);
+
+    let (s, c) = pair("extras", "extras");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(
+        s.stdout.contains("extras ok") && c.stdout.contains("extras client ok"),
+        "{}{}",
+        s.stdout,
+        c.stdout
+    );
+    assert_eq!(remote(&s), 1);
+}
+
+#[test]
+fn many_connections_on_many_threads_between_hosts() {
+    let (s, c) = pair("threads", "threads");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("threads client ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
+    assert_eq!(remote(&s), 8, "{}", s.stderr);
+    assert_eq!(remote(&c), 8, "{}", c.stderr);
+}
+
+#[test]
+fn a_forked_child_keeps_the_connection_and_a_late_accept_still_attaches() {
+    let (s, c) = pair("fork", "fork");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("fork ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
+
+    // The server accepts 1.5 s after the client connected: the rendezvous offered
+    // at once and the client confirmed on its own, so the connection still attaches.
+    let (s, c) = pair("lateaccept", "echo");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("echo ok"), "{}", c.stdout);
+    assert_eq!(remote(&c), 1, "{}", c.stderr);
+}
+
+#[test]
+fn peer_death_between_hosts_ends_the_stream_promptly() {
+    let t = Instant::now();
+    let (s, c) = pair_env(true, true, "die", "die", &[]);
+    assert!(!c.ok, "the client kills itself");
+    check(&s, "server");
+    assert!(s.stdout.contains("peer gone"), "{}", s.stdout);
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    assert_eq!(remote(&s), 1);
+}
+
+#[test]
+fn large_transfers_between_hosts_arrive_intact_with_or_without_strait_at_each_end() {
+    for (sp, cp, carried) in [(true, true, 1), (true, false, 0), (false, true, 0)] {
+        let (s, c) = pair_env(sp, cp, "sink", "source67108864", &[]);
+        check(&s, "server");
+        check(&c, "client");
+        let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
+        let got =
+            s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+        assert_eq!(sent, got, "server preloaded: {sp}, client preloaded: {cp}");
+        let preloaded = if cp { &c } else { &s };
+        assert_eq!(remote(preloaded), carried, "{}", preloaded.stderr);
+    }
+}

@@ -95,7 +95,8 @@ pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     // A connection to another host: the first use waits (bounded) for the other end.
     if let Some(ok) = remote::settle(fd, &c) {
         if !ok {
-            discover::give_up(fd, &c);
+            // Counted once, where it was decided.
+            table::remove_conn(&c);
             return None;
         }
         return Some(c);

@@ -4,26 +4,27 @@
 //! Discovery costs an unlisted peer nothing, and a listed peer without strait one
 //! datagram (answered at once by its kernel's ICMP port-unreachable):
 //! * `listen()` (only while `STRAIT_PEERS` is set) also binds a UDP socket to the
-//!   listener's own address and port number: the rendezvous, served by a thread.
+//!   listener's own address and port number: the marker that this port runs strait.
+//!   Nobody answers on it; its only job is not to be closed.
 //! * `connect()` to a listed address that is not this host's binds the TCP socket to
-//!   an ephemeral port (so the port is known before the SYN), sends a HELLO {nonce,
-//!   TCP port} to the listener's address and port from a fresh UDP socket, and only
-//!   then does the real TCP connect.
-//! * The rendezvous answers a HELLO with ACCEPT {nonce, port of a new UDP socket
-//!   for this connection}, unless the kernel connection from that address and port
-//!   was already accepted without one (then REFUSE). A repeated HELLO gets the same
-//!   answer.
-//! * `accept()` first reads the HELLOs queued at the rendezvous, then looks for the
-//!   accepted connection's peer address and port: found, the connection waits for
-//!   the connector's confirmation; not found, it stays with the kernel and a later
-//!   HELLO is refused.
-//! * The connector's first use of the socket waits (bounded by
-//!   `STRAIT_ATTACH_TIMEOUT_MS`) for the answer, repeating the HELLO every 20 ms.
-//!   ACCEPT: it writes a 16-byte confirmation (GO and the nonce) on the TCP
-//!   connection, the only bytes strait ever writes there, and only to a peer that
-//!   has just proved it runs strait. REFUSE, an ICMP error or the timeout: kernel.
-//! * The acceptor's first use waits (bounded) for the confirmation, reading it with
-//!   `MSG_PEEK` first so that bytes of a peer that is not strait are never consumed.
+//!   an ephemeral port `p` (so the port is known before the SYN), binds a UDP socket
+//!   to the same port number `p` (its bridge socket, where the offer will come),
+//!   sends a HELLO to the listener's address and port from a second, connected UDP
+//!   socket (the probe: a port without strait's marker answers with an ICMP error,
+//!   which ends the attempt at once), and only then does the real TCP connect.
+//! * Whichever process `accept()`s the connection (the listener's, or a worker forked
+//!   from it) makes the connection's own UDP socket and sends the connector an OFFER
+//!   {nonce, both TCP ports} at the connector's address and port `p`, repeated every
+//!   20 ms until it hears back.
+//! * The connector (its background thread, or its first use of the socket) checks
+//!   the offer against its TCP connection and answers on the TCP connection with 16
+//!   bytes: GO and the nonce, the only bytes strait ever writes there, and only to a
+//!   peer that has just proved it runs strait; or NO if its side could not be set up.
+//!   No offer within `STRAIT_ATTACH_TIMEOUT_MS`, or the ICMP error: kernel, and it
+//!   writes nothing.
+//! * The acceptor reads the answer with `MSG_PEEK` first, so that bytes of a peer that
+//!   is not strait are never consumed; it waits twice as long as the connector may
+//!   take, so the two never disagree. Any other bytes, or none in time: kernel.
 //!
 //! Data path: the program's side is an ordinary strait connection (byte rings in a
 //! memfd, see `conn.rs`); a [`Bridge`] plays the peer's side of those rings and moves
@@ -54,14 +55,12 @@ use crate::real;
 const MSG_MAGIC: u64 = 0x3130_5652_5454_5253; // "SRTTRV01"
 const MSG_LEN: usize = 32;
 const KIND_HELLO: u8 = 1;
-const KIND_ACCEPT: u8 = 2;
-const KIND_REFUSE: u8 = 3;
+const KIND_OFFER: u8 = 2;
 const GO: u64 = 0x4f47_5449_4152_5453; // "STRAITGO"
 const NO: u64 = 0x4f4e_5449_4152_5453; // "STRAITNO"
-/// How often a connector repeats its HELLO while it waits for the answer.
-const HELLO_REPEAT: Duration = Duration::from_millis(20);
-/// How long the rendezvous remembers an offer nobody accepted, or a refusal.
-const REMEMBER: Duration = Duration::from_secs(30);
+/// How often a connector repeats its HELLO, and an acceptor its OFFER, while they
+/// wait for an answer.
+const REPEAT: Duration = Duration::from_millis(20);
 /// Bridge frame kinds (the first byte of every frame on the reliable device).
 const F_DATA: u8 = 0;
 const F_CREDIT: u8 = 1;
@@ -135,22 +134,25 @@ pub fn listed(a: &[u8; 16]) -> bool {
 
 // ------------------------------------------------------------------ messages
 
-fn message(kind: u8, nonce: u64, port: u16) -> [u8; MSG_LEN] {
+/// A discovery datagram: kind, nonce, the connector's and the listener's TCP ports.
+fn message(kind: u8, nonce: u64, connector_port: u16, listener_port: u16) -> [u8; MSG_LEN] {
     let mut m = [0u8; MSG_LEN];
     m[0..8].copy_from_slice(&MSG_MAGIC.to_le_bytes());
     m[8] = kind;
     m[16..24].copy_from_slice(&nonce.to_le_bytes());
-    m[24..26].copy_from_slice(&port.to_le_bytes());
+    m[24..26].copy_from_slice(&connector_port.to_le_bytes());
+    m[26..28].copy_from_slice(&listener_port.to_le_bytes());
     m
 }
 
-fn parse_message(m: &[u8]) -> Option<(u8, u64, u16)> {
+fn parse_message(m: &[u8]) -> Option<(u8, u64, u16, u16)> {
     if m.len() != MSG_LEN || m[0..8] != MSG_MAGIC.to_le_bytes() {
         return None;
     }
     let nonce = u64::from_le_bytes(m[16..24].try_into().ok()?);
-    let port = u16::from_le_bytes(m[24..26].try_into().ok()?);
-    Some((m[8], nonce, port))
+    let cport = u16::from_le_bytes(m[24..26].try_into().ok()?);
+    let lport = u16::from_le_bytes(m[26..28].try_into().ok()?);
+    Some((m[8], nonce, cport, lport))
 }
 
 fn random_u64() -> u64 {
@@ -171,13 +173,6 @@ fn addr_of(k: &Key) -> SocketAddr {
     match v6.to_ipv4_mapped() {
         Some(v4) => SocketAddr::new(v4.into(), k.1),
         None => SocketAddr::new(v6.into(), k.1),
-    }
-}
-
-fn key_of_addr(a: &SocketAddr) -> Key {
-    match a {
-        SocketAddr::V4(v4) => (v4.ip().to_ipv6_mapped().octets(), v4.port()),
-        SocketAddr::V6(v6) => (v6.ip().octets(), v6.port()),
     }
 }
 
@@ -233,9 +228,10 @@ fn ring_eventfd(fd: c_int) {
 pub struct Pending {
     /// Our own copy of the TCP socket (the program may close or reuse its number).
     tcp: c_int,
-    /// The connector's UDP socket (connected to the rendezvous, later to the
-    /// acceptor's bridge socket), or the acceptor's bridge socket.
+    /// The connection's own UDP socket: the connector's is bound to its TCP port
+    /// number (the offer comes there); the acceptor's is connected to it.
     udp: UdpSocket,
+    /// The acceptor's nonce (the connector learns it from the offer).
     nonce: u64,
     started: Instant,
     memfd: c_int,
@@ -245,12 +241,20 @@ pub struct Pending {
 
 enum Role {
     Connector {
+        /// Connected to the listener's marker: carries the HELLO, reports an ICMP
+        /// error.
+        probe: UdpSocket,
         hello: [u8; MSG_LEN],
         sent: Instant,
-        /// The acceptor's bridge port, once the rendezvous answered.
-        accepted: Option<u16>,
+        /// Our and the listener's TCP ports, to check an offer against.
+        ports: (u16, u16),
+        /// The acceptor's address, once its offer came.
+        offered: Option<SocketAddr>,
     },
-    Acceptor,
+    Acceptor {
+        offer: [u8; MSG_LEN],
+        sent: Instant,
+    },
 }
 
 impl Drop for Pending {
@@ -301,8 +305,50 @@ fn dup_fd(fd: c_int) -> c_int {
     unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }
 }
 
+/// A UDP socket bound to `port` on the wildcard address of the family of `v6`.
+fn udp_bound(v6: bool, port: u16) -> Option<UdpSocket> {
+    let u = udp_socket(v6)?;
+    let any: SocketAddr = if v6 {
+        (std::net::Ipv6Addr::UNSPECIFIED, port).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, port).into()
+    };
+    let sa = socket2_addr(&any);
+    // SAFETY: binds our own socket to a local sockaddr of the right length (the real
+    // bind: the library must not treat it as one of the program's sockets).
+    let r = unsafe { real::bind(u.as_raw_fd(), (&sa.0 as *const libc::sockaddr_storage).cast(), sa.1) };
+    (r == 0).then_some(u)
+}
+
+/// A `SocketAddr` as a sockaddr_storage and its length.
+fn socket2_addr(a: &SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; the writes below stay inside it.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            let s = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = v4.port().to_be();
+            s.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            let s = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = v6.port().to_be();
+            s.sin6_addr.s6_addr = v6.ip().octets();
+            s.sin6_scope_id = v6.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as socklen_t)
+}
+
 /// Before a TCP `connect` to `addr`: if the destination is a listed host (not this
-/// one), binds a port, sends the HELLO and returns what [`register`] needs.
+/// one), binds a port, the bridge socket and the probe, sends the HELLO and returns
+/// what [`register`] needs.
 pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(Arc<Conn>, Pending)> {
     if !enabled() {
         return None;
@@ -317,11 +363,12 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
     }
     let port = key.filter(|k| k.1 != 0)?.1;
     let target = addr_of(&dest);
-    let udp = udp_socket(target.is_ipv6())?;
-    udp.connect(target).ok()?;
-    let nonce = random_u64();
-    let hello = message(KIND_HELLO, nonce, port);
-    udp.send(&hello).ok()?;
+    // The offer comes to our TCP port number, on UDP; if that is taken, no strait.
+    let udp = udp_bound(target.is_ipv6(), port)?;
+    let probe = udp_socket(target.is_ipv6())?;
+    probe.connect(target).ok()?;
+    let hello = message(KIND_HELLO, 0, port, dest.1);
+    probe.send(&hello).ok()?;
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
     let tcp = dup_fd(fd);
@@ -333,8 +380,8 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
         return None;
     };
     let now = Instant::now();
-    let role = Role::Connector { hello, sent: now, accepted: None };
-    Some((conn, Pending { tcp, udp, nonce, started: now, memfd, bridge_unix, role }))
+    let role = Role::Connector { probe, hello, sent: now, ports: (port, dest.1), offered: None };
+    Some((conn, Pending { tcp, udp, nonce: 0, started: now, memfd, bridge_unix, role }))
 }
 
 /// After the TCP connect started (or finished): the socket is a pending connection
@@ -359,35 +406,47 @@ fn udp_config() -> UdpConfig {
     cfg
 }
 
-/// One look at a pending connection: reads the rendezvous' answer or the
-/// connector's confirmation, repeats the HELLO, sends the confirmation, starts the
-/// bridge. Never blocks.
+/// One look at a pending connection: reads the offer or the connector's answer,
+/// repeats the HELLO or the offer, sends the answer, starts the bridge. Never
+/// blocks.
 fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
     let now = Instant::now();
     let timeout = Settings::get().attach_timeout;
     let Pending { tcp, udp, nonce, started, role, .. } = p;
-    let (tcp, nonce, started) = (*tcp, *nonce, *started);
+    let (tcp, started) = (*tcp, *started);
     match role {
-        Role::Connector { hello, sent, accepted } => {
+        Role::Connector { probe, hello, sent, ports, offered } => {
             let mut buf = [0u8; 64];
-            while accepted.is_none() {
-                match udp.recv(&mut buf) {
-                    Ok(n) => match parse_message(&buf[..n]) {
-                        Some((KIND_ACCEPT, n2, port)) if n2 == nonce && port != 0 => *accepted = Some(port),
-                        Some((KIND_REFUSE, n2, _)) if n2 == nonce => return Step::Done(false),
+            while offered.is_none() {
+                match udp.recv_from(&mut buf) {
+                    Ok((n, from)) => match parse_message(&buf[..n]) {
+                        // An offer from the host we connect to, for this connection.
+                        Some((KIND_OFFER, n2, cport, lport))
+                            if (cport, lport) == *ports
+                                && probe.peer_addr().is_ok_and(|a| a.ip() == from.ip()) =>
+                        {
+                            *nonce = n2;
+                            *offered = Some(from);
+                        }
                         _ => {}
                     },
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    // An ICMP error: no rendezvous there (the peer does not run strait).
-                    Err(_) => return Step::Done(false),
+                    Err(_) => break,
+                }
+            }
+            if offered.is_none() {
+                // An ICMP error on the probe: no strait marker there.
+                if let Err(e) = probe.recv(&mut buf) {
+                    if e.kind() != std::io::ErrorKind::WouldBlock {
+                        return Step::Done(false);
+                    }
                 }
             }
             if now >= started + timeout {
                 return Step::Done(false);
             }
-            let Some(port) = *accepted else {
-                if now >= *sent + HELLO_REPEAT {
-                    let _ = udp.send(hello.as_slice());
+            let Some(acceptor) = *offered else {
+                if now >= *sent + REPEAT {
+                    let _ = probe.send(hello.as_slice());
                     *sent = now;
                 }
                 return Step::Wait(udp.as_raw_fd(), libc::POLLIN);
@@ -396,22 +455,32 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                 None => Step::Wait(tcp, libc::POLLOUT),
                 Some(false) => Step::Done(false),
                 Some(true) => {
-                    let to = udp.peer_addr().ok().map(|mut a| {
-                        a.set_port(port);
-                        a
-                    });
-                    let up = to.is_some_and(|a| udp.connect(a).is_ok()) && attach(conn, p).is_some();
-                    let sent = send_confirmation(tcp, if up { GO } else { NO }, nonce);
+                    let up = udp.connect(acceptor).is_ok() && attach(conn, p).is_some();
+                    let sent = send_confirmation(tcp, if up { GO } else { NO }, p.nonce);
                     Step::Done(up && sent)
                 }
             }
         }
-        Role::Acceptor => match read_confirmation(tcp, nonce) {
-            Some(Some(go)) => Step::Done(go && attach(conn, p).is_some()),
-            Some(None) => Step::Done(false),
-            None if now >= started + timeout * ACCEPTOR_WAIT_FACTOR => Step::Done(false),
-            None => Step::Wait(tcp, libc::POLLIN),
-        },
+        Role::Acceptor { offer, sent } => {
+            // An ICMP error: the connector's port is closed (it gave up, or is not
+            // strait after all). Peeking leaves its first packets for the bridge.
+            let mut buf = [0u8; 1];
+            if let Err(e) = udp.peek(&mut buf) {
+                if e.kind() != std::io::ErrorKind::WouldBlock {
+                    return Step::Done(false);
+                }
+            }
+            if now >= *sent + REPEAT {
+                let _ = udp.send(offer.as_slice());
+                *sent = now;
+            }
+            match read_confirmation(tcp, *nonce) {
+                Some(Some(go)) => Step::Done(go && attach(conn, p).is_some()),
+                Some(None) => Step::Done(false),
+                None if now >= started + timeout * ACCEPTOR_WAIT_FACTOR => Step::Done(false),
+                None => Step::Wait(tcp, libc::POLLIN),
+            }
+        }
     }
 }
 
@@ -450,6 +519,7 @@ fn finish(conn: &Conn, slot: &mut Option<Pending>, ok: bool) {
     if !ok {
         conn.mark_remote_kernel();
         conn.shm.state().store(KERNEL, Ordering::Release);
+        crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -580,39 +650,24 @@ fn attach(conn: &Arc<Conn>, p: &Pending) -> Option<()> {
     Some(())
 }
 
-// ------------------------------------------------------------------ rendezvous
+// ------------------------------------------------------------------ listeners
 
-struct Offer {
-    nonce: u64,
+/// The marker of one listening socket (kept open; never read).
+struct Marker {
     udp: UdpSocket,
-    at: Instant,
 }
 
-#[derive(Default)]
-struct RvState {
-    offers: HashMap<Key, Offer>,
-    /// Kernel connections accepted without a HELLO: a late HELLO is refused.
-    refused: HashMap<Key, Instant>,
-}
-
-/// The rendezvous of one listening socket.
-struct Rendezvous {
-    udp: UdpSocket,
-    st: Mutex<RvState>,
-    closed: AtomicBool,
-}
-
-fn rendezvous() -> &'static Mutex<HashMap<c_int, Arc<Rendezvous>>> {
-    static R: OnceLock<Mutex<HashMap<c_int, Arc<Rendezvous>>>> = OnceLock::new();
+fn markers() -> &'static Mutex<HashMap<c_int, Arc<Marker>>> {
+    static R: OnceLock<Mutex<HashMap<c_int, Arc<Marker>>>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// After a successful `listen(fd)`: binds the rendezvous beside it.
+/// After a successful `listen(fd)`: binds the marker beside it.
 pub fn on_listen(fd: c_int) {
     if !enabled() || !crate::discover::is_tcp_stream(fd) {
         return;
     }
-    if rendezvous().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&fd) {
+    if markers().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&fd) {
         return;
     }
     let Some(key) = sock_key(fd, false) else { return };
@@ -639,24 +694,23 @@ pub fn on_listen(fd: c_int) {
             )
         };
     }
+    // Nothing is ever read from it: the smallest receive buffer the kernel allows.
+    let small: c_int = 1;
+    // SAFETY: a local int option.
+    unsafe {
+        libc::setsockopt(
+            udp.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&small as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as socklen_t,
+        )
+    };
     // SAFETY: the listener's own address, as the kernel reported it.
     if unsafe { real::bind(udp.as_raw_fd(), (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
         return;
     }
-    let rv = Arc::new(Rendezvous { udp, st: Mutex::new(RvState::default()), closed: AtomicBool::new(false) });
-    rendezvous().lock().unwrap_or_else(|e| e.into_inner()).insert(fd, rv.clone());
-    let spawned = std::thread::Builder::new().name("strait-rendezvous".into()).spawn(move || {
-        while !rv.closed.load(Ordering::Relaxed) {
-            let mut pf = libc::pollfd { fd: rv.udp.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one pollfd on the stack.
-            unsafe { real::poll(&mut pf, 1, 200) };
-            let mut st = rv.st.lock().unwrap_or_else(|e| e.into_inner());
-            rv.serve(&mut st);
-        }
-    });
-    if spawned.is_err() {
-        rendezvous().lock().unwrap_or_else(|e| e.into_inner()).remove(&fd);
-    }
+    markers().lock().unwrap_or_else(|e| e.into_inner()).insert(fd, Arc::new(Marker { udp }));
 }
 
 /// The listening socket `fd` was closed.
@@ -664,75 +718,42 @@ pub fn on_close(fd: c_int) {
     if !enabled() {
         return;
     }
-    if let Some(rv) = rendezvous().lock().unwrap_or_else(|e| e.into_inner()).remove(&fd) {
-        rv.closed.store(true, Ordering::Relaxed);
-    }
-}
-
-impl Rendezvous {
-    /// Answers every HELLO queued now.
-    fn serve(&self, st: &mut RvState) {
-        let now = Instant::now();
-        st.offers.retain(|_, o| now.duration_since(o.at) < REMEMBER);
-        st.refused.retain(|_, t| now.duration_since(*t) < REMEMBER);
-        let mut buf = [0u8; 64];
-        while let Ok((n, from)) = self.udp.recv_from(&mut buf) {
-            let Some((KIND_HELLO, nonce, tcp_port)) = parse_message(&buf[..n]) else { continue };
-            if !listed(&key_of_addr(&from).0) {
-                continue;
-            }
-            let key = (key_of_addr(&from).0, tcp_port);
-            let answer = if st.refused.contains_key(&key) {
-                message(KIND_REFUSE, nonce, 0)
-            } else {
-                match st.offers.get(&key) {
-                    Some(o) if o.nonce == nonce => {
-                        message(KIND_ACCEPT, nonce, o.udp.local_addr().map_or(0, |a| a.port()))
-                    }
-                    _ => {
-                        // A new connection (or a new one reusing the address and port).
-                        let made = udp_socket(from.is_ipv6()).filter(|u| u.connect(from).is_ok());
-                        match made {
-                            Some(u) => {
-                                let port = u.local_addr().map_or(0, |a| a.port());
-                                st.offers.insert(key, Offer { nonce, udp: u, at: now });
-                                message(KIND_ACCEPT, nonce, port)
-                            }
-                            None => message(KIND_REFUSE, nonce, 0),
-                        }
-                    }
-                }
-            };
-            let _ = self.udp.send_to(&answer, from);
-        }
-    }
+    let gone = markers().lock().unwrap_or_else(|e| e.into_inner()).remove(&fd);
+    // Dropped after the lock: closing the marker's socket comes through `close`, and
+    // so through here, once more.
+    drop(gone);
 }
 
 /// After a kernel `accept` on `lfd` returned `fd`: a connection from a listed host
-/// whose HELLO came becomes a pending strait connection.
+/// to a strait listener gets an offer and becomes a pending strait connection.
 pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
     if !enabled() {
         return false;
     }
-    let Some(rv) = rendezvous().lock().unwrap_or_else(|e| e.into_inner()).get(&lfd).cloned() else {
+    let Some(marker) = markers().lock().unwrap_or_else(|e| e.into_inner()).get(&lfd).cloned() else {
         return false;
     };
-    let Some(peer) = sock_key(fd, true) else { return false };
+    // The HELLOs themselves carry nothing the acceptor needs: drop them.
+    let mut buf = [0u8; 64];
+    while marker.udp.recv(&mut buf).is_ok() {}
+    let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };
     if !listed(&peer.0) {
         return false;
     }
-    let offer = {
-        let mut st = rv.st.lock().unwrap_or_else(|e| e.into_inner());
-        // The HELLO was sent before the SYN: it is queued by now if it came at all.
-        rv.serve(&mut st);
-        match st.offers.remove(&peer) {
-            Some(o) => o,
-            None => {
-                st.refused.insert(peer, Instant::now());
-                return false;
-            }
-        }
-    };
+    let (to, from) = (addr_of(&peer), addr_of(&(local.0, 0)));
+    let Some(udp) = udp_socket(to.is_ipv6()) else { return false };
+    let sa = socket2_addr(&from);
+    // SAFETY: binds our own socket to a local sockaddr of the right length.
+    if unsafe { real::bind(udp.as_raw_fd(), (&sa.0 as *const libc::sockaddr_storage).cast(), sa.1) } != 0
+        || udp.connect(to).is_err()
+    {
+        return false;
+    }
+    let nonce = random_u64();
+    let offer = message(KIND_OFFER, nonce, peer.1, local.1);
+    if udp.send(&offer).is_err() {
+        return false;
+    }
     let tcp = dup_fd(fd);
     if tcp < 0 {
         return false;
@@ -741,16 +762,9 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
         close_all(&[tcp]);
         return false;
     };
-    let p = Pending {
-        tcp,
-        udp: offer.udp,
-        nonce: offer.nonce,
-        started: Instant::now(),
-        memfd,
-        bridge_unix,
-        role: Role::Acceptor,
-    };
-    register(fd, conn, p);
+    let now = Instant::now();
+    let role = Role::Acceptor { offer, sent: now };
+    register(fd, conn, Pending { tcp, udp, nonce, started: now, memfd, bridge_unix, role });
     true
 }
 
@@ -1147,7 +1161,7 @@ impl Background {
                 }
                 Step::Wait(fd, events) => {
                     fds.push(libc::pollfd { fd, events, revents: 0 });
-                    *ms = (*ms).min(HELLO_REPEAT.as_millis() as c_int);
+                    *ms = (*ms).min(REPEAT.as_millis() as c_int);
                 }
             }
         }
@@ -1271,8 +1285,8 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_reject_garbage() {
-        let m = message(KIND_ACCEPT, 0x1234_5678_9abc_def0, 4242);
-        assert_eq!(parse_message(&m), Some((KIND_ACCEPT, 0x1234_5678_9abc_def0, 4242)));
+        let m = message(KIND_OFFER, 0x1234_5678_9abc_def0, 4242, 80);
+        assert_eq!(parse_message(&m), Some((KIND_OFFER, 0x1234_5678_9abc_def0, 4242, 80)));
         assert_eq!(parse_message(&m[..31]), None);
         let mut bad = m;
         bad[0] ^= 1;

@@ -111,19 +111,20 @@ fn many_connections_on_many_threads_between_hosts() {
 }
 
 #[test]
-fn a_forked_child_keeps_the_connection_and_a_late_accept_still_attaches() {
+fn a_forked_child_keeps_the_connection_and_a_late_accept_uses_the_kernel() {
     let (s, c) = pair("fork", "fork");
     check(&s, "server");
     check(&c, "client");
     assert!(c.stdout.contains("fork ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
 
-    // The server accepts 1.5 s after the client connected: the rendezvous offered
-    // at once and the client confirmed on its own, so the connection still attaches.
-    let (s, c) = pair("lateaccept", "echo");
+    // The server accepts only after the client stopped waiting for an offer (300
+    // ms): the connection stays on the kernel, exact bytes, no stray confirmation.
+    let (s, c) = pair_env(true, true, "lateaccept", "echo", &[("STRAIT_ATTACH_TIMEOUT_MS", "300")]);
     check(&s, "server");
     check(&c, "client");
-    assert!(c.stdout.contains("echo ok"), "{}", c.stdout);
-    assert_eq!(remote(&c), 1, "{}", c.stderr);
+    assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps kernel"), "{}", c.stdout);
+    assert_eq!(remote(&c), 0, "{}", c.stderr);
+    assert!(c.stderr.contains("kernel-fallback 1"), "{}", c.stderr);
 }
 
 #[test]
@@ -150,4 +151,17 @@ fn large_transfers_between_hosts_arrive_intact_with_or_without_strait_at_each_en
         let preloaded = if cp { &c } else { &s };
         assert_eq!(remote(preloaded), carried, "{}", preloaded.stderr);
     }
+}
+
+#[test]
+fn prefork_workers_sharing_a_listener_all_attach_between_hosts() {
+    // nginx's pattern: workers forked from the listening process accept; each offers
+    // for the connections it accepted itself.
+    let (s, c) = pair("prefork", "prefork");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(s.stdout.contains("prefork server ok"), "{}", s.stdout);
+    assert_eq!(remote(&c), 8, "{}", c.stderr);
+    assert!(c.stderr.contains("kernel-fallback 0"), "{}", c.stderr);
+    assert_eq!(remote(&s), 8, "{}", s.stderr);
 }

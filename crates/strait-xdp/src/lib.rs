@@ -16,6 +16,10 @@
 //! # let _ = ep; Ok(()) }
 //! ```
 //!
+//! [`XdpPort`] shares one socket among many connections: each [`XdpChannel`] is a
+//! `Link` to one channel of a peer, told apart by channel ids in a small header
+//! after the Ethernet header (see [`port`]).
+//!
 //! Every other frame (IP, ARP, other EtherTypes) reaches the kernel untouched.
 //! Copy mode where the driver has no zero-copy support (veth), zero-copy where it
 //! has; the need-wakeup protocol is used, so an idle link costs no CPU. The program
@@ -29,10 +33,12 @@ use thiserror::Error;
 pub mod bpf;
 pub mod link;
 pub mod netif;
+pub mod port;
 pub mod xsk;
 
 pub use link::{XdpConfig, XdpLink, ETHERTYPE};
 pub use netif::{Mac, Neighbours};
+pub use port::{PortStats, XdpChannel, XdpPort, MUX_HEADER};
 pub use xsk::{XskGeometry, XskMode};
 
 /// Errors of the xdp device.

@@ -12,7 +12,7 @@ use crate::XdpError;
 
 /// strait's EtherType: IEEE 802 local experimental EtherType 1.
 pub const ETHERTYPE: u16 = 0x88b5;
-const ETH_HEADER: usize = 14;
+pub(crate) const ETH_HEADER: usize = 14;
 
 /// Settings of an xdp link.
 #[derive(Debug, Clone)]
@@ -23,12 +23,37 @@ pub struct XdpConfig {
     pub queue: u32,
     /// UMEM geometry.
     pub geometry: XskGeometry,
+    /// [`crate::XdpPort`] only: transmit frames one channel may hold at once (taken
+    /// and not yet recycled). The reliability layer needs `window + 16`; the default,
+    /// 272, fits the default window of 256.
+    pub channel_tx_frames: u32,
+    /// [`crate::XdpPort`] only: received frames queued for one channel until its
+    /// owner reads them; beyond that they are dropped and counted. Default 256.
+    pub channel_rx_frames: u32,
 }
 
 impl XdpConfig {
-    /// Queue 0 of `ifname`, default geometry.
+    /// Queue 0 of `ifname`, default geometry (1024 transmit and 1024 receive
+    /// frames: enough for one [`XdpLink`]).
     pub fn new(ifname: &str) -> Self {
-        XdpConfig { ifname: ifname.to_owned(), queue: 0, geometry: XskGeometry::default() }
+        XdpConfig {
+            ifname: ifname.to_owned(),
+            queue: 0,
+            geometry: XskGeometry::default(),
+            channel_tx_frames: 272,
+            channel_rx_frames: 256,
+        }
+    }
+
+    /// Queue 0 of `ifname` with a geometry for an [`crate::XdpPort`] shared by many
+    /// channels: 4096 transmit and 4096 receive frames of 2 KiB (16 MiB of UMEM),
+    /// enough for 16 channels at window 128 (or 15 at 256) with every channel's
+    /// window full at once. See docs/XDP.md for sizing.
+    pub fn for_port(ifname: &str) -> Self {
+        XdpConfig {
+            geometry: XskGeometry { frame_size: 2048, tx_frames: 4096, rx_frames: 4096 },
+            ..XdpConfig::new(ifname)
+        }
     }
 }
 

@@ -142,6 +142,96 @@ impl Drop for Ring {
     }
 }
 
+/// Transmit doorbell: `sendto` while descriptors are pending and the kernel makes
+/// headway (copy mode transmits a bounded batch per call); in zero-copy mode only
+/// if the kernel asked for a wakeup. Returns the system calls made.
+fn kick_loop(
+    fd: RawFd,
+    mode: XskMode,
+    pending: impl Fn() -> u32,
+    needs_wakeup: impl Fn() -> bool,
+) -> Result<u32, XdpError> {
+    let mut calls = 0;
+    for _ in 0..64 {
+        let before = pending();
+        if before == 0 || (mode == XskMode::ZeroCopy && !needs_wakeup()) {
+            break;
+        }
+        // SAFETY: sendto with no buffer is AF_XDP's transmit doorbell.
+        let r = unsafe { libc::sendto(fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+        calls += 1;
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => {}
+                Some(libc::ENETDOWN) | Some(libc::ENXIO) => {
+                    return Err(XdpError::Io { op: "transmit (sendto)", source: e })
+                }
+                _ => break,
+            }
+        }
+        if pending() == before {
+            break;
+        }
+    }
+    Ok(calls)
+}
+
+/// The doorbells of an [`Xsk`], usable without borrowing it (see [`Xsk::doorbell`]).
+pub(crate) struct Doorbell {
+    fd: RawFd,
+    mode: XskMode,
+    tx_producer: *const AtomicU32,
+    tx_consumer: *const AtomicU32,
+    tx_flags: *const AtomicU32,
+    fill_flags: *const AtomicU32,
+}
+
+// SAFETY: the pointers address ring words shared with the kernel and only ever
+// accessed atomically; `Xsk::doorbell`'s contract keeps the mappings alive while the
+// handle is used, from any thread.
+unsafe impl Send for Doorbell {}
+// SAFETY: as above; every access is an atomic load or a system call on the fd.
+unsafe impl Sync for Doorbell {}
+
+impl Doorbell {
+    /// Wakes the kernel to transmit published descriptors if it needs it (see
+    /// [`Xsk::kick`]). Returns the system calls made.
+    pub(crate) fn kick(&self) -> Result<u32, XdpError> {
+        // SAFETY (both closures): live ring words (`Xsk::doorbell`'s contract).
+        let pending = || unsafe {
+            (*self.tx_producer)
+                .load(Ordering::Acquire)
+                .wrapping_sub((*self.tx_consumer).load(Ordering::Acquire))
+        };
+        // SAFETY: as above.
+        let needs = || unsafe { (*self.tx_flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0 };
+        kick_loop(self.fd, self.mode, pending, needs)
+    }
+
+    /// Wakes the kernel to refill from the fill ring if it asked for it; true if a
+    /// system call was made.
+    pub(crate) fn rx_wakeup(&self) -> bool {
+        // SAFETY: live flags word (`Xsk::doorbell`'s contract).
+        let needs = unsafe { (*self.fill_flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0 };
+        if !needs {
+            return false;
+        }
+        // SAFETY: a zero-length non-blocking receive is AF_XDP's receive doorbell.
+        unsafe {
+            libc::recvfrom(
+                self.fd,
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        true
+    }
+}
+
 /// Bind mode actually obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum XskMode {
@@ -196,6 +286,11 @@ pub struct Xsk {
     /// The mode obtained at bind.
     pub mode: XskMode,
 }
+
+// SAFETY: the raw pointers of the rings and the UMEM address mappings this value
+// owns (unmapped only on drop); moving the owner to another thread moves nothing the
+// pointers refer to. The rings are not `Sync`: users serialise access (a Mutex).
+unsafe impl Send for Xsk {}
 
 fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T, what: &'static str) -> Result<(), XdpError> {
     // SAFETY: passes a live, initialised `T` and its exact size.
@@ -368,34 +463,41 @@ impl Xsk {
     /// the system calls made.
     pub fn kick(&mut self) -> Result<u32, XdpError> {
         self.tx.publish_producer();
-        let mut calls = 0;
-        // In copy mode the kernel transmits only inside sendto, a bounded batch per
-        // call: repeat while our descriptors remain and it makes headway.
-        for _ in 0..64 {
-            let pending = self.tx.published_producer().wrapping_sub(self.tx.seen_consumer());
-            if pending == 0 || (self.mode == XskMode::ZeroCopy && !self.tx.needs_wakeup()) {
-                break;
-            }
-            // SAFETY: sendto with no buffer is AF_XDP's transmit doorbell.
-            let r = unsafe {
-                libc::sendto(self.fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0)
-            };
-            calls += 1;
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => {}
-                    Some(libc::ENETDOWN) | Some(libc::ENXIO) => {
-                        return Err(XdpError::Io { op: "transmit (sendto)", source: e })
-                    }
-                    _ => break,
-                }
-            }
-            if self.tx.published_producer().wrapping_sub(self.tx.seen_consumer()) == pending {
-                break;
-            }
+        kick_loop(
+            self.fd(),
+            self.mode,
+            || self.tx.published_producer().wrapping_sub(self.tx.seen_consumer()),
+            || self.tx.needs_wakeup(),
+        )
+    }
+
+    /// Publishes queued transmissions without waking the kernel (see
+    /// [`Doorbell::kick`], which can then run without holding the socket).
+    pub(crate) fn tx_publish(&mut self) {
+        self.tx.publish_producer();
+    }
+
+    /// Start of the UMEM mapping (for code that owns frames and reads or writes
+    /// them without borrowing the socket).
+    pub(crate) fn umem_base(&self) -> NonNull<u8> {
+        self.umem.ptr
+    }
+
+    /// A handle that rings the socket's doorbells (`sendto`, `recvfrom`) and reads
+    /// the ring words that decide whether to, without borrowing the socket.
+    ///
+    /// # Safety
+    /// The handle points into this socket's ring mappings and uses its descriptor:
+    /// it must not be used after the socket is dropped.
+    pub(crate) unsafe fn doorbell(&self) -> Doorbell {
+        Doorbell {
+            fd: self.fd(),
+            mode: self.mode,
+            tx_producer: self.tx.producer,
+            tx_consumer: self.tx.consumer,
+            tx_flags: self.tx.flags,
+            fill_flags: self.fill.flags,
         }
-        Ok(calls)
     }
 
     /// Takes completed transmissions: calls `done` with each frame index.

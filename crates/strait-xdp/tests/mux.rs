@@ -473,3 +473,104 @@ fn a_closed_channel_does_not_disturb_the_others() {
     let again = ports[1].channel(p.macs[0], closed_id, 77).expect("reopen a closed id");
     drop(again);
 }
+
+/// Ping-pong rounds: each round side 0 sends one 32-byte frame on every device and
+/// waits for all the echoes from side 1 (both sides busy-poll, one thread each).
+/// Returns the median and 99th percentile of half a round, in nanoseconds.
+fn rounds<L: Link + Send + 'static>(a: Vec<Reliable<L>>, b: Vec<Reliable<L>>, iters: u32) -> (u64, u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let total = b.len() as u32 * (iters + 200);
+    let echo = std::thread::spawn(move || {
+        let mut b = b;
+        let mut echoed = 0;
+        while echoed < total && Instant::now() < deadline {
+            for d in b.iter_mut() {
+                let mut got: Option<Vec<u8>> = None;
+                if d.recv_frame(&mut |f| {
+                    let mut v = vec![0; f.len()];
+                    f.read(0, &mut v);
+                    got = Some(v);
+                })
+                .expect("echo recv")
+                {
+                    if let Some(v) = got {
+                        while !d.send_frame(v.len(), &mut |w| w.write(0, &v)).expect("echo send") {
+                            d.recv_frame(&mut |_| {}).expect("echo drain");
+                        }
+                        echoed += 1;
+                    }
+                }
+                d.doorbell().expect("echo doorbell");
+            }
+        }
+        // Linger so the last acknowledgements get out.
+        let end = Instant::now() + Duration::from_millis(50);
+        while Instant::now() < end {
+            for d in b.iter_mut() {
+                let _ = d.recv_frame(&mut |_| {});
+                let _ = d.doorbell();
+            }
+        }
+        let r: u64 = b.iter().map(|d| d.rstats().timeout_retransmits + d.rstats().fast_retransmits).sum();
+        (echoed, r)
+    });
+    let mut a = a;
+    let msg = [7u8; 32];
+    let mut samples = Vec::new();
+    for i in 0..iters + 200 {
+        let t = Instant::now();
+        for d in a.iter_mut() {
+            while !d.send_frame(msg.len(), &mut |w| w.write(0, &msg)).expect("send") {
+                d.recv_frame(&mut |_| {}).expect("recv");
+                assert!(Instant::now() < deadline, "ping-pong setup timed out");
+            }
+            d.doorbell().expect("doorbell");
+        }
+        let mut pending = a.len();
+        let mut got = vec![false; a.len()];
+        while pending > 0 {
+            assert!(Instant::now() < deadline, "ping-pong timed out");
+            for (k, d) in a.iter_mut().enumerate() {
+                let mut frame = false;
+                d.recv_frame(&mut |_| frame = true).expect("recv");
+                if frame && !got[k] {
+                    got[k] = true;
+                    pending -= 1;
+                }
+            }
+        }
+        if i >= 200 {
+            samples.push(t.elapsed().as_nanos() as u64 / 2);
+        }
+    }
+    let (echoed, rb) = echo.join().expect("echo thread");
+    assert_eq!(echoed, total);
+    let ra: u64 = a.iter().map(|d| d.rstats().timeout_retransmits + d.rstats().fast_retransmits).sum();
+    samples.sort_unstable();
+    (samples[samples.len() / 2], samples[samples.len() * 99 / 100], ra + rb)
+}
+
+/// Not a pass/fail test: prints one-way latencies of an `XdpLink` pair, one channel
+/// pair and eight channel pairs driven together (`--ignored --nocapture`).
+#[test]
+#[ignore]
+fn latency_of_channels_against_xdp_link() {
+    let p = Pair::new();
+    let iters = 3000;
+    let rel = || ReliableConfig { window: 128, ..ReliableConfig::default() };
+    {
+        let cfg = [XdpConfig::new(&p.ifs[0]), XdpConfig::new(&p.ifs[1])];
+        let la = p.within(0, || strait_xdp::XdpLink::open(&cfg[0], p.macs[1])).expect("link a");
+        let lb = p.within(1, || strait_xdp::XdpLink::open(&cfg[1], p.macs[0])).expect("link b");
+        let (m, p99, r) = rounds(vec![Reliable::new(la, rel())], vec![Reliable::new(lb, rel())], iters);
+        println!("XdpLink:       one-way median {m} ns p99 {p99} ns, retransmits {r}");
+    }
+    let ports = [p.port(0), p.port(1)];
+    for n in [1usize, 8] {
+        let (a, b) = open_pairs(&p, &ports, n);
+        let a = a.into_iter().map(|c| Reliable::new(c, rel())).collect();
+        let b = b.into_iter().map(|c| Reliable::new(c, rel())).collect();
+        let (m, p99, r) = rounds(a, b, iters);
+        println!("{n} channel(s): half a round median {m} ns p99 {p99} ns, retransmits {r}");
+    }
+}

@@ -397,8 +397,18 @@ pub fn register(fd: c_int, conn: Arc<Conn>, p: Pending) {
     }
 }
 
+/// Reports a malformed `STRAIT_*` setting of the devices once, then uses defaults
+/// (the library cannot refuse to run the program).
+fn config_or_default<T: Default, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    r.unwrap_or_else(|e| {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("strait: {e}; using the defaults for connections to other hosts"));
+        T::default()
+    })
+}
+
 fn udp_config() -> UdpConfig {
-    let mut cfg = UdpConfig::from_env().unwrap_or_default();
+    let mut cfg = config_or_default(UdpConfig::from_env());
     // Threads of the program and the background thread all drive the link: the
     // plain-syscall backend has no per-thread state. Datagrams go out at once.
     cfg.backend = Backend::Mmsg;
@@ -604,7 +614,7 @@ fn attach(conn: &Arc<Conn>, p: &Pending) -> Option<()> {
     let (udp, memfd, bridge_unix) = (&p.udp, p.memfd, p.bridge_unix);
     let sock = udp.try_clone().ok()?;
     let link = UdpLink::from_socket(sock, &udp_config()).ok()?;
-    let dev = Reliable::new(link, ReliableConfig::from_env().unwrap_or_default());
+    let dev = Reliable::new(link, config_or_default(ReliableConfig::from_env()));
     let shm = Shm::map(memfd, Settings::get().ring)?;
     // SAFETY: plain syscalls duplicating descriptors we hold.
     let (app_efd, unix) = unsafe {
@@ -634,7 +644,6 @@ fn attach(conn: &Arc<Conn>, p: &Pending) -> Option<()> {
             dev,
             peer_consumed: 0,
             credit_sent: 0,
-            discarded: 0,
             shut_sent: false,
             fin_sent: false,
             reset_sent: false,
@@ -810,8 +819,6 @@ struct BridgeState {
     peer_consumed: u64,
     /// Consumed total we last reported.
     credit_sent: u64,
-    /// Bytes thrown away after the program closed its end.
-    discarded: u64,
     shut_sent: bool,
     fin_sent: bool,
     reset_sent: bool,
@@ -892,7 +899,7 @@ impl Bridge {
         let mut broke = false;
         let mut woke_reader = false;
         loop {
-            let BridgeState { dev, peer_consumed, discarded, .. } = &mut *st;
+            let BridgeState { dev, peer_consumed, .. } = &mut *st;
             let r = dev.recv_frame(&mut |f| {
                 let mut kind = [0u8; 1];
                 if !f.read(0, &mut kind) {
@@ -904,7 +911,7 @@ impl Bridge {
                         let n = f.len() - 1;
                         let tail = self.w(rx, TAIL).load(Ordering::Relaxed);
                         if app_gone {
-                            *discarded += n as u64;
+                            // Nobody reads any more: thrown away, and credited.
                             self.w(rx, TAIL).store(tail + n as u64, Ordering::Release);
                             self.w(rx, HEAD).store(tail + n as u64, Ordering::Release);
                             return;
@@ -1174,22 +1181,37 @@ impl Background {
     }
 
     fn run(&self) {
+        // When each bridge next needs a pass of its own (a timer), by its address.
+        let mut due: HashMap<usize, Instant> = HashMap::new();
+        // Bridges whose socket was readable in the last sleep; and whether the
+        // program rang (a close, a shutdown, a forked child's write, a new bridge):
+        // then every bridge gets a pass.
+        let mut readable: Vec<usize> = Vec::new();
+        let mut rung = true;
         loop {
             let list: Vec<Arc<Bridge>> = self.bridges.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let mut ms: c_int = 200;
             let mut fds = vec![libc::pollfd { fd: self.efd, events: libc::POLLIN, revents: 0 }];
             self.settle_pending(&mut fds, &mut ms);
+            let mut watched = Vec::new();
             let mut finished = Vec::new();
+            let now = Instant::now();
             for b in &list {
-                let mut st = b.st.lock().unwrap_or_else(|e| e.into_inner());
-                if b.pump(&mut st) {
-                    finished.push(b.clone());
-                    continue;
+                let key = Arc::as_ptr(b) as usize;
+                let timer_due = due.get(&key).is_none_or(|t| *t <= now);
+                if rung || timer_due || readable.contains(&key) {
+                    let mut st = b.st.lock().unwrap_or_else(|e| e.into_inner());
+                    if b.pump(&mut st) {
+                        finished.push(b.clone());
+                        due.remove(&key);
+                        continue;
+                    }
+                    let t = Bridge::timer_ms(&st).unwrap_or(200);
+                    due.insert(key, now + Duration::from_millis(t as u64));
                 }
-                if let Some(t) = Bridge::timer_ms(&st) {
-                    ms = ms.min(t);
+                if let Some(t) = due.get(&key) {
+                    ms = ms.min(t.saturating_duration_since(now).as_millis() as c_int);
                 }
-                drop(st);
                 // Nobody drives it inline (the program is busy elsewhere, or a forked
                 // child uses the connection): writes to its ring ring us.
                 let shared = b.shm.word(crate::conn::off_holders(b.side)).load(Ordering::Relaxed) > 1;
@@ -1200,6 +1222,7 @@ impl Background {
                     ms = ms.min(INLINE_GRACE_MS as c_int);
                 } else {
                     fds.push(libc::pollfd { fd: b.link_fd, events: libc::POLLIN, revents: 0 });
+                    watched.push(key);
                 }
             }
             if !finished.is_empty() {
@@ -1211,9 +1234,17 @@ impl Background {
             }
             // SAFETY: a vector of pollfds and its length.
             unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-            let mut v = 0u64;
-            // SAFETY: eventfd read into a local (non-blocking).
-            unsafe { real::read(self.efd, (&mut v as *mut u64).cast(), 8) };
+            rung = fds[0].revents != 0;
+            if rung {
+                let mut v = 0u64;
+                // SAFETY: eventfd read into a local (non-blocking).
+                unsafe { real::read(self.efd, (&mut v as *mut u64).cast(), 8) };
+            }
+            // The pollfds after the eventfd and the pending connections' are the
+            // watched bridges', in order.
+            let first = fds.len() - watched.len();
+            readable =
+                watched.iter().zip(&fds[first..]).filter(|(_, p)| p.revents != 0).map(|(k, _)| *k).collect();
         }
     }
 }

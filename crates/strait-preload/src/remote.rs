@@ -1198,7 +1198,7 @@ impl Background {
             let now = Instant::now();
             for b in &list {
                 let key = Arc::as_ptr(b) as usize;
-                let timer_due = due.get(&key).is_none_or(|t| *t <= now);
+                let timer_due = due.get(&key).map_or(true, |t| *t <= now);
                 if rung || timer_due || readable.contains(&key) {
                     let mut st = b.st.lock().unwrap_or_else(|e| e.into_inner());
                     if b.pump(&mut st) {

@@ -13,6 +13,7 @@
 
 use std::io::{Read, Write};
 use std::net::UdpSocket;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -80,8 +81,32 @@ fn next(w: &mut Worker<UdpDevice>, op: OpKind) -> strait_core::Completion {
     }
 }
 
-fn finish(mut w: Worker<UdpDevice>, ep: strait_core::EpId, bar: &Barrier) {
-    bar.wait();
+/// Where the two sides of a measurement meet: before the timed part, and at the end.
+struct Meet {
+    start: Barrier,
+    done: AtomicUsize,
+}
+
+impl Meet {
+    fn new() -> Self {
+        Meet { start: Barrier::new(2), done: AtomicUsize::new(0) }
+    }
+
+    fn wait(&self) {
+        self.start.wait();
+    }
+}
+
+/// Ends one side: keeps driving the worker until the other side is done too (a
+/// sender's last packets may still need resending after its sends completed: a
+/// sender that stopped would leave its peer waiting until the liveness timeout),
+/// then closes.
+fn finish(mut w: Worker<UdpDevice>, ep: strait_core::EpId, meet: &Meet) {
+    meet.done.fetch_add(1, Ordering::SeqCst);
+    while meet.done.load(Ordering::SeqCst) < 2 {
+        w.progress();
+        std::thread::yield_now();
+    }
     w.close(ep);
     w.linger(Duration::from_secs(1));
 }
@@ -89,7 +114,7 @@ fn finish(mut w: Worker<UdpDevice>, ep: strait_core::EpId, bar: &Barrier) {
 /// One-way latencies (RTT/2) of 8-byte strait ping-pongs, ns.
 fn strait_pingpong(pair: &VethPair) -> Res<Vec<f64>> {
     let (a, b) = devices(pair)?;
-    let bar = Barrier::new(2);
+    let bar = Meet::new();
     let r = std::thread::scope(|s| {
         s.spawn(|| {
             let (mut w, ep) = worker(b);
@@ -159,7 +184,7 @@ struct Bulk {
 /// Streams BULK_MSGS messages of 1 MiB from side 0 to side 1 (8 outstanding).
 fn strait_bulk(pair: &VethPair) -> Res<Bulk> {
     let (a, b) = devices(pair)?;
-    let bar = Barrier::new(2);
+    let bar = Meet::new();
     let r = std::thread::scope(|s| {
         let rx = s.spawn(|| {
             let (mut w, ep) = worker(b);
@@ -237,7 +262,7 @@ fn kernel_tcp_bulk(pair: &VethPair) -> Res<f64> {
 /// messages per second).
 fn strait_stream(pair: &VethPair) -> Res<(f64, f64, f64)> {
     let (a, b) = devices(pair)?;
-    let bar = Barrier::new(2);
+    let bar = Meet::new();
     let r = std::thread::scope(|s| {
         let rx = s.spawn(|| {
             let (mut w, ep) = worker(b);

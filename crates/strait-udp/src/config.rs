@@ -33,11 +33,11 @@ pub struct UdpConfig {
     /// Posted receive buffers (a power of two; 0 = chosen from the buffer size).
     /// `STRAIT_UDP_RX_BUFS`.
     pub rx_bufs: u32,
-    /// Send runs of equal-size datagrams as one UDP GSO super-datagram (io_uring
-    /// backend). `STRAIT_UDP_GSO` = 0/1, default 1.
+    /// Send runs of equal-size datagrams as one UDP GSO super-datagram (both
+    /// backends). `STRAIT_UDP_GSO` = 0/1, default 1.
     pub gso: bool,
-    /// Receive coalesced datagrams (UDP_GRO) into one posted buffer (io_uring
-    /// backend). `STRAIT_UDP_GRO` = 0/1, default 1.
+    /// Receive coalesced datagrams (UDP_GRO) into one buffer, split again into
+    /// datagrams by the link (both backends). `STRAIT_UDP_GRO` = 0/1, default 1.
     pub gro: bool,
     /// Datagrams at least this long go out with `IORING_OP_SEND_ZC` from the
     /// registered slot (no copy); 0 disables zero-copy. `STRAIT_UDP_ZC_MIN`,

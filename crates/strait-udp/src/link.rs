@@ -57,9 +57,15 @@ pub struct UdpStats {
     /// Times the posted receive buffers ran out (the socket buffer holds datagrams
     /// meanwhile).
     pub rx_nobufs: u64,
-    /// GSO super-datagrams sent (each one system-call-free SQE for a run).
+    /// GSO super-datagrams sent: each carries a run of equal-size datagrams (one
+    /// system-call-free SQE, or one message of a `sendmmsg`).
     pub gso_sends: u64,
-    /// Receive buffers that held a GRO train of several datagrams.
+    /// Times the kernel refused a GSO send (`EIO`/`EINVAL`: the route cannot
+    /// segment, no checksum offload, ...); the link then sends plain datagrams for
+    /// the rest of its life.
+    pub gso_refused: u64,
+    /// Receives that held a GRO train of several datagrams (split and handed out
+    /// one datagram at a time).
     pub gro_trains: u64,
     /// Zero-copy sends.
     pub zc_sends: u64,
@@ -184,9 +190,11 @@ impl UdpLink {
         let (inner, backend) = match uring {
             Some(u) => (Inner::Uring(Box::new(u)), Backend::Uring),
             None => {
-                // GRO changes what a receive returns; the mmsg path reads plain datagrams.
-                let _ = sys::setsockopt_int(fd, sys::SOL_UDP, sys::UDP_GRO, 0);
-                (Inner::Mmsg(Box::new(MmsgLink::new(fd, cfg.slots, slot_len, ring, moder))), Backend::Mmsg)
+                // A GSO send's payload, like any datagram's, must fit in one IP packet
+                // of at most 64 KiB (the IPv6 payload length counts the UDP header).
+                let gso_bytes = 65_535 - hdr;
+                let m = MmsgLink::new(fd, cfg, slot_len, gso_bytes, moder);
+                (Inner::Mmsg(Box::new(m)), Backend::Mmsg)
             }
         };
         Ok(UdpLink { inner, sock, mtu, backend })
@@ -202,11 +210,12 @@ impl UdpLink {
         self.backend
     }
 
-    /// The io_uring features in use (empty for the mmsg backend).
+    /// The features in use: io_uring's, or for the mmsg backend `gso` and `gro`
+    /// when enabled (empty otherwise).
     pub fn features(&self) -> &str {
         match &self.inner {
             Inner::Uring(u) => &u.features,
-            Inner::Mmsg(_) => "",
+            Inner::Mmsg(m) => m.features(),
         }
     }
 

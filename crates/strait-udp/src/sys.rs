@@ -10,6 +10,59 @@ pub(crate) const UDP_SEGMENT: libc::c_int = 103;
 /// `UDP_GRO` (Linux 5.0).
 pub(crate) const UDP_GRO: libc::c_int = 104;
 
+/// A `UDP_SEGMENT` control message (GSO segment size), laid out as the kernel reads
+/// it: `size_of::<SegCmsg>()` is `CMSG_SPACE(2)` and `cmsg_len` is `CMSG_LEN(2)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct SegCmsg {
+    hdr: libc::cmsghdr,
+    seg: u16,
+}
+
+impl SegCmsg {
+    pub(crate) fn new() -> Self {
+        // SAFETY: cmsghdr is a plain C struct (with private padding fields on some
+        // libcs) for which all-zero is valid.
+        let mut hdr: libc::cmsghdr = unsafe { std::mem::zeroed() };
+        hdr.cmsg_len = (std::mem::size_of::<libc::cmsghdr>() + 2) as _;
+        hdr.cmsg_level = SOL_UDP;
+        hdr.cmsg_type = UDP_SEGMENT;
+        SegCmsg { hdr, seg: 0 }
+    }
+
+    pub(crate) fn set(&mut self, seg: u16) {
+        self.seg = seg;
+    }
+}
+
+/// Finds the `UDP_GRO` segment size among received control messages, if any.
+pub(crate) fn gro_size(ctrl: &[u8]) -> Option<usize> {
+    // The kernel's `struct cmsghdr`: a size_t length, then level and type (ints);
+    // the data follows at the header's size, each message is size_t-aligned.
+    const W: usize = std::mem::size_of::<usize>();
+    const HDR: usize = std::mem::size_of::<libc::cmsghdr>();
+    let word = |o: usize| -> Option<usize> {
+        let b: [u8; W] = ctrl.get(o..o + W)?.try_into().ok()?;
+        Some(usize::from_ne_bytes(b))
+    };
+    let int = |o: usize| -> Option<i32> {
+        let b: [u8; 4] = ctrl.get(o..o + 4)?.try_into().ok()?;
+        Some(i32::from_ne_bytes(b))
+    };
+    let mut off = 0;
+    while off + HDR <= ctrl.len() {
+        let clen = word(off)?;
+        if clen < HDR || clen > ctrl.len() - off {
+            return None;
+        }
+        if int(off + W)? == SOL_UDP && int(off + W + 4)? == UDP_GRO && clen >= HDR + 4 {
+            return Some(int(off + HDR)? as u32 as usize);
+        }
+        off += clen.next_multiple_of(W);
+    }
+    None
+}
+
 /// Sets an integer socket option.
 pub(crate) fn setsockopt_int(
     fd: RawFd,

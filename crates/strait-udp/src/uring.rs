@@ -513,6 +513,9 @@ impl UringLink {
                             if res == -libc::EIO || res == -libc::EINVAL || res == -libc::EOPNOTSUPP {
                                 // The path cannot segment (no checksum offload, ...):
                                 // stop using GSO; the reliability layer resends.
+                                if self.gso {
+                                    self.ustats.gso_refused += 1;
+                                }
                                 self.gso = false;
                             }
                         } else {
@@ -530,29 +533,6 @@ impl UringLink {
             }
         }
         n
-    }
-
-    /// Finds the `UDP_GRO` segment size among the control messages, if any.
-    fn gro_size(ctrl: &[u8]) -> Option<usize> {
-        let mut off = 0;
-        while off + 16 <= ctrl.len() {
-            let rd = |o: usize, n: usize| -> u64 {
-                let mut b = [0u8; 8];
-                b[..n].copy_from_slice(&ctrl[o..o + n]);
-                u64::from_ne_bytes(b)
-            };
-            let clen = rd(off, 8) as usize;
-            let level = rd(off + 8, 4) as i32;
-            let kind = rd(off + 12, 4) as i32;
-            if clen < 16 || off + clen > ctrl.len() {
-                return None;
-            }
-            if level == sys::SOL_UDP && kind == sys::UDP_GRO && clen >= 20 {
-                return Some(rd(off + 16, 4) as u32 as usize);
-            }
-            off += clen.next_multiple_of(8);
-        }
-        None
     }
 
     pub(crate) fn recv(&mut self, handle: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
@@ -596,7 +576,7 @@ impl UringLink {
                 }
                 let off = RECVMSG_OUT_LEN + CTRL_LEN;
                 let plen = out.payload_data().len();
-                let seg = match Self::gro_size(out.control_data()) {
+                let seg = match sys::gro_size(out.control_data()) {
                     Some(s) if s > 0 && s < plen => {
                         self.ustats.gro_trains += 1;
                         s

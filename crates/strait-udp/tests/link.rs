@@ -189,6 +189,149 @@ fn gso_runs_and_gro_trains() {
     assert!(a.stats().doorbells < 100, "{:?}", a.stats());
 }
 
+/// One flush of `n_full` full-size datagrams and a short one from `a` to `b` over
+/// the mmsg backend; everything is then received in one go. Checks that every
+/// datagram arrives once, intact and on its own, and returns the doorbells each side
+/// rang for it.
+fn one_flush(a: &mut UdpLink, b: &mut UdpLink, n_full: usize) -> (u64, u64) {
+    let mtu = a.mtu();
+    let lens: Vec<usize> = (0..=n_full).map(|i| if i < n_full { mtu } else { 700 }).collect();
+    let (a0, b0) = (a.stats(), b.stats());
+    for (i, &len) in lens.iter().enumerate() {
+        let slot = a.tx_alloc().unwrap();
+        fill(i as u32, &mut a.tx_buf(slot)[..len]);
+        assert!(a.send(slot, len).unwrap());
+        a.tx_release(slot);
+    }
+    a.flush().unwrap();
+    let a_rung = a.stats().doorbells - a0.doorbells;
+    assert_eq!(a.stats().datagrams_sent - a0.datagrams_sent, lens.len() as u64, "{:?}", a.udp_stats());
+    assert_eq!(a.slots_in_use(), 0);
+    // Let everything reach the receiver's socket first.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    let mut warms = 0;
+    let mut drain = |b: &mut UdpLink, got: &mut Vec<Vec<u8>>| {
+        while b
+            .recv(&mut |d| {
+                if d == b"warm" {
+                    warms += 1; // left over from `warm`
+                } else {
+                    got.push(d.to_vec());
+                }
+            })
+            .unwrap()
+        {}
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < lens.len() {
+        assert!(Instant::now() < deadline, "timed out: {} of {} datagrams arrived", got.len(), lens.len());
+        drain(b, &mut got);
+    }
+    drain(b, &mut got);
+    assert_eq!(got.len(), lens.len(), "extra datagrams");
+    let mut expect = Vec::new();
+    for (i, d) in got.iter().enumerate() {
+        // UDP keeps the order on a veth pair.
+        assert_eq!(d.len(), lens[i], "datagram {i}");
+        expect.resize(lens[i], 0);
+        fill(i as u32, &mut expect);
+        assert!(d == &expect, "datagram {i} corrupted");
+    }
+    let b1 = b.stats();
+    assert_eq!(b1.datagrams_received - b0.datagrams_received, (lens.len() + warms) as u64);
+    assert_eq!(b1.datagrams_dropped, b0.datagrams_dropped);
+    (a_rung, b1.doorbells - b0.doorbells)
+}
+
+fn mmsg_link_pair(pair: &VethPair, v6: bool, tx: &UdpConfig, rx: &UdpConfig) -> (UdpLink, UdpLink) {
+    let (sa, sb) = pair.udp_pair(v6).unwrap();
+    warm(&sa, &sb);
+    let a = UdpLink::from_socket(sa, tx).unwrap();
+    let b = UdpLink::from_socket(sb, rx).unwrap();
+    assert_eq!((a.backend(), b.backend()), (Backend::Mmsg, Backend::Mmsg));
+    (a, b)
+}
+
+/// The mmsg backend with GSO and GRO: 200 full-size datagrams and a short one in
+/// one flush leave as a few GSO messages of one `sendmmsg`, arrive as a few GRO
+/// trains in one `recvmmsg`, and are handed out as 201 separate, intact datagrams.
+#[test]
+fn mmsg_gso_runs_and_gro_trains() {
+    let pair = VethPair::create().expect("cannot create a veth pair (root and iproute2 needed)");
+    let c = cfg(Backend::Mmsg);
+    for v6 in [false, true] {
+        let (mut a, mut b) = mmsg_link_pair(&pair, v6, &c, &c);
+        assert_eq!(a.features(), "gso gro");
+        assert_eq!(a.mtu(), if v6 { 1452 } else { 1472 });
+        for _ in 0..3 {
+            let (ua0, ub0) = (a.udp_stats(), b.udp_stats());
+            let (a_rung, b_rung) = one_flush(&mut a, &mut b, 200);
+            let (ua, ub) = (a.udp_stats(), b.udp_stats());
+            // 64 KiB per GSO message: 44 (IPv4) or 45 (IPv6) datagrams each.
+            assert_eq!(ua.gso_sends - ua0.gso_sends, 5, "v6 {v6}: {ua:?}");
+            assert_eq!(ua.gso_refused, 0);
+            assert!(ub.gro_trains - ub0.gro_trains >= 4, "v6 {v6}: {ub:?}");
+            assert_eq!(a_rung, 1, "v6 {v6}: one sendmmsg for the flush");
+            assert!(b_rung <= 3, "v6 {v6}: {b_rung} recvmmsg calls for 201 datagrams");
+        }
+    }
+}
+
+/// GSO and GRO off (either or both; and the kernel segmenting for a receiver
+/// without GRO): the same datagrams, each intact and separate.
+#[test]
+fn mmsg_gso_gro_off() {
+    let pair = VethPair::create().expect("cannot create a veth pair (root and iproute2 needed)");
+    for (gso, gro) in [(false, false), (true, false), (false, true)] {
+        let c = UdpConfig { gso, gro, ..cfg(Backend::Mmsg) };
+        let (mut a, mut b) = mmsg_link_pair(&pair, false, &c, &c);
+        let (a_rung, b_rung) = one_flush(&mut a, &mut b, 200);
+        let (ua, ub) = (a.udp_stats(), b.udp_stats());
+        assert_eq!(ua.gso_sends > 0, gso, "gso {gso} gro {gro}: {ua:?}");
+        assert_eq!(ub.gro_trains, 0, "gso {gso} gro {gro}: {ub:?}");
+        assert_eq!(a_rung, 1);
+        // Without GRO, 32 datagrams per recvmmsg at most.
+        assert!(b_rung >= 201 / 32, "gso {gso} gro {gro}: {b_rung} recvmmsg calls");
+        // And the other way round, mixed sizes, many flushes.
+        let mtu = a.mtu();
+        let lens: Vec<usize> = (0..1000).map(|i| [4, 64, 1000, mtu, mtu, mtu][i % 6]).collect();
+        exchange(&mut b, &mut a, &lens, 50);
+    }
+}
+
+/// A route that refuses GSO (here: UDP checksums switched off, with which the kernel
+/// cannot segment): the first GSO send fails, the link falls back to plain datagrams
+/// for good, and no datagram is lost.
+#[test]
+fn mmsg_gso_refused_falls_back() {
+    let pair = VethPair::create().expect("cannot create a veth pair (root and iproute2 needed)");
+    let (sa, sb) = pair.udp_pair(false).unwrap();
+    warm(&sa, &sb);
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with a pointer to a local int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sa),
+            libc::SOL_SOCKET,
+            libc::SO_NO_CHECK,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_NO_CHECK: {}", std::io::Error::last_os_error());
+    let c = cfg(Backend::Mmsg);
+    let mut a = UdpLink::from_socket(sa, &c).unwrap();
+    let mut b = UdpLink::from_socket(sb, &c).unwrap();
+    let (a_rung, _) = one_flush(&mut a, &mut b, 100);
+    let ua = a.udp_stats();
+    assert_eq!((ua.gso_refused, ua.gso_sends, ua.tx_errors), (1, 0, 0), "{ua:?}");
+    assert_eq!(a_rung, 2, "the refused try and the plain one");
+    let (a_rung, _) = one_flush(&mut a, &mut b, 100);
+    assert_eq!(a_rung, 1, "GSO stays off");
+    assert_eq!(a.udp_stats().gso_refused, 1);
+}
+
 /// Both backends across the veth pair, IPv4 and IPv6.
 #[test]
 fn veth_datagrams_both_backends_v4_v6() {

@@ -264,7 +264,18 @@ pub fn steal_header(forger: &UdpSocket, deadline: Instant) -> PacketHeader {
     loop {
         assert!(Instant::now() < deadline, "no genuine packet to learn the connection ids from");
         if let Ok(n) = forger.recv(&mut buf) {
-            if let Ok(h) = packet::open(&buf[..n]) {
+            // Side 0's link turns UDP_GRO on for the socket (the forger's too): one
+            // read may return a train of datagrams. The first is the stolen packet;
+            // the rest were sent after it, so forgeries acknowledging up to it
+            // acknowledge nothing that was not delivered (discarding the train
+            // would lose packets before the one whose header is used).
+            let opened = match packet::open(&buf[..n]) {
+                Err(packet::PacketError::Length { claimed, actual }) if claimed < actual => {
+                    packet::open(&buf[..PACKET_HEADER_LEN + claimed])
+                }
+                r => r,
+            };
+            if let Ok(h) = opened {
                 if h.dst_id != 0 && h.src_id != 0 {
                     return h;
                 }

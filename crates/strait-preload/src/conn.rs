@@ -725,7 +725,9 @@ impl Conn {
             }
             self.w(self.tx(), TAIL).store(tail + chunk as u64, Ordering::Release);
             self.wake_if(self.w(self.tx(), RSLEEP));
-            self.pump_remote();
+            if let Some(b) = self.remote.get() {
+                b.push_inline();
+            }
             sent += chunk;
             if sent == want {
                 return Ok(sent);

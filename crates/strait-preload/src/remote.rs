@@ -889,6 +889,21 @@ impl Bridge {
     /// Moves everything that can move now; true once the bridge is finished (closed
     /// and drained, or failed).
     fn pump(&self, st: &mut BridgeState) -> bool {
+        self.pump_with(st, true)
+    }
+
+    /// A program thread just wrote: sends it now, without first looking for
+    /// arrivals (that costs a system call; whoever waits for data looks anyway).
+    pub fn push_inline(&self) {
+        if self.owner != current_pid() || self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        self.last_inline_ms.store(self.started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+        let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
+        self.pump_with(&mut st, false);
+    }
+
+    fn pump_with(&self, st: &mut BridgeState, arrivals: bool) -> bool {
         if st.failed {
             return true;
         }
@@ -898,7 +913,8 @@ impl Bridge {
         // Arrivals.
         let mut broke = false;
         let mut woke_reader = false;
-        loop {
+        let mut more = arrivals;
+        while more {
             let BridgeState { dev, peer_consumed, .. } = &mut *st;
             let r = dev.recv_frame(&mut |f| {
                 let mut kind = [0u8; 1];
@@ -965,8 +981,8 @@ impl Bridge {
                 }
             });
             match r {
-                Ok(true) if !broke => continue,
-                Ok(_) if !broke => break,
+                Ok(true) if !broke => {}
+                Ok(_) if !broke => more = false,
                 _ => {
                     self.fail(st);
                     return true;

@@ -177,6 +177,8 @@ pub static ACCELERATED: AtomicUsize = AtomicUsize::new(0);
 pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
 /// Connections to other hosts carried by the udp device.
 pub static REMOTE: AtomicUsize = AtomicUsize::new(0);
+/// Of those, connections carried by the xdp device.
+pub static REMOTE_XDP: AtomicUsize = AtomicUsize::new(0);
 /// Connections attached by asking the connector directly (path B).
 pub static PATH_B: AtomicUsize = AtomicUsize::new(0);
 

@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use libc::{c_int, sockaddr, socklen_t};
 use strait_core::{Device, Link, Reliable, ReliableConfig};
 use strait_udp::{Backend, UdpConfig, UdpLink};
+use strait_xdp::{Mac, XdpChannel, XdpConfig, XdpPort};
 
 use crate::conn::{
     ctl, Conn, Settings, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED, WSLEEP,
@@ -53,11 +54,15 @@ use crate::discover::{close_all, key_of, sock_key, Key};
 use crate::real;
 
 const MSG_MAGIC: u64 = 0x3130_5652_5454_5253; // "SRTTRV01"
-const MSG_LEN: usize = 32;
+const MSG_LEN: usize = 48;
 const KIND_HELLO: u8 = 1;
 const KIND_OFFER: u8 = 2;
 const GO: u64 = 0x4f47_5449_4152_5453; // "STRAITGO"
 const NO: u64 = 0x4f4e_5449_4152_5453; // "STRAITNO"
+const GX: u64 = 0x5847_5449_4152_5453; // "STRAITGX": go, over the xdp device
+/// Bytes of the connector's answer on the TCP connection: word, nonce, and (for GX)
+/// its MAC and channel id.
+const ANSWER_LEN: usize = 32;
 /// How often a connector repeats its HELLO, and an acceptor its OFFER, while they
 /// wait for an answer.
 const REPEAT: Duration = Duration::from_millis(20);
@@ -134,25 +139,50 @@ pub fn listed(a: &[u8; 16]) -> bool {
 
 // ------------------------------------------------------------------ messages
 
-/// A discovery datagram: kind, nonce, the connector's and the listener's TCP ports.
-fn message(kind: u8, nonce: u64, connector_port: u16, listener_port: u16) -> [u8; MSG_LEN] {
+/// A discovery datagram: kind, nonce, the connector's and the listener's TCP ports,
+/// and (in an offer) the acceptor's xdp port: its MAC and the channel id reserved
+/// for this connection.
+fn message(
+    kind: u8,
+    nonce: u64,
+    connector_port: u16,
+    listener_port: u16,
+    xdp: Option<(Mac, u32)>,
+) -> [u8; MSG_LEN] {
     let mut m = [0u8; MSG_LEN];
     m[0..8].copy_from_slice(&MSG_MAGIC.to_le_bytes());
     m[8] = kind;
     m[16..24].copy_from_slice(&nonce.to_le_bytes());
     m[24..26].copy_from_slice(&connector_port.to_le_bytes());
     m[26..28].copy_from_slice(&listener_port.to_le_bytes());
+    if let Some((mac, id)) = xdp {
+        m[9] = 1;
+        m[28..34].copy_from_slice(&mac.0);
+        m[36..40].copy_from_slice(&id.to_le_bytes());
+    }
     m
 }
 
-fn parse_message(m: &[u8]) -> Option<(u8, u64, u16, u16)> {
+/// A parsed discovery datagram.
+#[derive(Debug, PartialEq, Eq)]
+struct Message {
+    kind: u8,
+    nonce: u64,
+    ports: (u16, u16),
+    xdp: Option<(Mac, u32)>,
+}
+
+fn parse_message(m: &[u8]) -> Option<Message> {
     if m.len() != MSG_LEN || m[0..8] != MSG_MAGIC.to_le_bytes() {
         return None;
     }
     let nonce = u64::from_le_bytes(m[16..24].try_into().ok()?);
     let cport = u16::from_le_bytes(m[24..26].try_into().ok()?);
     let lport = u16::from_le_bytes(m[26..28].try_into().ok()?);
-    Some((m[8], nonce, cport, lport))
+    let id = u32::from_le_bytes(m[36..40].try_into().ok()?);
+    let mac: [u8; 6] = m[28..34].try_into().ok()?;
+    let xdp = (m[9] == 1 && id != 0).then_some((Mac(mac), id));
+    Some(Message { kind: m[8], nonce, ports: (cport, lport), xdp })
 }
 
 fn random_u64() -> u64 {
@@ -237,6 +267,12 @@ pub struct Pending {
     memfd: c_int,
     bridge_unix: c_int,
     role: Role,
+    /// Our xdp port and the channel id reserved on it for this connection, if both
+    /// ends may use the xdp device (the acceptor reserves when it offers; the
+    /// connector when it takes an offer that has one).
+    xdp_local: Option<(Arc<XdpPort>, u32)>,
+    /// The peer's xdp MAC and channel id, once known.
+    xdp_peer: Option<(Mac, u32)>,
 }
 
 enum Role {
@@ -367,7 +403,7 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
     let udp = udp_bound(target.is_ipv6(), port)?;
     let probe = udp_socket(target.is_ipv6())?;
     probe.connect(target).ok()?;
-    let hello = message(KIND_HELLO, 0, port, dest.1);
+    let hello = message(KIND_HELLO, 0, port, dest.1, None);
     probe.send(&hello).ok()?;
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
@@ -381,7 +417,18 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
     };
     let now = Instant::now();
     let role = Role::Connector { probe, hello, sent: now, ports: (port, dest.1), offered: None };
-    Some((conn, Pending { tcp, udp, nonce: 0, started: now, memfd, bridge_unix, role }))
+    let p = Pending {
+        tcp,
+        udp,
+        nonce: 0,
+        started: now,
+        memfd,
+        bridge_unix,
+        role,
+        xdp_local: None,
+        xdp_peer: None,
+    };
+    Some((conn, p))
 }
 
 /// After the TCP connect started (or finished): the socket is a pending connection
@@ -422,7 +469,7 @@ fn udp_config() -> UdpConfig {
 fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
     let now = Instant::now();
     let timeout = Settings::get().attach_timeout;
-    let Pending { tcp, udp, nonce, started, role, .. } = p;
+    let Pending { tcp, udp, nonce, started, role, xdp_peer, .. } = p;
     let (tcp, started) = (*tcp, *started);
     match role {
         Role::Connector { probe, hello, sent, ports, offered } => {
@@ -431,12 +478,14 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                 match udp.recv_from(&mut buf) {
                     Ok((n, from)) => match parse_message(&buf[..n]) {
                         // An offer from the host we connect to, for this connection.
-                        Some((KIND_OFFER, n2, cport, lport))
-                            if (cport, lport) == *ports
+                        Some(m)
+                            if m.kind == KIND_OFFER
+                                && m.ports == *ports
                                 && probe.peer_addr().is_ok_and(|a| a.ip() == from.ip()) =>
                         {
-                            *nonce = n2;
+                            *nonce = m.nonce;
                             *offered = Some(from);
+                            *xdp_peer = m.xdp;
                         }
                         _ => {}
                     },
@@ -465,8 +514,26 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                 None => Step::Wait(tcp, libc::POLLOUT),
                 Some(false) => Step::Done(false),
                 Some(true) => {
-                    let up = udp.connect(acceptor).is_ok() && attach(conn, p).is_some();
-                    let sent = send_confirmation(tcp, if up { GO } else { NO }, p.nonce);
+                    // The acceptor offered its xdp port: take it if we have ours.
+                    if p.xdp_peer.is_some() {
+                        p.xdp_local = sock_key(tcp, false)
+                            .zip(sock_key(tcp, true))
+                            .and_then(|(l, r)| xdp_port_for(&l.0, &r.0))
+                            .map(|port| {
+                                let id = port.new_channel_id();
+                                (port, id)
+                            });
+                    }
+                    let via = if p.xdp_local.is_some() { Via::Xdp } else { Via::Udp };
+                    let up = (via == Via::Xdp || p.udp.connect(acceptor).is_ok())
+                        && attach(conn, p, via).is_some();
+                    let word = match (up, via) {
+                        (false, _) => NO,
+                        (true, Via::Xdp) => GX,
+                        (true, Via::Udp) => GO,
+                    };
+                    let mine = p.xdp_local.as_ref().map(|(port, id)| (port.local_mac(), *id));
+                    let sent = send_confirmation(tcp, word, p.nonce, mine.filter(|_| word == GX));
                     Step::Done(up && sent)
                 }
             }
@@ -485,8 +552,12 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                 *sent = now;
             }
             match read_confirmation(tcp, *nonce) {
-                Some(Some(go)) => Step::Done(go && attach(conn, p).is_some()),
-                Some(None) => Step::Done(false),
+                Some(Some(Answer::Go)) => Step::Done(attach(conn, p, Via::Udp).is_some()),
+                Some(Some(Answer::GoXdp(mac, id))) if p.xdp_local.is_some() => {
+                    p.xdp_peer = Some((mac, id));
+                    Step::Done(attach(conn, p, Via::Xdp).is_some())
+                }
+                Some(Some(_)) | Some(None) => Step::Done(false),
                 None if now >= started + timeout * ACCEPTOR_WAIT_FACTOR => Step::Done(false),
                 None => Step::Wait(tcp, libc::POLLIN),
             }
@@ -551,10 +622,14 @@ fn tcp_connected(fd: c_int) -> Option<bool> {
     Some(r > 0 && ok && err == 0 && sock_key(fd, true).is_some())
 }
 
-fn send_confirmation(fd: c_int, word: u64, nonce: u64) -> bool {
-    let mut m = [0u8; 16];
+fn send_confirmation(fd: c_int, word: u64, nonce: u64, xdp: Option<(Mac, u32)>) -> bool {
+    let mut m = [0u8; ANSWER_LEN];
     m[0..8].copy_from_slice(&word.to_le_bytes());
     m[8..16].copy_from_slice(&nonce.to_le_bytes());
+    if let Some((mac, id)) = xdp {
+        m[16..22].copy_from_slice(&mac.0);
+        m[24..28].copy_from_slice(&id.to_le_bytes());
+    }
     let mut off = 0;
     let deadline = Instant::now() + Duration::from_millis(200);
     while off < m.len() && Instant::now() < deadline {
@@ -575,46 +650,163 @@ fn send_confirmation(fd: c_int, word: u64, nonce: u64) -> bool {
     off == m.len()
 }
 
-/// Acceptor: one look for the connector's 16 bytes. `None`: not all here yet;
-/// `Some(Some(go))`: GO or NO with our nonce (consumed); `Some(None)`: anything else,
-/// or end of stream (left unread: a peer that is not strait after all).
-fn read_confirmation(fd: c_int, nonce: u64) -> Option<Option<bool>> {
-    let mut m = [0u8; 16];
+/// The connector's answer.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Go,
+    GoXdp(Mac, u32),
+    No,
+}
+
+/// Acceptor: one look for the connector's answer. `None`: not all here yet;
+/// `Some(Some(answer))`: an answer with our nonce (consumed); `Some(None)`: anything
+/// else, or end of stream (left unread: a peer that is not strait after all).
+fn read_confirmation(fd: c_int, nonce: u64) -> Option<Option<Answer>> {
+    let mut m = [0u8; ANSWER_LEN];
     // SAFETY: a local array.
-    let n = unsafe { real::recv(fd, m.as_mut_ptr().cast(), 16, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let n = unsafe { real::recv(fd, m.as_mut_ptr().cast(), ANSWER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     if n < 0 && matches!(real::errno(), libc::EAGAIN | libc::EINTR) {
         return None;
     }
-    let whole = n == 16;
-    if n > 0 && !whole {
-        // Fewer bytes: a prefix of the confirmation is worth waiting for.
-        let k = n as usize;
-        let mut want = [0u8; 16];
-        want[0..8].copy_from_slice(&GO.to_le_bytes());
-        want[8..16].copy_from_slice(&nonce.to_le_bytes());
-        let mut want_no = want;
-        want_no[0..8].copy_from_slice(&NO.to_le_bytes());
-        return if m[..k] == want[..k] || m[..k] == want_no[..k] { None } else { Some(None) };
-    }
-    if !whole {
+    if n <= 0 {
         return Some(None);
+    }
+    let k = (n as usize).min(16);
+    // Any prefix of word and nonce must be one of ours, or it is the program's data.
+    let ours = [GO, GX, NO].iter().any(|w| {
+        let mut want = [0u8; 16];
+        want[0..8].copy_from_slice(&w.to_le_bytes());
+        want[8..16].copy_from_slice(&nonce.to_le_bytes());
+        m[..k] == want[..k]
+    });
+    if !ours {
+        return Some(None);
+    }
+    if (n as usize) < ANSWER_LEN {
+        return None;
     }
     let word = u64::from_le_bytes(m[0..8].try_into().unwrap_or_default());
-    if u64::from_le_bytes(m[8..16].try_into().unwrap_or_default()) != nonce || (word != GO && word != NO) {
-        return Some(None);
+    let id = u32::from_le_bytes(m[24..28].try_into().unwrap_or_default());
+    let mac: [u8; 6] = m[16..22].try_into().unwrap_or_default();
+    let answer = match word {
+        GO => Answer::Go,
+        GX if id != 0 => Answer::GoXdp(Mac(mac), id),
+        _ => Answer::No,
+    };
+    // SAFETY: consumes exactly the bytes peeked above into a local array.
+    let n = unsafe { real::recv(fd, m.as_mut_ptr().cast(), ANSWER_LEN, libc::MSG_DONTWAIT) };
+    Some((n as usize == ANSWER_LEN).then_some(answer))
+}
+
+/// Which device carries a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Udp,
+    Xdp,
+}
+
+// ------------------------------------------------------------------ xdp ports
+
+/// `STRAIT_XDP=1` (or `strait run --xdp`): connections to other hosts on the same
+/// link ride the xdp device when both ends have it. Off by default: the XDP program
+/// it attaches sends every frame of the interface through the XDP path, which slows
+/// the kernel's own traffic there (generic XDP on veth).
+fn xdp_wanted() -> bool {
+    static W: OnceLock<bool> = OnceLock::new();
+    *W.get_or_init(|| std::env::var("STRAIT_XDP").is_ok_and(|v| v == "1"))
+}
+
+/// The interface holding IPv4 address `local` if `peer` is on the same subnet (on
+/// the link: frames addressed by MAC reach it), by name.
+fn onlink_interface(local: &[u8; 16], peer: &[u8; 16]) -> Option<String> {
+    let l4 = std::net::Ipv6Addr::from(*local).to_ipv4_mapped()?;
+    let p4 = std::net::Ipv6Addr::from(*peer).to_ipv4_mapped()?;
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return None;
     }
-    // SAFETY: consumes exactly the 16 bytes peeked above into a local array.
-    let n = unsafe { real::recv(fd, m.as_mut_ptr().cast(), 16, libc::MSG_DONTWAIT) };
-    Some((n == 16).then_some(word == GO))
+    let mut found = None;
+    let mut cur = ifap;
+    while !cur.is_null() {
+        // SAFETY: a node of the list getifaddrs returned; its pointers are null or
+        // valid until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_netmask.is_null() {
+            continue;
+        }
+        // SAFETY: the family says what the address is.
+        if unsafe { (*ifa.ifa_addr).sa_family } as c_int != libc::AF_INET {
+            continue;
+        }
+        // SAFETY: AF_INET addresses and masks are sockaddr_in.
+        let (a, m) = unsafe {
+            (
+                (*ifa.ifa_addr.cast::<libc::sockaddr_in>()).sin_addr.s_addr.to_ne_bytes(),
+                (*ifa.ifa_netmask.cast::<libc::sockaddr_in>()).sin_addr.s_addr.to_ne_bytes(),
+            )
+        };
+        let mask = u32::from_be_bytes(m);
+        if a == l4.octets() && mask != 0 && u32::from(p4) & mask == u32::from(l4) & mask {
+            // SAFETY: ifa_name is a NUL-terminated string.
+            found = Some(unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned());
+            break;
+        }
+    }
+    // SAFETY: frees the list getifaddrs returned.
+    unsafe { libc::freeifaddrs(ifap) };
+    found.filter(|n| n != "lo")
+}
+
+/// This process's xdp port on the interface that reaches `peer` from `local` on the
+/// link, opened at first use (attaches the XDP program); `None` if xdp is off, the
+/// peer is not on the link, or the port cannot be opened (no privileges, another
+/// process holds the interface: then the udp device, and no second try).
+fn xdp_port_for(local: &[u8; 16], peer: &[u8; 16]) -> Option<Arc<XdpPort>> {
+    type Ports = HashMap<String, Option<Arc<XdpPort>>>;
+    static PORTS: Mutex<Option<(u32, Ports)>> = Mutex::new(None);
+    if !xdp_wanted() {
+        return None;
+    }
+    let ifname = onlink_interface(local, peer)?;
+    let mut g = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = current_pid();
+    if g.as_ref().map_or(true, |(p, _)| *p != pid) {
+        // A forked child does not share its parent's AF_XDP socket.
+        *g = Some((pid, HashMap::new()));
+    }
+    let (_, ports) = g.as_mut()?;
+    ports
+        .entry(ifname.clone())
+        .or_insert_with(|| match XdpPort::open(&XdpConfig::for_port(&ifname)) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("strait: no xdp device on {ifname} ({e}); using the udp device");
+                None
+            }
+        })
+        .clone()
 }
 
 /// Starts the bridge of a settled connection; `None` if the device could not be
 /// set up (the connection then stays with the kernel).
-fn attach(conn: &Arc<Conn>, p: &Pending) -> Option<()> {
-    let (udp, memfd, bridge_unix) = (&p.udp, p.memfd, p.bridge_unix);
-    let sock = udp.try_clone().ok()?;
-    let link = UdpLink::from_socket(sock, &udp_config()).ok()?;
-    let dev = Reliable::new(link, config_or_default(ReliableConfig::from_env()));
+fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
+    let (memfd, bridge_unix) = (p.memfd, p.bridge_unix);
+    let rel = config_or_default(ReliableConfig::from_env());
+    let (dev, link_fd): (Box<dyn Device + Send>, Option<c_int>) = match via {
+        Via::Udp => {
+            let link = UdpLink::from_socket(p.udp.try_clone().ok()?, &udp_config()).ok()?;
+            let fd = link.event_fd();
+            (Box::new(Reliable::new(link, rel)), fd)
+        }
+        Via::Xdp => {
+            let ((port, local_id), (mac, peer_id)) = (p.xdp_local.as_ref()?, p.xdp_peer?);
+            let chan: XdpChannel = port.channel(mac, *local_id, peer_id).ok()?;
+            let fd = chan.event_fd();
+            (Box::new(Reliable::new(chan, rel)), fd)
+        }
+    };
     let shm = Shm::map(memfd, Settings::get().ring)?;
     // SAFETY: plain syscalls duplicating descriptors we hold.
     let (app_efd, unix) = unsafe {
@@ -627,7 +819,6 @@ fn attach(conn: &Arc<Conn>, p: &Pending) -> Option<()> {
         close_all(&[app_efd, unix].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
         return None;
     }
-    let link_fd = dev.link().event_fd();
     let max_data = dev.max_frame_len().saturating_sub(1).max(1);
     let bridge = Arc::new(Bridge {
         shm,
@@ -656,6 +847,9 @@ fn attach(conn: &Arc<Conn>, p: &Pending) -> Option<()> {
     bg.bridges.lock().unwrap_or_else(|e| e.into_inner()).push(bridge);
     ring_eventfd(bg.efd);
     crate::conn::REMOTE.fetch_add(1, Ordering::Relaxed);
+    if via == Via::Xdp {
+        crate::conn::REMOTE_XDP.fetch_add(1, Ordering::Relaxed);
+    }
     Some(())
 }
 
@@ -759,7 +953,12 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
         return false;
     }
     let nonce = random_u64();
-    let offer = message(KIND_OFFER, nonce, peer.1, local.1);
+    let xdp_local = xdp_port_for(&local.0, &peer.0).map(|port| {
+        let id = port.new_channel_id();
+        (port, id)
+    });
+    let mine = xdp_local.as_ref().map(|(port, id)| (port.local_mac(), *id));
+    let offer = message(KIND_OFFER, nonce, peer.1, local.1, mine);
     if udp.send(&offer).is_err() {
         return false;
     }
@@ -773,7 +972,8 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
     };
     let now = Instant::now();
     let role = Role::Acceptor { offer, sent: now };
-    register(fd, conn, Pending { tcp, udp, nonce, started: now, memfd, bridge_unix, role });
+    let p = Pending { tcp, udp, nonce, started: now, memfd, bridge_unix, role, xdp_local, xdp_peer: None };
+    register(fd, conn, p);
     true
 }
 
@@ -814,7 +1014,7 @@ pub struct Bridge {
 const INLINE_GRACE_MS: u64 = 2;
 
 struct BridgeState {
-    dev: Reliable<UdpLink>,
+    dev: Box<dyn Device + Send>,
     /// Total bytes the peer reported consumed (its ring is free beyond this).
     peer_consumed: u64,
     /// Consumed total we last reported.
@@ -1332,9 +1532,12 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_reject_garbage() {
-        let m = message(KIND_OFFER, 0x1234_5678_9abc_def0, 4242, 80);
-        assert_eq!(parse_message(&m), Some((KIND_OFFER, 0x1234_5678_9abc_def0, 4242, 80)));
-        assert_eq!(parse_message(&m[..31]), None);
+        let m = message(KIND_OFFER, 0x1234_5678_9abc_def0, 4242, 80, None);
+        let want = Message { kind: KIND_OFFER, nonce: 0x1234_5678_9abc_def0, ports: (4242, 80), xdp: None };
+        assert_eq!(parse_message(&m), Some(want));
+        let x = message(KIND_OFFER, 7, 1, 2, Some((Mac([1, 2, 3, 4, 5, 6]), 99)));
+        assert_eq!(parse_message(&x).and_then(|m| m.xdp), Some((Mac([1, 2, 3, 4, 5, 6]), 99)));
+        assert_eq!(parse_message(&m[..MSG_LEN - 1]), None);
         let mut bad = m;
         bad[0] ^= 1;
         assert_eq!(parse_message(&bad), None);

@@ -3,18 +3,19 @@
 //! channels set up as sender (`udp-out`) and receiver (`udp-in`), datagrams sent and
 //! received through shared memory, datagrams dropped because a receiver's ring was
 //! full (counted by the sender, as a kernel counts receive-buffer errors); TCP
-//! connections to other hosts carried by the udp device (`remote`).
+//! connections to other hosts carried by strait (`remote`), of them by the xdp device
+//! (`remote-xdp`).
 
 use std::sync::atomic::Ordering;
 
-use crate::conn::{ACCELERATED, KERNEL_FALLBACKS, PATH_B, REMOTE};
+use crate::conn::{ACCELERATED, KERNEL_FALLBACKS, PATH_B, REMOTE, REMOTE_XDP};
 use crate::udp;
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
-             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {}\n",
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -25,6 +26,7 @@ extern "C" fn at_exit() {
             udp::RECEIVED.load(Ordering::Relaxed),
             udp::DROPPED.load(Ordering::Relaxed),
             REMOTE.load(Ordering::Relaxed),
+            REMOTE_XDP.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

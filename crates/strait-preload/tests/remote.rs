@@ -27,11 +27,26 @@ fn cmd(pair: &VethPair, i: usize, preload: bool, args: &[&str]) -> Command {
     c
 }
 
-/// A server of `smode` in namespace 0 and a client of `cmode` in namespace 1.
+/// A server of `smode` in namespace 0 and a client of `cmode` in namespace 1, with
+/// `env` for the client.
 fn pair_env(sp: bool, cp: bool, smode: &str, cmode: &str, env: &[(&str, &str)]) -> (Out, Out) {
+    pair_envs(sp, cp, smode, cmode, &[], env)
+}
+
+/// As [`pair_env`], with `senv` for the server too.
+fn pair_envs(
+    sp: bool,
+    cp: bool,
+    smode: &str,
+    cmode: &str,
+    senv: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> (Out, Out) {
     let pair = VethPair::create().expect("create namespaces (needs root)");
     let deadline = Instant::now() + TIMEOUT;
-    let (server, srx) = spawn_lines(&mut cmd(&pair, 0, sp, &["server", smode]));
+    let mut sc = cmd(&pair, 0, sp, &["server", smode]);
+    sc.envs(senv.iter().copied());
+    let (server, srx) = spawn_lines(&mut sc);
     let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
     let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
     let mut c = cmd(&pair, 1, cp, &["client", &port, cmode]);
@@ -164,4 +179,36 @@ fn prefork_workers_sharing_a_listener_all_attach_between_hosts() {
     assert_eq!(remote(&c), 8, "{}", c.stderr);
     assert!(c.stderr.contains("kernel-fallback 0"), "{}", c.stderr);
     assert_eq!(remote(&s), 8, "{}", s.stderr);
+}
+
+/// Connections on the xdp device (`remote-xdp` of the statistics lines).
+fn remote_xdp(o: &Out) -> usize {
+    o.stderr
+        .lines()
+        .filter_map(|l| l.split(" remote-xdp ").nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
+}
+
+#[test]
+fn semantics_and_large_transfers_over_the_xdp_device() {
+    let xdp = [("STRAIT_XDP", "1")];
+    for (smode, cmode, conns) in
+        [("flags", "flags", 1), ("threads", "threads", 8), ("sink", "source67108864", 1)]
+    {
+        let (s, c) = pair_envs(true, true, smode, cmode, &xdp, &xdp);
+        check(&s, "server");
+        check(&c, "client");
+        assert_eq!(remote_xdp(&c), conns, "{smode}: {}", c.stderr);
+        assert_eq!(remote_xdp(&s), conns, "{smode}: {}", s.stderr);
+        if smode == "sink" {
+            let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
+            let got = s
+                .stdout
+                .lines()
+                .find(|l| l.starts_with("received "))
+                .expect("received")
+                .replace("received ", "");
+            assert_eq!(sent, got);
+        }
+    }
 }

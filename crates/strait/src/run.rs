@@ -52,6 +52,11 @@ pub struct RunArgs {
     /// STRAIT_PEERS.
     #[arg(long, value_parser = parse_peers)]
     peers: Option<String>,
+    /// Carry connections to peers on the same link over the AF_XDP raw-Ethernet
+    /// device when both ends have it (attaches an XDP program to the interface; needs
+    /// CAP_NET_ADMIN and CAP_BPF). Sets STRAIT_XDP=1.
+    #[arg(long)]
+    xdp: bool,
     /// Path of libstrait_preload.so (default: $STRAIT_PRELOAD_LIB, else next to the
     /// strait binary).
     #[arg(long)]
@@ -107,6 +112,9 @@ pub fn run(a: RunArgs) -> ExitCode {
     }
     if let Some(v) = a.peers {
         cmd.env("STRAIT_PEERS", v);
+    }
+    if a.xdp {
+        cmd.env("STRAIT_XDP", "1");
     }
     let e = cmd.exec();
     eprintln!("strait run: cannot run {}: {e}", a.command[0].to_string_lossy());

@@ -39,11 +39,16 @@ impl Hosts {
     /// `prog args` in namespace `i`, under `strait run --stats --peers SUBNET` if
     /// `strait`, else plain.
     fn cmd(&self, i: usize, strait: bool, prog: &str, args: &[&str]) -> Command {
+        self.cmd_with(i, strait, &[], prog, args)
+    }
+
+    /// As [`Hosts::cmd`], with more `strait run` flags.
+    fn cmd_with(&self, i: usize, strait: bool, flags: &[&str], prog: &str, args: &[&str]) -> Command {
         let mut c = self.pair.command(i);
         c.env_remove("LD_PRELOAD");
         if strait {
             preload_lib();
-            c.args([STRAIT, "run", "--stats", "--peers", &self.subnet, "--"]);
+            c.args([STRAIT, "run", "--stats", "--peers", &self.subnet]).args(flags).arg("--");
         }
         c.arg(prog).args(args);
         c
@@ -80,7 +85,16 @@ fn text(o: &Output) -> String {
 
 /// Sum of the `remote N` counts of the stats lines.
 fn remote(text: &str) -> usize {
-    text.lines().filter_map(|l| l.split(" remote ").nth(1)?.trim().parse::<usize>().ok()).sum()
+    stat(text, " remote ")
+}
+
+/// Sum of the `remote-xdp N` counts (connections on the xdp device).
+fn remote_xdp(text: &str) -> usize {
+    stat(text, " remote-xdp ")
+}
+
+fn stat(text: &str, key: &str) -> usize {
+    text.lines().filter_map(|l| l.split(key).nth(1)?.split_whitespace().next()?.parse::<usize>().ok()).sum()
 }
 
 fn number_after(text: &str, key: &str) -> Option<f64> {
@@ -344,5 +358,63 @@ fn a_peer_killed_mid_transfer_ends_in_an_error_not_a_hang() {
     };
     assert!(o.contains("ERROR"), "{o}");
     assert_eq!(remote(&o), 1, "{o}");
+    let _ = std::fs::remove_file(&script);
+}
+
+/// With `--xdp` at both ends the connection rides the AF_XDP device (raw Ethernet,
+/// addressed by MAC): sockperf and a hashed transfer, every byte intact; with
+/// `--xdp` at one end only, the udp device.
+#[test]
+fn sockperf_and_a_hashed_transfer_over_the_xdp_device_between_hosts() {
+    ensure("sockperf", "sockperf");
+    let h = Hosts::create();
+    let xdp: &[&str] = &["--xdp"];
+    let server = Killed(
+        h.cmd_with(0, true, xdp, "sockperf", &["sr", "--tcp", "-i", &h.addr[0], "-p", "11221"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sockperf server"),
+    );
+    h.wait_listening(0, 11221);
+    let args = ["pp", "--tcp", "-i", &h.addr[0], "-p", "11221", "-t", "1", "-m", "14", "--mps", "5000000"];
+    let o =
+        run_for(&mut h.cmd_with(1, true, xdp, "sockperf", &args), Duration::from_secs(30)).expect("sockperf");
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("Summary: Latency is"), "{t}");
+    assert_eq!((remote(&t), remote_xdp(&t)), (1, 1), "{t}");
+    // The client without --xdp: the udp device.
+    let o = run_for(&mut h.cmd(1, true, "sockperf", &args), Duration::from_secs(30)).expect("sockperf");
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("Summary: Latency is"), "{t}");
+    assert_eq!((remote(&t), remote_xdp(&t)), (1, 0), "{t}");
+    // One process per interface holds the xdp device (the XDP program and its
+    // AF_XDP socket): the sink below needs the server gone.
+    drop(server);
+
+    let script = std::env::temp_dir().join(format!("strait-hashed-xdp-{}.py", std::process::id()));
+    std::fs::write(&script, HASHED).expect("write script");
+    let s = script.to_str().expect("utf-8 path");
+    let _sink = Killed(
+        h.cmd_with(0, true, xdp, "python3", &[s, "sink", &h.addr[0], "5222"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sink"),
+    );
+    h.wait_listening(0, 5222);
+    let o = run_for(
+        &mut h.cmd_with(1, true, xdp, "python3", &[s, "source", &h.addr[0], "5222", "30000000"]),
+        Duration::from_secs(60),
+    )
+    .expect("transfer finished");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let sent = t.lines().find_map(|l| l.strip_prefix("sent ")).expect("sent line");
+    let sink = t.lines().find_map(|l| l.strip_prefix("sink ")).expect("sink line");
+    assert_eq!(sent, sink, "{t}");
+    assert_eq!(remote_xdp(&t), 1, "{t}");
     let _ = std::fs::remove_file(&script);
 }

@@ -55,8 +55,13 @@ impl Hosts {
     }
 
     fn spawn(&self, i: usize, strait: bool, prog: &str, args: &[&str]) -> Killed {
+        self.spawn_with(i, strait, &[], prog, args)
+    }
+
+    /// A server in namespace `i`, its output discarded, killed on drop.
+    fn spawn_with(&self, i: usize, strait: bool, flags: &[&str], prog: &str, args: &[&str]) -> Killed {
         Killed(
-            self.cmd(i, strait, prog, args)
+            self.cmd_with(i, strait, flags, prog, args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -209,18 +214,7 @@ fn iperf3_and_a_hashed_transfer_between_hosts_under_strait() {
     std::fs::write(&script, HASHED).expect("write script");
     let s = script.to_str().expect("utf-8 path");
     for (strait_sink, strait_source) in [(true, true), (true, false), (false, true)] {
-        let _sink = h.spawn(0, strait_sink, "python3", &[s, "sink", &h.addr[0], "5212"]);
-        h.wait_listening(0, 5212);
-        let o = run_for(
-            &mut h.cmd(1, strait_source, "python3", &[s, "source", &h.addr[0], "5212", "60000000"]),
-            Duration::from_secs(60),
-        )
-        .expect("transfer finished");
-        let t = text(&o);
-        assert!(o.status.success(), "{t}");
-        let sent = t.lines().find_map(|l| l.strip_prefix("sent ")).expect("sent line");
-        let sink = t.lines().find_map(|l| l.strip_prefix("sink ")).expect("sink line");
-        assert_eq!(sent, sink, "sink {strait_sink} source {strait_source}: {t}");
+        let t = hashed_transfer(&h, s, [strait_sink, strait_source], &[], 5212, 60_000_000);
         assert_eq!(remote(&t), usize::from(strait_sink && strait_source), "{t}");
         // The sink exits after one connection; the port is free for the next round.
         std::thread::sleep(Duration::from_millis(100));
@@ -278,6 +272,39 @@ fn redis_between_hosts_under_strait() {
     assert_eq!(cli(false, &["get", "k1"]), "through-strait");
     assert_eq!(cli(false, &["set", "k2", "through-the-kernel"]), "OK");
     assert_eq!(cli(true, &["get", "k2"]), "through-the-kernel");
+}
+
+/// Streams `bytes` patterned bytes from namespace 1 to a sink in namespace 0 (each
+/// under strait with `flags` if its `strait` is set), and checks that the sink's
+/// count and hash are the source's. Returns the source's output.
+fn hashed_transfer(
+    h: &Hosts,
+    script: &str,
+    strait: [bool; 2],
+    flags: &[&str],
+    port: u16,
+    bytes: usize,
+) -> String {
+    let port = port.to_string();
+    let _sink = h.spawn_with(0, strait[0], flags, "python3", &[script, "sink", &h.addr[0], &port]);
+    h.wait_listening(0, port.parse().expect("port"));
+    let o = run_for(
+        &mut h.cmd_with(
+            1,
+            strait[1],
+            flags,
+            "python3",
+            &[script, "source", &h.addr[0], &port, &bytes.to_string()],
+        ),
+        Duration::from_secs(60),
+    )
+    .expect("transfer finished");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let sent = t.lines().find_map(|l| l.strip_prefix("sent ")).expect("sent line");
+    let sink = t.lines().find_map(|l| l.strip_prefix("sink ")).expect("sink line");
+    assert_eq!(sent, sink, "sink under strait {}, source {}: {t}", strait[0], strait[1]);
+    t
 }
 
 const STREAMER: &str = r#"import socket, sys, time
@@ -369,14 +396,7 @@ fn sockperf_and_a_hashed_transfer_over_the_xdp_device_between_hosts() {
     ensure("sockperf", "sockperf");
     let h = Hosts::create();
     let xdp: &[&str] = &["--xdp"];
-    let server = Killed(
-        h.cmd_with(0, true, xdp, "sockperf", &["sr", "--tcp", "-i", &h.addr[0], "-p", "11221"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sockperf server"),
-    );
+    let server = h.spawn_with(0, true, xdp, "sockperf", &["sr", "--tcp", "-i", &h.addr[0], "-p", "11221"]);
     h.wait_listening(0, 11221);
     let args = ["pp", "--tcp", "-i", &h.addr[0], "-p", "11221", "-t", "1", "-m", "14", "--mps", "5000000"];
     let o =
@@ -396,25 +416,7 @@ fn sockperf_and_a_hashed_transfer_over_the_xdp_device_between_hosts() {
     let script = std::env::temp_dir().join(format!("strait-hashed-xdp-{}.py", std::process::id()));
     std::fs::write(&script, HASHED).expect("write script");
     let s = script.to_str().expect("utf-8 path");
-    let _sink = Killed(
-        h.cmd_with(0, true, xdp, "python3", &[s, "sink", &h.addr[0], "5222"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sink"),
-    );
-    h.wait_listening(0, 5222);
-    let o = run_for(
-        &mut h.cmd_with(1, true, xdp, "python3", &[s, "source", &h.addr[0], "5222", "30000000"]),
-        Duration::from_secs(60),
-    )
-    .expect("transfer finished");
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
-    let sent = t.lines().find_map(|l| l.strip_prefix("sent ")).expect("sent line");
-    let sink = t.lines().find_map(|l| l.strip_prefix("sink ")).expect("sink line");
-    assert_eq!(sent, sink, "{t}");
+    let t = hashed_transfer(&h, s, [true, true], xdp, 5222, 30_000_000);
     assert_eq!(remote_xdp(&t), 1, "{t}");
     let _ = std::fs::remove_file(&script);
 }

@@ -64,7 +64,10 @@ fn pair(smode: &str, cmode: &str) -> (Out, Out) {
 /// Connections to the other host carried by strait (the `remote` count of the
 /// statistics lines).
 fn remote(o: &Out) -> usize {
-    o.stderr.lines().filter_map(|l| l.split(" remote ").nth(1)?.trim().parse::<usize>().ok()).sum()
+    o.stderr
+        .lines()
+        .filter_map(|l| l.split(" remote ").nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
 }
 
 fn check(o: &Out, what: &str) {

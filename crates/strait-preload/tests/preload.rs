@@ -8,7 +8,7 @@ const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 mod common;
-use common::{finish, spawn_lines, Out};
+use common::{check, finish, spawn_lines, Out};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
     common::cmd(PEER, preload, args)
@@ -38,10 +38,6 @@ fn accelerated(o: &Out) -> usize {
         .lines()
         .find_map(|l| l.split("accelerated ").nth(1)?.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("no stats line in {:?}", o.stderr))
-}
-
-fn check(o: &Out, what: &str) {
-    assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
 }
 
 #[test]

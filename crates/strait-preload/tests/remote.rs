@@ -12,7 +12,7 @@ const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
-use common::{finish, spawn_lines, Out};
+use common::{check, finish, spawn_lines, Out};
 
 /// The peer in namespace `i` of `pair`, with the library if `preload`.
 fn cmd(pair: &VethPair, i: usize, preload: bool, args: &[&str]) -> Command {
@@ -64,14 +64,7 @@ fn pair(smode: &str, cmode: &str) -> (Out, Out) {
 /// Connections to the other host carried by strait (the `remote` count of the
 /// statistics lines).
 fn remote(o: &Out) -> usize {
-    o.stderr
-        .lines()
-        .filter_map(|l| l.split(" remote ").nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
-        .sum()
-}
-
-fn check(o: &Out, what: &str) {
-    assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+    common::stat_sum(o, "remote")
 }
 
 #[test]
@@ -186,10 +179,7 @@ fn prefork_workers_sharing_a_listener_all_attach_between_hosts() {
 
 /// Connections on the xdp device (`remote-xdp` of the statistics lines).
 fn remote_xdp(o: &Out) -> usize {
-    o.stderr
-        .lines()
-        .filter_map(|l| l.split(" remote-xdp ").nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
-        .sum()
+    common::stat_sum(o, "remote-xdp")
 }
 
 #[test]

@@ -10,7 +10,7 @@ const PEER: &str = env!("CARGO_BIN_EXE_strait-udp-peer");
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
-use common::{finish, spawn_lines, Out};
+use common::{check, finish, spawn_lines, Out};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
     common::cmd(PEER, preload, args)
@@ -47,17 +47,12 @@ fn pair(sp: bool, cp: bool, mode: &str) -> (Out, Out) {
 
 /// The `name N` count of the strait stats lines of a process (and its children).
 fn stat(o: &Out, name: &str) -> usize {
-    let key = format!(" {name} ");
-    let lines: Vec<&str> = o.stderr.lines().filter(|l| l.starts_with("strait-preload: pid ")).collect();
-    assert!(!lines.is_empty(), "no stats line in {:?}", o.stderr);
-    lines
-        .iter()
-        .filter_map(|l| l.split(key.as_str()).nth(1)?.split(' ').next()?.trim().parse::<usize>().ok())
-        .sum()
-}
-
-fn check(o: &Out, what: &str) {
-    assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+    assert!(
+        o.stderr.lines().any(|l| l.starts_with("strait-preload: pid ")),
+        "no stats line in {:?}",
+        o.stderr
+    );
+    common::stat_sum(o, name)
 }
 
 #[test]

@@ -5,60 +5,21 @@
 //!
 //! Needs root (namespaces, XDP). Every loop is bounded by a deadline.
 
+mod common;
+use common::Pair;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strait_core::{Device, Link, Reliable, ReliableConfig};
-use strait_xdp::{Mac, XdpChannel, XdpConfig, XdpPort};
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// Two namespaces joined by a veth pair, deleted on drop (even on panic).
-struct Pair {
-    ns: [String; 2],
-    ifs: [String; 2],
-    macs: [Mac; 2],
-    ips: [String; 2],
-}
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
+use strait_xdp::{XdpChannel, XdpConfig, XdpPort};
 
 impl Pair {
-    fn new() -> Pair {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let id = (std::process::id() % 10_000) * 10 + n;
-        let ns = [format!("smxa{id}"), format!("smxb{id}")];
-        let ifs = [format!("mxa{id}"), format!("mxb{id}")];
-        let mac = |side: u8| Mac([0x02, 0x5b, (id >> 16) as u8, (id >> 8) as u8, id as u8, side]);
-        let macs = [mac(1), mac(2)];
-        let ips =
-            [format!("10.{}.{}.1", 200 + n % 50, id % 250), format!("10.{}.{}.2", 200 + n % 50, id % 250)];
-        let p = Pair { ns, ifs, macs, ips };
-        for ns in &p.ns {
-            sh(&["ip", "netns", "add", ns]);
-        }
-        sh(&[
-            "ip", "link", "add", &p.ifs[0], "netns", &p.ns[0], "type", "veth", "peer", "name", &p.ifs[1],
-            "netns", &p.ns[1],
-        ]);
-        for i in 0..2 {
-            let m = p.macs[i].to_string();
-            sh(&["ip", "-n", &p.ns[i], "link", "set", &p.ifs[i], "address", &m, "up"]);
-            sh(&["ip", "-n", &p.ns[i], "addr", "add", &format!("{}/24", p.ips[i]), "dev", &p.ifs[i]]);
-            sh(&["ip", "-n", &p.ns[i], "link", "set", "lo", "up"]);
-        }
-        p
-    }
-
     /// Runs `f` on a thread inside side `side`'s namespace.
     fn within<T: Send>(&self, side: usize, f: impl FnOnce() -> T + Send) -> T {
         let path = format!("/var/run/netns/{}", self.ns[side]);
@@ -79,19 +40,6 @@ impl Pair {
     fn port(&self, side: usize) -> Arc<XdpPort> {
         let cfg = XdpConfig::for_port(&self.ifs[side]);
         self.within(side, || XdpPort::open(&cfg)).expect("open port")
-    }
-
-    fn attached(&self, side: usize) -> bool {
-        let out = Command::new("ip").args(["-n", &self.ns[side], "link", "show", &self.ifs[side]]).output();
-        out.map(|o| String::from_utf8_lossy(&o.stdout).contains("xdp")).unwrap_or(false)
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
     }
 }
 
@@ -336,7 +284,7 @@ fn groups(flows: Vec<Flow>, n: usize) -> Vec<Vec<Flow>> {
 
 #[test]
 fn eight_reliable_channels_per_port_carry_patterned_data_under_loss() {
-    let p = Pair::new();
+    let p = Pair::new("mx", 0x5b, 200);
     let ports = [p.port(0), p.port(1)];
     for port in &ports {
         port.set_drop_ppm(10_000).expect("loss");
@@ -394,7 +342,7 @@ fn blast(ch: &mut XdpChannel, n: u32) {
 
 #[test]
 fn unknown_channels_and_strays_are_dropped_and_counted_while_ip_works() {
-    let p = Pair::new();
+    let p = Pair::new("mx", 0x5b, 200);
     let ports = [p.port(0), p.port(1)];
     let (a, b) = open_pairs(&p, &ports, 2);
     let known_b = b[0].local_id();
@@ -444,7 +392,7 @@ fn unknown_channels_and_strays_are_dropped_and_counted_while_ip_works() {
 
 #[test]
 fn a_closed_channel_does_not_disturb_the_others() {
-    let p = Pair::new();
+    let p = Pair::new("mx", 0x5b, 200);
     let ports = [p.port(0), p.port(1)];
     let (a, b) = open_pairs(&p, &ports, 4);
     let closed_id = b[0].local_id();
@@ -555,7 +503,7 @@ fn rounds<L: Link + Send + 'static>(a: Vec<Reliable<L>>, b: Vec<Reliable<L>>, it
 #[test]
 #[ignore]
 fn latency_of_channels_against_xdp_link() {
-    let p = Pair::new();
+    let p = Pair::new("mx", 0x5b, 200);
     let iters = 3000;
     let rel = || ReliableConfig { window: 128, ..ReliableConfig::default() };
     {

@@ -7,56 +7,15 @@
 //! Needs root (namespaces, XDP). Every child process runs under `timeout`, so a hang
 //! fails the test instead of stalling it.
 
+mod common;
+use common::{sh, Pair};
+
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 const PEER: &str = env!("CARGO_BIN_EXE_strait-xdp-peer");
 
-fn sh(args: &[&str]) -> Output {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    out
-}
-
-/// Two namespaces joined by a veth pair, deleted on drop (even on panic).
-struct Pair {
-    ns: [String; 2],
-    ifs: [String; 2],
-    macs: [String; 2],
-    ips: [String; 2],
-}
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
 impl Pair {
-    fn new() -> Pair {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let id = (std::process::id() % 10_000) * 10 + n;
-        let ns = [format!("sxa{id}"), format!("sxb{id}")];
-        let ifs = [format!("xa{id}"), format!("xb{id}")];
-        let macs = [
-            format!("02:5a:00:{:02x}:{:02x}:01", id / 256 % 256, id % 256),
-            format!("02:5a:00:{:02x}:{:02x}:02", id / 256 % 256, id % 256),
-        ];
-        let subnet = 100 + n % 100;
-        let ips = [format!("10.{subnet}.{}.1", id % 250), format!("10.{subnet}.{}.2", id % 250)];
-        let p = Pair { ns, ifs, macs, ips };
-        for ns in &p.ns {
-            sh(&["ip", "netns", "add", ns]);
-        }
-        sh(&[
-            "ip", "link", "add", &p.ifs[0], "netns", &p.ns[0], "type", "veth", "peer", "name", &p.ifs[1],
-            "netns", &p.ns[1],
-        ]);
-        for i in 0..2 {
-            sh(&["ip", "-n", &p.ns[i], "link", "set", &p.ifs[i], "address", &p.macs[i], "up"]);
-            sh(&["ip", "-n", &p.ns[i], "addr", "add", &format!("{}/24", p.ips[i]), "dev", &p.ifs[i]]);
-            sh(&["ip", "-n", &p.ns[i], "link", "set", "lo", "up"]);
-        }
-        p
-    }
-
     fn cmd(&self, side: usize, secs: u32, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.ns[side], "timeout", "-s", "KILL", &secs.to_string(), PEER])
@@ -68,18 +27,24 @@ impl Pair {
         self.cmd(side, secs, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn peer")
     }
 
-    fn attached(&self, side: usize) -> bool {
-        let out = sh(&["ip", "-n", &self.ns[side], "link", "show", &self.ifs[side]]);
-        String::from_utf8_lossy(&out.stdout).contains("xdp")
-    }
-
     /// Runs an echo on side 1 and a checker on side 0; returns the checker's line.
     fn echo_check(&self, sizes: &str, rounds: u32, ppm: u32) -> String {
-        let mut echo = self.cmd(1, 60, &["echo", &self.ifs[1], &self.macs[0]]);
+        let mut echo = self.cmd(1, 60, &["echo", &self.ifs[1], &self.macs[0].to_string()]);
         echo.env("STRAIT_XDP_DROP_PPM", ppm.to_string());
         let echo = echo.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn echo");
         let check = self
-            .cmd(0, 60, &["check", &self.ifs[0], &self.macs[1], sizes, &rounds.to_string(), &ppm.to_string()])
+            .cmd(
+                0,
+                60,
+                &[
+                    "check",
+                    &self.ifs[0],
+                    &self.macs[1].to_string(),
+                    sizes,
+                    &rounds.to_string(),
+                    &ppm.to_string(),
+                ],
+            )
             .output()
             .expect("run check");
         let echo = echo.wait_with_output().expect("echo");
@@ -89,14 +54,6 @@ impl Pair {
         assert!(check.status.success(), "check failed: {}\necho: {}", text(&check), text(&echo));
         assert!(echo.status.success(), "echo failed: {}", text(&echo));
         String::from_utf8_lossy(&check.stdout).trim().to_owned()
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
     }
 }
 
@@ -111,7 +68,7 @@ const SIZES: &str = "0,1,8,1400,1449,1450,5000,32768,40000,300000,2000000";
 
 #[test]
 fn every_size_class_crosses_the_veth_pair_intact() {
-    let p = Pair::new();
+    let p = Pair::new("x", 0x5a, 100);
     let line = p.echo_check(SIZES, 3, 0);
     assert_eq!(field(&line, "messages"), 33, "{line}");
     assert!(!p.attached(0) && !p.attached(1), "programs left attached after the processes exited");
@@ -119,7 +76,7 @@ fn every_size_class_crosses_the_veth_pair_intact() {
 
 #[test]
 fn injected_loss_is_repaired() {
-    let p = Pair::new();
+    let p = Pair::new("x", 0x5a, 100);
     // 1% of strait frames dropped on receive, at both ends.
     let line = p.echo_check(SIZES, 3, 10_000);
     assert_eq!(field(&line, "messages"), 33, "{line}");
@@ -128,7 +85,7 @@ fn injected_loss_is_repaired() {
 
 #[test]
 fn ip_traffic_passes_while_attached_and_a_killed_process_leaves_nothing_behind() {
-    let p = Pair::new();
+    let p = Pair::new("x", 0x5a, 100);
     let mut holds = [p.spawn(0, 30, &["hold", &p.ifs[0], "30"]), p.spawn(1, 30, &["hold", &p.ifs[1], "30"])];
     let mut attached = false;
     for _ in 0..100 {
@@ -181,7 +138,7 @@ fn ip_traffic_passes_while_attached_and_a_killed_process_leaves_nothing_behind()
 
 #[test]
 fn without_privileges_the_error_names_what_is_missing() {
-    let p = Pair::new();
+    let p = Pair::new("x", 0x5a, 100);
     let out = Command::new("ip")
         .args(["netns", "exec", &p.ns[0], "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
         .args(["--inh-caps=-all", "--bounding-set=-all", "timeout", "10", PEER, "hold", &p.ifs[0], "1"])

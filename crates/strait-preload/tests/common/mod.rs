@@ -92,3 +92,18 @@ pub fn spawn_lines(c: &mut Command) -> (Child, mpsc::Receiver<String>) {
     });
     (child, rx)
 }
+
+/// Fails the test with both outputs unless the process succeeded.
+pub fn check(o: &Out, what: &str) {
+    assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+}
+
+/// Sum of counter `name` over the `strait-preload: pid ...` statistics lines.
+pub fn stat_sum(o: &Out, name: &str) -> usize {
+    let key = format!(" {name} ");
+    o.stderr
+        .lines()
+        .filter(|l| l.starts_with("strait-preload: pid "))
+        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
+}

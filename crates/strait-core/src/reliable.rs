@@ -288,6 +288,11 @@ struct Conn {
     sacked_above: usize,
     /// Latest transmission time among packets known to have arrived (RACK).
     rack_sent_ns: u64,
+    /// When an acknowledgement last advanced `snd_una`: the retransmission timer
+    /// runs from here or from a packet's transmission, whichever is later (RFC
+    /// 6298 5.3), so a receiver that is busy but keeps acknowledging does not
+    /// draw spurious timeouts for the packets it has not reached yet.
+    progress_ns: u64,
     /// Slots to give back to the link.
     release: Vec<u32>,
     /// A stranger's data packet to answer with a RESET (its source id).
@@ -421,6 +426,7 @@ impl Conn {
                 }
             }
             self.snd_una = h.ack;
+            self.progress_ns = now;
             self.sacked_above = self.sacked_above.saturating_sub(acked);
             self.backoff = 0;
             // Karn: a retransmitted packet's echo may belong to either copy.
@@ -704,7 +710,7 @@ impl Conn {
             return Some(t.saturating_sub(now));
         }
         if let Some(p) = self.inflight.iter().find(|p| !p.sacked && p.sent_ns != 0) {
-            t = t.min(p.sent_ns + self.current_rto());
+            t = t.min(p.sent_ns.max(self.progress_ns) + self.current_rto());
         }
         if let Some(p) =
             self.inflight.iter().take(self.sacked_above).find(|p| !p.sacked && !p.queued && p.sent_ns != 0)
@@ -792,6 +798,7 @@ impl<L: Link> Reliable<L> {
             unanswered_since: None,
             sacked_above: 0,
             rack_sent_ns: 0,
+            progress_ns: 0,
             release: Vec::new(),
             reset_to: None,
             syn_now: false,
@@ -1058,14 +1065,16 @@ impl<L: Link> Reliable<L> {
             return Ok(());
         }
         let rto = self.c.current_rto();
+        let progress = self.c.progress_ns;
         let mut expired = false;
         for p in self.c.inflight.iter_mut().filter(|p| !p.sacked).take(BATCH) {
-            if p.retx == 0 && p.sent_ns != 0 && now.saturating_sub(p.sent_ns) < rto {
+            let since = p.sent_ns.max(progress);
+            if p.retx == 0 && p.sent_ns != 0 && now.saturating_sub(since) < rto {
                 // Packets after it went out later (first transmissions in order,
                 // retransmissions later still): none of them is due either.
                 break;
             }
-            if !p.queued && p.sent_ns != 0 && now.saturating_sub(p.sent_ns) >= rto {
+            if !p.queued && p.sent_ns != 0 && now.saturating_sub(since) >= rto {
                 p.queued = true;
                 p.retx += 1;
                 self.c.resend.push_back(p.seq);
@@ -1203,12 +1212,17 @@ impl<L: Link> Device for Reliable<L> {
         let now = self.link.now_ns();
         let got = self.receive(handle, now)?;
         self.since_timers += 1;
+        let acks = self.c.rstats.acks_sent;
         if !got || self.since_timers >= TIMER_EVERY {
             self.on_timers(now)?;
         } else {
             self.ack_if_due(now);
         }
-        if !got {
+        if !got || self.c.rstats.acks_sent != acks {
+            // An acknowledgement goes out now, not after everything that already
+            // arrived has been handled: while a stream arrives faster than it is
+            // handled, the sender would otherwise wait for a whole window's
+            // handling before it may send more (stop-and-wait by the window).
             self.flush_link()?;
         }
         Ok(got)

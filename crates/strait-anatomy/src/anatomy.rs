@@ -444,7 +444,7 @@ const COLORS: [&str; 12] = [
 /// lightness so that neighbours in a bar differ.
 fn stage_color(k: usize, n: usize) -> String {
     let hue = 360.0 * k as f64 / n.max(1) as f64;
-    let light = if k % 2 == 0 { 45 } else { 65 };
+    let light = if k.is_multiple_of(2) { 45 } else { 65 };
     format!("hsl({hue:.0},65%,{light}%)")
 }
 

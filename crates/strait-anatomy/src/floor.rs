@@ -166,7 +166,7 @@ impl Floor {
             }
             std::hint::spin_loop();
             n = n.wrapping_add(1);
-            if n % 256 != 0 {
+            if !n.is_multiple_of(256) {
                 continue;
             }
             let waited = start.elapsed();

@@ -53,7 +53,7 @@ fn retry<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 std::hint::spin_loop();
                 n = n.wrapping_add(1);
-                if n % 1024 == 0 && start.get_or_insert_with(Instant::now).elapsed() > DATA_TIMEOUT {
+                if n.is_multiple_of(1024) && start.get_or_insert_with(Instant::now).elapsed() > DATA_TIMEOUT {
                     return Err(io::Error::new(io::ErrorKind::TimedOut, "busy-poll timed out"));
                 }
             }
@@ -408,7 +408,7 @@ impl UdpLink {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         std::hint::spin_loop();
                         n = n.wrapping_add(1);
-                        if n % 256 == 0 && start.elapsed() > timeout {
+                        if n.is_multiple_of(256) && start.elapsed() > timeout {
                             break Err(e);
                         }
                     }

@@ -53,7 +53,7 @@ pub fn parse_size_list(text: &str) -> Result<Vec<u64>, SizeError> {
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
     for (m, u) in UNITS {
-        if bytes >= m && bytes % m == 0 {
+        if bytes >= m && bytes.is_multiple_of(m) {
             return format!("{}{u}", bytes / m);
         }
     }
@@ -65,7 +65,7 @@ pub fn human_size(bytes: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     for (m, u) in UNITS {
         if bytes >= m {
-            if bytes % m == 0 {
+            if bytes.is_multiple_of(m) {
                 return format!("{} {u}", bytes / m);
             }
             return format!("{:.1} {u}", bytes as f64 / m as f64);

@@ -112,7 +112,7 @@ pub fn pieces(bytes: u64, piece: u64) -> Vec<u64> {
         return vec![bytes];
     }
     let mut v = vec![piece; (bytes / piece) as usize];
-    if bytes % piece != 0 {
+    if !bytes.is_multiple_of(piece) {
         v.push(bytes % piece);
     }
     v

@@ -257,7 +257,7 @@ fn fit_rndv(points: &[(ShmGeometry, u64, f64)]) -> Result<RndvFit, ModelError> {
                 ((f - yk) / yk).powi(2)
             })
             .sum();
-        if best.as_ref().map_or(true, |b| err < b.0) {
+        if best.as_ref().is_none_or(|b| err < b.0) {
             best = Some((err, share, params));
         }
     }

@@ -10,7 +10,9 @@
 //! 128+64*s  holders of side s (processes that still hold the connection)
 //! 1024+1024*d  control block of direction d (0: connector -> acceptor):
 //!        +0 tail (producer) +64 write-closed (producer) +128 producer sleeps
+//!        +192 producer lock
 //!        +512 head (consumer) +576 read-closed (consumer) +640 consumer sleeps
+//!        +704 consumer lock
 //! 4096 + d*ring  data of direction d
 //! ```
 //!
@@ -18,7 +20,15 @@
 //! not trusted: a position that breaks `head <= tail <= head + ring` resets the
 //! connection instead of being followed. The positions of both ends live in shared
 //! memory (not in process memory), so a connection inherited over `fork` can be used
-//! by either process in turn.
+//! by either process; each end's producer and consumer steps take a lock word in the
+//! mapping (owner's process id; a dead owner's lock is taken over), so two processes
+//! reading or writing one inherited connection at the same time never interleave
+//! inside one step.
+//!
+//! Neither end keeps the memfd in its descriptor table (a same-user process could open
+//! it through `/proc/PID/fd`); each keeps it in flight in a Unix socket of its own
+//! (the "vault"), from which `exec` takes a copy with `MSG_PEEK` to hand the mapping
+//! to the new program (see `exec.rs`).
 
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,9 +51,11 @@ pub(crate) const fn ctl(d: usize) -> usize {
 pub(crate) const TAIL: usize = 0;
 pub(crate) const WCLOSED: usize = 64;
 pub(crate) const WSLEEP: usize = 128;
+pub(crate) const WLOCK: usize = 192;
 pub(crate) const HEAD: usize = 512;
 pub(crate) const RCLOSED: usize = 576;
 pub(crate) const RSLEEP: usize = 640;
+pub(crate) const RLOCK: usize = 704;
 
 pub const PENDING: u64 = 0;
 pub const ATTACHED: u64 = 1;
@@ -138,7 +150,7 @@ impl Shm {
     }
 
     pub(crate) fn word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off < HDR && off % 8 == 0);
+        debug_assert!(off < HDR && off.is_multiple_of(8));
         // SAFETY: `off` is an 8-aligned offset inside the page-aligned header page.
         unsafe { &*self.base.add(off).cast::<AtomicU64>() }
     }
@@ -182,6 +194,19 @@ pub static REMOTE_XDP: AtomicUsize = AtomicUsize::new(0);
 /// Connections attached by asking the connector directly (path B).
 pub static PATH_B: AtomicUsize = AtomicUsize::new(0);
 
+/// The descriptors that carry one end of a connection besides its mapping (owned by
+/// the [`Conn`] made from them).
+pub struct Carriers {
+    /// Our eventfd (the peer rings it).
+    pub my_efd: c_int,
+    /// The peer's eventfd.
+    pub peer_efd: c_int,
+    /// The Unix socket whose hang-up means the peer is gone.
+    pub unix: c_int,
+    /// The vault holding the mapping's memfd (-1: none).
+    pub vault: c_int,
+}
+
 /// One end of an accelerated connection.
 pub struct Conn {
     pub shm: Shm,
@@ -190,6 +215,9 @@ pub struct Conn {
     pub my_efd: c_int,
     pub peer_efd: c_int,
     unix: AtomicI32,
+    /// Holds the mapping's memfd in flight (-1: none, e.g. a connection to another
+    /// host), for `exec`.
+    pub vault: c_int,
     pending: Mutex<Option<PendingC>>,
     pub nonblock: AtomicBool,
     rd_shut: AtomicBool,
@@ -281,21 +309,16 @@ pub enum IoErr {
 }
 
 impl Conn {
-    pub fn new(
-        shm: Shm,
-        side: usize,
-        my_efd: c_int,
-        peer_efd: c_int,
-        unix: c_int,
-        nonblock: bool,
-        pending: Option<PendingC>,
-    ) -> Conn {
+    pub fn new(shm: Shm, side: usize, fds: Carriers, nonblock: bool, pending: Option<PendingC>) -> Conn {
+        let Carriers { my_efd, peer_efd, unix, vault } = fds;
+        crate::table::add_internal(&[my_efd, peer_efd, unix, vault]);
         Conn {
             shm,
             side,
             my_efd,
             peer_efd,
             unix: AtomicI32::new(unix),
+            vault,
             pending: Mutex::new(pending),
             nonblock: AtomicBool::new(nonblock),
             rd_shut: AtomicBool::new(false),
@@ -310,6 +333,11 @@ impl Conn {
             remote_pending: Mutex::new(None),
             remote_kernel: AtomicBool::new(false),
         }
+    }
+
+    /// Takes the lock word at `off` of direction `d` (see the module doc).
+    fn step_lock(&self, d: usize, off: usize) -> StepLock<'_> {
+        StepLock::take(self.w(d, off))
     }
 
     fn tx(&self) -> usize {
@@ -561,7 +589,9 @@ impl Conn {
         p.close();
         let swap = if st == ATTACHED_B { asked.take() } else { None };
         if let Some(c) = swap {
+            crate::table::add_internal(&[c]);
             let old = self.unix.swap(c, Ordering::Relaxed);
+            crate::table::remove_internal(&[old]);
             // SAFETY: our socket (the marker connection, held by another process).
             unsafe { real::close(old) };
         }
@@ -589,25 +619,27 @@ impl Conn {
         let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
         let mut got = 0usize;
         loop {
+            let lock = self.step_lock(self.rx(), RLOCK);
             let (head, n) = self.avail()?;
             if n > 0 {
                 let take = (n as usize).min(want - got);
                 self.copy_out(head, got, take, iov);
-                if !peek {
-                    self.w(self.rx(), HEAD).store(head + take as u64, Ordering::Release);
-                    self.wake_if(self.w(self.rx(), WSLEEP));
-                    if let Some(b) = self.remote.get() {
-                        b.after_read();
-                    }
-                    got += take;
-                } else {
+                if peek {
                     return Ok(take);
                 }
+                self.w(self.rx(), HEAD).store(head + take as u64, Ordering::Release);
+                drop(lock);
+                self.wake_if(self.w(self.rx(), WSLEEP));
+                if let Some(b) = self.remote.get() {
+                    b.after_read();
+                }
+                got += take;
                 if got == want || !waitall || nonblock {
                     return Ok(got);
                 }
                 continue;
             }
+            drop(lock);
             if self.rx_eof() {
                 return Ok(got);
             }
@@ -683,8 +715,10 @@ impl Conn {
             if self.tx_broken() {
                 return if sent > 0 { Ok(sent) } else { Err(IoErr::Pipe) };
             }
+            let lock = self.step_lock(self.tx(), WLOCK);
             let (tail, room) = self.room()?;
             if room == 0 {
+                drop(lock);
                 if nonblock {
                     if sent > 0 {
                         return Ok(sent);
@@ -726,6 +760,7 @@ impl Conn {
                 }
             }
             self.w(self.tx(), TAIL).store(tail + chunk as u64, Ordering::Release);
+            drop(lock);
             self.wake_if(self.w(self.tx(), RSLEEP));
             if let Some(b) = self.remote.get() {
                 b.push_inline();
@@ -756,6 +791,24 @@ impl Conn {
         }
     }
 
+    /// The local shutdown state, for an `exec` handoff: bit 0 read side, bit 1 write
+    /// side.
+    pub fn shut_flags(&self) -> u8 {
+        self.rd_shut.load(Ordering::Relaxed) as u8 | (self.wr_shut.load(Ordering::Relaxed) as u8) << 1
+    }
+
+    /// Restores [`Conn::shut_flags`] in the program an `exec` started.
+    pub fn restore_shut_flags(&self, flags: u8) {
+        self.rd_shut.store(flags & 1 != 0, Ordering::Relaxed);
+        self.wr_shut.store(flags & 2 != 0, Ordering::Relaxed);
+    }
+
+    /// Gives back a hold taken with [`Conn::add_holder`] for a process that never
+    /// started.
+    pub fn drop_holder(&self) {
+        self.shm.word(off_holders(self.side)).fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Called before `fork`: the child will hold the connection too.
     pub fn add_holder(&self) {
         self.shm.word(off_holders(self.side)).fetch_add(1, Ordering::AcqRel);
@@ -781,14 +834,103 @@ impl Conn {
     }
 }
 
+/// This process's id, cached (refreshed in a forked child by [`after_fork_child`]).
+static PROCESS_ID: AtomicU64 = AtomicU64::new(0);
+
+/// This process's id without a system call.
+pub(crate) fn process_id() -> u64 {
+    let p = PROCESS_ID.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    // SAFETY: plain syscall.
+    let p = unsafe { libc::getpid() } as u64;
+    PROCESS_ID.store(p, Ordering::Relaxed);
+    p
+}
+
+/// In a forked child: its own process id.
+pub(crate) fn after_fork_child() {
+    PROCESS_ID.store(0, Ordering::Relaxed);
+}
+
+/// A held lock word in the shared mapping (released on drop). The word holds the
+/// owner's process id, so a lock left by a process that died inside a step is taken
+/// over instead of blocking the connection for ever. Uncontended, it costs one
+/// compare-and-swap on a line only this end's processes touch.
+struct StepLock<'a>(&'a AtomicU64);
+
+impl<'a> StepLock<'a> {
+    fn take(word: &'a AtomicU64) -> StepLock<'a> {
+        let me = process_id();
+        let mut spins = 0u32;
+        loop {
+            match word.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return StepLock(word),
+                Err(owner) => {
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(256) {
+                        // SAFETY: signal 0 only asks whether the process exists.
+                        let dead = owner != 0
+                            && owner != me
+                            && unsafe { libc::kill(owner as libc::pid_t, 0) } != 0
+                            && real::errno() == libc::ESRCH;
+                        if dead
+                            && word.compare_exchange(owner, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                        {
+                            return StepLock(word);
+                        }
+                        // SAFETY: plain syscall; the holder may need this processor.
+                        unsafe { libc::sched_yield() };
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for StepLock<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Release);
+    }
+}
+
+/// Puts `memfd` in flight in a new socketpair and returns the end that holds it
+/// (close-on-exec; -1 on failure). The caller still owns `memfd`.
+pub(crate) fn vault_memfd(memfd: c_int) -> c_int {
+    let mut sp = [-1; 2];
+    // SAFETY: socketpair writes two descriptors into `sp`.
+    if unsafe {
+        libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sp.as_mut_ptr())
+    } != 0
+    {
+        return -1;
+    }
+    let sent = crate::discover::send_fds(sp[1], b"memfd", &[memfd]);
+    // SAFETY: our socket; the message stays queued at sp[0] after the sender closes.
+    unsafe { real::close(sp[1]) };
+    if !sent {
+        // SAFETY: our socket.
+        unsafe { real::close(sp[0]) };
+        return -1;
+    }
+    sp[0]
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(p) = self.pending.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             p.close();
         }
-        for fd in [self.my_efd, self.peer_efd, self.unix()] {
-            // SAFETY: these descriptors belong to this connection alone.
-            unsafe { real::close(fd) };
+        let fds = [self.my_efd, self.peer_efd, self.unix(), self.vault];
+        crate::table::remove_internal(&fds);
+        for fd in fds {
+            if fd >= 0 {
+                // SAFETY: these descriptors belong to this connection alone.
+                unsafe { real::close(fd) };
+            }
         }
     }
 }

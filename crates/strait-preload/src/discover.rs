@@ -35,7 +35,7 @@ use std::time::Instant;
 use libc::{c_int, sockaddr, sockaddr_storage, socklen_t};
 
 use crate::conn::{
-    Conn, PendingC, Settings, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
+    Carriers, Conn, PendingC, Settings, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
 };
 use crate::real;
 
@@ -204,6 +204,11 @@ pub(crate) struct FdMessage {
 
 /// `recvmsg` with SCM_RIGHTS, not waiting: `Err(errno)` when nothing came.
 pub(crate) fn recv_fds_now(sock: c_int, buf: &mut [u8]) -> Result<FdMessage, c_int> {
+    recv_fds(sock, buf, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT)
+}
+
+/// `recvmsg` with SCM_RIGHTS and `flags`: `Err(errno)` when nothing came.
+pub(crate) fn recv_fds(sock: c_int, buf: &mut [u8], flags: c_int) -> Result<FdMessage, c_int> {
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is plain old data.
@@ -213,7 +218,7 @@ pub(crate) fn recv_fds_now(sock: c_int, buf: &mut [u8]) -> Result<FdMessage, c_i
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
     // SAFETY: `msg` points at live locals.
-    let n = unsafe { real::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+    let n = unsafe { real::recvmsg(sock, &mut msg, flags) };
     if n < 0 {
         return Err(real::errno());
     }
@@ -575,9 +580,13 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     let [memfd, efd_c, efd_a] = h.fds;
     let total = HDR + 2 * h.ring;
     let shm = if memfd_ok(memfd, total) { Shm::map(memfd, h.ring) } else { None };
+    let vault = if shm.is_some() { crate::conn::vault_memfd(memfd) } else { -1 };
     close_all(&[memfd]);
     let Some(shm) = shm.filter(|s| s.header_ok()) else {
         close_all(&[efd_c, efd_a, h.unix]);
+        if vault >= 0 {
+            close_all(&[vault]);
+        }
         crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -585,10 +594,19 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     if shm.state().compare_exchange(PENDING, to, Ordering::AcqRel, Ordering::Acquire).is_err() {
         // The connector gave up waiting: the connection stays on the kernel path.
         close_all(&[efd_c, efd_a, h.unix]);
+        if vault >= 0 {
+            close_all(&[vault]);
+        }
         crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let conn = Arc::new(Conn::new(shm, 1, efd_a, efd_c, h.unix, nonblock, None));
+    let conn = Arc::new(Conn::new(
+        shm,
+        1,
+        Carriers { my_efd: efd_a, peer_efd: efd_c, unix: h.unix, vault },
+        nonblock,
+        None,
+    ));
     let one: u64 = 1;
     // SAFETY: wakes the connector (8 bytes from a local to its eventfd).
     unsafe { real::write(efd_c, (&one as *const u64).cast(), 8) };
@@ -722,7 +740,14 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
 pub fn register(fd: c_int, p: Prepared) {
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
-    let conn = Arc::new(Conn::new(p.shm, 0, p.efd_c, p.efd_a, p.unix, nonblock, Some(p.pending)));
+    let vault = crate::conn::vault_memfd(p.pending.memfd);
+    let conn = Arc::new(Conn::new(
+        p.shm,
+        0,
+        Carriers { my_efd: p.efd_c, peer_efd: p.efd_a, unix: p.unix, vault },
+        nonblock,
+        Some(p.pending),
+    ));
     if let Some(old) = crate::table::insert(fd, conn) {
         crate::table::drop_ref(old);
     }

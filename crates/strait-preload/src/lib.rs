@@ -16,6 +16,7 @@
 
 mod conn;
 mod discover;
+mod exec;
 mod local;
 mod poll;
 mod real;
@@ -29,7 +30,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use libc::{c_int, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pollfd, sigset_t, size_t, ssize_t};
+use libc::{
+    c_int, c_uint, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pollfd, sigset_t, size_t, ssize_t,
+};
 use libc::{sockaddr, socklen_t, timespec};
 
 use conn::{Conn, IoErr};
@@ -190,6 +193,7 @@ extern "C" fn before_fork() {
 }
 
 extern "C" fn in_child() {
+    conn::after_fork_child();
     udp::after_fork_child();
     remote::after_fork_child();
 }
@@ -206,6 +210,7 @@ extern "C" fn init() {
     // it runs after it).
     unsafe { libc::atexit(at_exit) };
     stats::init();
+    let _ = catch_unwind(exec::adopt);
 }
 
 #[used]
@@ -926,15 +931,91 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     // SAFETY: forwarded argument.
     let real = || unsafe { real::close(fd) };
     guard(real, || {
-        if let Some(c) = table::remove(fd) {
-            table::drop_ref(c);
+        if table::is_internal(fd) {
+            // Not the program's: as if it were not open.
+            real::set_errno(libc::EBADF);
+            return -1;
         }
-        table::remove_listener(fd);
-        remote::on_close(fd);
-        udp::on_close(fd);
-        poll::forget_set(fd);
+        forget(fd);
         real()
     })
+}
+
+/// Everything the library knows about `fd`, which is being closed.
+fn forget(fd: c_int) {
+    if let Some(c) = table::remove(fd) {
+        table::drop_ref(c);
+    }
+    table::remove_listener(fd);
+    remote::on_close(fd);
+    udp::on_close(fd);
+    poll::forget_set(fd);
+}
+
+/// The open descriptors in `first..=last`, or `None` if they cannot be listed.
+fn open_fds_in(first: c_uint, last: c_uint) -> Option<Vec<c_int>> {
+    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
+    let mut v: Vec<c_int> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<c_uint>().ok())
+        .filter(|&fd| fd >= first && fd <= last && fd <= c_int::MAX as c_uint)
+        .map(|fd| fd as c_int)
+        .collect();
+    v.sort_unstable();
+    Some(v)
+}
+
+/// # Safety
+/// As for libc's `close_range`.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // SAFETY: forwarded arguments.
+    let real = || unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int };
+    guard(real, || {
+        if first > last || flags & !(libc::CLOSE_RANGE_CLOEXEC | libc::CLOSE_RANGE_UNSHARE) as c_int != 0 {
+            real::set_errno(libc::EINVAL);
+            return -1;
+        }
+        if !(table::any_live() || table::any_internal() || udp::any_live() || table::any_listener()) {
+            return real();
+        }
+        if flags & libc::CLOSE_RANGE_UNSHARE as c_int != 0 {
+            // SAFETY: plain syscall: this thread gets its own descriptor table.
+            if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
+                return -1;
+            }
+        }
+        // Descriptor by descriptor, stepping over the library's own (the directory
+        // listing's own descriptor is closed by the time we close, and skipped).
+        let Some(fds) = open_fds_in(first, last) else { return real() };
+        for fd in fds {
+            if table::is_internal(fd) {
+                continue;
+            }
+            if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
+                // SAFETY: plain syscalls on the program's descriptor.
+                unsafe {
+                    let f = real::fcntl(fd, libc::F_GETFD, 0);
+                    if f >= 0 {
+                        real::fcntl(fd, libc::F_SETFD, (f | libc::FD_CLOEXEC) as usize);
+                    }
+                }
+            } else {
+                forget(fd);
+                // SAFETY: closes the program's descriptor.
+                unsafe { real::close(fd) };
+            }
+        }
+        0
+    })
+}
+
+/// # Safety
+/// As for libc's `closefrom`.
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(first: c_int) {
+    // SAFETY: forwarded; closefrom has no result.
+    unsafe { close_range(first.max(0) as c_uint, c_uint::MAX, 0) };
 }
 
 /// # Safety

@@ -4,8 +4,10 @@
 //! Inside this library every call to a function that it also exports must go through
 //! here: a plain `libc::read` would bind to our own `read`.
 
+use libc::{
+    c_char, pid_t, posix_spawn_file_actions_t, posix_spawnattr_t, sockaddr, socklen_t, ssize_t, timespec,
+};
 use libc::{c_int, c_uint, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pollfd, sigset_t, size_t};
-use libc::{sockaddr, socklen_t, ssize_t, timespec};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn resolve(name: &'static str) -> usize {
@@ -82,6 +84,12 @@ reals! {
     fn splice(i: c_int, oi: *mut libc::loff_t, o: c_int, oo: *mut libc::loff_t, n: size_t, f: c_uint) -> ssize_t;
     fn pselect(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *const timespec, m: *const sigset_t) -> c_int;
     fn epoll_pwait2(ep: c_int, ev: *mut epoll_event, max: c_int, t: *const timespec, mask: *const sigset_t) -> c_int;
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn execveat(dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int) -> c_int;
+    fn posix_spawn(pid: *mut pid_t, path: *const c_char, fa: *const posix_spawn_file_actions_t, at: *const posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    fn posix_spawnp(pid: *mut pid_t, file: *const c_char, fa: *const posix_spawn_file_actions_t, at: *const posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
 }
 
 /// The real `fcntl` (variadic in C; the third argument is an int or a pointer).

@@ -48,7 +48,7 @@ use strait_udp::{Backend, UdpConfig, UdpLink};
 use strait_xdp::{Mac, XdpChannel, XdpConfig, XdpPort};
 
 use crate::conn::{
-    ctl, Conn, Settings, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED, WSLEEP,
+    ctl, Carriers, Conn, Settings, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED, WSLEEP,
 };
 use crate::discover::{close_all, key_of, sock_key, Key};
 use crate::real;
@@ -332,7 +332,13 @@ fn new_conn(side: usize, nonblock: bool) -> Option<(Arc<Conn>, c_int, c_int)> {
         return None;
     }
     let (memfd, shm) = rings?;
-    let conn = Arc::new(Conn::new(shm, side, efd, peer_efd, sp[0], nonblock, None));
+    let conn = Arc::new(Conn::new(
+        shm,
+        side,
+        Carriers { my_efd: efd, peer_efd, unix: sp[0], vault: -1 },
+        nonblock,
+        None,
+    ));
     Some((conn, memfd, sp[1]))
 }
 
@@ -772,7 +778,7 @@ fn xdp_port_for(local: &[u8; 16], peer: &[u8; 16]) -> Option<Arc<XdpPort>> {
     let ifname = onlink_interface(local, peer)?;
     let mut g = PORTS.lock().unwrap_or_else(|e| e.into_inner());
     let pid = current_pid();
-    if g.as_ref().map_or(true, |(p, _)| *p != pid) {
+    if g.as_ref().is_none_or(|(p, _)| *p != pid) {
         // A forked child does not share its parent's AF_XDP socket.
         *g = Some((pid, HashMap::new()));
     }
@@ -1414,7 +1420,7 @@ impl Background {
             let now = Instant::now();
             for b in &list {
                 let key = Arc::as_ptr(b) as usize;
-                let timer_due = due.get(&key).map_or(true, |t| *t <= now);
+                let timer_due = due.get(&key).is_none_or(|t| *t <= now);
                 if rung || timer_due || readable.contains(&key) {
                     let mut st = b.st.lock().unwrap_or_else(|e| e.into_inner());
                     if b.pump(&mut st) {

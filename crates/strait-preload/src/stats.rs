@@ -4,7 +4,8 @@
 //! received through shared memory, datagrams dropped because a receiver's ring was
 //! full (counted by the sender, as a kernel counts receive-buffer errors); TCP
 //! connections to other hosts carried by strait (`remote`), of them by the xdp device
-//! (`remote-xdp`).
+//! (`remote-xdp`); connections taken over from the program that exec'd this one or
+//! the process that spawned it (`inherited`).
 
 use std::sync::atomic::Ordering;
 
@@ -15,7 +16,7 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
-             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {}\n",
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -27,6 +28,7 @@ extern "C" fn at_exit() {
             udp::DROPPED.load(Ordering::Relaxed),
             REMOTE.load(Ordering::Relaxed),
             REMOTE_XDP.load(Ordering::Relaxed),
+            crate::exec::INHERITED.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

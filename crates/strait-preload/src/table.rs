@@ -80,6 +80,15 @@ impl<T> FdTable<T> {
         }
     }
 
+    /// Every descriptor in the table with what it refers to.
+    pub fn entries(&self) -> Vec<(c_int, Arc<T>)> {
+        if !self.any_live() {
+            return Vec::new();
+        }
+        let t = self.fds.read().unwrap_or_else(|e| e.into_inner());
+        t.iter().enumerate().filter_map(|(fd, c)| Some((fd as c_int, c.clone()?))).collect()
+    }
+
     /// Every distinct object in the table (for fork and exit).
     pub fn all(&self) -> Vec<Arc<T>> {
         if !self.any_live() {
@@ -130,6 +139,11 @@ pub fn all_conns() -> Vec<Arc<Conn>> {
     CONNS.all()
 }
 
+/// Every accelerated descriptor with its connection (for exec).
+pub fn entries() -> Vec<(c_int, Arc<Conn>)> {
+    CONNS.entries()
+}
+
 /// One descriptor of a connection went away.
 pub fn drop_ref(conn: Arc<Conn>) {
     if conn.fdrefs.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -153,6 +167,11 @@ pub fn add_listener(fd: c_int, l: Arc<Listener>) {
     LISTENERS_LIVE.store(v.len(), Ordering::Relaxed);
 }
 
+/// True if any strait listener is open.
+pub fn any_listener() -> bool {
+    LISTENERS_LIVE.load(Ordering::Relaxed) != 0
+}
+
 pub fn remove_listener(fd: c_int) {
     if LISTENERS_LIVE.load(Ordering::Relaxed) == 0 {
         return;
@@ -160,4 +179,73 @@ pub fn remove_listener(fd: c_int) {
     let mut v = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
     v.retain(|(f, _)| *f != fd);
     LISTENERS_LIVE.store(v.len(), Ordering::Relaxed);
+}
+
+/// Descriptors the library holds for its own use (a connection's eventfds, Unix
+/// socket and vault). A program that closes every descriptor it did not open (a
+/// daemon, or a `close_fds` before exec, as Python's subprocess does) must not take
+/// them: `close` answers EBADF for them, as if they were not open, and
+/// `close_range`/`closefrom` step over them. While none exist a lookup is one load.
+pub struct InternalFds {
+    live: AtomicUsize,
+    bits: RwLock<Vec<u64>>,
+}
+
+impl InternalFds {
+    const fn new() -> Self {
+        InternalFds { live: AtomicUsize::new(0), bits: RwLock::new(Vec::new()) }
+    }
+
+    fn set(&self, fd: c_int, on: bool) {
+        if fd < 0 {
+            return;
+        }
+        let (w, b) = (fd as usize / 64, 1u64 << (fd as usize % 64));
+        let mut t = self.bits.write().unwrap_or_else(|e| e.into_inner());
+        if t.len() <= w {
+            t.resize(w + 1, 0);
+        }
+        let was = t[w] & b != 0;
+        if on && !was {
+            t[w] |= b;
+            self.live.fetch_add(1, Ordering::Relaxed);
+        } else if !on && was {
+            t[w] &= !b;
+            self.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn contains(&self, fd: c_int) -> bool {
+        if self.live.load(Ordering::Relaxed) == 0 || fd < 0 {
+            return false;
+        }
+        let t = self.bits.read().unwrap_or_else(|e| e.into_inner());
+        t.get(fd as usize / 64).is_some_and(|w| w & (1u64 << (fd as usize % 64)) != 0)
+    }
+}
+
+static INTERNAL: InternalFds = InternalFds::new();
+
+/// Marks descriptors as the library's own.
+pub fn add_internal(fds: &[c_int]) {
+    for &fd in fds {
+        INTERNAL.set(fd, true);
+    }
+}
+
+/// The library is closing (or giving away) these descriptors of its own.
+pub fn remove_internal(fds: &[c_int]) {
+    for &fd in fds {
+        INTERNAL.set(fd, false);
+    }
+}
+
+/// True if the library holds descriptors of its own.
+pub fn any_internal() -> bool {
+    INTERNAL.live.load(Ordering::Relaxed) != 0
+}
+
+/// True if `fd` is one of the library's own descriptors.
+pub fn is_internal(fd: c_int) -> bool {
+    INTERNAL.contains(fd)
 }

@@ -135,7 +135,7 @@ impl Map {
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off < HDR && off % 8 == 0);
+        debug_assert!(off < HDR && off.is_multiple_of(8));
         // SAFETY: `off` is an 8-aligned offset inside the page-aligned header page.
         unsafe { &*self.base.add(off).cast::<AtomicU64>() }
     }
@@ -152,7 +152,7 @@ impl Map {
 
     /// Record header at ring offset `off` (8-aligned, `off + 8 <= ring`).
     fn rec_word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + REC <= self.ring);
+        debug_assert!(off.is_multiple_of(8) && off + REC <= self.ring);
         // SAFETY: an 8-aligned word inside the data area.
         unsafe { &*self.data().add(off).cast::<AtomicU64>() }
     }
@@ -161,7 +161,7 @@ impl Map {
     fn used(&self) -> Option<(u64, u64)> {
         let tail = self.word(TAIL).load(Ordering::Acquire);
         let head = self.word(HEAD).load(Ordering::Acquire);
-        (tail >= head && tail - head <= self.ring as u64 && head % 8 == 0).then_some((head, tail))
+        (tail >= head && tail - head <= self.ring as u64 && head.is_multiple_of(8)).then_some((head, tail))
     }
 }
 
@@ -451,7 +451,7 @@ impl OutChan {
             // Still full, as a kernel receive buffer can be: the datagram is lost
             // (counted). A receiver that died leaves its ring full: now and then,
             // look whether it is still there, else use the kernel.
-            if self.full.fetch_add(1, Ordering::Relaxed) % 256 == 0 && self.receiver_gone() {
+            if self.full.fetch_add(1, Ordering::Relaxed).is_multiple_of(256) && self.receiver_gone() {
                 return Push::Dead;
             }
             self.map.word(DROPS).fetch_add(1, Ordering::Relaxed);

@@ -8,7 +8,7 @@ const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 mod common;
-use common::{check, finish, spawn_lines, Out};
+use common::{check, finish, spawn_lines, stat_sum, Out};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
     common::cmd(PEER, preload, args)
@@ -170,6 +170,49 @@ fn forked_child_keeps_the_connection_after_the_parent_closes_it() {
     check(&s, "server");
     check(&c, "client");
     assert!(c.stdout.contains("fork ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
+}
+
+#[test]
+fn a_program_started_by_exec_or_spawn_keeps_the_inherited_connection() {
+    // execv, the variadic execl/execlp/execle, vfork + exec, posix_spawn with the
+    // descriptor inherited, and posix_spawn with a file action moving the
+    // (close-on-exec) descriptor to 0: the new program echoes on it, through the
+    // shared memory it took over (the client reads only from the rings).
+    for mode in ["exec-v", "exec-l", "exec-lp", "exec-le", "vfork", "spawn", "spawn-actions"] {
+        let (s, c) = pair(true, true, mode, "echo");
+        check(&s, mode);
+        check(&c, mode);
+        assert!(c.stdout.contains("echo ok 1734389"), "{mode}: {}", c.stdout);
+        assert!(
+            s.stdout.contains("adopted ok") && s.stdout.contains("echoed 1734389"),
+            "{mode}: {}",
+            s.stdout
+        );
+        assert!(s.stdout.contains("maps strait") && s.stdout.contains("fds clean"), "{mode}: {}", s.stdout);
+        assert_eq!(stat_sum(&s, "inherited"), 1, "{mode}: {}", s.stderr);
+        assert_eq!(accelerated(&c), 1, "{mode}");
+    }
+}
+
+#[test]
+fn closing_every_unknown_descriptor_leaves_the_connection_working() {
+    let (s, c) = pair(true, true, "echo", "closeall");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
+    assert_eq!(accelerated(&c), 1);
+}
+
+#[test]
+fn two_processes_using_one_inherited_connection_at_once_neither_lose_nor_mix_bytes() {
+    // A forked server: both processes write records at the same time (each arrives
+    // intact, each writer's in order), then both read at the same time (each record
+    // reaches exactly one of them).
+    let (s, c) = pair(true, true, "shared", "shared");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(s.stdout.contains("shared server ok") && c.stdout.contains("shared client ok"), "{}", s.stdout);
+    assert!(c.stdout.contains("maps strait"), "{}", c.stdout);
 }
 
 #[test]

@@ -166,7 +166,7 @@ impl End {
                 }
                 None => {
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
+                    if spins.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
                         return Err(AnatomyError::PingPong(format!("no completion within {DEAD:?}")));
                     }
                 }

@@ -674,3 +674,79 @@ fn connections_to_the_hosts_own_addresses_are_accelerated_like_loopback() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Sends a few MB through `strait run -- socat` to an echoing server on `port` and
+/// checks that exactly the same bytes come back over shared memory.
+fn echo_through_socat(port: &str, seed: u32) {
+    let dir = std::env::temp_dir().join(format!("strait-socat-{}-{seed}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let input = dir.join("in.bin");
+    let data: Vec<u8> =
+        (0..3_000_000u32).map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    std::fs::write(&input, &data).expect("write");
+    let out = run_for(
+        strait_run(&["--stats", "--", "socat", "-t", "10", "-", &format!("TCP:127.0.0.1:{port}")])
+            .stdin(std::fs::File::open(&input).expect("input")),
+        Duration::from_secs(60),
+    )
+    .expect("socat client finished");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(out.stdout == data, "{} of {} bytes came back, or different ones", out.stdout.len(), data.len());
+    assert_eq!(accelerated(&err), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn socat_execs_cat_on_each_accepted_connection_under_strait() {
+    // The inetd pattern: socat forks a child per connection, which execs cat with the
+    // accepted socket as its standard input and output (`nofork`: no relay process).
+    // cat inherits an accelerated socket across exec and must keep using the shared
+    // memory (the client reads only from it).
+    ensure("socat", "socat");
+    let port = free_port().to_string();
+    let _server = Killed(
+        strait_run(&["--", "socat", &format!("TCP-LISTEN:{port},reuseaddr,fork"), "EXEC:cat,nofork"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat server"),
+    );
+    wait_listening(port.parse().expect("port"));
+    for seed in 0..3 {
+        echo_through_socat(&port, seed);
+    }
+}
+
+/// A server that hands each accepted connection to `cat` with `subprocess.Popen`
+/// (fork or vfork, dup2 onto 0 and 1, exec) and closes its own copy.
+const PY_SPAWNS_CAT: &str = r#"import socket, subprocess, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(8)
+children = []
+while True:
+    c, _ = s.accept()
+    children.append(subprocess.Popen(["cat"], stdin=c, stdout=c))
+    c.close()
+    children = [p for p in children if p.poll() is None]
+"#;
+
+#[test]
+fn python_subprocess_hands_accepted_connections_to_cat_under_strait() {
+    ensure("socat", "socat");
+    let py = python();
+    let port = free_port().to_string();
+    let _server = Killed(
+        strait_run(&["--", &py, "-c", PY_SPAWNS_CAT, &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python server"),
+    );
+    wait_listening(port.parse().expect("port"));
+    for seed in 10..12 {
+        echo_through_socat(&port, seed);
+    }
+}

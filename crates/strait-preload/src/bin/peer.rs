@@ -513,9 +513,234 @@ fn flags_client(fd: c_int) {
     println!("drained {}", n - 8);
 }
 
+/// Server modes that hand the accepted connection to a new program (this binary
+/// again, as `adopted FD`, which echoes on it): `exec-v`/`exec-l`/`exec-lp`/`exec-le`
+/// exec in this process; `vfork` execs in a vfork child; `spawn` posix_spawns with the
+/// descriptor inherited; `spawn-actions` posix_spawns with the (close-on-exec)
+/// descriptor moved to 0 by a file action.
+fn exec_server(l: TcpListener, mode: &str) {
+    let (s, _) = l.accept().expect("accept");
+    let fd = s.as_raw_fd();
+    let me =
+        std::ffi::CString::new(std::env::current_exe().expect("exe").into_os_string().into_encoded_bytes())
+            .expect("path");
+    let name = c"strait-preload-peer".as_ptr();
+    let adopted = c"adopted".as_ptr();
+    let fd_arg =
+        std::ffi::CString::new(if mode == "spawn-actions" { "0".to_string() } else { fd.to_string() })
+            .expect("fd");
+    if mode != "spawn-actions" {
+        // SAFETY: clears close-on-exec on our socket, so the new program inherits it.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    }
+    let argv = [name, adopted, fd_arg.as_ptr(), std::ptr::null()];
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    // SAFETY: execs this binary with NULL-terminated argument lists; returns only on
+    // failure.
+    unsafe {
+        let null: *const libc::c_char = std::ptr::null();
+        match mode {
+            "exec-v" => {
+                libc::execv(me.as_ptr(), argv.as_ptr());
+            }
+            "exec-l" => {
+                libc::execl(me.as_ptr(), name, adopted, fd_arg.as_ptr(), null);
+            }
+            "exec-lp" => {
+                libc::execlp(me.as_ptr(), name, adopted, fd_arg.as_ptr(), null);
+            }
+            "exec-le" => {
+                libc::execle(me.as_ptr(), name, adopted, fd_arg.as_ptr(), null, environ);
+            }
+            "vfork" | "spawn" | "spawn-actions" => {
+                let pid = if mode == "vfork" {
+                    // The child only execs or exits (the one use vfork allows); under
+                    // strait it is a fork anyway.
+                    #[allow(deprecated)]
+                    let pid = libc::vfork();
+                    if pid == 0 {
+                        libc::execv(me.as_ptr(), argv.as_ptr());
+                        libc::_exit(127);
+                    }
+                    pid
+                } else {
+                    let mut pid = 0;
+                    let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+                    libc::posix_spawn_file_actions_init(&mut fa);
+                    if mode == "spawn-actions" {
+                        libc::posix_spawn_file_actions_adddup2(&mut fa, fd, 0);
+                    }
+                    let r = libc::posix_spawn(
+                        &mut pid,
+                        me.as_ptr(),
+                        &fa,
+                        std::ptr::null(),
+                        argv.as_ptr() as *const *mut libc::c_char,
+                        environ as *const *mut libc::c_char,
+                    );
+                    libc::posix_spawn_file_actions_destroy(&mut fa);
+                    assert_eq!(r, 0, "posix_spawn");
+                    pid
+                };
+                assert!(pid > 0, "spawn");
+                // The child holds the connection now; ours goes.
+                drop(s);
+                let mut st = 0;
+                libc::waitpid(pid, &mut st, 0);
+                assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "child failed: {st:#x}");
+                println!("{mode} server ok");
+                return;
+            }
+            _ => panic!("unknown exec mode {mode}"),
+        }
+    }
+    panic!("exec failed: {}", std::io::Error::last_os_error());
+}
+
+/// `adopted FD`: the program an exec started, echoing on the inherited connection.
+fn adopted(fd: c_int) {
+    echo_server(fd);
+    println!("adopted ok");
+    println!("maps {}", if maps_has_strait() { "strait" } else { "kernel" });
+    println!("fds {}", if fds_have_memfd() { "memfd" } else { "clean" });
+}
+
+const RECORD: usize = 64;
+/// Records each of the two server processes writes.
+const RECORDS_EACH: u32 = 20_000;
+/// Records the client writes for the two to read (fits in strait's 256 KiB ring, not
+/// in the kernel's default receive buffer: this mode is for strait only).
+const RECORDS_READ: usize = 3000;
+
+/// A 64-byte record of writer `tag`, number `seq`, with a checksum.
+fn record(tag: u8, seq: u32) -> [u8; RECORD] {
+    let mut r = [0u8; RECORD];
+    r[0] = tag;
+    r[1..5].copy_from_slice(&seq.to_le_bytes());
+    for (i, b) in r[5..RECORD - 8].iter_mut().enumerate() {
+        *b = pattern(seq as u64 * 131 + i as u64 + tag as u64);
+    }
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    fnv(&mut h, &r[..RECORD - 8]);
+    r[RECORD - 8..].copy_from_slice(&h.to_le_bytes());
+    r
+}
+
+/// (tag, seq) of an intact record.
+fn parse_record(r: &[u8]) -> Option<(u8, u32)> {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    fnv(&mut h, &r[..RECORD - 8]);
+    let seq = u32::from_le_bytes(r[1..5].try_into().ok()?);
+    (r[RECORD - 8..] == h.to_le_bytes() && r[..] == record(r[0], seq)[..]).then_some((r[0], seq))
+}
+
+/// Two processes use one inherited connection at the same time: both write records
+/// concurrently (the client checks each is intact and each writer's are in order),
+/// then both read the client's records concurrently, 64 bytes a read (each record
+/// must reach exactly one of them, intact).
+fn shared_server(l: TcpListener) {
+    let (s, _) = l.accept().expect("accept");
+    let fd = s.as_raw_fd();
+    let n = RECORDS_READ;
+    // SAFETY: a shared anonymous mapping for the two processes' tallies.
+    let tally = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            n + 1,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(tally, libc::MAP_FAILED);
+    let tally = tally.cast::<std::sync::atomic::AtomicU8>();
+    // SAFETY: fork in a single-threaded process.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    let tag = (pid == 0) as u8;
+    for seq in 0..RECORDS_EACH {
+        write_all(fd, &record(tag, seq));
+    }
+    // Both read once the client's records are all here.
+    let want = (n * RECORD) as c_int;
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut avail: c_int = 0;
+        // SAFETY: FIONREAD into a local int.
+        unsafe { libc::ioctl(fd, libc::FIONREAD, &mut avail) };
+        if avail >= want {
+            break;
+        }
+        assert!(Instant::now() < end, "client's records never all arrived ({avail})");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Then both start together (the last slot of the mapping counts who is ready).
+    // SAFETY: slot `n` of the shared tally.
+    let ready = unsafe { &*tally.add(n) };
+    ready.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    while ready.load(std::sync::atomic::Ordering::Acquire) < 2 {
+        assert!(Instant::now() < end, "the other reader never got ready");
+        std::hint::spin_loop();
+    }
+    let mut got = 0;
+    let mut r = [0u8; RECORD];
+    loop {
+        // SAFETY: a live buffer.
+        let k = unsafe { libc::recv(fd, r.as_mut_ptr().cast(), RECORD, libc::MSG_DONTWAIT) };
+        if k < 0 && errno() == libc::EAGAIN {
+            break;
+        }
+        assert_eq!(k, RECORD as isize, "a read split a record: {}", std::io::Error::last_os_error());
+        let (t, seq) = parse_record(&r).expect("a record arrived corrupted");
+        assert_eq!(t, 2, "not a client record");
+        // SAFETY: `seq < n` inside the shared tally.
+        unsafe { &*tally.add(seq as usize) }.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        got += 1;
+    }
+    if pid == 0 {
+        println!("shared child read {got}");
+        std::io::stdout().flush().ok();
+        // SAFETY: ends the child without running the parent's exit handlers twice.
+        unsafe { libc::_exit(0) };
+    }
+    let mut st = 0;
+    // SAFETY: waits for our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "child failed: {st:#x}");
+    // SAFETY: every slot of the tally, after the child exited.
+    let counts: Vec<u8> =
+        (0..n).map(|i| unsafe { &*tally.add(i) }.load(std::sync::atomic::Ordering::Relaxed)).collect();
+    assert!(counts.iter().all(|&c| c == 1), "records read twice or never: {:?}", &counts[..16]);
+    println!("shared parent read {got}");
+    write_all(fd, b"k");
+    println!("shared server ok");
+}
+
+fn shared_client(fd: c_int) {
+    let mut buf = vec![0u8; 2 * RECORDS_EACH as usize * RECORD];
+    read_exact(fd, &mut buf);
+    let mut next = [0u32; 2];
+    for r in buf.chunks(RECORD) {
+        let (t, seq) = parse_record(r).expect("two writers' records interleaved");
+        assert!(t < 2 && seq == next[t as usize], "writer {t}: record {seq}, expected {}", next[t as usize]);
+        next[t as usize] += 1;
+    }
+    let mine: Vec<u8> = (0..RECORDS_READ as u32).flat_map(|s| record(2, s)).collect();
+    write_all(fd, &mine);
+    let mut k = [0u8; 1];
+    read_exact(fd, &mut k);
+    println!("shared client ok");
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let role = a.get(1).map(String::as_str).unwrap_or("");
+    if role == "adopted" {
+        return adopted(a.get(2).and_then(|f| f.parse().ok()).expect("adopted FD"));
+    }
     let (stream, mode) = match role {
         "server" => {
             let l = TcpListener::bind((peer_addr(), 0)).expect("bind");
@@ -524,6 +749,12 @@ fn main() {
             let mode = a[2].clone();
             if mode == "fork" {
                 return fork_server(l);
+            }
+            if mode == "shared" {
+                return shared_server(l);
+            }
+            if mode.starts_with("exec-") || mode == "vfork" || mode.starts_with("spawn") {
+                return exec_server(l, &mode);
             }
             if mode == "threads" {
                 return threads_server(l);
@@ -565,6 +796,21 @@ fn main() {
     match (role, mode.as_str()) {
         ("server", "echo") | ("server", "lateaccept") => echo_server(fd),
         ("client", "echo") => echo_client(fd),
+        ("client", "shared") => shared_client(fd),
+        ("client", "closeall") => {
+            // A daemon's (or a spawn's `close_fds`) sweep of every descriptor it does
+            // not know, by close() and by close_range(): the library's own must survive.
+            for other in 3..64 {
+                if other != fd {
+                    // SAFETY: closes descriptors of this process (EBADF if not open).
+                    unsafe { libc::close(other) };
+                }
+            }
+            // SAFETY: as above, for every descriptor above ours.
+            let r = unsafe { libc::close_range(fd as u32 + 1, u32::MAX, 0) };
+            assert_eq!(r, 0, "close_range: {}", std::io::Error::last_os_error());
+            echo_client(fd)
+        }
         ("server", "sink") | ("client", "sink") => sink(fd),
         ("client", m) | ("server", m) if m.starts_with("source") => {
             source(fd, m.trim_start_matches("source").parse().unwrap_or(3_000_000))

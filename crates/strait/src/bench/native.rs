@@ -115,7 +115,7 @@ impl<D: Device> NativeLink<D> {
                 }
                 None => {
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 {
+                    if spins.is_multiple_of(4096) {
                         let s = *start.get_or_insert_with(Instant::now);
                         if s.elapsed() > DEAD {
                             return Err(BenchError::Timeout(DEAD, "strait-shm completions"));
@@ -242,7 +242,7 @@ impl<D: Device> Transport for NativeLink<D> {
                 }
                 None => {
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
+                    if spins.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
                         return Err(BenchError::Timeout(DEAD, "strait-shm send completions"));
                     }
                 }
@@ -288,7 +288,7 @@ impl<D: Device> Transport for NativeLink<D> {
                 }
                 None => {
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
+                    if spins.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
                         return Err(BenchError::Timeout(DEAD, "strait-shm streamed messages"));
                     }
                 }

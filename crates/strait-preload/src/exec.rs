@@ -1,0 +1,606 @@
+//! `exec` and `posix_spawn` of a program that inherits accelerated connections.
+//!
+//! An accelerated socket is an idle kernel socket plus a mapping in process memory;
+//! `exec` keeps the first and discards the second. So just before the new program
+//! starts, every local connection with a descriptor that survives the exec (one
+//! without close-on-exec) is described in `STRAIT_HANDOFF` in the new program's
+//! environment, next to inheritable copies of what carries it: the rings' memfd
+//! (peeked out of the connection's vault, see `conn.rs`), both eventfds and the Unix
+//! socket whose hang-up tells the peer we are gone. The library's constructor in the
+//! new program maps the rings again and finds the connection's descriptors by the
+//! kernel socket's inode, so descriptors renumbered on the way (`posix_spawn` file
+//! actions, a shell's redirections) are found too. If the exec fails, the copies are
+//! closed again and nothing changed.
+//!
+//! An exec'd program is the same process: it takes over this process's hold on the
+//! connection (and gives it up at once if none of its descriptors survived). A
+//! `posix_spawn`ed program is a new process: it gets a hold of its own, undone if the
+//! spawn fails. `vfork` is `fork` here (as accelerators commonly do): a vfork child
+//! runs in its parent's memory, where the library's bookkeeping for the child
+//! would be the parent's.
+//!
+//! If the new program does not preload the library (`LD_PRELOAD` was dropped from
+//! its environment), the handoff puts it back: without it the inherited socket
+//! would reach the idle kernel socket and its bytes would never arrive.
+//!
+//! Not carried: connections to other hosts (their bridge lives in this process's
+//! memory) and UDP sockets; both keep the kernel behaviour of an inherited socket
+//! that the new program's library does not know (see the crate README).
+
+use std::ffi::{CStr, CString};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use libc::{c_char, c_int, pid_t};
+
+use crate::conn::{self, Carriers, Conn, Shm, HDR};
+use crate::{discover, real, table};
+
+const VAR: &str = "STRAIT_HANDOFF";
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// Connections handed to the new program by this process (counted by the
+/// receiving side, in the new program's statistics as `inherited`).
+pub static INHERITED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One connection as written into `STRAIT_HANDOFF`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    /// Inode of the kernel socket (the same in every descriptor of it).
+    ino: u64,
+    side: usize,
+    ring: usize,
+    memfd: c_int,
+    my_efd: c_int,
+    peer_efd: c_int,
+    unix: c_int,
+    /// `Conn::shut_flags`.
+    shut: u8,
+}
+
+impl Record {
+    fn encode(&self) -> String {
+        format!(
+            "{}:{}:{}:{}:{}:{}:{}:{}",
+            self.ino, self.side, self.ring, self.memfd, self.my_efd, self.peer_efd, self.unix, self.shut
+        )
+    }
+
+    /// Parses one record; `None` for anything malformed (the variable comes from the
+    /// environment, which the program may have changed).
+    fn parse(s: &str) -> Option<Record> {
+        let f: Vec<&str> = s.split(':').collect();
+        if f.len() != 8 {
+            return None;
+        }
+        let fd = |i: usize| f[i].parse::<c_int>().ok().filter(|&v| v >= 0);
+        let side = f[1].parse::<usize>().ok().filter(|&s| s <= 1)?;
+        let ring = f[2].parse::<usize>().ok().filter(|&r| r > 0 && r <= 1 << 30)?;
+        Some(Record {
+            ino: f[0].parse().ok()?,
+            side,
+            ring,
+            memfd: fd(3)?,
+            my_efd: fd(4)?,
+            peer_efd: fd(5)?,
+            unix: fd(6)?,
+            shut: f[7].parse().ok()?,
+        })
+    }
+}
+
+/// What was made ready for one exec or spawn.
+struct Handoff {
+    /// `STRAIT_HANDOFF=...` (None: nothing to hand over).
+    entry: Option<CString>,
+    /// The inheritable copies (closed in this process afterwards).
+    fds: Vec<c_int>,
+    /// Connections given an extra hold for a spawned process.
+    held: Vec<Arc<Conn>>,
+}
+
+impl Handoff {
+    /// Closes the copies; `undo_holds` also gives back the spawned process's holds.
+    fn finish(self, undo_holds: bool) {
+        discover::close_all(&self.fds);
+        if undo_holds {
+            for c in &self.held {
+                c.drop_holder();
+            }
+        }
+    }
+}
+
+fn inode(fd: c_int) -> Option<u64> {
+    // SAFETY: stat is plain old data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a local stat.
+    (unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK)
+        .then_some(st.st_ino)
+}
+
+fn inheritable_dup(fd: c_int) -> c_int {
+    // SAFETY: plain syscall (F_DUPFD leaves close-on-exec clear).
+    unsafe { real::fcntl(fd, libc::F_DUPFD, 0) }
+}
+
+/// Gets every local connection that the new program will hold ready for it.
+/// `new_process`: a spawned process (its own hold); `all`: also connections whose
+/// descriptors are all close-on-exec (spawn file actions may dup them to others).
+fn prepare(new_process: bool, all: bool) -> Handoff {
+    let mut h = Handoff { entry: None, fds: Vec::new(), held: Vec::new() };
+    let entries = table::entries();
+    let mut records: Vec<String> = Vec::new();
+    let mut done: Vec<*const Conn> = Vec::new();
+    for (fd, _) in &entries {
+        // Settles a pending connect first (bounded); a connection that fell back to
+        // the kernel needs nothing.
+        let Some(c) = crate::accel(*fd) else { continue };
+        if done.contains(&Arc::as_ptr(&c)) {
+            continue;
+        }
+        done.push(Arc::as_ptr(&c));
+        if c.vault < 0 || !c.attached() {
+            continue;
+        }
+        let fds: Vec<c_int> = entries.iter().filter(|(_, x)| Arc::ptr_eq(x, &c)).map(|(f, _)| *f).collect();
+        // SAFETY: plain syscall.
+        let survives =
+            fds.iter().any(|&f| unsafe { real::fcntl(f, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0);
+        if !(survives || all) {
+            continue;
+        }
+        let Some(ino) = inode(*fd) else { continue };
+        // A copy of the memfd, leaving it in the vault (no close-on-exec).
+        let mut buf = [0u8; 8];
+        let memfd = match discover::recv_fds(c.vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+            Ok(m) if m.fds.len() == 1 => m.fds[0],
+            Ok(m) => {
+                discover::close_all(&m.fds);
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let copies =
+            [memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd), inheritable_dup(c.unix())];
+        if copies.iter().any(|&f| f < 0) {
+            discover::close_all(&copies.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
+            continue;
+        }
+        h.fds.extend_from_slice(&copies);
+        records.push(
+            Record {
+                ino,
+                side: c.side,
+                ring: c.shm.ring,
+                memfd: copies[0],
+                my_efd: copies[1],
+                peer_efd: copies[2],
+                unix: copies[3],
+                shut: c.shut_flags(),
+            }
+            .encode(),
+        );
+        if new_process {
+            c.add_holder();
+            h.held.push(c);
+        }
+    }
+    if !records.is_empty() {
+        h.entry = CString::new(format!("{VAR}={}", records.join(","))).ok();
+    }
+    h
+}
+
+/// This library's file name, for `LD_PRELOAD`.
+fn library_path() -> Option<CString> {
+    // SAFETY: Dl_info is plain old data; dladdr fills it for an address in this library.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: the address of a function of this library.
+    if unsafe { libc::dladdr(adopt as *const libc::c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr returned a NUL-terminated name that lives as long as the library.
+    Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_owned())
+}
+
+/// The new program's environment: the caller's, without a stale handoff, with ours,
+/// and with this library in `LD_PRELOAD`.
+struct Env {
+    _owned: Vec<CString>,
+    ptrs: Vec<*const c_char>,
+}
+
+impl Env {
+    /// # Safety
+    /// `envp` is null or a NULL-terminated array of C strings.
+    unsafe fn new(envp: *const *const c_char, entry: &CString) -> Env {
+        let mut owned = vec![entry.clone()];
+        let mut ptrs: Vec<*const c_char> = Vec::new();
+        let lib = library_path();
+        let mut preload_ok = false;
+        let mut i = 0;
+        while !envp.is_null() {
+            // SAFETY: within the caller's NULL-terminated array.
+            let p = unsafe { *envp.add(i) };
+            if p.is_null() {
+                break;
+            }
+            i += 1;
+            // SAFETY: an entry of the environment array is a C string.
+            let s = unsafe { CStr::from_ptr(p) }.to_bytes();
+            if s.starts_with(b"STRAIT_HANDOFF=") {
+                continue;
+            }
+            if let (Some(v), Some(lib)) = (s.strip_prefix(b"LD_PRELOAD="), lib.as_ref()) {
+                let name = lib.to_bytes();
+                if v.split(|&b| b == b':' || b == b' ')
+                    .any(|e| e == name || e.ends_with(b"libstrait_preload.so"))
+                {
+                    preload_ok = true;
+                } else {
+                    let mut e = b"LD_PRELOAD=".to_vec();
+                    e.extend_from_slice(name);
+                    if !v.is_empty() {
+                        e.push(b':');
+                        e.extend_from_slice(v);
+                    }
+                    if let Ok(c) = CString::new(e) {
+                        owned.push(c);
+                        preload_ok = true;
+                        continue;
+                    }
+                }
+            }
+            ptrs.push(p);
+        }
+        if let (false, Some(lib)) = (preload_ok, lib) {
+            let mut e = b"LD_PRELOAD=".to_vec();
+            e.extend_from_slice(lib.to_bytes());
+            if let Ok(c) = CString::new(e) {
+                owned.push(c);
+            }
+        }
+        // The CStrings' buffers do not move when the Vec that owns them grows.
+        ptrs.extend(owned.iter().map(|c| c.as_ptr()));
+        ptrs.push(std::ptr::null());
+        Env { _owned: owned, ptrs }
+    }
+
+    fn as_ptr(&self) -> *const *const c_char {
+        self.ptrs.as_ptr()
+    }
+}
+
+/// Runs an exec-like `call` with the handoff in its environment `envp`.
+fn exec_with(envp: *const *const c_char, call: impl FnOnce(*const *const c_char) -> c_int) -> c_int {
+    if !table::any_live() {
+        return call(envp);
+    }
+    let h = prepare(false, false);
+    let Some(entry) = h.entry.as_ref() else {
+        h.finish(false);
+        return call(envp);
+    };
+    // SAFETY: `envp` comes from the caller of exec, who promises a valid array.
+    let env = unsafe { Env::new(envp, entry) };
+    let r = call(env.as_ptr());
+    // Only reached if the exec failed.
+    let e = real::errno();
+    h.finish(false);
+    real::set_errno(e);
+    r
+}
+
+/// Runs a spawn-like `call` with the handoff in the child's environment `envp`.
+fn spawn_with(
+    envp: *const *const c_char,
+    actions: bool,
+    call: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    if !table::any_live() {
+        return call(envp);
+    }
+    let h = prepare(true, actions);
+    let Some(entry) = h.entry.as_ref() else {
+        h.finish(false);
+        return call(envp);
+    };
+    // SAFETY: `envp` comes from the caller, who promises a valid array.
+    let env = unsafe { Env::new(envp, entry) };
+    let r = call(env.as_ptr());
+    h.finish(r != 0);
+    r
+}
+
+fn environ_ptr() -> *const *const c_char {
+    // SAFETY: reads the process's environment pointer (libc's global).
+    unsafe { environ }
+}
+
+// ------------------------------------------------------------------ the new program
+
+/// Descriptors of this process that are sockets, with their inodes.
+fn socket_fds() -> Vec<(c_int, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<c_int>().ok())
+        .filter_map(|fd| Some((fd, inode(fd)?)))
+        .collect()
+}
+
+/// In the library's constructor: takes over the connections the previous program
+/// (or the spawning process) handed over.
+pub fn adopt() {
+    let Some(v) = std::env::var_os(VAR) else { return };
+    // SAFETY: the constructor runs before the program's code, on its only thread, so
+    // nothing else reads the environment now. The variable must not reach the next
+    // program: its descriptor numbers mean nothing there.
+    unsafe { libc::unsetenv(c"STRAIT_HANDOFF".as_ptr()) };
+    let records: Vec<Record> = v.to_string_lossy().split(',').filter_map(Record::parse).collect();
+    if records.is_empty() {
+        return;
+    }
+    let socks = socket_fds();
+    for r in records {
+        adopt_one(r, &socks);
+    }
+}
+
+fn adopt_one(r: Record, socks: &[(c_int, u64)]) {
+    // Only a sealed memfd of the right size is ours; anything else (a stale or forged
+    // variable) is left alone, descriptors included.
+    if !discover::memfd_ok(r.memfd, HDR + 2 * r.ring) {
+        return;
+    }
+    let carriers = [r.memfd, r.my_efd, r.peer_efd, r.unix];
+    for &fd in &carriers {
+        // SAFETY: plain syscall on a descriptor handed to us.
+        unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as usize) };
+    }
+    let shm = Shm::map(r.memfd, r.ring).filter(|s| s.header_ok());
+    let vault = if shm.is_some() { conn::vault_memfd(r.memfd) } else { -1 };
+    discover::close_all(&[r.memfd]);
+    let Some(shm) = shm else {
+        discover::close_all(&carriers[1..]);
+        return;
+    };
+    let fds: Vec<c_int> = socks.iter().filter(|s| s.1 == r.ino).map(|s| s.0).collect();
+    // SAFETY: plain syscall.
+    let nonblock =
+        fds.first().is_some_and(|&fd| unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0);
+    let c = Arc::new(Conn::new(
+        shm,
+        r.side,
+        Carriers { my_efd: r.my_efd, peer_efd: r.peer_efd, unix: r.unix, vault },
+        nonblock,
+        None,
+    ));
+    c.counted.store(true, Ordering::Relaxed);
+    c.restore_shut_flags(r.shut);
+    if fds.is_empty() {
+        // None of the socket's descriptors survived: our hold ends here.
+        c.release();
+        return;
+    }
+    c.fdrefs.store(fds.len(), Ordering::Relaxed);
+    for fd in fds {
+        if let Some(old) = table::insert(fd, c.clone()) {
+            table::drop_ref(old);
+        }
+    }
+    INHERITED.fetch_add(1, Ordering::Relaxed);
+}
+
+// ------------------------------------------------------------------ interposed calls
+
+/// # Safety
+/// As for libc's `execve`.
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    exec_with(envp, |env| unsafe { real::execve(path, argv, env) })
+}
+
+/// # Safety
+/// As for libc's `execv`.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: forwarded arguments.
+    exec_with(environ_ptr(), |env| unsafe { real::execve(path, argv, env) })
+}
+
+/// # Safety
+/// As for libc's `execvp`.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: forwarded arguments.
+    exec_with(environ_ptr(), |env| unsafe { real::execvpe(file, argv, env) })
+}
+
+/// # Safety
+/// As for libc's `execvpe`.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    exec_with(envp, |env| unsafe { real::execvpe(file, argv, env) })
+}
+
+/// # Safety
+/// As for libc's `fexecve`.
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    // SAFETY: forwarded arguments.
+    exec_with(envp, |env| unsafe { real::fexecve(fd, argv, env) })
+}
+
+/// # Safety
+/// As for libc's `execveat`.
+#[no_mangle]
+pub unsafe extern "C" fn execveat(
+    dirfd: c_int,
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    exec_with(envp, |env| unsafe { real::execveat(dirfd, path, argv, env, flags) })
+}
+
+/// # Safety
+/// As for libc's `posix_spawn`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    spawn_with(envp.cast(), !actions.is_null(), |env| unsafe {
+        real::posix_spawn(pid, path, actions, attr, argv, env.cast())
+    })
+}
+
+/// # Safety
+/// As for libc's `posix_spawnp`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    // SAFETY: forwarded arguments.
+    spawn_with(envp.cast(), !actions.is_null(), |env| unsafe {
+        real::posix_spawnp(pid, file, actions, attr, argv, env.cast())
+    })
+}
+
+/// `vfork` is `fork` (see the module doc).
+///
+/// # Safety
+/// As for libc's `vfork`; the child gets its own memory, which a correct vfork
+/// child cannot tell.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> pid_t {
+    // SAFETY: plain fork; the at-fork handlers keep the connections' holds right.
+    unsafe { libc::fork() }
+}
+
+/// The variadic `execl`, `execlp` and `execle`: stable Rust cannot define a C-variadic
+/// function, so each is a naked trampoline that stores the six argument registers
+/// next to the caller's stack arguments and calls [`exec_list`] with both; the
+/// integer arguments of a variadic call sit exactly there (System V x86-64 ABI).
+#[cfg(target_arch = "x86_64")]
+mod variadic {
+    use super::*;
+
+    macro_rules! trampoline {
+        ($name:ident, $kind:expr) => {
+            /// # Safety
+            /// As for the libc function of this name.
+            #[unsafe(naked)]
+            #[no_mangle]
+            pub unsafe extern "C" fn $name() -> c_int {
+                std::arch::naked_asm!(
+                    "push rbp",
+                    "mov rbp, rsp",
+                    "sub rsp, 48",
+                    "mov [rsp], rdi",
+                    "mov [rsp + 8], rsi",
+                    "mov [rsp + 16], rdx",
+                    "mov [rsp + 24], rcx",
+                    "mov [rsp + 32], r8",
+                    "mov [rsp + 40], r9",
+                    "mov rdi, rsp",
+                    "lea rsi, [rbp + 16]",
+                    "mov edx, {kind}",
+                    "call {imp}",
+                    "leave",
+                    "ret",
+                    kind = const $kind,
+                    imp = sym exec_list,
+                )
+            }
+        };
+    }
+
+    trampoline!(execl, 0);
+    trampoline!(execlp, 1);
+    trampoline!(execle, 2);
+
+    /// `kind` 0: execl(path, arg0, ..., NULL); 1: execlp(file, arg0, ..., NULL);
+    /// 2: execle(path, arg0, ..., NULL, envp).
+    ///
+    /// # Safety
+    /// `regs` holds the six register arguments, `stack` points at the caller's stack
+    /// arguments, of a call with the documented argument list.
+    unsafe extern "C" fn exec_list(regs: *const usize, stack: *const usize, kind: c_int) -> c_int {
+        // SAFETY: argument `i` of the call, where the ABI put it.
+        let arg = |i: usize| unsafe {
+            if i < 6 {
+                *regs.add(i)
+            } else {
+                *stack.add(i - 6)
+            }
+        };
+        let path = arg(0) as *const c_char;
+        let mut argv: Vec<*const c_char> = Vec::new();
+        let mut i = 1;
+        loop {
+            let a = arg(i) as *const c_char;
+            argv.push(a);
+            i += 1;
+            if a.is_null() {
+                break;
+            }
+        }
+        // SAFETY: forwarded to the interposed list-less forms.
+        unsafe {
+            match kind {
+                0 => execv(path, argv.as_ptr()),
+                1 => execvp(path, argv.as_ptr()),
+                _ => execve(path, argv.as_ptr(), arg(i) as *const *const c_char),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_reject_garbage() {
+        let r =
+            Record { ino: 12345, side: 1, ring: 262144, memfd: 7, my_efd: 8, peer_efd: 9, unix: 10, shut: 2 };
+        assert_eq!(Record::parse(&r.encode()), Some(r));
+        for bad in [
+            "",
+            "1:2:3",
+            "1:2:262144:7:8:9:10:0",
+            "1:0:0:7:8:9:10:0",
+            "x:0:4096:7:8:9:10:0",
+            "1:0:4096:-1:8:9:10:0",
+        ] {
+            assert_eq!(Record::parse(bad), None, "{bad}");
+        }
+    }
+}

@@ -311,6 +311,10 @@ struct Conn {
     ack_due_ns: Option<u64>,
     ack_now: bool,
     ts_to_echo: u32,
+    /// The acknowledgement (`rcv_next`) last handed to the link, and the one last
+    /// flushed out of it: see `Reliable::recv_frame`.
+    ack_sent: u32,
+    ack_flushed: u32,
     last_heard_ns: u64,
     spare: Vec<Vec<u8>>,
 
@@ -355,6 +359,7 @@ impl Conn {
     }
 
     fn acked_now(&mut self) {
+        self.ack_sent = self.rcv_next;
         self.rx_unacked = 0;
         self.ack_due_ns = None;
         self.ack_now = false;
@@ -812,6 +817,8 @@ impl<L: Link> Reliable<L> {
             ack_due_ns: None,
             ack_now: false,
             ts_to_echo: 0,
+            ack_sent: 0,
+            ack_flushed: 0,
             last_heard_ns: now,
             spare: Vec::new(),
             dstats: DeviceStats::default(),
@@ -971,6 +978,7 @@ impl<L: Link> Reliable<L> {
     fn flush_link(&mut self) -> Result<(), DeviceError> {
         if self.unflushed {
             self.unflushed = false;
+            self.c.ack_flushed = self.c.ack_sent;
             if let Err(e) = self.link.flush() {
                 return Err(self.link_failed(e));
             }
@@ -1212,17 +1220,17 @@ impl<L: Link> Device for Reliable<L> {
         let now = self.link.now_ns();
         let got = self.receive(handle, now)?;
         self.since_timers += 1;
-        let acks = self.c.rstats.acks_sent;
         if !got || self.since_timers >= TIMER_EVERY {
             self.on_timers(now)?;
         } else {
             self.ack_if_due(now);
         }
-        if !got || self.c.rstats.acks_sent != acks {
-            // An acknowledgement goes out now, not after everything that already
-            // arrived has been handled: while a stream arrives faster than it is
-            // handled, the sender would otherwise wait for a whole window's
-            // handling before it may send more (stop-and-wait by the window).
+        // Acknowledgements queued while datagrams keep arriving go out when the link
+        // runs dry, one doorbell for all, unless they already cover half the window:
+        // then the sender may be about to stall (a receiver slower than its sender
+        // would otherwise let it send only a window per handling of a window).
+        let behind = self.c.ack_sent.wrapping_sub(self.c.ack_flushed);
+        if !got || behind >= self.c.cfg.window / 2 {
             self.flush_link()?;
         }
         Ok(got)

@@ -52,16 +52,24 @@ fn warm(a: &UdpSocket, b: &UdpSocket) -> Res<()> {
     Ok(())
 }
 
-fn devices(pair: &VethPair) -> Res<(UdpDevice, UdpDevice)> {
+/// What one side needs to set up its device: on the thread that drives it, as
+/// separate processes do (an io_uring request's work runs on the thread that
+/// submitted it, so a link set up on another thread would have that thread do its
+/// receives).
+struct Side(UdpSocket, UdpConfig, ReliableConfig);
+
+fn devices(pair: &VethPair) -> Res<(Side, Side)> {
     let (sa, sb) = pair.udp_pair(false)?;
     warm(&sa, &sb)?;
     let c = UdpConfig::from_env()?;
     let r = ReliableConfig::from_env()?;
-    Ok((UdpLink::from_socket(sa, &c)?.reliable(r.clone()), UdpLink::from_socket(sb, &c)?.reliable(r)))
+    Ok((Side(sa, c.clone(), r.clone()), Side(sb, c, r)))
 }
 
-/// A worker with the device attached, driven until the handshake is done.
-fn worker(dev: UdpDevice) -> (Worker<UdpDevice>, strait_core::EpId) {
+/// A worker with the side's device attached, driven until the handshake is done.
+fn worker(side: Side) -> (Worker<UdpDevice>, strait_core::EpId) {
+    let Side(sock, c, r) = side;
+    let dev = UdpLink::from_socket(sock, &c).expect("link").reliable(r);
     let mut w = Worker::new(Config::from_env().unwrap_or_default()).expect("worker");
     let ep = w.attach(dev);
     let t = Instant::now();

@@ -364,10 +364,6 @@ impl MmsgLink {
                 return Ok(true);
             }
             if self.rx_i < self.rx_n {
-                // A deferred doorbell whose window has passed rings between two
-                // receives (trains), so that what was queued meanwhile
-                // (acknowledgements) does not wait for the whole batch.
-                self.ring_if_due()?;
                 let i = self.rx_i;
                 self.rx_i += 1;
                 let h = &self.rx_hdrs[i];
@@ -404,21 +400,16 @@ impl MmsgLink {
                 self.rx_cur = Some(RxCur { off, end: off + len, seg });
                 continue;
             }
-            self.ring_if_due()?;
+            if !self.txq.is_empty() {
+                let now = sys::now_ns();
+                if self.moder.due(now, self.txq.len()) {
+                    self.ring_now(now)?;
+                }
+            }
             if !self.fill_rx()? {
                 return Ok(false);
             }
         }
-    }
-
-    fn ring_if_due(&mut self) -> Result<(), LinkError> {
-        if !self.txq.is_empty() {
-            let now = sys::now_ns();
-            if self.moder.due(now, self.txq.len()) {
-                self.ring_now(now)?;
-            }
-        }
-        Ok(())
     }
 
     /// One `recvmmsg` into the local batch; false if nothing came. Only when every

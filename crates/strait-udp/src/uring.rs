@@ -428,19 +428,6 @@ impl UringLink {
         Ok(())
     }
 
-    /// Rings a deferred doorbell whose moderation window has passed, so that what
-    /// was queued while a stream arrives (acknowledgements) does not wait until
-    /// every arrival has been handed out.
-    fn ring_if_due(&mut self) -> Result<(), LinkError> {
-        if !self.txq.is_empty() {
-            let now = sys::now_ns();
-            if self.moder.due(now, self.txq.len()) {
-                self.ring_now(now)?;
-            }
-        }
-        Ok(())
-    }
-
     pub(crate) fn flush(&mut self) -> Result<(), LinkError> {
         let now = if self.txq.is_empty() { 0 } else { sys::now_ns() };
         if self.txq.is_empty() || !self.moder.due(now, self.txq.len()) {
@@ -571,7 +558,6 @@ impl UringLink {
                 return Ok(true);
             }
             if let Some((bid, len)) = self.rx_ready.pop_front() {
-                self.ring_if_due()?;
                 let start = bid as usize * RX_BUF_LEN;
                 let len = (len as usize).min(RX_BUF_LEN);
                 // SAFETY: as above; the kernel wrote `len` bytes of this buffer.

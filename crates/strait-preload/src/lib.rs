@@ -22,6 +22,7 @@ mod poll;
 mod real;
 mod remote;
 mod stats;
+mod stdio;
 mod table;
 mod udp;
 
@@ -211,6 +212,7 @@ extern "C" fn init() {
     unsafe { libc::atexit(at_exit) };
     stats::init();
     let _ = catch_unwind(exec::adopt);
+    let _ = catch_unwind(stdio::adopt_standard_streams);
 }
 
 #[used]

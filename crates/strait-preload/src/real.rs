@@ -89,6 +89,9 @@ reals! {
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn execveat(dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int) -> c_int;
     fn posix_spawn(pid: *mut pid_t, path: *const c_char, fa: *const posix_spawn_file_actions_t, at: *const posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE;
+    fn fileno(f: *mut libc::FILE) -> c_int;
+    fn fileno_unlocked(f: *mut libc::FILE) -> c_int;
     fn posix_spawnp(pid: *mut pid_t, file: *const c_char, fa: *const posix_spawn_file_actions_t, at: *const posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
 }
 

@@ -195,6 +195,15 @@ fn a_program_started_by_exec_or_spawn_keeps_the_inherited_connection() {
 }
 
 #[test]
+fn stdio_streams_from_fdopen_carry_an_accelerated_socket() {
+    let (s, c) = pair(true, true, "stdio", "echo");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("echo ok 1734389"), "{}", c.stdout);
+    assert!(s.stdout.contains("echoed 1734389") && s.stdout.contains("maps strait"), "{}", s.stdout);
+}
+
+#[test]
 fn closing_every_unknown_descriptor_leaves_the_connection_working() {
     let (s, c) = pair(true, true, "echo", "closeall");
     check(&s, "server");

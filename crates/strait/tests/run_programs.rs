@@ -718,6 +718,45 @@ fn socat_execs_cat_on_each_accepted_connection_under_strait() {
     }
 }
 
+#[test]
+fn socat_execs_sed_whose_stdio_streams_are_the_accelerated_socket() {
+    // sed reads and writes through glibc's stdio (getdelim, fwrite), which calls
+    // libc-internal read/write that no preload library sees: its standard streams
+    // must be strait's own streams over the inherited socket.
+    ensure("socat", "socat");
+    let port = free_port().to_string();
+    let _server = Killed(
+        strait_run(&["--", "socat", &format!("TCP-LISTEN:{port},reuseaddr,fork"), "EXEC:sed s/a/A/g,nofork"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat server"),
+    );
+    wait_listening(port.parse().expect("port"));
+    let dir = std::env::temp_dir().join(format!("strait-sed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let input = dir.join("lines.txt");
+    let text: String = (0..100_000).map(|i| format!("{i} banana split\n")).collect();
+    std::fs::write(&input, &text).expect("write");
+    let out = run_for(
+        strait_run(&["--stats", "--", "socat", "-t", "10", "-", &format!("TCP:127.0.0.1:{port}")])
+            .stdin(std::fs::File::open(&input).expect("input")),
+        Duration::from_secs(60),
+    )
+    .expect("socat client finished");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let want = text.replace('a', "A");
+    assert!(
+        out.stdout == want.as_bytes(),
+        "{} of {} bytes came back, or different ones",
+        out.stdout.len(),
+        want.len()
+    );
+    assert_eq!(accelerated(&err), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A server that hands each accepted connection to `cat` with `subprocess.Popen`
 /// (fork or vfork, dup2 onto 0 and 1, exec) and closes its own copy.
 const PY_SPAWNS_CAT: &str = r#"import socket, subprocess, sys

@@ -599,6 +599,38 @@ fn exec_server(l: TcpListener, mode: &str) {
     panic!("exec failed: {}", std::io::Error::last_os_error());
 }
 
+/// Echoes with stdio streams made by `fdopen` (one for reading on a duplicate, one
+/// for writing), checking that `fileno` answers their descriptors.
+fn stdio_server(fd: c_int) {
+    // SAFETY: stdio calls on descriptors we own; the streams are closed below.
+    unsafe {
+        let rfd = libc::dup(fd);
+        let r = libc::fdopen(rfd, c"r".as_ptr());
+        let w = libc::fdopen(fd, c"w".as_ptr());
+        assert!(!r.is_null() && !w.is_null(), "fdopen");
+        assert_eq!((libc::fileno(r), libc::fileno(w)), (rfd, fd), "fileno");
+        let mut buf = vec![0u8; 70_000];
+        let mut total = 0u64;
+        loop {
+            let n = libc::fread(buf.as_mut_ptr().cast(), 1, buf.len(), r);
+            if n > 0 {
+                assert_eq!(libc::fwrite(buf.as_ptr().cast(), 1, n, w), n, "fwrite");
+                assert_eq!(libc::fflush(w), 0, "fflush");
+                total += n as u64;
+            }
+            if n < buf.len() && (libc::feof(r) != 0 || libc::ferror(r) != 0) {
+                break;
+            }
+        }
+        assert_eq!(libc::ferror(r), 0, "fread error");
+        libc::fclose(r);
+        println!("echoed {total}");
+        println!("maps {}", if maps_has_strait() { "strait" } else { "kernel" });
+        libc::fclose(w);
+    }
+    std::process::exit(0);
+}
+
 /// `adopted FD`: the program an exec started, echoing on the inherited connection.
 fn adopted(fd: c_int) {
     echo_server(fd);
@@ -797,6 +829,7 @@ fn main() {
         ("server", "echo") | ("server", "lateaccept") => echo_server(fd),
         ("client", "echo") => echo_client(fd),
         ("client", "shared") => shared_client(fd),
+        ("server", "stdio") => stdio_server(fd),
         ("client", "closeall") => {
             // A daemon's (or a spawn's `close_fds`) sweep of every descriptor it does
             // not know, by close() and by close_range(): the library's own must survive.

@@ -30,8 +30,9 @@ pub struct UdpConfig {
     /// Datagrams the bounded device ring holds between two doorbells (the io_uring
     /// submission queue, or one `sendmmsg` batch). `STRAIT_UDP_RING`, default 256.
     pub ring: u32,
-    /// Posted receive buffers (a power of two; 0 = chosen from the buffer size).
-    /// `STRAIT_UDP_RX_BUFS`.
+    /// Receive buffers of the io_uring backend (a power of two; 0 = 256), 64 KiB
+    /// each. 16 are posted at first (fewer buffers in the ring stay in cache), more
+    /// each time the kernel runs out. `STRAIT_UDP_RX_BUFS`.
     pub rx_bufs: u32,
     /// Send runs of equal-size datagrams as one UDP GSO super-datagram (both
     /// backends). `STRAIT_UDP_GSO` = 0/1, default 1.

@@ -38,6 +38,13 @@ const GSO_SEGS: usize = 64;
 const GSO_BYTES: usize = 65_000;
 /// GSO send operations that may be in flight at once.
 const GSO_OPS: usize = 32;
+/// Receive buffers in the provided-buffer ring at first; the rest are kept back and
+/// posted only after the kernel ran out (`ENOBUFS`). The kernel takes buffers in
+/// ring order, so every buffer in the ring is written once per round through it:
+/// 16 buffers of 64 KiB (1 MiB, one core's L2 here) stay in cache between rounds
+/// where all 256 (16 MiB) did not. A bulk stream arrives as GRO trains of ~44
+/// datagrams per buffer, so 16 hold more than a 256-packet window.
+const RX_POSTED_FIRST: u16 = 16;
 /// Provided-buffer group id.
 const BGID: u16 = 0;
 /// Control space reserved in each receive buffer (one `int` control message).
@@ -84,6 +91,12 @@ pub(crate) struct UringLink {
     rx_mem: Mmap,
     rx_count: u16,
     rx_tail: u16,
+    /// Buffers in the ring that the kernel has not taken yet.
+    rx_posted: u16,
+    /// How many buffers the ring is kept filled to; grows when the kernel runs out.
+    rx_target: u16,
+    /// Buffers kept back from the ring (see `RX_POSTED_FIRST`).
+    rx_spare: Vec<u16>,
     rx_armed: bool,
     /// Multishot receive unsupported: one-shot receives are re-posted.
     rx_multishot: bool,
@@ -223,6 +236,9 @@ impl UringLink {
             rx_mem,
             rx_count,
             rx_tail: 0,
+            rx_posted: 0,
+            rx_target: RX_POSTED_FIRST.min(rx_count),
+            rx_spare: Vec::with_capacity(rx_count as usize),
             rx_armed: false,
             rx_multishot,
             rx_ready: VecDeque::with_capacity(rx_count as usize),
@@ -276,8 +292,14 @@ impl UringLink {
         Ok(true)
     }
 
-    /// Hands a receive buffer back to the kernel.
+    /// Hands a receive buffer back to the kernel, or keeps it back while the ring
+    /// holds `rx_target` already.
     fn recycle(&mut self, bid: u16) {
+        if self.rx_posted >= self.rx_target {
+            self.rx_spare.push(bid);
+            return;
+        }
+        self.rx_posted += 1;
         let mask = self.rx_count - 1;
         let idx = (self.rx_tail & mask) as usize;
         let addr = self.rx_mem.ptr() as u64 + bid as u64 * RX_BUF_LEN as u64;
@@ -462,12 +484,20 @@ impl UringLink {
                 UD_RECV | UD_RECV_ONE => {
                     if res >= 0 {
                         if let Some(bid) = cqueue::buffer_select(flags) {
+                            self.rx_posted = self.rx_posted.saturating_sub(1);
                             if bid < self.rx_count {
                                 self.rx_ready.push_back((bid, res as u32));
                             }
                         }
                     } else if res == -libc::ENOBUFS {
                         self.ustats.rx_nobufs += 1;
+                        // Arrivals outran the buffers in the ring (datagrams the
+                        // kernel could not coalesce take one each): post more.
+                        self.rx_target = self.rx_target.saturating_mul(2).min(self.rx_count);
+                        while self.rx_posted < self.rx_target {
+                            let Some(bid) = self.rx_spare.pop() else { break };
+                            self.recycle(bid);
+                        }
                     } else if res != -libc::ECANCELED {
                         self.ustats.rx_errors += 1;
                     }

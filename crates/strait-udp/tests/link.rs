@@ -439,3 +439,42 @@ fn connected_only() {
     }
     assert_eq!(got, vec![b"ok".to_vec()]);
 }
+
+/// The io_uring backend posts 16 receive buffers at first and more each time the
+/// kernel runs out: bursts of datagrams that cannot be coalesced (one buffer each)
+/// all arrive, and once the ring has grown a burst no longer exhausts it.
+#[test]
+fn receive_buffers_grow_when_the_kernel_runs_out() {
+    let c = cfg(Backend::Uring);
+    let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+    a.connect(b.local_addr().unwrap()).unwrap();
+    b.connect(a.local_addr().unwrap()).unwrap();
+    let mut rx = UdpLink::from_socket(b, &c).unwrap();
+    assert_eq!(rx.backend(), Backend::Uring);
+    let mut nobufs = Vec::new();
+    for burst in 0..6u32 {
+        for i in 0..200u32 {
+            let mut d = vec![0u8; 100 + (i % 7) as usize];
+            fill(burst * 1000 + i, &mut d);
+            a.send(&d).unwrap();
+        }
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got < 200 {
+            assert!(Instant::now() < deadline, "burst {burst}: {got} of 200 arrived");
+            while rx
+                .recv(&mut |d| {
+                    let k = u32::from_le_bytes(d[..4].try_into().unwrap());
+                    assert_eq!(k, burst * 1000 + got, "lost or reordered");
+                    got += 1;
+                })
+                .unwrap()
+            {}
+        }
+        nobufs.push(rx.udp_stats().rx_nobufs);
+    }
+    assert!(nobufs[0] > 0, "the first burst should outrun 16 buffers: {nobufs:?}");
+    assert_eq!(nobufs[5], nobufs[4], "the ring did not grow: {nobufs:?}");
+    assert_eq!(rx.stats().datagrams_dropped, 0);
+}

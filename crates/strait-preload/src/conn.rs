@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! 0      magic u64, version u32, ring bytes u32
+//! 24     mode: bit 0 the connector asks for messages, bit 1 both agreed
 //! 64     state: 0 pending (connector waits), 1 attached, 2 kernel (given up)
 //! 128+64*s  holders of side s (processes that still hold the connection)
 //! 1024+1024*d  control block of direction d (0: connector -> acceptor):
@@ -13,8 +14,21 @@
 //!        +192 producer lock
 //!        +512 head (consumer) +576 read-closed (consumer) +640 consumer sleeps
 //!        +704 consumer lock
+//!        +768 rendezvous: state, +776 buffer address, +784 length, +792 reader's
+//!        process id, +800 bytes delivered
+//!        +896 bytes left of the message being read (message mode)
 //! 4096 + d*ring  data of direction d
 //! ```
+//!
+//! **Message mode** (opt-in, `STRAIT_MESSAGES=1` at both ends, else streaming): each
+//! write is one message (an 8-byte length, then the bytes), and a read returns bytes
+//! of one message only; a message no larger than the ring arrives whole to a large
+//! enough buffer. A blocked reader with one buffer of at least
+//! `STRAIT_RENDEZVOUS_MIN` bytes and nothing unread posts it (rendezvous); a writer
+//! that finds the ring empty and a posted buffer large enough copies its message
+//! straight into the reader's buffer (`process_vm_writev`: one copy instead of two,
+//! and a message larger than the ring still arrives in one read), else it uses the
+//! ring.
 //!
 //! Rings are byte rings: positions only grow, `pos % ring` is the offset. The peer is
 //! not trusted: a position that breaks `head <= tail <= head + ring` resets the
@@ -34,7 +48,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Or
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use libc::c_int;
+use libc::{c_int, c_void};
 
 use crate::real;
 
@@ -56,6 +70,27 @@ pub(crate) const HEAD: usize = 512;
 pub(crate) const RCLOSED: usize = 576;
 pub(crate) const RSLEEP: usize = 640;
 pub(crate) const RLOCK: usize = 704;
+const RV_STATE: usize = 768;
+const RV_ADDR: usize = 776;
+const RV_LEN: usize = 784;
+const RV_PID: usize = 792;
+const RV_DONE: usize = 800;
+const MSG_LEFT: usize = 896;
+const RV_IDLE: u64 = 0;
+const RV_POSTED: u64 = 1;
+const RV_FILLING: u64 = 2;
+const RV_DONE_STATE: u64 = 3;
+/// Header word of the message-mode negotiation.
+pub(crate) const OFF_MODE: usize = 24;
+pub(crate) const MODE_ASKED: u64 = 1;
+pub(crate) const MODE_AGREED: u64 = 2;
+/// Length header of a message in the ring.
+const MSG_HDR: usize = 8;
+
+/// Messages moved by rendezvous (single copy into the reader's buffer).
+pub static RENDEZVOUS: AtomicUsize = AtomicUsize::new(0);
+/// Cleared when `process_vm_writev` is refused (no ptrace permission): the ring then.
+static CMA_OK: AtomicBool = AtomicBool::new(true);
 
 pub const PENDING: u64 = 0;
 pub const ATTACHED: u64 = 1;
@@ -81,6 +116,10 @@ pub struct Settings {
     pub attach_timeout: Duration,
     pub announce_wait: Duration,
     pub enabled: bool,
+    /// Message mode asked for (`STRAIT_MESSAGES`).
+    pub messages: bool,
+    /// Smallest read buffer posted for rendezvous (`STRAIT_RENDEZVOUS_MIN`).
+    pub rendezvous_min: usize,
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -108,6 +147,10 @@ impl Settings {
                 attach_timeout: Duration::from_millis(env_u64("STRAIT_ATTACH_TIMEOUT_MS").unwrap_or(1000)),
                 announce_wait: Duration::from_millis(env_u64("STRAIT_ANNOUNCE_WAIT_MS").unwrap_or(200)),
                 enabled: std::env::var("STRAIT_DISABLE").map(|v| v.is_empty() || v == "0").unwrap_or(true),
+                messages: std::env::var("STRAIT_MESSAGES").is_ok_and(|v| !v.is_empty() && v != "0"),
+                rendezvous_min: env_u64("STRAIT_RENDEZVOUS_MIN")
+                    .map(|v| v.max(1) as usize)
+                    .unwrap_or(64 << 10),
             }
         })
     }
@@ -302,6 +345,8 @@ pub struct Ready {
 }
 
 pub enum IoErr {
+    /// A non-blocking message larger than the ring (message mode).
+    MsgSize,
     Again,
     Intr,
     Pipe,
@@ -401,6 +446,12 @@ impl Conn {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a local to the peer's eventfd.
         unsafe { real::write(self.peer_efd, (&one as *const u64).cast(), 8) };
+    }
+
+    /// Rings the peer's eventfd whether or not it said it sleeps (a rendezvous
+    /// completion must not wait for the sleeper's next look).
+    fn ring_bell_always(&self) {
+        self.ring_bell();
     }
 
     fn wake_if(&self, flag: &AtomicU64) {
@@ -615,6 +666,9 @@ impl Conn {
         if want == 0 {
             return Ok(0);
         }
+        if self.messages() {
+            return self.recv_message(fd, iov, peek, dontwait, waitall);
+        }
         let _g = self.rlock.lock().unwrap_or_else(|e| e.into_inner());
         let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
         let mut got = 0usize;
@@ -706,6 +760,9 @@ impl Conn {
         if want == 0 {
             return Ok(0);
         }
+        if self.messages() {
+            return self.send_message(fd, iov, want, dontwait);
+        }
         let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
         let mut sent = 0usize;
         let ring = self.shm.ring;
@@ -775,8 +832,321 @@ impl Conn {
         }
     }
 
+    /// True once both ends agreed on message mode.
+    pub fn messages(&self) -> bool {
+        self.shm.word(OFF_MODE).load(Ordering::Acquire) & MODE_AGREED != 0
+    }
+
+    /// The length header of the message at `head` of our receive ring.
+    fn peek_header(&self, head: u64) -> u64 {
+        let mut h = [0u8; MSG_HDR];
+        self.copy_out(head, 0, MSG_HDR, &[(h.as_mut_ptr(), MSG_HDR)]);
+        u64::from_le_bytes(h)
+    }
+
+    /// A rendezvous that completed: its byte count (the post is free again). Waits
+    /// out a writer that is copying.
+    fn take_rendezvous(&self) -> Result<Option<usize>, IoErr> {
+        let st = self.w(self.rx(), RV_STATE);
+        loop {
+            match st.load(Ordering::Acquire) {
+                RV_DONE_STATE => {
+                    let n = self.w(self.rx(), RV_DONE).load(Ordering::Relaxed) as usize;
+                    st.store(RV_IDLE, Ordering::Release);
+                    return Ok(Some(n));
+                }
+                RV_FILLING => {
+                    if self.check_peer() {
+                        return Err(IoErr::Reset);
+                    }
+                    std::thread::yield_now();
+                }
+                _ => return Ok(None),
+            }
+        }
+    }
+
+    /// Posts the reader's buffer for a writer to fill.
+    fn post(&self, buf: *mut u8, len: usize) {
+        let d = self.rx();
+        self.w(d, RV_ADDR).store(buf as u64, Ordering::Relaxed);
+        self.w(d, RV_LEN).store(len as u64, Ordering::Relaxed);
+        self.w(d, RV_PID).store(process_id(), Ordering::Relaxed);
+        self.w(d, RV_STATE).store(RV_POSTED, Ordering::Release);
+    }
+
+    /// Takes a post back; false if a writer already took it (then it completes).
+    fn unpost(&self) -> bool {
+        self.w(self.rx(), RV_STATE)
+            .compare_exchange(RV_POSTED, RV_IDLE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Message mode: reads bytes of one message.
+    fn recv_message(
+        &self,
+        fd: c_int,
+        iov: &[(*mut u8, usize)],
+        peek: bool,
+        dontwait: bool,
+        waitall: bool,
+    ) -> Result<usize, IoErr> {
+        let want: usize = iov.iter().map(|v| v.1).sum();
+        let _g = self.rlock.lock().unwrap_or_else(|e| e.into_inner());
+        let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
+        let mut got = 0usize;
+        loop {
+            if got == 0 && !peek {
+                if let Some(n) = self.take_rendezvous()? {
+                    return Ok(n);
+                }
+            }
+            let lock = self.step_lock(self.rx(), RLOCK);
+            let (mut head, mut n) = self.avail()?;
+            let mut left = self.w(self.rx(), MSG_LEFT).load(Ordering::Relaxed);
+            let mut skip = 0u64;
+            if left == 0 && got == 0 && n > MSG_HDR as u64 {
+                left = self.peek_header(head);
+                if left == 0 || left > 1 << 40 {
+                    // Not a length a writer of ours would send.
+                    self.peer_dead.store(true, Ordering::Relaxed);
+                    return Err(IoErr::Reset);
+                }
+                if peek {
+                    skip = MSG_HDR as u64;
+                } else {
+                    head += MSG_HDR as u64;
+                    self.w(self.rx(), HEAD).store(head, Ordering::Release);
+                    self.w(self.rx(), MSG_LEFT).store(left, Ordering::Relaxed);
+                }
+                n -= MSG_HDR as u64;
+            }
+            if left > 0 && n > 0 {
+                let take = (left.min(n) as usize).min(want - got);
+                self.copy_out(head + skip, got, take, iov);
+                if peek {
+                    return Ok(take);
+                }
+                self.w(self.rx(), HEAD).store(head + take as u64, Ordering::Release);
+                self.w(self.rx(), MSG_LEFT).store(left - take as u64, Ordering::Relaxed);
+                drop(lock);
+                self.wake_if(self.w(self.rx(), WSLEEP));
+                got += take;
+                // Only more of the same message, and only for MSG_WAITALL.
+                if got == want || !waitall || left == take as u64 || nonblock {
+                    return Ok(got);
+                }
+                continue;
+            }
+            drop(lock);
+            if self.rx_eof() {
+                return Ok(got);
+            }
+            if nonblock {
+                if got > 0 {
+                    return Ok(got);
+                }
+                if self.check_peer() {
+                    continue;
+                }
+                return Err(IoErr::Again);
+            }
+            // Nothing unread and one buffer large enough: let a writer fill it.
+            let posted = got == 0
+                && !peek
+                && left == 0
+                && n == 0
+                && iov.len() == 1
+                && want >= Settings::get().rendezvous_min
+                && CMA_OK.load(Ordering::Relaxed);
+            if posted {
+                self.post(iov[0].0, iov[0].1);
+            }
+            let waited = self.wait(fd, true, &|c| {
+                matches!(c.avail(), Ok((_, n)) if n > 0)
+                    || c.rx_eof()
+                    || c.avail().is_err()
+                    || c.w(c.rx(), RV_STATE).load(Ordering::Acquire) == RV_DONE_STATE
+            });
+            if posted && !self.unpost() {
+                // A writer took the post: its message is next, whatever else came.
+                continue;
+            }
+            match waited {
+                Waited::Ready => {}
+                Waited::Timeout if got == 0 => return Err(IoErr::Again),
+                Waited::Interrupted if got == 0 => return Err(IoErr::Intr),
+                _ => return Ok(got),
+            }
+        }
+    }
+
+    /// Message mode: copies one message straight into a posted reader buffer. True
+    /// if it did (the caller holds the producer lock and found the ring empty).
+    fn rendezvous(&self, iov: &[(*const u8, usize)], want: usize) -> bool {
+        let d = self.tx();
+        let st = self.w(d, RV_STATE);
+        if want < Settings::get().rendezvous_min
+            || !CMA_OK.load(Ordering::Relaxed)
+            || st.load(Ordering::Acquire) != RV_POSTED
+            || (self.w(d, RV_LEN).load(Ordering::Relaxed) as usize) < want
+            || st.compare_exchange(RV_POSTED, RV_FILLING, Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
+            return false;
+        }
+        let pid = self.w(d, RV_PID).load(Ordering::Relaxed) as libc::pid_t;
+        let remote = libc::iovec {
+            iov_base: self.w(d, RV_ADDR).load(Ordering::Relaxed) as *mut c_void,
+            iov_len: want,
+        };
+        let local: Vec<libc::iovec> =
+            iov.iter().map(|&(p, l)| libc::iovec { iov_base: p as *mut c_void, iov_len: l }).collect();
+        // SAFETY: reads our caller's buffers and writes the posted buffer of the
+        // reader, which waits in recv (it cannot take the post back while we hold it
+        // FILLING); the kernel checks both ranges.
+        let n = unsafe {
+            libc::process_vm_writev(pid, local.as_ptr(), local.len() as libc::c_ulong, &remote, 1, 0)
+        };
+        if n as usize != want {
+            // Refused (no ptrace permission) or cut short: the ring from now on; the
+            // reader's buffer holds nothing it will report.
+            CMA_OK.store(false, Ordering::Relaxed);
+            st.store(RV_POSTED, Ordering::Release);
+            return false;
+        }
+        self.w(d, RV_DONE).store(want as u64, Ordering::Relaxed);
+        st.store(RV_DONE_STATE, Ordering::Release);
+        RENDEZVOUS.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Message mode: writes one message (all of it, or nothing when it would block).
+    fn send_message(
+        &self,
+        fd: c_int,
+        iov: &[(*const u8, usize)],
+        want: usize,
+        dontwait: bool,
+    ) -> Result<usize, IoErr> {
+        let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
+        let ring = self.shm.ring;
+        let need = want + MSG_HDR;
+        if need > ring && nonblock {
+            return Err(IoErr::MsgSize);
+        }
+        let hdr = (want as u64).to_le_bytes();
+        let mut parts: Vec<(*const u8, usize)> = Vec::with_capacity(iov.len() + 1);
+        parts.push((hdr.as_ptr(), MSG_HDR));
+        parts.extend(iov.iter().copied().filter(|v| v.1 > 0));
+        // Bytes of `parts` written so far.
+        let mut done = 0usize;
+        // A message larger than the ring keeps the producer lock between its pieces,
+        // so no other process's message lands inside it.
+        let mut held: Option<StepLock<'_>> = None;
+        loop {
+            if self.tx_broken() {
+                return Err(IoErr::Pipe);
+            }
+            let lock = match held.take() {
+                Some(l) => l,
+                None => self.step_lock(self.tx(), WLOCK),
+            };
+            let (tail, room) = self.room()?;
+            if done == 0 && room as usize == ring && self.rendezvous(iov, want) {
+                drop(lock);
+                self.wake_if(self.w(self.tx(), RSLEEP));
+                self.ring_bell_always();
+                return Ok(want);
+            }
+            // Whole small messages only; a large one in pieces, the header never alone.
+            let fits = if need <= ring {
+                room as usize >= need
+            } else {
+                room as usize > MSG_HDR.saturating_sub(done)
+            };
+            if !fits {
+                if done > 0 {
+                    held = Some(lock);
+                } else {
+                    drop(lock);
+                }
+                if nonblock && done == 0 {
+                    if self.check_peer() {
+                        return Err(IoErr::Pipe);
+                    }
+                    return Err(IoErr::Again);
+                }
+                let room_for = if done == 0 && need <= ring { need } else { 1 };
+                // Once a message started it is finished: signals and timeouts wait.
+                match self.wait(fd, false, &|c| {
+                    matches!(c.room(), Ok((_, r)) if r as usize >= room_for) || c.tx_broken()
+                }) {
+                    Waited::Timeout if done == 0 => return Err(IoErr::Again),
+                    Waited::Interrupted if done == 0 => return Err(IoErr::Intr),
+                    _ => continue,
+                }
+            }
+            let n = (room as usize).min(need - done);
+            self.copy_in(tail, &parts, done, n);
+            done += n;
+            self.w(self.tx(), TAIL).store(tail + n as u64, Ordering::Release);
+            if done < need {
+                held = Some(lock);
+            } else {
+                drop(lock);
+            }
+            self.wake_if(self.w(self.tx(), RSLEEP));
+            if done == need {
+                return Ok(want);
+            }
+        }
+    }
+
+    /// Copies `len` bytes of `parts`, from byte `skip` of them, into our transmit
+    /// ring at `tail`.
+    fn copy_in(&self, tail: u64, parts: &[(*const u8, usize)], skip: usize, len: usize) {
+        let ring = self.shm.ring;
+        let base = self.shm.data(self.tx());
+        let mut pos = tail;
+        let mut skip = skip;
+        let mut left = len;
+        for &(p, l) in parts {
+            if left == 0 {
+                break;
+            }
+            if skip >= l {
+                skip -= l;
+                continue;
+            }
+            let mut src = skip;
+            skip = 0;
+            while src < l && left > 0 {
+                let off = (pos % ring as u64) as usize;
+                let m = (l - src).min(left).min(ring - off);
+                // SAFETY: `off + m <= ring` inside our data area, given to the producer
+                // by the ring protocol; `p + src + m <= p + l` inside the caller's data.
+                unsafe { std::ptr::copy_nonoverlapping(p.add(src), base.add(off), m) };
+                src += m;
+                left -= m;
+                pos += m as u64;
+            }
+        }
+    }
+
     pub fn fionread(&self) -> usize {
-        self.avail().map(|(_, n)| n as usize).unwrap_or(0)
+        let Ok((head, n)) = self.avail() else { return 0 };
+        if !self.messages() {
+            return n as usize;
+        }
+        // The readable bytes of the next message.
+        let left = self.w(self.rx(), MSG_LEFT).load(Ordering::Relaxed);
+        if left > 0 {
+            return left.min(n) as usize;
+        }
+        if n as usize <= MSG_HDR {
+            return 0;
+        }
+        self.peek_header(head).min(n - MSG_HDR as u64) as usize
     }
 
     pub fn shutdown(&self, how: c_int) {

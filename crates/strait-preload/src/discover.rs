@@ -591,6 +591,11 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
         return;
     };
     let to = if path_b { ATTACHED_B } else { ATTACHED };
+    // Message mode when both ends ask for it (published by the attach below).
+    let mode = shm.word(crate::conn::OFF_MODE);
+    if Settings::get().messages && mode.load(Ordering::Relaxed) & crate::conn::MODE_ASKED != 0 {
+        mode.fetch_or(crate::conn::MODE_AGREED, Ordering::Relaxed);
+    }
     if shm.state().compare_exchange(PENDING, to, Ordering::AcqRel, Ordering::Acquire).is_err() {
         // The connector gave up waiting: the connection stays on the kernel path.
         close_all(&[efd_c, efd_a, h.unix]);
@@ -708,6 +713,9 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
     let shm = if sized { Shm::map(memfd, ring) } else { None };
     let Some(shm) = shm else { return fail(&[memfd, efd_c, efd_a, unix]) };
     shm.init_header();
+    if Settings::get().messages {
+        shm.word(crate::conn::OFF_MODE).store(crate::conn::MODE_ASKED, Ordering::Relaxed);
+    }
     let mut h = [0u8; HELLO_LEN];
     h[0..8].copy_from_slice(&MAGIC.to_le_bytes());
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());

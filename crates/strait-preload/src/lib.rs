@@ -123,6 +123,7 @@ fn io_result(r: Result<usize, IoErr>, sigpipe: bool) -> ssize_t {
     match r {
         Ok(n) => n as ssize_t,
         Err(IoErr::Again) => real::fail(libc::EAGAIN),
+        Err(IoErr::MsgSize) => real::fail(libc::EMSGSIZE),
         Err(IoErr::Intr) => real::fail(libc::EINTR),
         Err(IoErr::Reset) => real::fail(libc::ECONNRESET),
         Err(IoErr::Pipe) => {

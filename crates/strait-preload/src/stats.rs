@@ -5,7 +5,8 @@
 //! full (counted by the sender, as a kernel counts receive-buffer errors); TCP
 //! connections to other hosts carried by strait (`remote`), of them by the xdp device
 //! (`remote-xdp`); connections taken over from the program that exec'd this one or
-//! the process that spawned it (`inherited`).
+//! the process that spawned it (`inherited`); messages (message mode) copied straight
+//! into a waiting reader's buffer (`rendezvous`).
 
 use std::sync::atomic::Ordering;
 
@@ -16,7 +17,7 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
-             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {}\n",
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -29,6 +30,7 @@ extern "C" fn at_exit() {
             REMOTE.load(Ordering::Relaxed),
             REMOTE_XDP.load(Ordering::Relaxed),
             crate::exec::INHERITED.load(Ordering::Relaxed),
+            crate::conn::RENDEZVOUS.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

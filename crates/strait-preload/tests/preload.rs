@@ -203,6 +203,53 @@ fn stdio_streams_from_fdopen_carry_an_accelerated_socket() {
     assert!(s.stdout.contains("echoed 1734389") && s.stdout.contains("maps strait"), "{}", s.stdout);
 }
 
+/// A server and client of `mode` with `env` for both.
+fn pair_both_env(smode: &str, cmode: &str, env: &[(&str, &str)]) -> (Out, Out) {
+    let deadline = Instant::now() + TIMEOUT;
+    let (server, srx) = spawn_lines(cmd(true, &["server", smode]).envs(env.iter().copied()));
+    let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
+    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
+    let (client, crx) = spawn_lines(cmd(true, &["client", &port, cmode]).envs(env.iter().copied()));
+    let c = finish(client, crx, String::new(), deadline);
+    let s = finish(server, srx, first, deadline);
+    (s, c)
+}
+
+#[test]
+fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() {
+    let (s, c) = pair_both_env("messages", "messages", &[("STRAIT_MESSAGES", "1")]);
+    check(&s, "server");
+    check(&c, "client");
+    assert!(
+        s.stdout.contains("messages ok 1500000") && c.stdout.contains("messages client ok"),
+        "{}",
+        s.stdout
+    );
+    // The 1.5 MB message (and others the server's read waited for) went by
+    // rendezvous: straight into the reader's buffer.
+    assert!(stat_sum(&c, "rendezvous") >= 1, "{}", c.stderr);
+    assert_eq!(accelerated(&s), 1);
+    // A program that does not care about boundaries works the same in message mode
+    // (writes and writev of every size, from a writer thread, echoed back).
+    let (s, c) = pair_both_env("echo", "echo", &[("STRAIT_MESSAGES", "1")]);
+    check(&s, "server");
+    check(&c, "client");
+    assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
+}
+
+#[test]
+fn message_mode_asked_by_one_end_only_stays_a_byte_stream() {
+    let (s, c) = pair_env(true, true, "sink", "source3000000", &[("STRAIT_MESSAGES", "1")]);
+    check(&s, "server");
+    check(&c, "client");
+    let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
+    let got =
+        s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+    assert_eq!(sent, got);
+    assert_eq!(stat_sum(&c, "rendezvous"), 0);
+    assert_eq!(accelerated(&s), 1);
+}
+
 #[test]
 fn closing_every_unknown_descriptor_leaves_the_connection_working() {
     let (s, c) = pair(true, true, "echo", "closeall");

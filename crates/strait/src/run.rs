@@ -57,6 +57,16 @@ pub struct RunArgs {
     /// CAP_NET_ADMIN and CAP_BPF). Sets STRAIT_XDP=1.
     #[arg(long)]
     xdp: bool,
+    /// Keep message boundaries on connections whose two ends both ask for it: each
+    /// write is one message, a read returns bytes of one message only, and a large
+    /// write goes straight into a reader's waiting buffer (single-copy rendezvous).
+    /// Sets STRAIT_MESSAGES=1.
+    #[arg(long)]
+    messages: bool,
+    /// Smallest read buffer, in bytes, that a waiting reader offers for rendezvous in
+    /// message mode (K/M suffixes; default 64K). Sets STRAIT_RENDEZVOUS_MIN.
+    #[arg(long)]
+    rendezvous_min: Option<String>,
     /// Path of libstrait_preload.so (default: $STRAIT_PRELOAD_LIB, else next to the
     /// strait binary).
     #[arg(long)]
@@ -115,6 +125,12 @@ pub fn run(a: RunArgs) -> ExitCode {
     }
     if a.xdp {
         cmd.env("STRAIT_XDP", "1");
+    }
+    if a.messages {
+        cmd.env("STRAIT_MESSAGES", "1");
+    }
+    if let Some(v) = a.rendezvous_min {
+        cmd.env("STRAIT_RENDEZVOUS_MIN", v);
     }
     let e = cmd.exec();
     eprintln!("strait run: cannot run {}: {e}", a.command[0].to_string_lossy());

@@ -631,6 +631,74 @@ fn stdio_server(fd: c_int) {
     std::process::exit(0);
 }
 
+/// Message sizes of the message-mode test (the ring is 256 KiB: 262_136 is the
+/// largest message that fits whole).
+const MESSAGE_SIZES: &[usize] = &[1, 7, 100, 4096, 65_536, 200_000, 262_136, 300_000, 1_000_000, 3];
+/// The message written while the server's read already waits (rendezvous).
+const RENDEZVOUS_SIZE: usize = 1_500_000;
+
+fn message(i: usize, len: usize) -> Vec<u8> {
+    (0..len as u64).map(|b| pattern(b + ((i as u64) << 24))).collect()
+}
+
+/// Message mode (both ends under STRAIT_MESSAGES=1): every read returns bytes of one
+/// message, a message that fits the ring in one read; then one read waiting with a
+/// large buffer gets a message larger than the ring whole (rendezvous).
+fn messages_server(fd: c_int) {
+    let mut buf = vec![0u8; 4 << 20];
+    for (i, &len) in MESSAGE_SIZES.iter().enumerate() {
+        let want = message(i, len);
+        let mut got = 0;
+        while got < len {
+            let n = read_some(fd, &mut buf);
+            assert!(
+                n > 0 && got + n <= len,
+                "message {i} ({len} B): a read of {n} after {got} crossed its end"
+            );
+            assert!(buf[..n] == want[got..got + n], "message {i}: wrong bytes");
+            if len <= 262_136 {
+                assert_eq!(n, len, "message {i} ({len} B) did not arrive whole");
+            }
+            got += n;
+        }
+    }
+    write_all(fd, b"R");
+    let n = read_some(fd, &mut buf);
+    assert_eq!(n, RENDEZVOUS_SIZE, "the waiting read got part of the message");
+    assert!(buf[..n] == message(99, n)[..], "rendezvous message: wrong bytes");
+    write_all(fd, b"k");
+    println!("messages ok {n}");
+}
+
+fn messages_client(fd: c_int) {
+    // SAFETY: fcntl on our socket.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) };
+    let big = message(0, 300_000);
+    // SAFETY: a live buffer.
+    let r = unsafe { libc::send(fd, big.as_ptr().cast(), big.len(), 0) };
+    assert!(r == -1 && errno() == libc::EMSGSIZE, "non-blocking message larger than the ring: {r}");
+    // SAFETY: as above.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, fl) };
+    for (i, &len) in MESSAGE_SIZES.iter().enumerate() {
+        let m = message(i, len);
+        // SAFETY: a live buffer.
+        let r = unsafe { libc::write(fd, m.as_ptr().cast(), len) };
+        assert_eq!(r, len as isize, "message {i}: one write, all of it");
+    }
+    let mut b = [0u8; 1];
+    read_exact(fd, &mut b);
+    // Let the server's read wait first.
+    std::thread::sleep(Duration::from_millis(100));
+    let m = message(99, RENDEZVOUS_SIZE);
+    // SAFETY: a live buffer.
+    let r = unsafe { libc::write(fd, m.as_ptr().cast(), m.len()) };
+    assert_eq!(r, m.len() as isize);
+    read_exact(fd, &mut b);
+    println!("messages client ok");
+}
+
 /// `adopted FD`: the program an exec started, echoing on the inherited connection.
 fn adopted(fd: c_int) {
     echo_server(fd);
@@ -830,6 +898,8 @@ fn main() {
         ("client", "echo") => echo_client(fd),
         ("client", "shared") => shared_client(fd),
         ("server", "stdio") => stdio_server(fd),
+        ("server", "messages") => messages_server(fd),
+        ("client", "messages") => messages_client(fd),
         ("client", "closeall") => {
             // A daemon's (or a spawn's `close_fds`) sweep of every descriptor it does
             // not know, by close() and by close_range(): the library's own must survive.

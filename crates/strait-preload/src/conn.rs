@@ -106,6 +106,10 @@ pub struct PendingC {
     /// Our per-connection name (-1 if it could not be bound).
     pub listener: c_int,
     pub hello: [u8; 48],
+    /// When the connector stops waiting for the acceptor (then: the kernel).
+    pub deadline: Instant,
+    /// A path-B asker we answered (its socket becomes ours if it attaches).
+    pub asked: c_int,
 }
 
 /// Connection-level settings, read once from `STRAIT_*` variables.
@@ -262,6 +266,8 @@ pub struct Conn {
     /// host), for `exec`.
     pub vault: c_int,
     pending: Mutex<Option<PendingC>>,
+    /// A connector whose acceptor has not attached yet (`pending` is set).
+    awaiting: AtomicBool,
     pub nonblock: AtomicBool,
     rd_shut: AtomicBool,
     wr_shut: AtomicBool,
@@ -364,6 +370,7 @@ impl Conn {
             peer_efd,
             unix: AtomicI32::new(unix),
             vault,
+            awaiting: AtomicBool::new(pending.is_some()),
             pending: Mutex::new(pending),
             nonblock: AtomicBool::new(nonblock),
             rd_shut: AtomicBool::new(false),
@@ -509,6 +516,16 @@ impl Conn {
 
     /// Current readiness as poll bits (POLLIN/POLLOUT/POLLHUP/POLLRDHUP/POLLERR).
     pub fn readiness(&self) -> Ready {
+        if self.awaiting_attach() {
+            // Nothing until the acceptor attached; once the connection stays with the
+            // kernel, readable and writable, so the program's next call finds the
+            // kernel socket. (No descriptor here: path B is answered by the calls.)
+            match self.try_settle(-1) {
+                None => return Ready { bits: 0, rx_tail: 0, tx_head: 0 },
+                Some(false) => return Ready { bits: libc::POLLIN | libc::POLLOUT, rx_tail: 0, tx_head: 0 },
+                Some(true) => {}
+            }
+        }
         self.pump_remote();
         let mut bits = 0i16;
         let (rx_tail, readable) = match self.avail() {
@@ -603,54 +620,76 @@ impl Conn {
     /// answering an acceptor that asks directly (path B). True if the connection is
     /// carried by shared memory from now on.
     pub fn settle(&self, fd: c_int) -> bool {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(p) = pending.take() else { return self.attached() };
-        let deadline = Instant::now() + Settings::get().attach_timeout;
-        let mut asked: Option<c_int> = None;
-        let st = loop {
-            let st = self.state();
-            if st != PENDING {
-                break st;
+        loop {
+            if let Some(ok) = self.try_settle(fd) {
+                return ok;
             }
-            if Instant::now() >= deadline {
-                match self.shm.state().compare_exchange(PENDING, KERNEL, Ordering::AcqRel, Ordering::Acquire)
-                {
-                    Ok(_) => break KERNEL,
-                    Err(st) => break st,
-                }
-            }
+            let listener =
+                self.pending.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(-1, |p| p.listener);
             let mut fds = [
                 libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: p.listener, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: listener, events: libc::POLLIN, revents: 0 },
             ];
             // SAFETY: two pollfds on the stack (a negative fd is ignored).
             unsafe { real::poll(fds.as_mut_ptr(), 2, 5) };
             if fds[0].revents != 0 {
                 self.drain_bell();
             }
-            if fds[1].revents != 0 {
-                if let Some(c) = p.serve(fd, self.my_efd, self.peer_efd) {
-                    if let Some(old) = asked.replace(c) {
-                        // SAFETY: our socket.
-                        unsafe { real::close(old) };
-                    }
+        }
+    }
+
+    /// True while a connector waits for its acceptor to attach.
+    pub fn awaiting_attach(&self) -> bool {
+        self.awaiting.load(Ordering::Acquire)
+    }
+
+    /// Connector only, without waiting: `Some(true)` once the acceptor attached,
+    /// `Some(false)` once the connection stays with the kernel (the deadline passed),
+    /// `None` while it is still open (a non-blocking socket's calls then answer
+    /// EAGAIN, and poll/epoll report nothing for it).
+    pub fn try_settle(&self, fd: c_int) -> Option<bool> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = pending.as_mut() else { return Some(self.attached()) };
+        let mut st = self.state();
+        if st == PENDING && p.listener >= 0 && fd >= 0 {
+            // Path B: an acceptor that did not get our hello asks us.
+            if let Some(c) = p.serve(fd, self.my_efd, self.peer_efd) {
+                if p.asked >= 0 {
+                    // SAFETY: our socket.
+                    unsafe { real::close(p.asked) };
                 }
+                p.asked = c;
             }
-        };
+            st = self.state();
+        }
+        if st == PENDING {
+            if Instant::now() < p.deadline {
+                return None;
+            }
+            st = match self.shm.state().compare_exchange(PENDING, KERNEL, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => KERNEL,
+                Err(now) => now,
+            };
+        }
+        let p = pending.take()?;
+        self.awaiting.store(false, Ordering::Release);
         p.close();
-        let swap = if st == ATTACHED_B { asked.take() } else { None };
-        if let Some(c) = swap {
-            crate::table::add_internal(&[c]);
-            let old = self.unix.swap(c, Ordering::Relaxed);
-            crate::table::remove_internal(&[old]);
-            // SAFETY: our socket (the marker connection, held by another process).
-            unsafe { real::close(old) };
+        let mut asked = (p.asked >= 0).then_some(p.asked);
+        if st == ATTACHED_B {
+            if let Some(c) = asked.take() {
+                crate::table::add_internal(&[c]);
+                let old = self.unix.swap(c, Ordering::Relaxed);
+                crate::table::remove_internal(&[old]);
+                // SAFETY: our socket (the marker connection, held by another process).
+                unsafe { real::close(old) };
+            }
         }
         if let Some(c) = asked {
             // SAFETY: our socket.
             unsafe { real::close(c) };
         }
-        st == ATTACHED || st == ATTACHED_B
+        Some(st == ATTACHED || st == ATTACHED_B)
     }
 
     /// Reads into the iovecs. `Ok(0)` is end of stream.
@@ -665,6 +704,9 @@ impl Conn {
         let want: usize = iov.iter().map(|v| v.1).sum();
         if want == 0 {
             return Ok(0);
+        }
+        if self.awaiting_attach() {
+            return Err(IoErr::Again);
         }
         if self.messages() {
             return self.recv_message(fd, iov, peek, dontwait, waitall);
@@ -759,6 +801,9 @@ impl Conn {
         }
         if want == 0 {
             return Ok(0);
+        }
+        if self.awaiting_attach() {
+            return Err(IoErr::Again);
         }
         if self.messages() {
             return self.send_message(fd, iov, want, dontwait);

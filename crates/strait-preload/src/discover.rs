@@ -741,7 +741,19 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
             listener = -1;
         }
     }
-    Some(Prepared { unix, shm, efd_c, efd_a, pending: PendingC { memfd, listener, hello: h } })
+    Some(Prepared {
+        unix,
+        shm,
+        efd_c,
+        efd_a,
+        pending: PendingC {
+            memfd,
+            listener,
+            hello: h,
+            deadline: Instant::now() + Settings::get().attach_timeout,
+            asked: -1,
+        },
+    })
 }
 
 /// After the TCP connect started (or finished): registers the pending connection.
@@ -834,4 +846,6 @@ pub fn give_up(fd: c_int, conn: &Arc<Conn>) {
     debug_assert_eq!(conn.state(), KERNEL);
     crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
     crate::table::remove_conn(conn);
+    // A non-blocking connector may already be in epoll sets: its socket joins them.
+    crate::poll::to_kernel(conn);
 }

@@ -135,9 +135,13 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
     let entries = table::entries();
     let mut records: Vec<String> = Vec::new();
     let mut done: Vec<*const Conn> = Vec::new();
-    for (fd, _) in &entries {
-        // Settles a pending connect first (bounded); a connection that fell back to
-        // the kernel needs nothing.
+    for (fd, c) in &entries {
+        // Settles a pending connect first (bounded, also on a non-blocking socket:
+        // the new program must know which path it is on); a connection that fell
+        // back to the kernel needs nothing.
+        if c.awaiting_attach() {
+            c.settle(*fd);
+        }
         let Some(c) = crate::accel(*fd) else { continue };
         if done.contains(&Arc::as_ptr(&c)) {
             continue;

@@ -105,9 +105,12 @@ pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
         }
         return Some(c);
     }
-    // A connector's first use waits (bounded) for the acceptor to attach.
+    // A connector's first use waits (bounded) for the acceptor to attach; on a
+    // non-blocking socket it does not wait (the connection answers EAGAIN until then).
     if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
-        if !c.settle(fd) {
+        let settled = if c.nonblock.load(Ordering::Relaxed) { c.try_settle(fd) } else { Some(c.settle(fd)) };
+        let Some(attached) = settled else { return Some(c) };
+        if !attached {
             discover::give_up(fd, &c);
             return None;
         }

@@ -509,6 +509,36 @@ fn forget_member(conn: &Member) {
     }
 }
 
+/// A connection went back to the kernel after it joined epoll sets: its socket
+/// joins the kernel sets in its place, with the same events and data.
+pub fn to_kernel(conn: &Arc<Conn>) {
+    if SETS_LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let m = Member::Tcp(conn.clone());
+    let joins: Vec<(c_int, c_int, epoll_event)> = sets()
+        .as_ref()
+        .map(|map| {
+            map.iter()
+                .flat_map(|(&epfd, set)| {
+                    set.entries.iter().filter(|e| e.conn.same(&m)).map(move |e| {
+                        (
+                            epfd,
+                            e.fd,
+                            epoll_event { events: if e.disabled { 0 } else { e.events }, u64: e.data },
+                        )
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for (epfd, fd, mut ev) in joins {
+        // SAFETY: a local epoll_event; the program's descriptor and set.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
+    forget_member(&m);
+}
+
 /// `close(epfd)`.
 pub fn forget_set(epfd: c_int) {
     if SETS_LIVE.load(Ordering::Relaxed) == 0 {
@@ -567,8 +597,10 @@ fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
             }
         }
         // Level-triggered entries that were ready stay dirty (still ready next time
-        // unless drained); others wait for their bell, armed.
-        e.dirty = bits != 0 && level;
+        // unless drained); others wait for their bell, armed. A connector still
+        // waiting for its acceptor is looked at every time (its deadline rings no
+        // bell).
+        e.dirty = (bits != 0 && level) || matches!(&e.conn, Member::Tcp(c) if c.awaiting_attach());
         if !e.dirty && !e.armed {
             e.conn.announce(e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
             e.armed = true;

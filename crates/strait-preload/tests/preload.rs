@@ -251,6 +251,24 @@ fn message_mode_asked_by_one_end_only_stays_a_byte_stream() {
 }
 
 #[test]
+fn a_nonblocking_connector_never_waits_for_a_slow_acceptor() {
+    // The acceptor accepts after 300 ms (within the attach timeout: shared memory)
+    // or after 1.5 s (past it: the kernel); the client's calls answer EAGAIN at once
+    // meanwhile and poll or epoll wake it when the connection is settled. The client
+    // checks that no call took 50 ms.
+    for (smode, accel, fallback) in [("slowaccept", 1, 0), ("lateaccept", 0, 1)] {
+        for cmode in ["nbslow", "nbslow-epoll"] {
+            let (s, c) = pair(true, true, smode, cmode);
+            check(&s, smode);
+            check(&c, cmode);
+            assert!(c.stdout.contains("nonblocking ok"), "{smode} {cmode}: {}", c.stdout);
+            assert_eq!(accelerated(&c), accel, "{smode} {cmode}: {}", c.stderr);
+            assert_eq!(stat_sum(&c, "kernel-fallback"), fallback, "{smode} {cmode}: {}", c.stderr);
+        }
+    }
+}
+
+#[test]
 fn closing_every_unknown_descriptor_leaves_the_connection_working() {
     let (s, c) = pair(true, true, "echo", "closeall");
     check(&s, "server");

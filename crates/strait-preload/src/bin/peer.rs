@@ -699,6 +699,84 @@ fn messages_client(fd: c_int) {
     println!("messages client ok");
 }
 
+/// A non-blocking connector whose acceptor is slow to accept: no call may block
+/// (writes answer EAGAIN until the connection is settled), poll or epoll wake it
+/// once it is writable, and the bytes go through whichever path it settled on.
+fn nonblocking_slow_peer(port: u16, use_epoll: bool) {
+    let addr = std::net::SocketAddrV4::new(peer_addr(), port);
+    // SAFETY: plain socket calls on a socket we own.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
+    assert!(fd >= 0);
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*addr.ip()).to_be() },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: a sockaddr_in of the right length.
+    let r = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), 16) };
+    assert!(r == 0 || errno() == libc::EINPROGRESS, "connect: {}", std::io::Error::last_os_error());
+    // SAFETY: epoll set of our own.
+    let ep = if use_epoll { unsafe { libc::epoll_create1(0) } } else { -1 };
+    if use_epoll {
+        let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLOUT) as u32, u64: 7 };
+        // SAFETY: a local event.
+        assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) }, 0);
+    }
+    let wait = |events: i16| {
+        if use_epoll {
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }];
+            // SAFETY: a local event array.
+            let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 1, 5000) };
+            assert_eq!(n, 1, "epoll_wait");
+        } else {
+            let mut p = libc::pollfd { fd, events, revents: 0 };
+            // SAFETY: one pollfd.
+            assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "poll");
+        }
+    };
+    let mut slowest = Duration::ZERO;
+    let mut again = 0;
+    loop {
+        let t = Instant::now();
+        // SAFETY: a live buffer.
+        let r = unsafe { libc::write(fd, b"ping".as_ptr().cast(), 4) };
+        slowest = slowest.max(t.elapsed());
+        if r == 4 {
+            break;
+        }
+        assert!(r == -1 && errno() == libc::EAGAIN, "write: {r} {}", std::io::Error::last_os_error());
+        again += 1;
+        wait(libc::POLLOUT);
+    }
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        let mut b = [0u8; 16];
+        let t = Instant::now();
+        // SAFETY: a live buffer.
+        let r = unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) };
+        slowest = slowest.max(t.elapsed());
+        if r > 0 {
+            got.extend_from_slice(&b[..r as usize]);
+            continue;
+        }
+        assert!(r == -1 && errno() == libc::EAGAIN, "read: {r} {}", std::io::Error::last_os_error());
+        wait(libc::POLLIN);
+    }
+    assert_eq!(got, b"ping");
+    assert!(slowest < Duration::from_millis(50), "a non-blocking call took {slowest:?}");
+    // SAFETY: our descriptors.
+    unsafe {
+        libc::shutdown(fd, libc::SHUT_WR);
+        libc::close(fd);
+        if ep >= 0 {
+            libc::close(ep);
+        }
+    }
+    println!("nonblocking ok (EAGAIN {again} times, slowest call {} us)", slowest.as_micros());
+    println!("maps {}", if maps_has_strait() { "strait" } else { "kernel" });
+}
+
 /// `adopted FD`: the program an exec started, echoing on the inherited connection.
 fn adopted(fd: c_int) {
     echo_server(fd);
@@ -867,6 +945,10 @@ fn main() {
                 // must then work through the kernel.
                 std::thread::sleep(Duration::from_millis(1500));
             }
+            if mode == "slowaccept" {
+                // Accept well within the connector's attach timeout.
+                std::thread::sleep(Duration::from_millis(300));
+            }
             let (s, _) = l.accept().expect("accept");
             (s, mode)
         }
@@ -877,6 +959,10 @@ fn main() {
         "client" if a.get(3).is_some_and(|m| m == "threads") => {
             let port: u16 = a[2].parse().expect("port");
             return threads_client(port);
+        }
+        "client" if a.get(3).is_some_and(|m| m == "nbslow" || m == "nbslow-epoll") => {
+            let port: u16 = a[2].parse().expect("port");
+            return nonblocking_slow_peer(port, a[3] == "nbslow-epoll");
         }
         "client" if a.get(3).is_some_and(|m| m == "nbconnect") => {
             let port: u16 = a[2].parse().expect("port");
@@ -894,7 +980,7 @@ fn main() {
     let fd = stream.as_raw_fd();
     let before = Instant::now();
     match (role, mode.as_str()) {
-        ("server", "echo") | ("server", "lateaccept") => echo_server(fd),
+        ("server", "echo") | ("server", "lateaccept") | ("server", "slowaccept") => echo_server(fd),
         ("client", "echo") => echo_client(fd),
         ("client", "shared") => shared_client(fd),
         ("server", "stdio") => stdio_server(fd),

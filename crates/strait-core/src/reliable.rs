@@ -14,11 +14,16 @@
 //!   selective-acknowledgement bitmap above it, so acknowledgements ride on data when
 //!   data flows both ways. A receiver acknowledges on its own after `ack_every`
 //!   packets or `ack_delay_ns` (delayed acknowledgement), and at once after a gap or
-//!   a duplicate (the NAK that triggers fast retransmission).
+//!   a duplicate (the NAK that triggers fast retransmission). While datagrams keep
+//!   arriving, its acknowledgements wait in the link for one doorbell when the link
+//!   runs dry, or go at once when they cover half the window (a receiver slower than
+//!   its sender must not hold the sender's window until it has handled it all).
 //! * **Retransmission.** On timeout (RTO from smoothed round-trip time measured with
-//!   echoed timestamps, exponential back-off) and fast, once a packet is missing
-//!   below three selectively acknowledged ones. Acknowledged and selectively
-//!   acknowledged packets give their link slots back at once.
+//!   echoed timestamps, exponential back-off; the timer runs from a packet's
+//!   transmission or the last acknowledged progress, whichever is later, as RFC 6298
+//!   restarts it) and fast, once a packet is missing below three selectively
+//!   acknowledged ones. Acknowledged and selectively acknowledged packets give their
+//!   link slots back at once.
 //! * **Fragmentation.** An engine frame up to [`ReliableConfig::max_frame`] bytes is
 //!   cut into as many packets as the link MTU needs and reassembled in order.
 //! * **Integrity.** Every packet carries a CRC32C over header and payload; a packet

@@ -810,9 +810,6 @@ impl Conn {
         }
         let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
         let mut sent = 0usize;
-        let ring = self.shm.ring;
-        let base = self.shm.data(self.tx());
-        let (mut vi, mut vo) = (0usize, 0usize);
         loop {
             if self.tx_broken() {
                 return if sent > 0 { Ok(sent) } else { Err(IoErr::Pipe) };
@@ -837,30 +834,8 @@ impl Conn {
                     _ => return Ok(sent),
                 }
             }
-            let mut n = (room as usize).min(want - sent);
-            let chunk = n;
-            let mut pos = tail;
-            while n > 0 {
-                let (p, l) = iov[vi];
-                let take = (l - vo).min(n);
-                let mut k = 0;
-                while k < take {
-                    let off = (pos % ring as u64) as usize;
-                    let m = (take - k).min(ring - off);
-                    // SAFETY: `off + m <= ring` inside our data area, which the ring
-                    // protocol gives to the producer (below the consumer's head + ring);
-                    // `p + vo + k + m <= p + l` inside the caller's buffer.
-                    unsafe { std::ptr::copy_nonoverlapping(p.add(vo + k), base.add(off), m) };
-                    k += m;
-                    pos += m as u64;
-                }
-                vo += take;
-                n -= take;
-                if vo == l {
-                    vi += 1;
-                    vo = 0;
-                }
-            }
+            let chunk = (room as usize).min(want - sent);
+            self.copy_in(tail, iov, sent, chunk);
             self.w(self.tx(), TAIL).store(tail + chunk as u64, Ordering::Release);
             drop(lock);
             self.wake_if(self.w(self.tx(), RSLEEP));
@@ -870,9 +845,6 @@ impl Conn {
             sent += chunk;
             if sent == want {
                 return Ok(sent);
-            }
-            while vi < iov.len() && iov[vi].1 == 0 {
-                vi += 1;
             }
         }
     }

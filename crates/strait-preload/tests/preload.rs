@@ -21,13 +21,24 @@ fn pair(server_preload: bool, client_preload: bool, smode: &str, cmode: &str) ->
 
 /// As [`pair`], with extra environment for the client.
 fn pair_env(sp: bool, cp: bool, smode: &str, cmode: &str, env: &[(&str, &str)]) -> (Out, Out) {
+    pair_with(sp, cp, smode, cmode, &[], env)
+}
+
+/// A server and a client of `mode`, each with or without strait and with extra
+/// environment; returns (server, client) output.
+fn pair_with(
+    sp: bool,
+    cp: bool,
+    smode: &str,
+    cmode: &str,
+    senv: &[(&str, &str)],
+    cenv: &[(&str, &str)],
+) -> (Out, Out) {
     let deadline = Instant::now() + TIMEOUT;
-    let (server, srx) = spawn_lines(&mut cmd(sp, &["server", smode]));
+    let (server, srx) = spawn_lines(cmd(sp, &["server", smode]).envs(senv.iter().copied()));
     let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
     let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
-    let mut c = cmd(cp, &["client", &port, cmode]);
-    c.envs(env.iter().copied());
-    let (client, crx) = spawn_lines(&mut c);
+    let (client, crx) = spawn_lines(cmd(cp, &["client", &port, cmode]).envs(cenv.iter().copied()));
     let c = finish(client, crx, String::new(), deadline);
     let s = finish(server, srx, first, deadline);
     (s, c)
@@ -203,21 +214,11 @@ fn stdio_streams_from_fdopen_carry_an_accelerated_socket() {
     assert!(s.stdout.contains("echoed 1734389") && s.stdout.contains("maps strait"), "{}", s.stdout);
 }
 
-/// A server and client of `mode` with `env` for both.
-fn pair_both_env(smode: &str, cmode: &str, env: &[(&str, &str)]) -> (Out, Out) {
-    let deadline = Instant::now() + TIMEOUT;
-    let (server, srx) = spawn_lines(cmd(true, &["server", smode]).envs(env.iter().copied()));
-    let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
-    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
-    let (client, crx) = spawn_lines(cmd(true, &["client", &port, cmode]).envs(env.iter().copied()));
-    let c = finish(client, crx, String::new(), deadline);
-    let s = finish(server, srx, first, deadline);
-    (s, c)
-}
+const MESSAGES: [(&str, &str); 1] = [("STRAIT_MESSAGES", "1")];
 
 #[test]
 fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() {
-    let (s, c) = pair_both_env("messages", "messages", &[("STRAIT_MESSAGES", "1")]);
+    let (s, c) = pair_with(true, true, "messages", "messages", &MESSAGES, &MESSAGES);
     check(&s, "server");
     check(&c, "client");
     assert!(
@@ -231,7 +232,7 @@ fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() 
     assert_eq!(accelerated(&s), 1);
     // A program that does not care about boundaries works the same in message mode
     // (writes and writev of every size, from a writer thread, echoed back).
-    let (s, c) = pair_both_env("echo", "echo", &[("STRAIT_MESSAGES", "1")]);
+    let (s, c) = pair_with(true, true, "echo", "echo", &MESSAGES, &MESSAGES);
     check(&s, "server");
     check(&c, "client");
     assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
@@ -239,7 +240,7 @@ fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() 
 
 #[test]
 fn message_mode_asked_by_one_end_only_stays_a_byte_stream() {
-    let (s, c) = pair_env(true, true, "sink", "source3000000", &[("STRAIT_MESSAGES", "1")]);
+    let (s, c) = pair_env(true, true, "sink", "source3000000", &MESSAGES);
     check(&s, "server");
     check(&c, "client");
     let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");

@@ -675,15 +675,13 @@ fn connections_to_the_hosts_own_addresses_are_accelerated_like_loopback() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Sends a few MB through `strait run -- socat` to an echoing server on `port` and
-/// checks that exactly the same bytes come back over shared memory.
-fn echo_through_socat(port: &str, seed: u32) {
-    let dir = std::env::temp_dir().join(format!("strait-socat-{}-{seed}", std::process::id()));
+/// Sends `data` through `strait run -- socat` to the server on `port` and checks that
+/// exactly `want` comes back, over shared memory.
+fn socat_round_trip(port: &str, tag: &str, data: &[u8], want: &[u8]) {
+    let dir = std::env::temp_dir().join(format!("strait-socat-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("mkdir");
     let input = dir.join("in.bin");
-    let data: Vec<u8> =
-        (0..3_000_000u32).map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 11) as u8).collect();
-    std::fs::write(&input, &data).expect("write");
+    std::fs::write(&input, data).expect("write");
     let out = run_for(
         strait_run(&["--stats", "--", "socat", "-t", "10", "-", &format!("TCP:127.0.0.1:{port}")])
             .stdin(std::fs::File::open(&input).expect("input")),
@@ -692,9 +690,17 @@ fn echo_through_socat(port: &str, seed: u32) {
     .expect("socat client finished");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(out.stdout == data, "{} of {} bytes came back, or different ones", out.stdout.len(), data.len());
+    assert!(out.stdout == want, "{} of {} bytes came back, or different ones", out.stdout.len(), want.len());
     assert_eq!(accelerated(&err), 1, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sends a few MB through `strait run -- socat` to an echoing server on `port` and
+/// checks that exactly the same bytes come back over shared memory.
+fn echo_through_socat(port: &str, seed: u32) {
+    let data: Vec<u8> =
+        (0..3_000_000u32).map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    socat_round_trip(port, &seed.to_string(), &data, &data);
 }
 
 #[test]
@@ -733,28 +739,8 @@ fn socat_execs_sed_whose_stdio_streams_are_the_accelerated_socket() {
             .expect("socat server"),
     );
     wait_listening(port.parse().expect("port"));
-    let dir = std::env::temp_dir().join(format!("strait-sed-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let input = dir.join("lines.txt");
     let text: String = (0..100_000).map(|i| format!("{i} banana split\n")).collect();
-    std::fs::write(&input, &text).expect("write");
-    let out = run_for(
-        strait_run(&["--stats", "--", "socat", "-t", "10", "-", &format!("TCP:127.0.0.1:{port}")])
-            .stdin(std::fs::File::open(&input).expect("input")),
-        Duration::from_secs(60),
-    )
-    .expect("socat client finished");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    let want = text.replace('a', "A");
-    assert!(
-        out.stdout == want.as_bytes(),
-        "{} of {} bytes came back, or different ones",
-        out.stdout.len(),
-        want.len()
-    );
-    assert_eq!(accelerated(&err), 1, "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
+    socat_round_trip(&port, "sed", text.as_bytes(), text.replace('a', "A").as_bytes());
 }
 
 /// A server that hands each accepted connection to `cat` with `subprocess.Popen`

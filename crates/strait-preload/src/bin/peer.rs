@@ -671,6 +671,13 @@ fn messages_server(fd: c_int) {
 }
 
 fn messages_client(fd: c_int) {
+    for (i, &len) in MESSAGE_SIZES.iter().enumerate() {
+        let m = message(i, len);
+        // SAFETY: a live buffer.
+        let r = unsafe { libc::write(fd, m.as_ptr().cast(), len) };
+        assert_eq!(r, len as isize, "message {i}: one write, all of it");
+    }
+    // (Settled by now: a non-blocking call before that would answer EAGAIN.)
     // SAFETY: fcntl on our socket.
     let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     // SAFETY: as above.
@@ -681,12 +688,6 @@ fn messages_client(fd: c_int) {
     assert!(r == -1 && errno() == libc::EMSGSIZE, "non-blocking message larger than the ring: {r}");
     // SAFETY: as above.
     unsafe { libc::fcntl(fd, libc::F_SETFL, fl) };
-    for (i, &len) in MESSAGE_SIZES.iter().enumerate() {
-        let m = message(i, len);
-        // SAFETY: a live buffer.
-        let r = unsafe { libc::write(fd, m.as_ptr().cast(), len) };
-        assert_eq!(r, len as isize, "message {i}: one write, all of it");
-    }
     let mut b = [0u8; 1];
     read_exact(fd, &mut b);
     // Let the server's read wait first.

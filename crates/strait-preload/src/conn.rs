@@ -275,6 +275,8 @@ pub struct Conn {
     /// Descriptors of this process that refer to this connection.
     pub fdrefs: AtomicUsize,
     released: AtomicBool,
+    /// Released before it was settled (see [`Conn::after_late_attach`]).
+    release_deferred: AtomicBool,
     /// Counted in the statistics (connector side, once attached).
     pub counted: AtomicBool,
     rlock: Mutex<()>,
@@ -284,6 +286,9 @@ pub struct Conn {
     pub(crate) remote: std::sync::OnceLock<Arc<crate::remote::Bridge>>,
     /// A connection to another host that is not settled yet.
     pub(crate) remote_pending: Mutex<Option<crate::remote::Pending>>,
+    /// The process that settles `remote_pending` (a forked child reads the decision
+    /// from the shared header instead: the parent's threads may hold the lock).
+    pub(crate) remote_settler: std::sync::atomic::AtomicU32,
     /// A connection to another host that settled on the kernel path.
     remote_kernel: AtomicBool,
 }
@@ -362,6 +367,7 @@ pub enum IoErr {
 impl Conn {
     pub fn new(shm: Shm, side: usize, fds: Carriers, nonblock: bool, pending: Option<PendingC>) -> Conn {
         let Carriers { my_efd, peer_efd, unix, vault } = fds;
+        let [my_efd, peer_efd, unix, vault] = [my_efd, peer_efd, unix, vault].map(crate::table::to_high);
         crate::table::add_internal(&[my_efd, peer_efd, unix, vault]);
         Conn {
             shm,
@@ -378,11 +384,13 @@ impl Conn {
             peer_dead: AtomicBool::new(false),
             fdrefs: AtomicUsize::new(1),
             released: AtomicBool::new(false),
+            release_deferred: AtomicBool::new(false),
             counted: AtomicBool::new(false),
             rlock: Mutex::new(()),
             wlock: Mutex::new(()),
             remote: std::sync::OnceLock::new(),
             remote_pending: Mutex::new(None),
+            remote_settler: std::sync::atomic::AtomicU32::new(0),
             remote_kernel: AtomicBool::new(false),
         }
     }
@@ -678,6 +686,7 @@ impl Conn {
         let mut asked = (p.asked >= 0).then_some(p.asked);
         if st == ATTACHED_B {
             if let Some(c) = asked.take() {
+                let c = crate::table::to_high(c);
                 crate::table::add_internal(&[c]);
                 let old = self.unix.swap(c, Ordering::Relaxed);
                 crate::table::remove_internal(&[old]);
@@ -1208,8 +1217,24 @@ impl Conn {
             return;
         }
         if !self.attached() {
+            // Not settled yet: if it attaches later, the hold ends then.
+            self.release_deferred.store(true, Ordering::Release);
             return;
         }
+        self.drop_hold();
+    }
+
+    /// A connection settled after the program closed it (a forked child may still
+    /// hold it): this process's hold ends now.
+    pub fn after_late_attach(&self) {
+        if self.release_deferred.swap(false, Ordering::AcqRel) && self.attached() {
+            self.drop_hold();
+        }
+    }
+
+    /// This process's hold ends: if it was the last, the peer reads end of stream and
+    /// its writes fail.
+    fn drop_hold(&self) {
         let h = self.shm.word(off_holders(self.side));
         if h.fetch_sub(1, Ordering::AcqRel) <= 1 {
             // Read-closed first: whoever sees write-closed also sees the close (a

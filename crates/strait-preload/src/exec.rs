@@ -23,9 +23,13 @@
 //! its environment), the handoff puts it back: without it the inherited socket
 //! would reach the idle kernel socket and its bytes would never arrive.
 //!
-//! Not carried: connections to other hosts (their bridge lives in this process's
-//! memory) and UDP sockets; both keep the kernel behaviour of an inherited socket
-//! that the new program's library does not know (see the crate README).
+//! Connections to other hosts: a forked child (or spawned program) hands them over
+//! like local ones, since the bridge that carries them lives in the parent, which
+//! stays. The process that bridges them cannot: the bridge lives in the memory the
+//! exec discards. Its connections end as at exit (what was written is sent, the peer
+//! reads end of stream), and their sockets are shut down, so the new program reads
+//! end of stream and its writes fail instead of meeting an idle kernel socket. UDP
+//! sockets are not carried (see the crate README).
 
 use std::ffi::{CStr, CString};
 use std::sync::atomic::Ordering;
@@ -100,6 +104,8 @@ struct Handoff {
     fds: Vec<c_int>,
     /// Connections given an extra hold for a spawned process.
     held: Vec<Arc<Conn>>,
+    /// Sockets of bridged connections that end with this program.
+    ended: Vec<c_int>,
 }
 
 impl Handoff {
@@ -131,7 +137,7 @@ fn inheritable_dup(fd: c_int) -> c_int {
 /// `new_process`: a spawned process (its own hold); `all`: also connections whose
 /// descriptors are all close-on-exec (spawn file actions may dup them to others).
 fn prepare(new_process: bool, all: bool) -> Handoff {
-    let mut h = Handoff { entry: None, fds: Vec::new(), held: Vec::new() };
+    let mut h = Handoff { entry: None, fds: Vec::new(), held: Vec::new(), ended: Vec::new() };
     let entries = table::entries();
     let mut records: Vec<String> = Vec::new();
     let mut done: Vec<*const Conn> = Vec::new();
@@ -151,6 +157,14 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
             continue;
         }
         let fds: Vec<c_int> = entries.iter().filter(|(_, x)| Arc::ptr_eq(x, &c)).map(|(f, _)| *f).collect();
+        // A connection to another host that this process bridges ends with this
+        // program (`end_bridges`); the new one must not talk to the idle kernel
+        // socket as if it were the connection: it reads end of stream, its writes
+        // fail. A forked child's (or a spawned program's) bridge stays with us.
+        if !new_process && c.remote.get().is_some_and(|b| b.owned_here()) {
+            h.ended.extend_from_slice(&fds);
+            continue;
+        }
         // SAFETY: plain syscall.
         let survives =
             fds.iter().any(|&f| unsafe { real::fcntl(f, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0);
@@ -285,6 +299,13 @@ fn exec_with(envp: *const *const c_char, call: impl FnOnce(*const *const c_char)
         return call(envp);
     }
     let h = prepare(false, false);
+    // Connections to other hosts bridged here end now, with their data sent; the
+    // new program finds their sockets shut.
+    crate::remote::end_bridges();
+    for &fd in &h.ended {
+        // SAFETY: shuts down the program's (idle) kernel socket.
+        unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+    }
     let Some(entry) = h.entry.as_ref() else {
         h.finish(false);
         return call(envp);

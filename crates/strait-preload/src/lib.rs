@@ -186,18 +186,24 @@ extern "C" fn before_fork() {
     // The child holds every connection too: the peer must not see end of stream
     // until both have closed it.
     let _ = catch_unwind(|| {
+        // (Connections still being settled too: a remote one settles in the parent
+        // after the fork, and the child must then count.)
         for c in table::all_conns() {
-            if c.attached() {
-                c.add_holder();
-            }
+            c.add_holder();
         }
         for u in udp::all() {
             u.add_holder();
         }
+        table::lock_for_fork();
     });
 }
 
+extern "C" fn in_parent() {
+    let _ = catch_unwind(table::unlock_after_fork);
+}
+
 extern "C" fn in_child() {
+    let _ = catch_unwind(table::unlock_after_fork);
     conn::after_fork_child();
     udp::after_fork_child();
     remote::after_fork_child();
@@ -209,8 +215,9 @@ extern "C" fn at_exit() {
 }
 
 extern "C" fn init() {
-    // SAFETY: registers plain extern "C" functions (the child's only bumps an atomic).
-    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child)) };
+    // SAFETY: registers plain extern "C" functions (they take and release library
+    // locks and touch atomics; nothing that could fail half-way).
+    unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
     // SAFETY: registers a plain extern "C" function (before the statistics line, so
     // it runs after it).
     unsafe { libc::atexit(at_exit) };

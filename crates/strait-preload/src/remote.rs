@@ -230,8 +230,16 @@ fn new_rings() -> Option<(c_int, Shm)> {
     if memfd < 0 {
         return None;
     }
-    // SAFETY: plain syscalls on the memfd we own.
-    let sized = unsafe { libc::ftruncate(memfd, (HDR + 2 * ring) as libc::off_t) == 0 };
+    // SAFETY: plain syscalls on the memfd we own. Sealed like a local connection's,
+    // so a program this one execs can check what it is handed.
+    let sized = unsafe {
+        libc::ftruncate(memfd, (HDR + 2 * ring) as libc::off_t) == 0
+            && real::fcntl(
+                memfd,
+                libc::F_ADD_SEALS,
+                (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
+            ) == 0
+    };
     let shm = if sized { Shm::map(memfd, ring) } else { None };
     let Some(shm) = shm else {
         close_all(&[memfd]);
@@ -332,10 +340,12 @@ fn new_conn(side: usize, nonblock: bool) -> Option<(Arc<Conn>, c_int, c_int)> {
         return None;
     }
     let (memfd, shm) = rings?;
+    // The vault lets a forked child that execs hand the rings to the new program.
+    let vault = crate::conn::vault_memfd(memfd);
     let conn = Arc::new(Conn::new(
         shm,
         side,
-        Carriers { my_efd: efd, peer_efd, unix: sp[0], vault: -1 },
+        Carriers { my_efd: efd, peer_efd, unix: sp[0], vault },
         nonblock,
         None,
     ));
@@ -442,8 +452,9 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
 /// other end never waits for this program to use the socket).
 pub fn register(fd: c_int, conn: Arc<Conn>, p: Pending) {
     *conn.remote_pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    conn.remote_settler.store(current_pid(), Ordering::Release);
     let bg = background();
-    bg.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&conn));
+    bg.pending.lock().unwrap_or_else(|e| e.into_inner()).push(conn.clone());
     ring_eventfd(bg.efd);
     if let Some(old) = crate::table::insert(fd, conn) {
         crate::table::drop_ref(old);
@@ -576,6 +587,21 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
 pub fn settle(_fd: c_int, conn: &Arc<Conn>) -> Option<bool> {
     if conn.remote.get().is_some() {
         return Some(true);
+    }
+    let settler = conn.remote_settler.load(Ordering::Acquire);
+    if settler != 0 && settler != current_pid() {
+        // A forked child of the process settling it: the parent decides (its
+        // threads may hold the pending state's lock, copied locked into this
+        // process), and its decision shows in the shared header.
+        let deadline = Instant::now() + Settings::get().attach_timeout * (ACCEPTOR_WAIT_FACTOR + 1);
+        loop {
+            match conn.state() {
+                ATTACHED => return Some(true),
+                KERNEL => return Some(false),
+                _ if Instant::now() >= deadline => return Some(false),
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
     }
     let mut slot = conn.remote_pending.lock().unwrap_or_else(|e| e.into_inner());
     if conn.remote.get().is_some() {
@@ -821,6 +847,7 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
             libc::fcntl(bridge_unix, libc::F_DUPFD_CLOEXEC, 0),
         )
     };
+    let (app_efd, unix) = (crate::table::to_high(app_efd), crate::table::to_high(unix));
     if app_efd < 0 || unix < 0 {
         close_all(&[app_efd, unix].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
         return None;
@@ -1057,6 +1084,11 @@ impl Bridge {
         if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0 {
             ring_eventfd(self.app_efd);
         }
+    }
+
+    /// True in the process that drives the device (not in a forked child).
+    pub fn owned_here(&self) -> bool {
+        self.owner == current_pid()
     }
 
     /// The UDP socket to sleep on, for a program thread waiting on this connection.
@@ -1333,7 +1365,10 @@ struct Background {
     efd: c_int,
     bridges: Mutex<Vec<Arc<Bridge>>>,
     /// Connections still agreeing on their path.
-    pending: Mutex<Vec<std::sync::Weak<Conn>>>,
+    /// (Held, not weak: a program that closes its socket before the connection is
+    /// settled may have forked a child that still holds it; once settled, the
+    /// connection ends if nobody does.)
+    pending: Mutex<Vec<Arc<Conn>>>,
 }
 
 /// The background thread of this process (a forked child starts its own: the
@@ -1367,26 +1402,26 @@ fn background() -> &'static Background {
 impl Background {
     /// Moves every pending connection on (one look each), adding what to wait for.
     fn settle_pending(&self, fds: &mut Vec<libc::pollfd>, ms: &mut c_int) {
-        let list: Vec<std::sync::Weak<Conn>> = self.pending.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let list: Vec<Arc<Conn>> = self.pending.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut done = Vec::new();
-        for w in &list {
-            let Some(conn) = w.upgrade() else {
-                done.push(w.clone());
-                continue;
-            };
+        for conn in &list {
             // The program is settling it itself right now: leave it.
             let Ok(mut slot) = conn.remote_pending.try_lock() else {
                 *ms = (*ms).min(5);
                 continue;
             };
             let Some(p) = slot.as_mut() else {
-                done.push(w.clone());
+                done.push(conn.clone());
                 continue;
             };
-            match step(&conn, p) {
+            match step(conn, p) {
                 Step::Done(ok) => {
-                    finish(&conn, &mut slot, ok);
-                    done.push(w.clone());
+                    finish(conn, &mut slot, ok);
+                    drop(slot);
+                    if ok {
+                        conn.after_late_attach();
+                    }
+                    done.push(conn.clone());
                 }
                 Step::Wait(fd, events) => {
                     fds.push(libc::pollfd { fd, events, revents: 0 });
@@ -1398,7 +1433,7 @@ impl Background {
             self.pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .retain(|w| !done.iter().any(|d| std::sync::Weak::ptr_eq(d, w)));
+                .retain(|c| !done.iter().any(|d| Arc::ptr_eq(d, c)));
         }
     }
 
@@ -1474,6 +1509,13 @@ impl Background {
 /// At exit: what the program wrote still reaches the peer (as the kernel would send
 /// it after the process is gone), bounded by `STRAIT_LINGER_MS` (default 2000).
 pub fn at_exit() {
+    end_bridges();
+}
+
+/// Closes every connection this process bridges and sends what they hold (at most
+/// `STRAIT_LINGER_MS`): at exit, and before an exec (the bridges live in this
+/// program's memory).
+pub fn end_bridges() {
     if !enabled() {
         return;
     }

@@ -134,6 +134,26 @@ pub fn remove_conn(conn: &Arc<Conn>) {
     CONNS.remove_all(conn)
 }
 
+/// The connection table's write lock, taken.
+type TableGuard = std::sync::RwLockWriteGuard<'static, Vec<Option<Arc<Conn>>>>;
+
+thread_local! {
+    /// The connection table's write lock, held by the forking thread across `fork`.
+    static FORK_GUARD: std::cell::RefCell<Option<TableGuard>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Before `fork`: no other thread may be inside the connection table (the child
+/// would inherit its lock taken, by a thread it does not have).
+pub fn lock_for_fork() {
+    let g = CONNS.fds.write().unwrap_or_else(|e| e.into_inner());
+    FORK_GUARD.with(|c| *c.borrow_mut() = Some(g));
+}
+
+/// After `fork`, in the parent and in the child.
+pub fn unlock_after_fork() {
+    FORK_GUARD.with(|c| drop(c.borrow_mut().take()));
+}
+
 /// All distinct connections (for fork).
 pub fn all_conns() -> Vec<Arc<Conn>> {
     CONNS.all()
@@ -248,4 +268,38 @@ pub fn any_internal() -> bool {
 /// True if `fd` is one of the library's own descriptors.
 pub fn is_internal(fd: c_int) -> bool {
     INTERNAL.contains(fd)
+}
+
+/// Where the library's long-lived descriptors go: above the numbers programs use.
+/// Programs size tables by descriptor number (wrk's event loop holds 10 + 3 per
+/// connection; select() stops at 1024), so a connection's eventfds, Unix socket and
+/// vault must not crowd the low numbers. Half the soft descriptor limit, at most 4096
+/// (the kernel sizes a process's descriptor table to its highest descriptor).
+fn high_base() -> c_int {
+    static BASE: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| {
+        // SAFETY: rlimit is plain old data; getrlimit fills it.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: a local rlimit.
+        let soft =
+            if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 { r.rlim_cur } else { 1024 };
+        (soft / 2).clamp(64, 4096) as c_int
+    })
+}
+
+/// Moves one of the library's own descriptors above the program's numbers (see
+/// [`high_base`]); keeps it where it is if that fails (descriptors are short).
+pub fn to_high(fd: c_int) -> c_int {
+    let base = high_base();
+    if fd < 0 || fd >= base {
+        return fd;
+    }
+    // SAFETY: plain syscalls on a descriptor the library owns.
+    let moved = unsafe { crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as usize) };
+    if moved < 0 {
+        return fd;
+    }
+    // SAFETY: the old number of the descriptor just duplicated.
+    unsafe { crate::real::close(fd) };
+    moved
 }

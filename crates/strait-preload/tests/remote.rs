@@ -139,6 +139,34 @@ fn a_forked_child_keeps_the_connection_and_a_late_accept_uses_the_kernel() {
 }
 
 #[test]
+fn a_program_a_child_execs_or_spawns_keeps_the_connection_between_hosts() {
+    // The child (vfork + exec, posix_spawn) takes the rings over; the bridge stays
+    // with the parent, which drives it for the new program.
+    for mode in ["vfork", "spawn", "spawn-actions"] {
+        let (s, c) = pair(mode, "echo");
+        check(&s, mode);
+        check(&c, mode);
+        assert!(c.stdout.contains("echo ok 1734389"), "{mode}: {}", c.stdout);
+        assert!(
+            s.stdout.contains("adopted ok") && s.stdout.contains("echoed 1734389"),
+            "{mode}: {}",
+            s.stdout
+        );
+        assert_eq!(common::stat_sum(&s, "inherited"), 1, "{mode}: {}", s.stderr);
+        assert_eq!(remote(&c), 1, "{mode}: {}", c.stderr);
+    }
+    // The process that bridges the connection execs: the bridge goes with its
+    // memory, so the connection ends there (the client sees it end, no hang) and the
+    // new program reads end of stream from the shut socket.
+    let t = Instant::now();
+    let (s, c) = pair("exec-v", "echo");
+    check(&s, "exec-v");
+    assert!(s.stdout.contains("adopted ok") && s.stdout.contains("echoed 0"), "{}", s.stdout);
+    assert!(!c.ok, "the client cannot have had its echo: {}", c.stdout);
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+}
+
+#[test]
 fn peer_death_between_hosts_ends_the_stream_promptly() {
     let t = Instant::now();
     let (s, c) = pair_env(true, true, "die", "die", &[]);

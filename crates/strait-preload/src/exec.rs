@@ -295,12 +295,14 @@ impl Env {
 
 /// Runs an exec-like `call` with the handoff in its environment `envp`.
 fn exec_with(envp: *const *const c_char, call: impl FnOnce(*const *const c_char) -> c_int) -> c_int {
+    // Connections to other hosts bridged here end now, as at exit, with their data
+    // sent (also those the program already closed: their bridges may still be
+    // sending); the new program finds their sockets shut.
     if !table::any_live() {
+        crate::remote::end_bridges();
         return call(envp);
     }
     let h = prepare(false, false);
-    // Connections to other hosts bridged here end now, with their data sent; the
-    // new program finds their sockets shut.
     crate::remote::end_bridges();
     for &fd in &h.ended {
         // SAFETY: shuts down the program's (idle) kernel socket.

@@ -214,7 +214,8 @@ fn stdio_streams_from_fdopen_carry_an_accelerated_socket() {
     assert!(s.stdout.contains("echoed 1734389") && s.stdout.contains("maps strait"), "{}", s.stdout);
 }
 
-const MESSAGES: [(&str, &str); 1] = [("STRAIT_MESSAGES", "1")];
+/// Message mode, with the 256 KiB ring the message test's sizes are chosen for.
+const MESSAGES: [(&str, &str); 2] = [("STRAIT_MESSAGES", "1"), ("STRAIT_RING_SIZE", "256K")];
 
 #[test]
 fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() {

@@ -631,7 +631,7 @@ fn stdio_server(fd: c_int) {
     std::process::exit(0);
 }
 
-/// Message sizes of the message-mode test (the ring is 256 KiB: 262_136 is the
+/// Message sizes of the message-mode test (the test sets a 256 KiB ring: 262_136 is the
 /// largest message that fits whole).
 const MESSAGE_SIZES: &[usize] = &[1, 7, 100, 4096, 65_536, 200_000, 262_136, 300_000, 1_000_000, 3];
 /// The message written while the server's read already waits (rendezvous).

@@ -490,7 +490,7 @@ impl Conn {
         if self.peer_dead.load(Ordering::Relaxed) {
             return true;
         }
-        if self.idle_polls.fetch_add(1, Ordering::Relaxed) % 64 != 0 {
+        if !self.idle_polls.fetch_add(1, Ordering::Relaxed).is_multiple_of(64) {
             return false;
         }
         self.check_peer()
@@ -601,7 +601,7 @@ impl Conn {
         let mut spins = 0u32;
         // The clock every 16 turns: the turn is what a waiting reader's latency is
         // made of.
-        while spins % 16 != 0 || Instant::now() < spin_end {
+        while !spins.is_multiple_of(16) || Instant::now() < spin_end {
             spins = spins.wrapping_add(1);
             self.pump_remote();
             if ready(self) {

@@ -21,6 +21,7 @@
 
 use thiserror::Error;
 
+pub mod crc;
 pub mod packet;
 
 /// Wire format version carried in the flags byte's high nibble.

@@ -795,13 +795,22 @@ impl Conn {
         }
     }
 
-    fn copy_out(&self, head: u64, skip: usize, len: usize, iov: &[(*mut u8, usize)]) {
+    /// Walks `len` bytes of direction `d`'s ring from position `pos` alongside the
+    /// caller's segments (pointer, length) from byte `skip` of them: `f(ring
+    /// address, caller address, bytes)` for each piece, which never wraps.
+    fn walk<P: Address>(
+        &self,
+        d: usize,
+        pos: u64,
+        segs: &[(P, usize)],
+        skip: usize,
+        len: usize,
+        mut f: impl FnMut(*mut u8, usize, usize),
+    ) {
         let ring = self.shm.ring;
-        let base = self.shm.data(self.rx());
-        let mut pos = head;
-        let mut left = len;
-        let mut skip = skip;
-        for &(p, l) in iov {
+        let base = self.shm.data(d);
+        let (mut pos, mut skip, mut left) = (pos, skip, len);
+        for &(p, l) in segs {
             if left == 0 {
                 break;
             }
@@ -809,20 +818,28 @@ impl Conn {
                 skip -= l;
                 continue;
             }
-            let mut dst = skip;
+            let p = p.address();
+            let mut at = skip;
             skip = 0;
-            while dst < l && left > 0 {
+            while at < l && left > 0 {
                 let off = (pos % ring as u64) as usize;
-                let n = (l - dst).min(left).min(ring - off);
-                // SAFETY: `off + n <= ring` inside our data area; `p + dst + n` is
-                // inside the caller's buffer (`dst + n <= l`). The source may change
-                // under us (hostile peer): we only copy bytes.
-                unsafe { std::ptr::copy_nonoverlapping(base.add(off), p.add(dst), n) };
-                dst += n;
+                let n = (l - at).min(left).min(ring - off);
+                // SAFETY: `off + n <= ring`: inside the data area of direction `d`.
+                f(unsafe { base.add(off) }, p + at, n);
+                at += n;
                 left -= n;
                 pos += n as u64;
             }
         }
+    }
+
+    fn copy_out(&self, head: u64, skip: usize, len: usize, iov: &[(*mut u8, usize)]) {
+        self.walk(self.rx(), head, iov, skip, len, |ring, user, n| {
+            // SAFETY: `n` bytes of our receive ring and of the caller's buffer (within
+            // its segment). The source may change under us (hostile peer): we only
+            // copy bytes.
+            unsafe { std::ptr::copy_nonoverlapping(ring, user as *mut u8, n) }
+        });
     }
 
     /// Writes from the iovecs (all of it when blocking).
@@ -1155,32 +1172,11 @@ impl Conn {
     /// Copies `len` bytes of `parts`, from byte `skip` of them, into our transmit
     /// ring at `tail`.
     fn copy_in(&self, tail: u64, parts: &[(*const u8, usize)], skip: usize, len: usize) {
-        let ring = self.shm.ring;
-        let base = self.shm.data(self.tx());
-        let mut pos = tail;
-        let mut skip = skip;
-        let mut left = len;
-        for &(p, l) in parts {
-            if left == 0 {
-                break;
-            }
-            if skip >= l {
-                skip -= l;
-                continue;
-            }
-            let mut src = skip;
-            skip = 0;
-            while src < l && left > 0 {
-                let off = (pos % ring as u64) as usize;
-                let m = (l - src).min(left).min(ring - off);
-                // SAFETY: `off + m <= ring` inside our data area, given to the producer
-                // by the ring protocol; `p + src + m <= p + l` inside the caller's data.
-                unsafe { std::ptr::copy_nonoverlapping(p.add(src), base.add(off), m) };
-                src += m;
-                left -= m;
-                pos += m as u64;
-            }
-        }
+        self.walk(self.tx(), tail, parts, skip, len, |ring, user, n| {
+            // SAFETY: `n` bytes of the caller's data (within its segment) into our
+            // transmit ring, which the ring protocol gives to the producer there.
+            unsafe { std::ptr::copy_nonoverlapping(user as *const u8, ring, n) }
+        });
     }
 
     pub fn fionread(&self) -> usize {
@@ -1267,6 +1263,23 @@ impl Conn {
             self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
             self.ring_bell();
         }
+    }
+}
+
+/// A caller's segment pointer, read or written (`Conn::walk`).
+trait Address: Copy {
+    fn address(self) -> usize;
+}
+
+impl Address for *mut u8 {
+    fn address(self) -> usize {
+        self as usize
+    }
+}
+
+impl Address for *const u8 {
+    fn address(self) -> usize {
+        self as usize
     }
 }
 

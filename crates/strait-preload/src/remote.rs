@@ -589,7 +589,11 @@ pub fn settle(_fd: c_int, conn: &Arc<Conn>) -> Option<bool> {
         return Some(true);
     }
     let settler = conn.remote_settler.load(Ordering::Acquire);
-    if settler != 0 && settler != current_pid() {
+    if settler == 0 {
+        // Never a connection to another host (the common, local case: no lock).
+        return None;
+    }
+    if settler != current_pid() {
         // A forked child of the process settling it: the parent decides (its
         // threads may hold the pending state's lock, copied locked into this
         // process), and its decision shows in the shared header.

@@ -37,7 +37,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -832,7 +832,12 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
     let rel = config_or_default(ReliableConfig::from_env());
     let (dev, link_fd): (Box<dyn Device + Send>, Option<c_int>) = match via {
         Via::Udp => {
-            let link = UdpLink::from_socket(p.udp.try_clone().ok()?, &udp_config()).ok()?;
+            // The link's socket lives as long as the connection: above the program's
+            // descriptor numbers, as the library's others (`table::to_high`).
+            let sock = crate::table::to_high(p.udp.try_clone().ok()?.into_raw_fd());
+            // SAFETY: `sock` is a UDP socket descriptor we own (just duplicated).
+            let sock = unsafe { UdpSocket::from_raw_fd(sock) };
+            let link = UdpLink::from_socket(sock, &udp_config()).ok()?;
             let fd = link.event_fd();
             (Box::new(Reliable::new(link, rel)), fd)
         }

@@ -256,6 +256,16 @@ pub trait Device {
         None
     }
 
+    /// Credits (eager messages outstanding per endpoint) this device wants if that
+    /// is more than the default [`crate::Config::credits`], or `None`. The engine takes
+    /// the larger of the two when the device is attached, unless the credits were
+    /// configured to something other than the default (then they are kept). A device whose doorbells cost system
+    /// calls asks for more, so that a stream of small messages is not held to a
+    /// credit return (and a doorbell on each side) per half of the default window.
+    fn credits_hint(&self) -> Option<u16> {
+        None
+    }
+
     /// Counters.
     fn stats(&self) -> DeviceStats;
 

@@ -157,14 +157,19 @@ pub(crate) fn complete_send(
 }
 
 impl EpState {
-    pub(crate) fn new(id: EpId, cfg: &Config, max_frame: usize) -> Self {
+    pub(crate) fn new(id: EpId, cfg: &Config, max_frame: usize, credits_hint: Option<u16>) -> Self {
         let max_payload = max_frame.saturating_sub(MAX_HEADER_LEN).max(1);
+        // A device's wish raises the default only: a count set on purpose is kept.
+        let credits = match credits_hint {
+            Some(h) if cfg.credits == Config::default().credits => h.max(cfg.credits),
+            _ => cfg.credits,
+        };
         EpState {
             id,
             failed: None,
             peer_closed: false,
-            window: cfg.credits,
-            credits: cfg.credits,
+            window: credits,
+            credits,
             credits_owed: 0,
             next_seq: 0,
             expected_seq: 0,

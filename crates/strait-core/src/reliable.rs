@@ -62,7 +62,7 @@ pub struct ReliableConfig {
     pub max_frame: usize,
     /// Packets that may be unacknowledged at once, and the receive window
     /// advertised to the peer. The link must offer at least `window + 16` transmit
-    /// slots. `STRAIT_REL_WINDOW`, default 256.
+    /// slots. `STRAIT_REL_WINDOW`, default 512.
     pub window: u32,
     /// A receiver acknowledges on its own after this many unacknowledged packets.
     /// `STRAIT_REL_ACK_EVERY`, default 8.
@@ -92,7 +92,7 @@ impl Default for ReliableConfig {
     fn default() -> Self {
         ReliableConfig {
             max_frame: 65536,
-            window: 256,
+            window: 512,
             ack_every: 8,
             ack_delay_ns: 50_000,
             rto_initial_ns: 20_000_000,
@@ -1145,6 +1145,14 @@ impl<L: Link> Reliable<L> {
 impl<L: Link> Device for Reliable<L> {
     fn max_frame_len(&self) -> usize {
         self.c.cfg.max_frame
+    }
+
+    /// Half the packet window (256 at the default 512): every message takes at
+    /// least one packet, so more would not help, and with the default 64 credits a
+    /// stream of small messages waited for a credit return every 32 messages, each
+    /// a doorbell on both sides (docs/PERFORMANCE.md section 7).
+    fn credits_hint(&self) -> Option<u16> {
+        Some((self.c.cfg.window / 2).min(u32::from(u16::MAX)) as u16)
     }
 
     fn send_frame(

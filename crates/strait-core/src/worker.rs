@@ -102,7 +102,7 @@ impl<D: Device> Worker<D> {
     /// Adds a connected device as a new endpoint.
     pub fn attach(&mut self, dev: D) -> EpId {
         let id = EpId(self.eps.len() as u32);
-        let st = EpState::new(id, &self.cfg, dev.max_frame_len());
+        let st = EpState::new(id, &self.cfg, dev.max_frame_len(), dev.credits_hint());
         self.eps.push(Some(Endpoint { dev, st }));
         id
     }

@@ -439,8 +439,8 @@ fn bare_send(d: &mut Reliable<TestLink>, len: usize) {
 fn an_acknowledgement_leaves_while_a_stream_still_arrives() {
     use strait_core::Device;
     let (net, mut a, mut b) = bare_pair(rel_cfg);
-    // Five frames of 42 packets, within the window of 256.
-    for _ in 0..5 {
+    // Nine frames of 42 packets, within the default window of 512.
+    for _ in 0..9 {
         bare_send(&mut a, 60_000);
     }
     net.ba.borrow_mut().queue.clear();
@@ -449,10 +449,11 @@ fn an_acknowledgement_leaves_while_a_stream_still_arrives() {
     assert!(b.recv_frame(&mut |_| frames += 1).expect("recv"));
     // One frame's acknowledgement waits for more (one doorbell for several) ...
     assert!(net.ba.borrow().queue.is_empty(), "acknowledged at once");
-    for _ in 0..3 {
+    // Six more: 7 x 42 = 294 packets, past half the window (256).
+    for _ in 0..6 {
         assert!(b.recv_frame(&mut |_| frames += 1).expect("recv"));
     }
-    assert_eq!(frames, 4);
+    assert_eq!(frames, 7);
     assert!(!net.ab.borrow().queue.is_empty(), "the rest of the stream is still waiting");
     // ... but not until the receiver has handled everything that arrived: once
     // the acknowledgements held back cover half the window, they leave.

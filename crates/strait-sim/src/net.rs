@@ -90,7 +90,8 @@ impl LinkParams {
 pub struct LinkConfig {
     /// Largest datagram, bytes (1500 as on Ethernet).
     pub mtu: usize,
-    /// Transmit slots. [`Reliable`] needs at least its window plus 16.
+    /// Transmit slots. [`Reliable`] needs at least its window plus 16 (default 576:
+    /// the default window of 512, plus room).
     pub slots: u32,
     /// Datagrams that may be queued between two flushes (the device ring).
     pub ring: usize,
@@ -101,7 +102,7 @@ pub struct LinkConfig {
 
 impl Default for LinkConfig {
     fn default() -> Self {
-        LinkConfig { mtu: 1500, slots: 320, ring: 256, rx_capacity: 4096 }
+        LinkConfig { mtu: 1500, slots: 576, ring: 256, rx_capacity: 4096 }
     }
 }
 

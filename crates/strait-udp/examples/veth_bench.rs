@@ -8,7 +8,8 @@
 //!   64-byte messages, and per datagram while streaming 1 MiB messages;
 //! * 1 MiB streaming bandwidth with 1% random loss on both sides (iptables).
 //!
-//! `cargo run --release -p strait-udp --example veth_bench [-- ROUNDS]` (default 3).
+//! `cargo run --release -p strait-udp --example veth_bench [-- ROUNDS [stream]]`
+//! (default 3 rounds; `stream`: only the 64-byte stream, for a syscall profile).
 //! `STRAIT_UDP_*` variables (e.g. `STRAIT_UDP_BACKEND=mmsg`) apply.
 
 use std::io::{Read, Write};
@@ -279,6 +280,7 @@ fn strait_stream(pair: &VethPair) -> Res<(f64, f64, f64)> {
                 w.post_recv(ep, mr, 0..64, 0, 0, i as u64).unwrap();
             }
             let d0 = w.device(ep).unwrap().rstats().link.doorbells;
+            let u0 = w.device(ep).unwrap().link().udp_stats();
             bar.wait();
             let t = Instant::now();
             let mut got = 0;
@@ -292,12 +294,14 @@ fn strait_stream(pair: &VethPair) -> Res<(f64, f64, f64)> {
             }
             let el = t.elapsed();
             let d = w.device(ep).unwrap().rstats().link.doorbells - d0;
+            let u = w.device(ep).unwrap().link().udp_stats();
             finish(w, ep, &bar);
-            (el, d)
+            (el, d, (u.tx_doorbells - u0.tx_doorbells, u.rx_doorbells - u0.rx_doorbells))
         });
         let (mut w, ep) = worker(a);
         let mr = MemoryRegion::new(64).unwrap();
         let d0 = w.device(ep).unwrap().rstats().link.doorbells;
+        let u0 = w.device(ep).unwrap().link().udp_stats();
         bar.wait();
         let mut posted = 0;
         let mut done = 0;
@@ -312,8 +316,19 @@ fn strait_stream(pair: &VethPair) -> Res<(f64, f64, f64)> {
             }
         }
         let d = w.device(ep).unwrap().rstats().link.doorbells - d0;
+        let u = w.device(ep).unwrap().link().udp_stats();
         finish(w, ep, &bar);
-        let (el, rd) = rx.join().unwrap();
+        let (el, rd, (rtx, rrx)) = rx.join().unwrap();
+        let per = |n: u64| n as f64 / STREAM_MSGS as f64;
+        println!(
+            "  64B stream doorbells/msg: sender {:.3} (submitting {:.3}, receive-only {:.3}), receiver {:.3} (submitting {:.3}, receive-only {:.3})",
+            per(d),
+            per(u.tx_doorbells - u0.tx_doorbells),
+            per(u.rx_doorbells - u0.rx_doorbells),
+            per(rd),
+            per(rtx),
+            per(rrx)
+        );
         (
             d as f64 / STREAM_MSGS as f64,
             (d + rd) as f64 / STREAM_MSGS as f64,
@@ -345,6 +360,14 @@ fn main() -> Res<()> {
         strait_core::Link::mtu(&probe)
     );
     drop(probe);
+    if std::env::args().nth(2).as_deref() == Some("stream") {
+        // The 64-byte stream alone (for `perf stat -e 'syscalls:sys_enter_*'`).
+        for r in 0..rounds {
+            let (d_tx, d_all, mps) = strait_stream(&pair)?;
+            println!("round {r}: 64B stream {mps:.0} msg/s, doorbells/msg {d_tx:.3} sender {d_all:.3} both");
+        }
+        return Ok(());
+    }
     let (mut s_med, mut s_p99, mut k_med, mut k_p99) = (vec![], vec![], vec![], vec![]);
     let (mut s_bw, mut t_bw, mut l_bw, mut dpd, mut retx) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut dpm_tx, mut dpm, mut rate) = (vec![], vec![], vec![]);

@@ -50,6 +50,11 @@ pub struct UdpConfig {
     /// `flush` or `arm_sleep` rings). 0 rings on every flush.
     /// `STRAIT_UDP_COALESCE_US`, default 8.
     pub coalesce_ns: u64,
+    /// Doorbell moderation while the link streams (its last doorbell carried at
+    /// least [`crate::STREAM_MIN`] datagrams, or its last receive pass handed out as
+    /// many): the window for sends and for entering the kernel to collect
+    /// receive completions. `STRAIT_UDP_STREAM_COALESCE_US`, default 32.
+    pub stream_coalesce_ns: u64,
     /// Socket send and receive buffer sizes (forced past `rmem_max` when
     /// permitted). `STRAIT_UDP_SOCKBUF`, default 8M.
     pub sock_buf: usize,
@@ -67,6 +72,7 @@ impl Default for UdpConfig {
             gro: true,
             zc_min: 0,
             coalesce_ns: 8_000,
+            stream_coalesce_ns: 32_000,
             sock_buf: 8 << 20,
         }
     }
@@ -150,6 +156,9 @@ impl UdpConfig {
         }
         if let Some(v) = env_num("STRAIT_UDP_COALESCE_US")? {
             c.coalesce_ns = v.saturating_mul(1000);
+        }
+        if let Some(v) = env_num("STRAIT_UDP_STREAM_COALESCE_US")? {
+            c.stream_coalesce_ns = v.saturating_mul(1000);
         }
         if let Some(v) = env_num("STRAIT_UDP_SOCKBUF")? {
             if !(64 << 10..=1 << 30).contains(&v) {

@@ -69,29 +69,94 @@ pub struct UdpStats {
     pub gro_trains: u64,
     /// Zero-copy sends.
     pub zc_sends: u64,
+    /// Doorbells (in [`LinkStats::doorbells`]) that submitted datagrams.
+    pub tx_doorbells: u64,
+    /// System calls made only for receiving: to let the kernel post receive
+    /// completions (cooperative task running), re-post a receive or flush an
+    /// overflowed completion ring (io_uring), or an empty `recvmmsg` (mmsg). Also
+    /// in [`LinkStats::doorbells`].
+    pub rx_doorbells: u64,
+    /// Doorbells rung while the link was streaming (the previous one that carried
+    /// datagrams carried at least [`STREAM_MIN`] of them): moderated by the longer
+    /// stream window.
+    pub stream_doorbells: u64,
 }
 
-/// Doorbell moderation: within `window` ns of the previous doorbell, a flush leaves
-/// its datagrams queued (up to half the ring), to be sent by the next doorbell.
+/// A doorbell that carries at least this many datagrams (or a receive pass that
+/// hands out at least this many) marks a stream: the next is moderated by the
+/// stream window.
+pub const STREAM_MIN: usize = 8;
+
+/// Doorbell moderation: within `window` ns of the previous doorbell that submitted
+/// datagrams, a flush leaves its datagrams queued (up to half the ring), to be sent
+/// by the next doorbell.
+///
+/// While the link streams (its last doorbell carried at least [`STREAM_MIN`]
+/// datagrams, or at least as many arrived since the doorbell before), the window is
+/// `stream_window`, and the io_uring backend also lets the kernel post receive
+/// completions at most once per stream window: a backlog makes batches, and longer
+/// batches make fewer system calls on both sides (acknowledgements included). A
+/// ping-pong moves one or two datagrams per doorbell, so it never waits longer than
+/// `window` (and, its round trip being longer than that, not at all); the first
+/// exchange after a stream may wait up to one stream window.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Moderation {
     window: u64,
+    stream_window: u64,
     batch: usize,
-    last: u64,
+    /// The last doorbell that submitted datagrams.
+    last_tx: u64,
+    /// The last doorbell of any kind (0: unknown).
+    last_any: u64,
+    streaming: bool,
+    /// Datagrams received by the last doorbell.
+    rx_mark: u64,
 }
 
 impl Moderation {
-    pub(crate) fn new(window: u64, ring: usize) -> Self {
-        Moderation { window, batch: (ring / 2).max(1), last: 0 }
+    pub(crate) fn new(window: u64, stream_window: u64, ring: usize) -> Self {
+        Moderation {
+            window,
+            stream_window: stream_window.max(window),
+            batch: (ring / 2).max(1),
+            last_tx: 0,
+            last_any: 0,
+            streaming: false,
+            rx_mark: 0,
+        }
     }
 
     /// Whether a flush with `queued` datagrams waiting should ring now.
     pub(crate) fn due(&self, now: u64, queued: usize) -> bool {
-        self.window == 0 || queued >= self.batch || now.saturating_sub(self.last) >= self.window
+        let window = if self.streaming { self.stream_window } else { self.window };
+        self.window == 0 || queued >= self.batch || now.saturating_sub(self.last_tx) >= window
     }
 
-    pub(crate) fn rang(&mut self, now: u64) {
-        self.last = now;
+    /// Whether the kernel should be let post waiting receive completions now.
+    pub(crate) fn rx_due(&self, now: u64) -> bool {
+        !self.streaming || self.window == 0 || now.saturating_sub(self.last_any) >= self.stream_window
+    }
+
+    /// Whether the link is streaming.
+    pub(crate) fn streaming(&self) -> bool {
+        self.streaming
+    }
+
+    /// A doorbell rang at `now` (0: time not read), submitting `sent` datagrams,
+    /// with `received` datagrams received in the link's life so far.
+    pub(crate) fn rang(&mut self, now: u64, sent: usize, received: u64) {
+        let got = received.wrapping_sub(self.rx_mark);
+        self.rx_mark = received;
+        if sent > 0 {
+            self.last_tx = now;
+        }
+        if now != 0 {
+            self.last_any = now;
+        }
+        // A doorbell that neither sent nor followed arrivals says nothing.
+        if sent > 0 || got > 0 {
+            self.streaming = sent >= STREAM_MIN || got >= STREAM_MIN as u64;
+        }
     }
 }
 
@@ -172,7 +237,7 @@ impl UdpLink {
         }
         let slot_len = mtu.next_multiple_of(64);
         let ring = cfg.ring as usize;
-        let moder = Moderation::new(cfg.coalesce_ns, ring);
+        let moder = Moderation::new(cfg.coalesce_ns, cfg.stream_coalesce_ns, ring);
         let rx_bufs = if cfg.rx_bufs == 0 { 256 } else { cfg.rx_bufs };
         let uring = match cfg.backend {
             Backend::Mmsg => None,
@@ -328,5 +393,38 @@ impl Link for UdpLink {
             Inner::Uring(u) => u.stats,
             Inner::Mmsg(m) => m.stats,
         }
+    }
+}
+
+#[cfg(test)]
+mod moderation_tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_widens_the_window_and_a_ping_pong_does_not() {
+        let mut m = Moderation::new(8_000, 64_000, 256);
+        assert!(m.due(1_000_000, 1), "idle: ring at once");
+        m.rang(1_000_000, 1, 1);
+        assert!(!m.due(1_004_000, 1));
+        assert!(m.due(1_008_000, 1));
+        // A doorbell with a stream's worth of datagrams.
+        m.rang(1_010_000, STREAM_MIN, 1);
+        assert!(m.streaming());
+        assert!(!m.due(1_030_000, 1), "streaming: the wider window holds");
+        assert!(m.due(1_030_000, 128), "half the ring rings at once");
+        assert!(m.due(1_074_000, 1));
+        assert!(!m.rx_due(1_030_000));
+        assert!(m.rx_due(1_074_000));
+        // A reap-only doorbell with nothing new keeps the state.
+        m.rang(1_080_000, 0, 1);
+        assert!(m.streaming());
+        // Arrivals alone make a stream too (a receiver's acknowledgements wait).
+        m.rang(1_090_000, 1, 1);
+        assert!(!m.streaming(), "one datagram each way: a ping-pong");
+        m.rang(1_100_000, 0, 1 + STREAM_MIN as u64);
+        assert!(m.streaming());
+        // Moderation off.
+        let m = Moderation::new(0, 64_000, 256);
+        assert!(m.due(1, 1) && m.rx_due(1));
     }
 }

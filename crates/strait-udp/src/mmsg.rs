@@ -273,7 +273,14 @@ impl MmsgLink {
 
     /// One `sendmmsg` for everything queued (until the socket buffer is full).
     pub(crate) fn ring_now(&mut self, now: u64) -> Result<(), LinkError> {
-        self.moder.rang(now);
+        let sent = self.txq.len().min(self.ring);
+        if sent > 0 {
+            self.ustats.tx_doorbells += 1;
+            if self.moder.streaming() {
+                self.ustats.stream_doorbells += 1;
+            }
+        }
+        self.moder.rang(now, sent, self.stats.datagrams_received);
         // A bounded number of tries: each sends something, drops the head, or stops
         // using GSO for the head (or for good).
         for _ in 0..4 {
@@ -451,6 +458,7 @@ impl MmsgLink {
             )
         };
         self.stats.doorbells += 1;
+        self.ustats.rx_doorbells += 1;
         if r < 0 {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {

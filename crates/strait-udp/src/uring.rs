@@ -439,9 +439,19 @@ impl UringLink {
 
     /// Submits everything queued: the doorbell.
     pub(crate) fn ring_now(&mut self, now: u64) -> Result<(), LinkError> {
-        self.moder.rang(now);
         self.reap();
+        let queued = self.txq.len();
         self.fill_sq();
+        let sent = queued - self.txq.len();
+        if sent > 0 {
+            self.ustats.tx_doorbells += 1;
+            if self.moder.streaming() {
+                self.ustats.stream_doorbells += 1;
+            }
+        } else {
+            self.ustats.rx_doorbells += 1;
+        }
+        self.moder.rang(now, sent, self.stats.datagrams_received);
         if !self.rx_armed {
             self.arm_recv();
         }
@@ -628,14 +638,19 @@ impl UringLink {
             }
             // Nothing arrived. Ring a deferred doorbell, re-post a finished receive,
             // or let the kernel flush completions that overflowed the ring.
-            let now = if self.txq.is_empty() { 0 } else { sys::now_ns() };
             let (overflow, taskrun) = {
                 let sq = self.ring.submission();
                 (sq.cq_overflow(), sq.taskrun())
             };
+            let now = if self.txq.is_empty() && !taskrun { 0 } else { sys::now_ns() };
+            // Completions wait for us in the kernel. While the link streams, the
+            // kernel is let post them once per stream window (the datagrams queue
+            // in the socket meanwhile), not once per arrival: one system call per
+            // batch.
+            let rx_due = taskrun && self.moder.rx_due(now);
             if !self.rx_armed
                 || overflow
-                || taskrun
+                || rx_due
                 || (!self.txq.is_empty() && self.moder.due(now, self.txq.len()))
             {
                 self.ring_now(now.max(1))?;

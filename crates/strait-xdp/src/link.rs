@@ -25,10 +25,11 @@ pub struct XdpConfig {
     pub geometry: XskGeometry,
     /// [`crate::XdpPort`] only: transmit frames one channel may hold at once (taken
     /// and not yet recycled). The reliability layer needs `window + 16`; the default,
-    /// 272, fits the default window of 256.
+    /// 528, fits the default window of 512.
     pub channel_tx_frames: u32,
     /// [`crate::XdpPort`] only: received frames queued for one channel until its
-    /// owner reads them; beyond that they are dropped and counted. Default 256.
+    /// owner reads them; beyond that they are dropped and counted. Default 512 (a
+    /// full default window).
     pub channel_rx_frames: u32,
 }
 
@@ -40,15 +41,15 @@ impl XdpConfig {
             ifname: ifname.to_owned(),
             queue: 0,
             geometry: XskGeometry::default(),
-            channel_tx_frames: 272,
-            channel_rx_frames: 256,
+            channel_tx_frames: 528,
+            channel_rx_frames: 512,
         }
     }
 
     /// Queue 0 of `ifname` with a geometry for an [`crate::XdpPort`] shared by many
     /// channels: 4096 transmit and 4096 receive frames of 2 KiB (16 MiB of UMEM),
-    /// enough for 16 channels at window 128 (or 15 at 256) with every channel's
-    /// window full at once. See docs/XDP.md for sizing.
+    /// enough for 16 channels at window 128 (15 at 256, 7 at the default 512) with
+    /// every channel's window full at once. See docs/XDP.md for sizing.
     pub fn for_port(ifname: &str) -> Self {
         XdpConfig {
             geometry: XskGeometry { frame_size: 2048, tx_frames: 4096, rx_frames: 4096 },

@@ -7,37 +7,16 @@
 //! (defaults 5 rounds of 256 messages; `only` skips kernel TCP, for a profiler).
 //! `STRAIT_UDP_*` and `STRAIT_REL_*` variables apply.
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use strait_core::{Config, MemoryRegion, OpKind, ReliableConfig, ReliableStats, Status, Worker};
+use strait_core::{MemoryRegion, OpKind, ReliableConfig, ReliableStats, Worker};
 use strait_udp::netns::VethPair;
 use strait_udp::{UdpConfig, UdpDevice, UdpLink};
 
-type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+use common::{kernel_tcp_bulk, median, next, worker_on as worker, Res, MIB};
 
-const MIB: usize = 1 << 20;
 const DEPTH: usize = 8;
-
-fn worker(dev: UdpDevice) -> (Worker<UdpDevice>, strait_core::EpId) {
-    let mut w = Worker::new(Config::from_env().unwrap_or_default()).expect("worker");
-    let ep = w.attach(dev);
-    let t = Instant::now();
-    while !w.device(ep).is_some_and(|d| d.is_established()) && t.elapsed() < Duration::from_secs(5) {
-        w.progress();
-    }
-    (w, ep)
-}
-
-fn next(w: &mut Worker<UdpDevice>, op: OpKind) -> strait_core::Completion {
-    loop {
-        let c = w.wait(Some(Duration::from_secs(10))).expect("wait");
-        assert_eq!(c.status, Status::Ok, "{c:?}");
-        if c.op == op {
-            return c;
-        }
-    }
-}
 
 /// Streams `msgs` messages of 1 MiB, `DEPTH` outstanding: (Gb/s, sender's and
 /// receiver's counters).
@@ -102,34 +81,6 @@ fn strait_bulk(pair: &VethPair, msgs: usize) -> Res<(f64, ReliableStats, Reliabl
         ((msgs * MIB) as f64 * 8.0 / el.as_secs_f64() / 1e9, st, rst)
     });
     Ok(r)
-}
-
-fn kernel_tcp_bulk(pair: &VethPair, msgs: usize) -> Res<f64> {
-    let (mut a, mut b) = pair.tcp_pair()?;
-    let el = std::thread::scope(|s| {
-        let rx = s.spawn(move || {
-            let mut buf = vec![0u8; MIB];
-            let mut left = msgs * MIB;
-            let t = Instant::now();
-            while left > 0 {
-                let n = b.read(&mut buf[..left.min(MIB)]).unwrap();
-                assert!(n > 0, "tcp closed early");
-                left -= n;
-            }
-            t.elapsed()
-        });
-        let buf = vec![1u8; MIB];
-        for _ in 0..msgs {
-            a.write_all(&buf).unwrap();
-        }
-        rx.join().unwrap()
-    });
-    Ok((msgs * MIB) as f64 * 8.0 / el.as_secs_f64() / 1e9)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn main() -> Res<()> {

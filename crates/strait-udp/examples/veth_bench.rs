@@ -12,21 +12,20 @@
 //! (default 3 rounds; `stream`: only the 64-byte stream, for a syscall profile).
 //! `STRAIT_UDP_*` variables (e.g. `STRAIT_UDP_BACKEND=mmsg`) apply.
 
-use std::io::{Read, Write};
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use strait_core::{Config, MemoryRegion, OpKind, ReliableConfig, Status, Worker};
+use strait_core::{MemoryRegion, OpKind, ReliableConfig, Status, Worker};
 use strait_udp::netns::VethPair;
 use strait_udp::{UdpConfig, UdpDevice, UdpLink};
 
-type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+use common::{kernel_tcp_bulk, median, next, pct, worker_on, Res, MIB};
 
 const PINGS: usize = 5000;
 const BULK_MSGS: usize = 96;
-const MIB: usize = 1 << 20;
 const STREAM_MSGS: usize = 100_000;
 
 fn warm(a: &UdpSocket, b: &UdpSocket) -> Res<()> {
@@ -70,24 +69,7 @@ fn devices(pair: &VethPair) -> Res<(Side, Side)> {
 /// A worker with the side's device attached, driven until the handshake is done.
 fn worker(side: Side) -> (Worker<UdpDevice>, strait_core::EpId) {
     let Side(sock, c, r) = side;
-    let dev = UdpLink::from_socket(sock, &c).expect("link").reliable(r);
-    let mut w = Worker::new(Config::from_env().unwrap_or_default()).expect("worker");
-    let ep = w.attach(dev);
-    let t = Instant::now();
-    while !w.device(ep).is_some_and(|d| d.is_established()) && t.elapsed() < Duration::from_secs(5) {
-        w.progress();
-    }
-    (w, ep)
-}
-
-fn next(w: &mut Worker<UdpDevice>, op: OpKind) -> strait_core::Completion {
-    loop {
-        let c = w.wait(Some(Duration::from_secs(10))).expect("wait");
-        assert_eq!(c.status, Status::Ok, "{c:?}");
-        if c.op == op {
-            return c;
-        }
-    }
+    worker_on(UdpLink::from_socket(sock, &c).expect("link").reliable(r))
 }
 
 /// Where the two sides of a measurement meet: before the timed part, and at the end.
@@ -244,29 +226,6 @@ fn strait_bulk(pair: &VethPair) -> Res<Bulk> {
     Ok(r)
 }
 
-fn kernel_tcp_bulk(pair: &VethPair) -> Res<f64> {
-    let (mut a, mut b) = pair.tcp_pair()?;
-    let el = std::thread::scope(|s| {
-        let rx = s.spawn(move || {
-            let mut buf = vec![0u8; MIB];
-            let mut left = BULK_MSGS * MIB;
-            let t = Instant::now();
-            while left > 0 {
-                let n = b.read(&mut buf[..left.min(MIB)]).unwrap();
-                assert!(n > 0, "tcp closed early");
-                left -= n;
-            }
-            t.elapsed()
-        });
-        let buf = vec![1u8; MIB];
-        for _ in 0..BULK_MSGS {
-            a.write_all(&buf).unwrap();
-        }
-        rx.join().unwrap()
-    });
-    Ok((BULK_MSGS * MIB) as f64 * 8.0 / el.as_secs_f64() / 1e9)
-}
-
 /// Streams STREAM_MSGS 64-byte messages; (doorbells per message both sides,
 /// messages per second).
 fn strait_stream(pair: &VethPair) -> Res<(f64, f64, f64)> {
@@ -338,15 +297,6 @@ fn strait_stream(pair: &VethPair) -> Res<(f64, f64, f64)> {
     Ok(r)
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    pct(&mut v, 0.5)
-}
-
 fn main() -> Res<()> {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(3);
     let pair = VethPair::create()?;
@@ -375,7 +325,7 @@ fn main() -> Res<()> {
         let mut s = strait_pingpong(&pair)?;
         let mut k = kernel_udp_pingpong(&pair)?;
         let sb = strait_bulk(&pair)?;
-        let tb = kernel_tcp_bulk(&pair)?;
+        let tb = kernel_tcp_bulk(&pair, BULK_MSGS)?;
         let (d_tx, d_all, mps) = strait_stream(&pair)?;
         pair.set_loss(0, 0.01)?;
         pair.set_loss(1, 0.01)?;

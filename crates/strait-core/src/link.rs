@@ -115,11 +115,22 @@ pub trait Link {
 
     /// Counters.
     fn stats(&self) -> LinkStats;
+
+    /// How many transmit slots this link has in all, if it knows: the reliability
+    /// layer keeps its window 16 below (a window its own unacknowledged packets
+    /// could fill would leave no slot for the acknowledgements and retransmissions
+    /// that free them).
+    fn tx_slots(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {
     fn mtu(&self) -> usize {
         (**self).mtu()
+    }
+    fn tx_slots(&self) -> Option<usize> {
+        (**self).tx_slots()
     }
     fn tx_alloc(&mut self) -> Option<u32> {
         (**self).tx_alloc()

@@ -775,7 +775,10 @@ impl<L: Link> Reliable<L> {
         let nonce = cfg.nonce.unwrap_or_else(random_u64);
         let my_id = (nonce as u32).max(1);
         let isn = (nonce >> 32) as u32;
-        let window = cfg.window.clamp(2, 32768);
+        // At most the link's slots less 16 (see `Link::tx_slots`): a larger window
+        // could livelock on slots held by its own unacknowledged packets.
+        let slot_cap = link.tx_slots().map_or(32768, |s| s.saturating_sub(16).clamp(2, 32768) as u32);
+        let window = cfg.window.clamp(2, 32768).min(slot_cap);
         let max_piece = link.mtu().saturating_sub(PACKET_HEADER_LEN).clamp(1, u16::MAX as usize);
         let now = link.now_ns();
         let rto = cfg.rto_initial_ns;

@@ -106,6 +106,9 @@ impl Link for TestLink {
     fn stats(&self) -> LinkStats {
         self.stats
     }
+    fn tx_slots(&self) -> Option<usize> {
+        Some(self.pool.count() as usize)
+    }
 }
 
 fn keep() -> Fate {

@@ -683,6 +683,10 @@ impl Link for SimLink {
         self.mtu
     }
 
+    fn tx_slots(&self) -> Option<usize> {
+        Some(self.pool.count() as usize)
+    }
+
     fn tx_alloc(&mut self) -> Option<u32> {
         self.pool.alloc()
     }

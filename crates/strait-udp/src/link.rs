@@ -317,6 +317,13 @@ impl Link for UdpLink {
         self.mtu
     }
 
+    fn tx_slots(&self) -> Option<usize> {
+        Some(match &self.inner {
+            Inner::Uring(u) => u.slots(),
+            Inner::Mmsg(m) => m.slots(),
+        })
+    }
+
     fn tx_alloc(&mut self) -> Option<u32> {
         match &mut self.inner {
             Inner::Uring(u) => u.tx_alloc(),

@@ -487,6 +487,10 @@ impl MmsgLink {
     pub(crate) fn slots_in_use(&self) -> usize {
         self.pool.in_use()
     }
+
+    pub(crate) fn slots(&self) -> usize {
+        self.pool.count() as usize
+    }
 }
 
 #[cfg(test)]

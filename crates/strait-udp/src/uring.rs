@@ -279,6 +279,10 @@ impl UringLink {
         self.pool.in_use()
     }
 
+    pub(crate) fn slots(&self) -> usize {
+        self.pool.count() as usize
+    }
+
     pub(crate) fn send(&mut self, slot: u32, len: usize) -> Result<bool, LinkError> {
         if slot >= self.pool.count() || len > self.pool.slot_len() {
             return Err(LinkError::BadSlot { slot, len });

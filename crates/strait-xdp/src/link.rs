@@ -178,6 +178,10 @@ impl Link for XdpLink {
         self.mtu
     }
 
+    fn tx_slots(&self) -> Option<usize> {
+        Some(self.tx.len())
+    }
+
     fn tx_alloc(&mut self) -> Option<u32> {
         if self.free.is_empty() {
             self.reap();

@@ -570,6 +570,12 @@ impl Link for XdpChannel {
         self.port.mtu
     }
 
+    fn tx_slots(&self) -> Option<usize> {
+        // Its cap; the pool it shares may hold fewer free at a time, which only
+        // makes channels wait for each other.
+        Some(self.port.channel_tx as usize)
+    }
+
     fn tx_alloc(&mut self) -> Option<u32> {
         let cap = self.port.channel_tx;
         let slot = {

@@ -61,8 +61,9 @@ pub struct ReliableConfig {
     /// `STRAIT_REL_MAX_FRAME`, default 65536.
     pub max_frame: usize,
     /// Packets that may be unacknowledged at once, and the receive window
-    /// advertised to the peer. The link must offer at least `window + 16` transmit
-    /// slots. `STRAIT_REL_WINDOW`, default 512.
+    /// advertised to the peer. Cut to the link's transmit slots less 16 when the
+    /// link says how many it has ([`Link::tx_slots`]). `STRAIT_REL_WINDOW`, default
+    /// 512.
     pub window: u32,
     /// A receiver acknowledges on its own after this many unacknowledged packets.
     /// `STRAIT_REL_ACK_EVERY`, default 8.

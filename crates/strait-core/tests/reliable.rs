@@ -134,13 +134,17 @@ fn rel_cfg(nonce: u64) -> ReliableConfig {
     }
 }
 
-fn pair(fate_ab: Fate, fate_ba: Fate) -> (Net, W, EpId, W, EpId) {
+/// Two reliable devices over test wires of these fates (`cfg` from each nonce).
+fn devices(
+    fate_ab: Fate,
+    fate_ba: Fate,
+    cfg: impl Fn(u64) -> ReliableConfig,
+) -> (Net, Reliable<TestLink>, Reliable<TestLink>) {
     let clock = Rc::new(Cell::new(1_000_000));
     let wire = |fate| {
         Rc::new(RefCell::new(Wire { queue: VecDeque::new(), fate, count: 0, latency: 20_000, cut: false }))
     };
-    let ab = wire(fate_ab);
-    let ba = wire(fate_ba);
+    let (ab, ba) = (wire(fate_ab), wire(fate_ba));
     let link = |out: &Rc<RefCell<Wire>>, inn: &Rc<RefCell<Wire>>| TestLink {
         pool: SlotPool::new(512, MTU),
         pending: Vec::new(),
@@ -149,13 +153,18 @@ fn pair(fate_ab: Fate, fate_ba: Fate) -> (Net, W, EpId, W, EpId) {
         clock: clock.clone(),
         stats: LinkStats::default(),
     };
-    let a = Reliable::new(link(&ab, &ba), rel_cfg(0x1111_2222_3333_4444));
-    let b = Reliable::new(link(&ba, &ab), rel_cfg(0x5555_6666_7777_8888));
+    let a = Reliable::new(link(&ab, &ba), cfg(0x1111_2222_3333_4444));
+    let b = Reliable::new(link(&ba, &ab), cfg(0x5555_6666_7777_8888));
+    (Net { clock, ab, ba }, a, b)
+}
+
+fn pair(fate_ab: Fate, fate_ba: Fate) -> (Net, W, EpId, W, EpId) {
+    let (net, a, b) = devices(fate_ab, fate_ba, rel_cfg);
     let mut wa = Worker::new(Config::default()).expect("worker");
     let mut wb = Worker::new(Config::default()).expect("worker");
     let ea = wa.attach(a);
     let eb = wb.attach(b);
-    (Net { clock, ab, ba }, wa, ea, wb, eb)
+    (net, wa, ea, wb, eb)
 }
 
 /// Progresses both workers; when neither has work, advances the clock to the next
@@ -400,21 +409,7 @@ fn close_delivers_everything_then_drains() {
 /// Two bare devices (no engine) over the test wires, past the handshake.
 fn bare_pair(cfg: impl Fn(u64) -> ReliableConfig) -> (Net, Reliable<TestLink>, Reliable<TestLink>) {
     use strait_core::Device;
-    let clock = Rc::new(Cell::new(1_000_000));
-    let wire = |fate| {
-        Rc::new(RefCell::new(Wire { queue: VecDeque::new(), fate, count: 0, latency: 20_000, cut: false }))
-    };
-    let (ab, ba) = (wire(keep()), wire(keep()));
-    let link = |out: &Rc<RefCell<Wire>>, inn: &Rc<RefCell<Wire>>| TestLink {
-        pool: SlotPool::new(512, MTU),
-        pending: Vec::new(),
-        out: out.clone(),
-        inn: inn.clone(),
-        clock: clock.clone(),
-        stats: LinkStats::default(),
-    };
-    let mut a = Reliable::new(link(&ab, &ba), cfg(0x1111_2222_3333_4444));
-    let mut b = Reliable::new(link(&ba, &ab), cfg(0x5555_6666_7777_8888));
+    let (net, mut a, mut b) = devices(keep(), keep(), cfg);
     for _ in 0..1000 {
         if a.is_established() && b.is_established() {
             break;
@@ -423,10 +418,10 @@ fn bare_pair(cfg: impl Fn(u64) -> ReliableConfig) -> (Net, Reliable<TestLink>, R
             let _ = d.recv_frame(&mut |_| {});
             let _ = d.check_peer();
         }
-        clock.set(clock.get() + 10_000);
+        net.clock.set(net.clock.get() + 10_000);
     }
     assert!(a.is_established() && b.is_established());
-    (Net { clock, ab, ba }, a, b)
+    (net, a, b)
 }
 
 /// Sends one frame of `len` bytes from `d` and pushes everything queued to the wire.

@@ -37,7 +37,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -324,8 +324,7 @@ const ACCEPTOR_WAIT_FACTOR: u32 = 2;
 fn new_conn(side: usize, nonblock: bool) -> Option<(Arc<Conn>, c_int, c_int)> {
     let efd = eventfd();
     let bg = background().efd;
-    // SAFETY: plain syscall.
-    let peer_efd = unsafe { libc::fcntl(bg, libc::F_DUPFD_CLOEXEC, 0) };
+    let peer_efd = crate::table::dup_high(bg);
     let mut sp = [-1; 2];
     // SAFETY: a local array of two descriptors.
     let paired = unsafe {
@@ -833,8 +832,11 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
     let (dev, link_fd): (Box<dyn Device + Send>, Option<c_int>) = match via {
         Via::Udp => {
             // The link's socket lives as long as the connection: above the program's
-            // descriptor numbers, as the library's others (`table::to_high`).
-            let sock = crate::table::to_high(p.udp.try_clone().ok()?.into_raw_fd());
+            // descriptor numbers, as the library's others.
+            let sock = crate::table::dup_high(p.udp.as_raw_fd());
+            if sock < 0 {
+                return None;
+            }
             // SAFETY: `sock` is a UDP socket descriptor we own (just duplicated).
             let sock = unsafe { UdpSocket::from_raw_fd(sock) };
             let link = UdpLink::from_socket(sock, &udp_config()).ok()?;
@@ -849,14 +851,7 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
         }
     };
     let shm = Shm::map(memfd, Settings::get().ring)?;
-    // SAFETY: plain syscalls duplicating descriptors we hold.
-    let (app_efd, unix) = unsafe {
-        (
-            libc::fcntl(conn.my_efd, libc::F_DUPFD_CLOEXEC, 0),
-            libc::fcntl(bridge_unix, libc::F_DUPFD_CLOEXEC, 0),
-        )
-    };
-    let (app_efd, unix) = (crate::table::to_high(app_efd), crate::table::to_high(unix));
+    let (app_efd, unix) = (crate::table::dup_high(conn.my_efd), crate::table::dup_high(bridge_unix));
     if app_efd < 0 || unix < 0 {
         close_all(&[app_efd, unix].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
         return None;

@@ -287,15 +287,28 @@ fn high_base() -> c_int {
     })
 }
 
+/// A close-on-exec duplicate of `fd` for the library's own use, above the program's
+/// numbers (see [`high_base`]) if there is room there, else anywhere; -1 on failure.
+pub fn dup_high(fd: c_int) -> c_int {
+    // SAFETY: plain syscalls duplicating a descriptor the caller holds.
+    unsafe {
+        let d = crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_base() as usize);
+        if d >= 0 {
+            d
+        } else {
+            crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0)
+        }
+    }
+}
+
 /// Moves one of the library's own descriptors above the program's numbers (see
 /// [`high_base`]); keeps it where it is if that fails (descriptors are short).
 pub fn to_high(fd: c_int) -> c_int {
-    let base = high_base();
-    if fd < 0 || fd >= base {
+    if fd < 0 || fd >= high_base() {
         return fd;
     }
-    // SAFETY: plain syscalls on a descriptor the library owns.
-    let moved = unsafe { crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as usize) };
+    // SAFETY: plain syscall on a descriptor the library owns.
+    let moved = unsafe { crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_base() as usize) };
     if moved < 0 {
         return fd;
     }

@@ -123,6 +123,16 @@ pub trait Link {
     fn tx_slots(&self) -> Option<usize> {
         None
     }
+
+    /// Whether the carrier itself verifies every datagram's bytes before the link
+    /// hands them over (UDP's checksum, checked by the kernel or the NIC). The
+    /// reliability layer then accepts packets whose CRC covers only the header, and
+    /// sends such packets unless told otherwise: a second pass over every payload
+    /// byte would find nothing the carrier did not. Links over raw frames or the
+    /// simulator's corrupting network keep the default, `false`.
+    fn carrier_checksum(&self) -> bool {
+        false
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {
@@ -131,6 +141,9 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn tx_slots(&self) -> Option<usize> {
         (**self).tx_slots()
+    }
+    fn carrier_checksum(&self) -> bool {
+        (**self).carrier_checksum()
     }
     fn tx_alloc(&mut self) -> Option<u32> {
         (**self).tx_alloc()

@@ -26,7 +26,9 @@
 //!   link slots back at once.
 //! * **Fragmentation.** An engine frame up to [`ReliableConfig::max_frame`] bytes is
 //!   cut into as many packets as the link MTU needs and reassembled in order.
-//! * **Integrity.** Every packet carries a CRC32C over header and payload; a packet
+//! * **Integrity.** Every packet carries a CRC32C over header and payload (over the
+//!   header only where the link's carrier checks payloads itself, as UDP's checksum
+//!   does: [`Link::carrier_checksum`], [`ReliableConfig::payload_crc`]); a packet
 //!   that fails it, or any other check (version, kind, reserved bits, length,
 //!   connection ids, sequence window, acknowledgement range), is counted and dropped.
 //!   Datagrams from strangers never end a connection.
@@ -47,7 +49,8 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 
 use strait_wire::packet::{
-    self, PacketError, PacketHeader, PacketKind, FLAG_ACK_NOW, FLAG_FIRST, FLAG_LAST, PACKET_HEADER_LEN,
+    self, CrcCoverage, PacketError, PacketHeader, PacketKind, FLAG_ACK_NOW, FLAG_FIRST, FLAG_LAST,
+    PACKET_HEADER_LEN,
 };
 
 use crate::config::{env_num, ConfigError};
@@ -84,6 +87,9 @@ pub struct ReliableConfig {
     /// Something unanswered this long means the peer is gone.
     /// `STRAIT_REL_LIVENESS_MS`, default 5000.
     pub liveness_ns: u64,
+    /// Cover payloads with the CRC even where the link's carrier checks them itself
+    /// ([`Link::carrier_checksum`]). `STRAIT_REL_PAYLOAD_CRC` = 0/1, default 0.
+    pub payload_crc: bool,
     /// Connection id and first sequence number seed; `None` draws them from the
     /// kernel's random pool. The simulator sets it for reproducible runs.
     pub nonce: Option<u64>,
@@ -101,6 +107,7 @@ impl Default for ReliableConfig {
             rto_max_ns: 200_000_000,
             keepalive_ns: 250_000_000,
             liveness_ns: 5_000_000_000,
+            payload_crc: false,
             nonce: None,
         }
     }
@@ -158,6 +165,19 @@ impl ReliableConfig {
         if let Some(v) = env_num("STRAIT_REL_LIVENESS_MS")? {
             c.liveness_ns = positive("STRAIT_REL_LIVENESS_MS", v)? * 1_000_000;
         }
+        if let Some(v) = env_num("STRAIT_REL_PAYLOAD_CRC")? {
+            c.payload_crc = match v {
+                0 => false,
+                1 => true,
+                _ => {
+                    return Err(ConfigError {
+                        var: "STRAIT_REL_PAYLOAD_CRC",
+                        value: v.to_string(),
+                        why: "must be 0 or 1",
+                    })
+                }
+            };
+        }
         Ok(c)
     }
 }
@@ -185,7 +205,8 @@ pub struct ReliableStats {
     pub duplicates: u64,
     /// Packets kept for later because an earlier one was missing.
     pub out_of_order: u64,
-    /// Packets dropped: CRC mismatch.
+    /// Packets dropped: CRC mismatch, or a header-only CRC over a carrier that does
+    /// not check payloads.
     pub bad_checksum: u64,
     /// Packets dropped: malformed header (short, version, kind, flags, length).
     pub bad_header: u64,
@@ -260,6 +281,9 @@ fn random_u64() -> u64 {
 /// (slots to give back, a reset to send) is recorded here and done afterwards.
 struct Conn {
     cfg: ReliableConfig,
+    /// The link's carrier checks payloads: packets whose CRC covers only the header
+    /// are accepted.
+    carrier_checked: bool,
     my_id: u32,
     peer_id: u32,
     /// The peer has addressed a packet to `my_id`.
@@ -522,11 +546,11 @@ impl Conn {
         now: u64,
         deliver: &mut dyn FnMut(&RxFrame<'_>),
     ) -> Result<bool, DeviceError> {
-        let h = match packet::open(d) {
+        let h = match packet::open_with(d, self.carrier_checked) {
             Ok(h) => h,
             Err(e) => {
                 match e {
-                    PacketError::Checksum => self.rstats.bad_checksum += 1,
+                    PacketError::Checksum | PacketError::HeaderOnlyChecksum => self.rstats.bad_checksum += 1,
                     _ => self.rstats.bad_header += 1,
                 }
                 self.dstats.frames_rejected += 1;
@@ -761,6 +785,8 @@ pub struct Reliable<L: Link> {
     c: Conn,
     /// Largest piece of a frame one packet carries.
     max_piece: usize,
+    /// What the CRC of an outgoing packet covers.
+    coverage: CrcCoverage,
     /// Slots, and their payload areas, of a frame being cut into packets.
     slots: Vec<u32>,
     pieces: Pieces,
@@ -786,7 +812,11 @@ impl<L: Link> Reliable<L> {
         // A frame must fit in half the window, or it could never be sent while
         // anything else is unacknowledged.
         let max_frame = cfg.max_frame.clamp(1, (window as usize / 2).max(1) * max_piece);
+        let carrier_checked = link.carrier_checksum();
+        let coverage =
+            if carrier_checked && !cfg.payload_crc { CrcCoverage::Header } else { CrcCoverage::Full };
         let c = Conn {
+            carrier_checked,
             cfg: ReliableConfig { window, max_frame, ..cfg },
             my_id,
             peer_id: 0,
@@ -837,6 +867,7 @@ impl<L: Link> Reliable<L> {
             link,
             c,
             max_piece,
+            coverage,
             slots: Vec::new(),
             pieces: Pieces(Vec::new()),
             unflushed: false,
@@ -892,7 +923,7 @@ impl<L: Link> Reliable<L> {
         let b = self.link.tx_buf(slot);
         h.encode(b);
         b[PACKET_HEADER_LEN..len].copy_from_slice(payload);
-        packet::seal(&mut b[..len]);
+        packet::seal_with(&mut b[..len], self.coverage);
         let sent = match self.link.send(slot, len) {
             Ok(ok) => ok,
             Err(e) => {
@@ -932,7 +963,7 @@ impl<L: Link> Reliable<L> {
         let len = PACKET_HEADER_LEN + payload_len;
         let b = self.link.tx_buf(slot);
         h.encode(b);
-        packet::seal(&mut b[..len]);
+        packet::seal_with(&mut b[..len], self.coverage);
         self.c.inflight.push_back(TxPkt {
             seq,
             slot: Some(slot),

@@ -34,6 +34,8 @@ struct TestLink {
     inn: Rc<RefCell<Wire>>,
     clock: Rc<Cell<u64>>,
     stats: LinkStats,
+    /// Claims a carrier that checks payloads (as UDP's checksum does).
+    checked: bool,
 }
 
 impl Link for TestLink {
@@ -109,6 +111,9 @@ impl Link for TestLink {
     fn tx_slots(&self) -> Option<usize> {
         Some(self.pool.count() as usize)
     }
+    fn carrier_checksum(&self) -> bool {
+        self.checked
+    }
 }
 
 fn keep() -> Fate {
@@ -140,21 +145,32 @@ fn devices(
     fate_ba: Fate,
     cfg: impl Fn(u64) -> ReliableConfig,
 ) -> (Net, Reliable<TestLink>, Reliable<TestLink>) {
+    devices_over(fate_ab, fate_ba, cfg, [false, false])
+}
+
+/// [`devices`] whose links claim (or not) carriers that check payloads.
+fn devices_over(
+    fate_ab: Fate,
+    fate_ba: Fate,
+    cfg: impl Fn(u64) -> ReliableConfig,
+    checked: [bool; 2],
+) -> (Net, Reliable<TestLink>, Reliable<TestLink>) {
     let clock = Rc::new(Cell::new(1_000_000));
     let wire = |fate| {
         Rc::new(RefCell::new(Wire { queue: VecDeque::new(), fate, count: 0, latency: 20_000, cut: false }))
     };
     let (ab, ba) = (wire(fate_ab), wire(fate_ba));
-    let link = |out: &Rc<RefCell<Wire>>, inn: &Rc<RefCell<Wire>>| TestLink {
+    let link = |out: &Rc<RefCell<Wire>>, inn: &Rc<RefCell<Wire>>, checked| TestLink {
         pool: SlotPool::new(512, MTU),
         pending: Vec::new(),
         out: out.clone(),
         inn: inn.clone(),
         clock: clock.clone(),
         stats: LinkStats::default(),
+        checked,
     };
-    let a = Reliable::new(link(&ab, &ba), cfg(0x1111_2222_3333_4444));
-    let b = Reliable::new(link(&ba, &ab), cfg(0x5555_6666_7777_8888));
+    let a = Reliable::new(link(&ab, &ba, checked[0]), cfg(0x1111_2222_3333_4444));
+    let b = Reliable::new(link(&ba, &ab, checked[1]), cfg(0x5555_6666_7777_8888));
     (Net { clock, ab, ba }, a, b)
 }
 
@@ -279,6 +295,59 @@ fn corrupted_datagrams_are_caught_and_never_delivered() {
     stream(&net, &mut wa, ea, &mut wb, eb, SIZES);
     let sb = wb.device(eb).expect("dev").rstats();
     assert!(sb.bad_checksum > 0, "{sb:?}");
+}
+
+/// Over carriers that check payloads themselves (UDP's checksum) the CRC covers the
+/// header only, unless `payload_crc` asks for more: every size still arrives intact,
+/// a corrupted header is still caught, and a receiver whose carrier does not check
+/// payloads refuses header-only packets instead of trusting them.
+#[test]
+fn header_only_crc_over_a_checking_carrier() {
+    use strait_wire::packet::FLAG_HEADER_CRC;
+    for payload_crc in [false, true] {
+        let flagged = Rc::new(Cell::new((0u64, 0u64)));
+        let count = |flagged: &Rc<Cell<(u64, u64)>>| -> Fate {
+            let f = flagged.clone();
+            Box::new(move |n, d| {
+                let (h, all) = f.get();
+                f.set((h + u64::from(d[2] & FLAG_HEADER_CRC != 0), all + 1));
+                // Every 9th datagram b-bound gets a header bit flipped.
+                if n % 9 == 4 {
+                    d[13] ^= 0x04;
+                }
+                1
+            })
+        };
+        let cfg = |nonce| ReliableConfig { payload_crc, ..rel_cfg(nonce) };
+        let (net, a, b) = devices_over(count(&flagged), keep(), cfg, [true, true]);
+        let mut wa = Worker::new(Config::default()).expect("worker");
+        let mut wb = Worker::new(Config::default()).expect("worker");
+        let (ea, eb) = (wa.attach(a), wb.attach(b));
+        stream(&net, &mut wa, ea, &mut wb, eb, SIZES);
+        let (header_only, all) = flagged.get();
+        assert!(all > 700, "{all} datagrams");
+        if payload_crc {
+            assert_eq!(header_only, 0, "payload_crc set, yet {header_only} of {all} header-only");
+        } else {
+            assert_eq!(header_only, all, "a packet kept its payload CRC");
+        }
+        let sb = wb.device(eb).expect("dev").rstats();
+        assert!(sb.bad_checksum > 0, "header corruption unnoticed: {sb:?}");
+    }
+    // A sender over a checking carrier, a receiver over one that does not check.
+    let (net, mut a, mut b) = devices_over(keep(), keep(), rel_cfg, [true, false]);
+    {
+        use strait_core::Device;
+        for _ in 0..200 {
+            for d in [&mut a, &mut b] {
+                let _ = d.recv_frame(&mut |_| {});
+                let _ = d.check_peer();
+            }
+            net.clock.set(net.clock.get() + 100_000);
+        }
+    }
+    let sb = b.rstats();
+    assert!(!b.is_established() && sb.bad_checksum > 0, "{sb:?}");
 }
 
 #[test]

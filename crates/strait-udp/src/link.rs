@@ -189,6 +189,9 @@ pub struct UdpLink {
     sock: UdpSocket,
     mtu: usize,
     backend: Backend,
+    /// The socket sends UDP checksums (no one switched them off on the socket we
+    /// were given): see [`Link::carrier_checksum`].
+    checksummed: bool,
 }
 
 impl UdpLink {
@@ -231,6 +234,15 @@ impl UdpLink {
         }
         .map_err(|source| UdpError::Io { op: "getsockopt(IP_MTU)", source })?;
         let from_path = (path_mtu.max(0) as usize).saturating_sub(hdr).min(65507);
+        // A caller's socket may have UDP checksums switched off for sending (then
+        // every packet keeps its payload CRC).
+        const UDP_NO_CHECK6_TX: libc::c_int = 101;
+        let no_check = if v6 {
+            sys::getsockopt_int(fd, libc::IPPROTO_UDP, UDP_NO_CHECK6_TX)
+        } else {
+            sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK)
+        };
+        let checksummed = matches!(no_check, Ok(0));
         let mtu = if cfg.max_datagram > 0 { cfg.max_datagram.min(from_path) } else { from_path };
         if mtu < 256 {
             return Err(UdpError::MtuTooSmall(mtu));
@@ -262,7 +274,7 @@ impl UdpLink {
                 (Inner::Mmsg(Box::new(m)), Backend::Mmsg)
             }
         };
-        Ok(UdpLink { inner, sock, mtu, backend })
+        Ok(UdpLink { inner, sock, mtu, backend, checksummed })
     }
 
     /// Wraps the link in the reliability layer: the device to attach to a worker.
@@ -315,6 +327,12 @@ impl UdpLink {
 impl Link for UdpLink {
     fn mtu(&self) -> usize {
         self.mtu
+    }
+
+    fn carrier_checksum(&self) -> bool {
+        // Every datagram carries UDP's checksum and the kernel (or the NIC) drops
+        // one that fails it before the link sees it.
+        self.checksummed
     }
 
     fn tx_slots(&self) -> Option<usize> {

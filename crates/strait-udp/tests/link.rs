@@ -323,6 +323,8 @@ fn mmsg_gso_refused_falls_back() {
     let c = cfg(Backend::Mmsg);
     let mut a = UdpLink::from_socket(sa, &c).unwrap();
     let mut b = UdpLink::from_socket(sb, &c).unwrap();
+    // Without UDP's checksum the reliability layer keeps its payload CRC.
+    assert!(!a.carrier_checksum() && b.carrier_checksum());
     let (a_rung, _) = one_flush(&mut a, &mut b, 100);
     let ua = a.udp_stats();
     assert_eq!((ua.gso_refused, ua.gso_sends, ua.tx_errors), (1, 0, 0), "{ua:?}");
@@ -345,6 +347,7 @@ fn veth_datagrams_both_backends_v4_v6() {
             let mut b = UdpLink::from_socket(sb, &c).unwrap();
             let mtu = a.mtu();
             assert_eq!(mtu, if v6 { 1452 } else { 1472 });
+            assert!(a.carrier_checksum() && b.carrier_checksum(), "v6 {v6}");
             let lens: Vec<usize> = (0..1000).map(|i| [4, 64, 1000, mtu][i % 4]).collect();
             exchange(&mut a, &mut b, &lens, 100);
             exchange(&mut b, &mut a, &lens, 7);

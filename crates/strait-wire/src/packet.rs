@@ -6,7 +6,10 @@
 //! a cumulative acknowledgement and a 64-packet selective-acknowledgement bitmap, so
 //! acknowledgements ride on data whenever data flows. The CRC32C covers the header
 //! (with the CRC field zero) and the payload; a packet whose CRC does not match is
-//! dropped before any field is trusted.
+//! dropped before any field is trusted. Over a carrier that checks every datagram's
+//! bytes itself (UDP's checksum, verified by the kernel or the NIC) the sender may
+//! set [`FLAG_HEADER_CRC`]: the CRC then covers the header only, and only a receiver
+//! that trusts its carrier the same way ([`open_with`]) accepts such a packet.
 //!
 //! Layout (little-endian):
 //!
@@ -14,7 +17,7 @@
 //! |---|---|---|
 //! | 0 | 1 | version ([`PACKET_VERSION`]) |
 //! | 1 | 1 | kind ([`PacketKind`]) |
-//! | 2 | 1 | flags ([`FLAG_FIRST`], [`FLAG_LAST`], [`FLAG_ACK_NOW`]) |
+//! | 2 | 1 | flags ([`FLAG_FIRST`], [`FLAG_LAST`], [`FLAG_ACK_NOW`], [`FLAG_HEADER_CRC`]) |
 //! | 3 | 1 | reserved, zero |
 //! | 4 | 4 | destination connection id (0 in a first SYN) |
 //! | 8 | 4 | source connection id |
@@ -40,7 +43,11 @@ pub const FLAG_FIRST: u8 = 1;
 pub const FLAG_LAST: u8 = 2;
 /// The receiver should acknowledge at once (a probe, or a packet after a gap).
 pub const FLAG_ACK_NOW: u8 = 4;
-const KNOWN_FLAGS: u8 = FLAG_FIRST | FLAG_LAST | FLAG_ACK_NOW;
+/// The CRC covers the header only: the carrier vouches for the payload. Set by
+/// [`seal_with`]; refused by [`open`], accepted by [`open_with`] when the receiver's
+/// carrier checks payloads too.
+pub const FLAG_HEADER_CRC: u8 = 8;
+const KNOWN_FLAGS: u8 = FLAG_FIRST | FLAG_LAST | FLAG_ACK_NOW | FLAG_HEADER_CRC;
 const CRC_OFFSET: usize = 40;
 
 /// Packet kinds.
@@ -135,6 +142,21 @@ pub enum PacketError {
     /// CRC mismatch: corrupted (or forged without care).
     #[error("packet checksum mismatch")]
     Checksum,
+    /// The CRC covers only the header, and this receiver's carrier does not check
+    /// payloads.
+    #[error("packet's checksum covers only its header, and this carrier does not check payloads")]
+    HeaderOnlyChecksum,
+}
+
+/// What the CRC of a packet being sealed covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrcCoverage {
+    /// Header and payload (every carrier).
+    Full,
+    /// The header only, with [`FLAG_HEADER_CRC`] set: for carriers that verify the
+    /// payload themselves (UDP's checksum), where a second pass over every payload
+    /// byte buys nothing.
+    Header,
 }
 
 impl PacketHeader {
@@ -168,7 +190,25 @@ impl PacketHeader {
 /// # Panics
 /// If `packet` is shorter than the header (a caller bug).
 pub fn seal(packet: &mut [u8]) {
-    let crc = packet_crc(packet);
+    seal_with(packet, CrcCoverage::Full);
+}
+
+/// [`seal`] with a choice of what the CRC covers; [`CrcCoverage::Header`] also sets
+/// [`FLAG_HEADER_CRC`] in the header's flags.
+///
+/// # Panics
+/// If `packet` is shorter than the header (a caller bug).
+pub fn seal_with(packet: &mut [u8], coverage: CrcCoverage) {
+    let crc = match coverage {
+        CrcCoverage::Full => {
+            packet[2] &= !FLAG_HEADER_CRC;
+            packet_crc(packet)
+        }
+        CrcCoverage::Header => {
+            packet[2] |= FLAG_HEADER_CRC;
+            packet_crc(&packet[..PACKET_HEADER_LEN])
+        }
+    };
     packet[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -193,8 +233,15 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 
 /// Checks and decodes a received datagram: length, version, kind, reserved bits,
 /// payload length and CRC. Returns the header; the payload is
-/// `datagram[PACKET_HEADER_LEN..]`.
+/// `datagram[PACKET_HEADER_LEN..]`. A packet whose CRC covers only its header is
+/// refused ([`PacketError::HeaderOnlyChecksum`]): see [`open_with`].
 pub fn open(datagram: &[u8]) -> Result<PacketHeader, PacketError> {
+    open_with(datagram, false)
+}
+
+/// [`open`] for a receiver whose carrier checks every datagram's payload itself
+/// (`carrier_checked`): it also accepts packets sealed with [`CrcCoverage::Header`].
+pub fn open_with(datagram: &[u8], carrier_checked: bool) -> Result<PacketHeader, PacketError> {
     if datagram.len() < PACKET_HEADER_LEN {
         return Err(PacketError::Short(datagram.len()));
     }
@@ -212,7 +259,15 @@ pub fn open(datagram: &[u8]) -> Result<PacketHeader, PacketError> {
         return Err(PacketError::Length { claimed: len as usize, actual });
     }
     let want = u32_at(b, CRC_OFFSET);
-    if packet_crc(b) != want {
+    let covered = if b[2] & FLAG_HEADER_CRC != 0 {
+        if !carrier_checked {
+            return Err(PacketError::HeaderOnlyChecksum);
+        }
+        &b[..PACKET_HEADER_LEN]
+    } else {
+        b
+    };
+    if packet_crc(covered) != want {
         return Err(PacketError::Checksum);
     }
     Ok(PacketHeader {
@@ -298,6 +353,32 @@ mod tests {
             q[bit / 8] ^= 1 << (bit % 8);
             assert!(open(&q).is_err(), "flip of bit {bit} went unnoticed");
         }
+    }
+
+    #[test]
+    fn header_coverage_is_accepted_only_by_a_checking_carrier() {
+        let h = sample();
+        let mut p = vec![0u8; PACKET_HEADER_LEN + 5];
+        h.encode(&mut p);
+        p[PACKET_HEADER_LEN..].copy_from_slice(b"hello");
+        seal_with(&mut p, CrcCoverage::Header);
+        assert_eq!(open(&p), Err(PacketError::HeaderOnlyChecksum));
+        let got = open_with(&p, true).expect("header-only packet over a checking carrier");
+        assert_eq!(got, PacketHeader { flags: h.flags | FLAG_HEADER_CRC, ..h });
+        // Every header bit is still covered (a flip of the flag itself included) ...
+        for bit in 0..PACKET_HEADER_LEN * 8 {
+            let mut q = p.clone();
+            q[bit / 8] ^= 1 << (bit % 8);
+            assert!(open_with(&q, true).is_err(), "flip of header bit {bit} went unnoticed");
+        }
+        // ... the payload is the carrier's to check.
+        let mut q = p.clone();
+        q[PACKET_HEADER_LEN] ^= 1;
+        assert!(open_with(&q, true).is_ok());
+        // Resealing in full clears the flag; a full packet opens either way.
+        seal_with(&mut p, CrcCoverage::Full);
+        assert_eq!(open(&p), Ok(h));
+        assert_eq!(open_with(&p, true), Ok(h));
     }
 
     #[test]

@@ -520,6 +520,242 @@ pub unsafe extern "C" fn posix_spawnp(
     })
 }
 
+// ------------------------------------------------------------ system() and popen()
+
+/// The shell `system` and `popen` run, as glibc's.
+const SHELL: &CStr = c"/bin/sh";
+
+/// `system` callers in flight, and the SIGINT and SIGQUIT dispositions the first of
+/// them replaced (glibc's `do_system` keeps the same count: concurrent callers
+/// restore the caller's dispositions only when the last one returns).
+static SYSTEM_SIGNALS: std::sync::Mutex<(usize, Option<(SigAction, SigAction)>)> =
+    std::sync::Mutex::new((0, None));
+
+/// A `libc::sigaction` that may live in a static (plain data: a handler address,
+/// a mask, flags).
+#[derive(Clone, Copy)]
+struct SigAction(libc::sigaction);
+
+// SAFETY: plain data; the handler address is only handed back to sigaction.
+unsafe impl Send for SigAction {}
+
+/// # Safety
+/// As for libc's `system`.
+#[no_mangle]
+pub unsafe extern "C" fn system(line: *const c_char) -> c_int {
+    if line.is_null() || !table::any_live() {
+        // SAFETY: forwarded argument.
+        return unsafe { real::system(line) };
+    }
+    // SAFETY: `line` is the caller's NUL-terminated command.
+    unsafe { system_handing_over(line) }
+}
+
+/// `system` with the handoff, following glibc's `do_system`: while the command runs
+/// the caller ignores SIGINT and SIGQUIT and blocks SIGCHLD; the shell starts with
+/// the caller's signal mask and with SIGINT and SIGQUIT at their defaults unless the
+/// caller ignored them.
+///
+/// # Safety
+/// `line` is a NUL-terminated string.
+unsafe fn system_handing_over(line: *const c_char) -> c_int {
+    // SAFETY (whole function): signal and spawn-attribute calls on local,
+    // initialised structures; `line` and the literals outlive the spawn.
+    unsafe {
+        let mut ignore: libc::sigaction = std::mem::zeroed();
+        ignore.sa_sigaction = libc::SIG_IGN;
+        libc::sigemptyset(&mut ignore.sa_mask);
+        let (intr, quit) = {
+            let mut g = SYSTEM_SIGNALS.lock().unwrap_or_else(|e| e.into_inner());
+            if g.0 == 0 {
+                let (mut intr, mut quit): (libc::sigaction, libc::sigaction) =
+                    (std::mem::zeroed(), std::mem::zeroed());
+                libc::sigaction(libc::SIGINT, &ignore, &mut intr);
+                libc::sigaction(libc::SIGQUIT, &ignore, &mut quit);
+                g.1 = Some((SigAction(intr), SigAction(quit)));
+            }
+            g.0 += 1;
+            g.1.map(|(i, q)| (i.0, q.0)).unwrap_or((ignore, ignore))
+        };
+        let mut chld: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut chld);
+        libc::sigaddset(&mut chld, libc::SIGCHLD);
+        let mut omask: libc::sigset_t = std::mem::zeroed();
+        libc::sigprocmask(libc::SIG_BLOCK, &chld, &mut omask);
+        let mut reset: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut reset);
+        if intr.sa_sigaction != libc::SIG_IGN {
+            libc::sigaddset(&mut reset, libc::SIGINT);
+        }
+        if quit.sa_sigaction != libc::SIG_IGN {
+            libc::sigaddset(&mut reset, libc::SIGQUIT);
+        }
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        libc::posix_spawnattr_init(&mut attr);
+        libc::posix_spawnattr_setsigmask(&mut attr, &omask);
+        libc::posix_spawnattr_setsigdefault(&mut attr, &reset);
+        libc::posix_spawnattr_setflags(
+            &mut attr,
+            (libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK) as _,
+        );
+        let argv = [c"sh".as_ptr(), c"-c".as_ptr(), c"--".as_ptr(), line, std::ptr::null()];
+        let mut pid: pid_t = 0;
+        let r = spawn_with(environ_ptr(), false, |env| {
+            real::posix_spawn(
+                &mut pid,
+                SHELL.as_ptr(),
+                std::ptr::null(),
+                &attr,
+                argv.as_ptr().cast(),
+                env.cast(),
+            )
+        });
+        libc::posix_spawnattr_destroy(&mut attr);
+        let status = if r == 0 { wait_for(pid) } else { 127 << 8 };
+        {
+            let mut g = SYSTEM_SIGNALS.lock().unwrap_or_else(|e| e.into_inner());
+            g.0 -= 1;
+            if g.0 == 0 {
+                if let Some((intr, quit)) = g.1.take() {
+                    libc::sigaction(libc::SIGINT, &intr.0, std::ptr::null_mut());
+                    libc::sigaction(libc::SIGQUIT, &quit.0, std::ptr::null_mut());
+                }
+            }
+        }
+        libc::sigprocmask(libc::SIG_SETMASK, &omask, std::ptr::null_mut());
+        if r != 0 {
+            real::set_errno(r);
+        }
+        status
+    }
+}
+
+/// Waits for `pid` (through interruptions): its wait status, or -1.
+fn wait_for(pid: pid_t) -> c_int {
+    loop {
+        let mut st = 0;
+        // SAFETY: waits for our own child into a local.
+        let w = unsafe { libc::waitpid(pid, &mut st, 0) };
+        if w == pid {
+            return st;
+        }
+        if w < 0 && real::errno() == libc::EINTR {
+            continue;
+        }
+        return -1;
+    }
+}
+
+/// Streams made by this library's `popen`, for `pclose`: (stream, its descriptor,
+/// the shell's pid).
+static POPENED: std::sync::Mutex<Vec<(usize, c_int, pid_t)>> = std::sync::Mutex::new(Vec::new());
+
+/// # Safety
+/// As for libc's `popen`.
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    if command.is_null() || mode.is_null() || !table::any_live() {
+        // SAFETY: forwarded arguments.
+        return unsafe { real::popen(command, mode) };
+    }
+    // SAFETY: both are the caller's NUL-terminated strings.
+    unsafe { popen_handing_over(command, CStr::from_ptr(mode).to_bytes()) }
+}
+
+/// `popen` with the handoff, as glibc's: a pipe whose child end becomes the shell's
+/// standard input or output, streams of earlier `popen`s closed in the shell, and the
+/// parent's end inheritable unless the mode has `e`.
+///
+/// # Safety
+/// `command` is a NUL-terminated string.
+unsafe fn popen_handing_over(command: *const c_char, mode: &[u8]) -> *mut libc::FILE {
+    let reading = match mode.first() {
+        Some(b'r') => true,
+        Some(b'w') => false,
+        _ => {
+            real::set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+    };
+    let cloexec = mode[1..].contains(&b'e');
+    let mut p = [0 as c_int; 2];
+    // SAFETY (whole block): pipe, descriptor and spawn calls on our own descriptors
+    // and local, initialised structures; `command` outlives the spawn.
+    unsafe {
+        if libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return std::ptr::null_mut();
+        }
+        let (parent_end, mut child_end, child_std) = if reading { (p[0], p[1], 1) } else { (p[1], p[0], 0) };
+        if child_end == child_std {
+            // dup2 onto itself would leave it close-on-exec in the shell.
+            let moved = real::fcntl(child_end, libc::F_DUPFD_CLOEXEC, 3);
+            real::close(child_end);
+            child_end = moved;
+            if moved < 0 {
+                real::close(parent_end);
+                return std::ptr::null_mut();
+            }
+        }
+        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        libc::posix_spawn_file_actions_init(&mut fa);
+        libc::posix_spawn_file_actions_adddup2(&mut fa, child_end, child_std);
+        let earlier: Vec<c_int> =
+            POPENED.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|e| e.1).collect();
+        for fd in earlier.into_iter().filter(|&fd| fd != child_std) {
+            libc::posix_spawn_file_actions_addclose(&mut fa, fd);
+        }
+        let argv = [c"sh".as_ptr(), c"-c".as_ptr(), c"--".as_ptr(), command, std::ptr::null()];
+        let mut pid: pid_t = 0;
+        let r = spawn_with(environ_ptr(), false, |env| {
+            real::posix_spawn(
+                &mut pid,
+                SHELL.as_ptr(),
+                &fa,
+                std::ptr::null(),
+                argv.as_ptr().cast(),
+                env.cast(),
+            )
+        });
+        libc::posix_spawn_file_actions_destroy(&mut fa);
+        real::close(child_end);
+        if r != 0 {
+            real::close(parent_end);
+            real::set_errno(r);
+            return std::ptr::null_mut();
+        }
+        if !cloexec {
+            real::fcntl(parent_end, libc::F_SETFD, 0);
+        }
+        let f = real::fdopen(parent_end, if reading { c"r".as_ptr() } else { c"w".as_ptr() });
+        if f.is_null() {
+            let e = real::errno();
+            real::close(parent_end);
+            wait_for(pid);
+            real::set_errno(e);
+            return f;
+        }
+        POPENED.lock().unwrap_or_else(|e| e.into_inner()).push((f as usize, parent_end, pid));
+        f
+    }
+}
+
+/// # Safety
+/// As for libc's `pclose`.
+#[no_mangle]
+pub unsafe extern "C" fn pclose(f: *mut libc::FILE) -> c_int {
+    let mine = {
+        let mut v = POPENED.lock().unwrap_or_else(|e| e.into_inner());
+        v.iter().position(|e| e.0 == f as usize).map(|i| v.swap_remove(i))
+    };
+    let Some((_, _, pid)) = mine else {
+        // SAFETY: forwarded argument (a stream of libc's own popen).
+        return unsafe { real::pclose(f) };
+    };
+    // SAFETY: the stream this library's popen made; closed once, here.
+    unsafe { libc::fclose(f) };
+    wait_for(pid)
+}
+
 /// `vfork` is `fork` (see the module doc).
 ///
 /// # Safety

@@ -93,6 +93,9 @@ reals! {
     fn fileno(f: *mut libc::FILE) -> c_int;
     fn fileno_unlocked(f: *mut libc::FILE) -> c_int;
     fn posix_spawnp(pid: *mut pid_t, file: *const c_char, fa: *const posix_spawn_file_actions_t, at: *const posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    fn system(line: *const c_char) -> c_int;
+    fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE;
+    fn pclose(f: *mut libc::FILE) -> c_int;
 }
 
 /// The real `fcntl` (variadic in C; the third argument is an int or a pointer).

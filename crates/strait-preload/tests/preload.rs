@@ -206,6 +206,30 @@ fn a_program_started_by_exec_or_spawn_keeps_the_inherited_connection() {
 }
 
 #[test]
+fn a_command_run_by_system_or_popen_keeps_the_inherited_connection() {
+    // glibc starts the shell of system() and popen() with its internal posix_spawn,
+    // which no preloaded library sees: without the library's own system/popen the
+    // command would echo into the idle kernel socket and the client would wait for
+    // ever (the test's timeout).
+    for mode in ["system", "popen"] {
+        let (s, c) = pair(true, true, mode, "echo");
+        check(&s, mode);
+        check(&c, mode);
+        assert!(c.stdout.contains("echo ok 1734389"), "{mode}: {}", c.stdout);
+        assert!(
+            s.stdout.contains("adopted ok")
+                && s.stdout.contains("echoed 1734389")
+                && s.stdout.contains(&format!("{mode} server ok")),
+            "{mode}: {}",
+            s.stdout
+        );
+        assert!(s.stdout.contains("maps strait") && s.stdout.contains("fds clean"), "{mode}: {}", s.stdout);
+        assert!(stat_sum(&s, "inherited") >= 1, "{mode}: {}", s.stderr);
+        assert_eq!(accelerated(&c), 1, "{mode}");
+    }
+}
+
+#[test]
 fn stdio_streams_from_fdopen_carry_an_accelerated_socket() {
     let (s, c) = pair(true, true, "stdio", "echo");
     check(&s, "server");

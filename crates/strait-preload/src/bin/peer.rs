@@ -517,7 +517,8 @@ fn flags_client(fd: c_int) {
 /// again, as `adopted FD`, which echoes on it): `exec-v`/`exec-l`/`exec-lp`/`exec-le`
 /// exec in this process; `vfork` execs in a vfork child; `spawn` posix_spawns with the
 /// descriptor inherited; `spawn-actions` posix_spawns with the (close-on-exec)
-/// descriptor moved to 0 by a file action.
+/// descriptor moved to 0 by a file action; `system` and `popen` run the new program
+/// through the shell (`popen` relays what it prints).
 fn exec_server(l: TcpListener, mode: &str) {
     let (s, _) = l.accept().expect("accept");
     let fd = s.as_raw_fd();
@@ -590,6 +591,45 @@ fn exec_server(l: TcpListener, mode: &str) {
                 let mut st = 0;
                 libc::waitpid(pid, &mut st, 0);
                 assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "child failed: {st:#x}");
+                println!("{mode} server ok");
+                return;
+            }
+            "system" | "popen" => {
+                // The shell (preloaded too) takes the connection over and hands it
+                // on to this binary when it execs it.
+                let cmdline = std::ffi::CString::new(format!(
+                    "'{}' adopted {fd}",
+                    std::env::current_exe().expect("exe").display()
+                ))
+                .expect("command");
+                let st = if mode == "system" {
+                    libc::system(cmdline.as_ptr())
+                } else {
+                    let f = libc::popen(cmdline.as_ptr(), c"r".as_ptr());
+                    assert!(!f.is_null(), "popen: {}", std::io::Error::last_os_error());
+                    // Relays what the command prints (the test reads it from us).
+                    let mut line = vec![0 as libc::c_char; 4096];
+                    while !libc::fgets(line.as_mut_ptr(), line.len() as c_int, f).is_null() {
+                        print!("{}", std::ffi::CStr::from_ptr(line.as_ptr()).to_string_lossy());
+                    }
+                    libc::pclose(f)
+                };
+                assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "{mode} command failed: {st:#x}");
+                // The library's versions (the connection is still live) report the
+                // shell's status, take a writing popen and restore SIGINT.
+                let mut before: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGINT, std::ptr::null(), &mut before);
+                let st = libc::system(c"exit 3".as_ptr());
+                assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 3, "exit status: {st:#x}");
+                let mut after: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGINT, std::ptr::null(), &mut after);
+                assert_eq!(before.sa_sigaction, after.sa_sigaction, "SIGINT not restored");
+                let f = libc::popen(c"test \"$(cat)\" = hello || exit 4".as_ptr(), c"we".as_ptr());
+                assert!(!f.is_null(), "popen w: {}", std::io::Error::last_os_error());
+                libc::fputs(c"hello".as_ptr(), f);
+                let st = libc::pclose(f);
+                assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "popen w: {st:#x}");
+                drop(s);
                 println!("{mode} server ok");
                 return;
             }
@@ -932,7 +972,10 @@ fn main() {
             if mode == "shared" {
                 return shared_server(l);
             }
-            if mode.starts_with("exec-") || mode == "vfork" || mode.starts_with("spawn") {
+            if mode.starts_with("exec-")
+                || mode.starts_with("spawn")
+                || ["vfork", "system", "popen"].contains(&mode.as_str())
+            {
                 return exec_server(l, &mode);
             }
             if mode == "threads" {

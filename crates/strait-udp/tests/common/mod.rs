@@ -269,9 +269,9 @@ pub fn steal_header(forger: &UdpSocket, deadline: Instant) -> PacketHeader {
             // the rest were sent after it, so forgeries acknowledging up to it
             // acknowledge nothing that was not delivered (discarding the train
             // would lose packets before the one whose header is used).
-            let opened = match packet::open(&buf[..n]) {
+            let opened = match packet::open_with(&buf[..n], true) {
                 Err(packet::PacketError::Length { claimed, actual }) if claimed < actual => {
-                    packet::open(&buf[..PACKET_HEADER_LEN + claimed])
+                    packet::open_with(&buf[..PACKET_HEADER_LEN + claimed], true)
                 }
                 r => r,
             };

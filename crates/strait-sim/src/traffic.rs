@@ -572,6 +572,10 @@ pub struct Built {
     pub pairs: Vec<PairId>,
     /// Each pair's ends.
     pub ends: Vec<PairEnds>,
+    /// The largest engine frame the pairs' devices carry (the reliability layer cuts
+    /// `ReliableConfig::max_frame` to half its window of packets): what decides which
+    /// messages go eagerly.
+    pub max_frame: usize,
 }
 
 /// Builds the network and workers of a scenario (before any traffic).
@@ -586,15 +590,19 @@ pub fn build(sc: &Scenario) -> Built {
     }
     let mut pairs = Vec::with_capacity(sc.pairs);
     let mut ends = Vec::with_capacity(sc.pairs);
+    let mut max_frame = usize::MAX;
     for i in 0..sc.pairs {
         let (ha, hb) = ((2 * i) % hosts, (2 * i + 1) % hosts);
         let (da, db) = net.reliable_pair(ha, hb, sc.params.clone(), &sc.link, &sc.rel);
+        max_frame = max_frame
+            .min(strait_core::Device::max_frame_len(&da))
+            .min(strait_core::Device::max_frame_len(&db));
         pairs.push(da.link().pair());
         let ea = sim.worker(ha).attach(da);
         let eb = sim.worker(hb).attach(db);
         ends.push([(ha, ea), (hb, eb)]);
     }
-    Built { sim, pairs, ends }
+    Built { sim, pairs, ends, max_frame }
 }
 
 /// One line about an endpoint's reliability state (for failure reports).
@@ -665,7 +673,7 @@ fn run_inner(sc: &Scenario, tracer: Option<Tracer>) -> Report {
     let wall = Instant::now();
     assert!(sc.window > 0 && sc.window < 1 << 16, "window must be 1..65535");
     assert!(!sc.sizes.is_empty(), "at least one size class");
-    let Built { mut sim, pairs, ends } = build(sc);
+    let Built { mut sim, pairs, ends, max_frame } = build(sc);
     if tracer.is_some() {
         sim.net().set_tracer(tracer);
     }
@@ -723,8 +731,10 @@ fn run_inner(sc: &Scenario, tracer: Option<Tracer>) -> Report {
             });
         }
     }
-    let eager = sc.engine.eager_threshold.min(sc.rel.max_frame.saturating_sub(64));
-    let in_order = sc.sizes.iter().all(|s| s.1 < eager);
+    // The engine's eager limit (anything longer goes by rendezvous, whose receives may
+    // complete after later eager ones): the device's frame less the engine header.
+    let eager = sc.engine.eager_threshold.min(max_frame.saturating_sub(strait_wire::MAX_HEADER_LEN));
+    let in_order = sc.sizes.iter().all(|s| s.1 <= eager);
     let mut app = App {
         seed: sc.seed,
         start_ns,

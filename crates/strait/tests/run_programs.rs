@@ -432,8 +432,9 @@ fn iperf3_transfer_with_both_ends_under_strait() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).expect("iperf3 JSON");
-    let sent = v["end"]["sum_sent"]["bytes"].as_u64().expect("bytes sent");
-    let received = v["end"]["sum_received"]["bytes"].as_u64().expect("bytes received");
+    let sent = v["end"]["sum_sent"]["bytes"].as_u64().unwrap_or_else(|| panic!("no bytes sent in {text}"));
+    let received =
+        v["end"]["sum_received"]["bytes"].as_u64().unwrap_or_else(|| panic!("no bytes received in {text}"));
     assert_eq!(sent, 200 << 20);
     // iperf3's server stops counting at the client's TEST_END, so bytes still in
     // flight are not reported (over kernel TCP too, where the gap is larger); the

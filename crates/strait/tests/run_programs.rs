@@ -2,7 +2,7 @@
 //! the tests when missing), both ends under strait, checked for correct answers and
 //! for the shared-memory path really being used (`--stats` counts).
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,9 +23,22 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
+/// Waits until a TCP socket listens on `port` (any address, IPv4 or IPv6), read from
+/// /proc/net/tcp{,6} rather than by connecting: a probe connection is a client to
+/// the server (iperf3 takes it for a test's control connection and, still busy with
+/// it, turns the real client away with a reset).
 fn wait_listening(port: u16) {
     let end = Instant::now() + Duration::from_secs(15);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    let want = format!(":{port:04X}");
+    let listening = || {
+        ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
+                let v: Vec<&str> = l.split_whitespace().collect();
+                v.len() > 3 && v[1].ends_with(&want) && v[3] == "0A"
+            })
+        })
+    };
+    while !listening() {
         assert!(Instant::now() < end, "server on port {port} never listened");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -435,7 +448,9 @@ fn iperf3_transfer_with_both_ends_under_strait() {
     let sent = v["end"]["sum_sent"]["bytes"].as_u64().unwrap_or_else(|| panic!("no bytes sent in {text}"));
     let received =
         v["end"]["sum_received"]["bytes"].as_u64().unwrap_or_else(|| panic!("no bytes received in {text}"));
-    assert_eq!(sent, 200 << 20);
+    // `-n` stops the test once at least that much was sent: a block or a few more
+    // under load (iperf3 documents it; the kernel path does the same).
+    assert!((200 << 20..=(200 << 20) + 16 * 131_072).contains(&sent), "sent {sent}");
     // iperf3's server stops counting at the client's TEST_END, so bytes still in
     // flight are not reported (over kernel TCP too, where the gap is larger); the
     // bytes themselves are checked by strait-preload's hashed transfer test.

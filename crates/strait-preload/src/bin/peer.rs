@@ -754,6 +754,7 @@ fn nonblocking_slow_peer(port: u16, use_epoll: bool) {
         sin_addr: libc::in_addr { s_addr: u32::from(*addr.ip()).to_be() },
         sin_zero: [0; 8],
     };
+    let started = Instant::now();
     // SAFETY: a sockaddr_in of the right length.
     let r = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), 16) };
     assert!(r == 0 || errno() == libc::EINPROGRESS, "connect: {}", std::io::Error::last_os_error());
@@ -790,6 +791,9 @@ fn nonblocking_slow_peer(port: u16, use_epoll: bool) {
         again += 1;
         wait(libc::POLLOUT);
     }
+    // How long poll or epoll took to report the settled connection (the test holds
+    // it to the acceptor's delay plus a margin, far below a wait's 1 s slice).
+    println!("settled_ms {}", started.elapsed().as_millis());
     let mut got = Vec::new();
     while got.len() < 4 {
         let mut b = [0u8; 16];

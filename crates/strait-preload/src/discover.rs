@@ -300,13 +300,17 @@ impl Hello {
         if self.ids.is_some() || self.tcp < 0 {
             return;
         }
-        if let (Some(l), Some(p)) = (sock_key(self.tcp, false), sock_key(self.tcp, true)) {
-            if is_tcp_stream(self.tcp) {
-                self.ids = Some((l, p));
-            }
-            close_all(&[self.tcp]);
-            self.tcp = -1;
+        // The peer first: once it is set the connect has chosen the local address,
+        // which before that reads as the wildcard the socket was bound to (local
+        // read first, a connect finishing between the two reads left ids that
+        // matched no accepted socket, and the acceptor waited for a hello it held).
+        let Some(p) = sock_key(self.tcp, true) else { return };
+        let Some(l) = sock_key(self.tcp, false).filter(|l| !is_wildcard(&l.0)) else { return };
+        if is_tcp_stream(self.tcp) {
+            self.ids = Some((l, p));
         }
+        close_all(&[self.tcp]);
+        self.tcp = -1;
     }
 
     /// The hello's TCP socket is the other end of `fd`.
@@ -325,6 +329,11 @@ impl Hello {
             close_all(&[self.tcp]);
         }
     }
+}
+
+/// An unspecified address (0.0.0.0, ::ffff:0.0.0.0 or ::), as in keys.
+fn is_wildcard(a: &[u8; 16]) -> bool {
+    a.iter().all(|&b| b == 0) || (a[..10].iter().all(|&b| b == 0) && a[10..] == [255, 255, 0, 0, 0, 0])
 }
 
 /// `a` and `b` are the two ends of one TCP connection (each one's local address is
@@ -852,4 +861,71 @@ pub fn give_up(fd: c_int, conn: &Arc<Conn>) {
     crate::table::remove_conn(conn);
     // A non-blocking connector may already be in epoll sets: its socket joins them.
     crate::poll::to_kernel(conn);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn wildcard_addresses_are_recognised() {
+        let mut v4_any = [0u8; 16];
+        v4_any[10] = 255;
+        v4_any[11] = 255;
+        let mut v4_lo = v4_any;
+        v4_lo[12] = 127;
+        v4_lo[15] = 1;
+        assert!(is_wildcard(&[0; 16]) && is_wildcard(&v4_any));
+        assert!(!is_wildcard(&v4_lo));
+    }
+
+    /// A hello records its connector's addresses only once the connect chose them:
+    /// not while the socket is bound to the wildcard and unconnected, and then the
+    /// real local address, never 0.0.0.0.
+    #[test]
+    fn a_hello_captures_the_connected_addresses_only() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let sock = socket2_like_bound_any();
+        let dup = crate::table::dup_high(sock);
+        let mut h = Hello { ring: 0, fds: [-1; 3], tcp: dup, ids: None, unix: -1, at: Instant::now() };
+        h.capture();
+        assert!(h.ids.is_none() && h.tcp >= 0, "captured before the connect");
+        let addr = listener.local_addr().expect("addr");
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: addr.port().to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be() },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: a sockaddr_in of the right length, our socket.
+        let r = unsafe { libc::connect(sock, (&sa as *const libc::sockaddr_in).cast(), 16) };
+        assert_eq!(r, 0, "connect");
+        h.capture();
+        let (local, peer) = h.ids.expect("captured after the connect");
+        assert!(!is_wildcard(&local.0) && peer.1 == addr.port(), "{local:?} {peer:?}");
+        assert_eq!(h.tcp, -1);
+        let (accepted, _) = listener.accept().expect("accept");
+        assert!(h.is_for(accepted.as_raw_fd()));
+        close_all(&[sock]);
+        drop(accepted);
+    }
+
+    /// A TCP socket bound to 0.0.0.0 with an ephemeral port, as a connector's is
+    /// when its hello goes out.
+    fn socket2_like_bound_any() -> c_int {
+        // SAFETY: plain socket calls on a socket we own.
+        unsafe {
+            let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(s >= 0);
+            let sa = libc::sockaddr_in {
+                sin_family: libc::AF_INET as u16,
+                sin_port: 0,
+                sin_addr: libc::in_addr { s_addr: 0 },
+                sin_zero: [0; 8],
+            };
+            assert_eq!(libc::bind(s, (&sa as *const libc::sockaddr_in).cast(), 16), 0);
+            s
+        }
+    }
 }

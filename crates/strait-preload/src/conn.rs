@@ -540,13 +540,27 @@ impl Conn {
         unsafe { real::read(self.my_efd, (&mut v as *mut u64).cast(), 8) };
     }
 
-    /// Current readiness as poll bits (POLLIN/POLLOUT/POLLHUP/POLLRDHUP/POLLERR).
-    pub fn readiness(&self) -> Ready {
+    /// The path-B listener of a connector still waiting for its acceptor: an
+    /// acceptor that missed the hello (another process's listener took it, as with
+    /// SO_REUSEPORT) asks there, so a program asleep in poll or epoll must wake to
+    /// answer it.
+    pub fn pending_listener(&self) -> Option<c_int> {
+        if !self.awaiting_attach() {
+            return None;
+        }
+        self.pending.try_lock().ok()?.as_ref().map(|p| p.listener).filter(|&l| l >= 0)
+    }
+
+    /// Current readiness as poll bits (POLLIN/POLLOUT/POLLHUP/POLLRDHUP/POLLERR), for
+    /// the program's descriptor `fd` of this connection (-1: not known; then a
+    /// path-B ask waits for the program's next call).
+    pub fn readiness(&self, fd: c_int) -> Ready {
         if self.awaiting_attach() {
             // Nothing until the acceptor attached; once the connection stays with the
             // kernel, readable and writable, so the program's next call finds the
-            // kernel socket. (No descriptor here: path B is answered by the calls.)
-            match self.try_settle(-1) {
+            // kernel socket. An acceptor asking by path B is answered here (the
+            // descriptor proves to it that we hold the other end).
+            match self.try_settle(fd) {
                 None => return Ready { bits: 0, rx_tail: 0, tx_head: 0 },
                 Some(false) => return Ready { bits: libc::POLLIN | libc::POLLOUT, rx_tail: 0, tx_head: 0 },
                 Some(true) => {}

@@ -381,7 +381,9 @@ impl Drop for Listener {
             h.close();
         }
         close_all(&p.waiting);
-        close_all(&[self.unix]);
+        if self.unix >= 0 {
+            close_all(&[self.unix]);
+        }
     }
 }
 
@@ -424,13 +426,21 @@ pub fn on_listen(fd: c_int) {
     }
     let Some(key) = sock_key(fd, false) else { return };
     let (sa, len) = unix_name(key, key.0 == [0u8; 16] && v6only(fd));
-    let Some(u) = listen_marker(&sa, len) else { return };
+    // Without the name (another process's listener holds it: SO_REUSEPORT, where
+    // the kernel spreads connections over both), hellos go to the other process,
+    // and this one claims the connections the kernel gives it by asking their
+    // connectors (path B) instead of leaving them to wait out the attach timeout.
+    let u = listen_marker(&sa, len).unwrap_or(-1);
     crate::table::add_listener(fd, Arc::new(Listener { unix: u, pending: Mutex::new(Pending::default()) }));
 }
 
 impl Listener {
     /// Accepts queued Unix connections and reads the hellos that arrived.
     fn pump(&self, p: &mut Pending) {
+        if self.unix < 0 {
+            // No name of our own (see `on_listen`): no hellos come here.
+            return;
+        }
         loop {
             // SAFETY: accept4 without an address buffer.
             let c = unsafe {

@@ -37,8 +37,8 @@ fn accel_entries(fds: &[pollfd]) -> Vec<(usize, Arc<Conn>)> {
     fds.iter().enumerate().filter_map(|(i, p)| crate::accel(p.fd).map(|c| (i, c))).collect()
 }
 
-fn conn_revents(c: &Conn, events: i16) -> i16 {
-    c.readiness().bits & (events | libc::POLLHUP | libc::POLLERR)
+fn conn_revents(c: &Conn, fd: c_int, events: i16) -> i16 {
+    c.readiness(fd).bits & (events | libc::POLLHUP | libc::POLLERR)
 }
 
 /// Strait UDP sockets of a pollfd array that can receive through shared memory:
@@ -79,7 +79,7 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         let mut ready = 0;
         let mut tmp: Vec<pollfd> = fds.to_vec();
         for (i, c) in &acc {
-            let r = conn_revents(c, fds[*i].events);
+            let r = conn_revents(c, fds[*i].fd, fds[*i].events);
             tmp[*i].fd = -1;
             tmp[*i].revents = r;
             if r != 0 {
@@ -100,7 +100,7 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
                     u.announce();
                 }
             }
-            if acc.iter().any(|(i, c)| conn_revents(c, fds[*i].events) != 0)
+            if acc.iter().any(|(i, c)| conn_revents(c, fds[*i].fd, fds[*i].events) != 0)
                 || udp.iter().any(|(i, u)| udp_revents(u, fds[*i].events) != 0)
             {
                 continue;
@@ -115,6 +115,8 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
                 tmp.push(pollfd { fd: c.unix(), events: libc::POLLRDHUP, revents: 0 });
                 // A connection to another host: its UDP socket wakes us directly.
                 tmp.push(pollfd { fd: c.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 });
+                // A connector not attached yet: an acceptor asking by path B.
+                tmp.push(pollfd { fd: c.pending_listener().unwrap_or(-1), events: libc::POLLIN, revents: 0 });
             }
         }
         let nu = tmp.len();
@@ -143,12 +145,13 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         }
         if sleep {
             for (j, (_, c)) in acc.iter().enumerate() {
-                if tmp[nk + 3 * j].revents != 0 || tmp[nk + 3 * j + 2].revents != 0 {
+                if tmp[nk + 4 * j].revents != 0 || tmp[nk + 4 * j + 2].revents != 0 {
                     c.drain_bell();
                 }
-                if tmp[nk + 3 * j + 1].revents != 0 {
+                if tmp[nk + 4 * j + 1].revents != 0 {
                     c.check_peer();
                 }
+                // (A path-B ask is answered by the readiness look below.)
             }
         }
         for (j, (i, u)) in udp.iter().enumerate() {
@@ -161,7 +164,7 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
             tmp[*i].revents |= shm_before[j] | udp_revents(u, fds[*i].events);
         }
         for (j, (i, c)) in acc.iter().enumerate() {
-            tmp[*i].revents = if sleep { conn_revents(c, fds[*i].events) } else { saved[j] };
+            tmp[*i].revents = if sleep { conn_revents(c, fds[*i].fd, fds[*i].events) } else { saved[j] };
         }
         let total = tmp[..nk].iter().filter(|p| p.revents != 0).count() as c_int;
         let timed_out = remaining(deadline) == Some(Duration::ZERO);
@@ -267,9 +270,10 @@ impl Member {
         }
     }
 
-    fn readiness(&self) -> crate::conn::Ready {
+    /// Readiness for the program's descriptor `fd` of this member.
+    fn readiness(&self, fd: c_int) -> crate::conn::Ready {
         match self {
-            Member::Tcp(c) => c.readiness(),
+            Member::Tcp(c) => c.readiness(fd),
             Member::Udp(u) => crate::conn::Ready {
                 bits: if u.shm_readable() { libc::POLLIN } else { 0 },
                 rx_tail: u.rx_mark(),
@@ -298,6 +302,9 @@ impl Member {
                     vec![(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)];
                 // A connection to another host: its UDP socket rings like a bell.
                 w.extend(c.remote_fd().map(|fd| (fd, MAGIC_BELL, libc::EPOLLIN)));
+                // A connector not attached yet: an acceptor asking by path B (the
+                // listener closes at settling, which takes it out of the set).
+                w.extend(c.pending_listener().map(|fd| (fd, MAGIC_BELL, libc::EPOLLIN)));
                 Some(w)
             }
             Member::Udp(u) => u.rx().map(|rx| {
@@ -309,7 +316,7 @@ impl Member {
     /// True if `fd` is one of this member's bells.
     fn has_bell(&self, fd: c_int) -> bool {
         match self {
-            Member::Tcp(c) => c.my_efd == fd || c.remote_fd() == Some(fd),
+            Member::Tcp(c) => c.my_efd == fd || c.remote_fd() == Some(fd) || c.pending_listener() == Some(fd),
             Member::Udp(u) => u.rx().is_some_and(|rx| rx.efd == fd),
         }
     }
@@ -553,7 +560,7 @@ pub fn forget_set(epfd: c_int) {
 }
 
 fn evaluate(e: &mut Entry) -> i16 {
-    let r = e.conn.readiness();
+    let r = e.conn.readiness(e.fd);
     let mask = (e.events as i16) | libc::POLLHUP | libc::POLLERR;
     let bits = r.bits & mask;
     if e.events & libc::EPOLLET as u32 == 0 {

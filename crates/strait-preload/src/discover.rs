@@ -434,6 +434,9 @@ pub fn on_listen(fd: c_int) {
     crate::table::add_listener(fd, Arc::new(Listener { unix: u, pending: Mutex::new(Pending::default()) }));
 }
 
+/// Unclaimed hellos at which a listener looks for ones whose connectors hung up.
+const HELLOS_BEFORE_SWEEP: usize = 16;
+
 impl Listener {
     /// Accepts queued Unix connections and reads the hellos that arrived.
     fn pump(&self, p: &mut Pending) {
@@ -479,6 +482,28 @@ impl Listener {
         }
         for h in p.hellos.iter_mut() {
             h.capture();
+        }
+        // Hellos whose connectors went on without us (attached elsewhere by path B,
+        // as when another SO_REUSEPORT listener took the connection, or gave up):
+        // their Unix sockets hung up. Looked for once several have gathered, so an
+        // accept normally costs no extra system call.
+        if p.hellos.len() >= HELLOS_BEFORE_SWEEP {
+            let mut fds: Vec<libc::pollfd> = p
+                .hellos
+                .iter()
+                .map(|h| libc::pollfd { fd: h.unix, events: libc::POLLRDHUP, revents: 0 })
+                .collect();
+            // SAFETY: a vector of pollfds and its length; no waiting.
+            if unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) } > 0 {
+                let mut gone = fds.iter().map(|f| f.revents != 0);
+                p.hellos.retain(|h| {
+                    let hung_up = gone.next().unwrap_or(false);
+                    if hung_up {
+                        h.close();
+                    }
+                    !hung_up
+                });
+            }
         }
         // Hellos nobody claimed for long: their connectors gave up already.
         let now = Instant::now();

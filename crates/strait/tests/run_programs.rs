@@ -370,14 +370,21 @@ fn python() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Writes `text` as `name` into a fresh temporary directory tagged `tag`: the
+/// directory (to remove after) and the script's path.
+fn temp_script(tag: &str, name: &str, text: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("strait-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let script = dir.join(name);
+    std::fs::write(&script, text).expect("script");
+    let path = script.display().to_string();
+    (dir, path)
+}
+
 #[test]
 fn python_asyncio_streams_and_threaded_http_server_under_strait() {
     let py = python();
-    let dir = std::env::temp_dir().join(format!("strait-python-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let script = dir.join("aio.py");
-    std::fs::write(&script, ASYNCIO_ECHO).expect("script");
-    let script = script.display().to_string();
+    let (dir, script) = temp_script("python", "aio.py", ASYNCIO_ECHO);
 
     let port = free_port().to_string();
     let server = Killed(
@@ -543,11 +550,7 @@ fn two_servers_sharing_a_port_by_reuseport_both_attach_their_connections() {
     // connectors (path B), which answer from epoll_wait. Before, it did not try,
     // and its connectors waited the 1 s attach timeout and fell back to the kernel.
     let py = python();
-    let dir = std::env::temp_dir().join(format!("strait-reuseport-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let script = dir.join("churn.py");
-    std::fs::write(&script, CHURN).expect("script");
-    let script = script.display().to_string();
+    let (dir, script) = temp_script("reuseport", "churn.py", CHURN);
     let port = free_port().to_string();
     let servers: Vec<Killed> = (0..2)
         .map(|_| {
@@ -586,11 +589,7 @@ fn connection_churn_in_epoll_sets_never_stalls() {
     // before the connect had chosen it (0.0.0.0), so it waited 200 ms for a hello
     // it already held.
     let py = python();
-    let dir = std::env::temp_dir().join(format!("strait-churn-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let script = dir.join("churn.py");
-    std::fs::write(&script, CHURN).expect("script");
-    let script = script.display().to_string();
+    let (dir, script) = temp_script("churn", "churn.py", CHURN);
     let port = free_port().to_string();
     let _server = Killed(
         strait_run(&["--", &py, &script, "server", &port])

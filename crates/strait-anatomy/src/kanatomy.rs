@@ -493,7 +493,7 @@ fn summarize(
         probe_cost_doubled_ns: None,
         deviation_doubled: None,
         deviation,
-        within_tolerance: deviation.abs() <= tol,
+        within_tolerance: crate::anatomy::agrees(sum, measured, tol),
         samples: paths.len(),
         stages,
     }

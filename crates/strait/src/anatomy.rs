@@ -370,7 +370,7 @@ pub fn run(
             probe_cost_doubled_ns: Some(doubled / tpn),
             deviation_doubled: Some((independent - measured) / measured),
             deviation,
-            within_tolerance: deviation.abs() <= cfg.tolerance,
+            within_tolerance: strait_anatomy::anatomy::agrees(s.corrected_ns, measured, cfg.tolerance),
             samples: s.paths,
             stages: rows,
         });

@@ -563,6 +563,7 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
         probe_cost_cycles: probe_ns * tpn,
         probe_cost_back_to_back_ns: cost.on_ticks / tpn,
         tolerance: a.tolerance,
+        tolerance_floor_ns: strait_anatomy::anatomy::TOLERANCE_FLOOR_NS,
         runs,
         notes,
     };

@@ -85,10 +85,11 @@ pub struct AnatomyRun {
 }
 
 /// Below this absolute difference (ns) a stage sum agrees with the measured
-/// one-way time whatever the relative deviation. The probe cost subtracted from a
-/// path is calibrated to about a nanosecond per probe, and strait's eager path
-/// carries about ten probes: at 8 B it takes ~90 ns on a fast day, where 10% is
-/// less than the calibration's own error (the check missed by 11-14 ns that way).
+/// one-way time whatever the relative deviation. strait's eager path carries nine
+/// probes of ~4 ns each, ~35 ns subtracted from a path that takes ~90 ns at 8 B on
+/// a fast day; the calibration of that cost is uncertain by a nanosecond or more
+/// per probe (the doubled-probe estimate gives twice the in-situ one), more than
+/// 10% of such a path (the check missed by 11-14 ns that way).
 pub const TOLERANCE_FLOOR_NS: f64 = 15.0;
 
 /// Whether a stage sum agrees with the measured one-way time: within `tolerance`

@@ -568,7 +568,8 @@ fn two_servers_sharing_a_port_by_reuseport_both_attach_their_connections() {
         .collect();
     let (done, slowest, made) = churn_client(&py, &script, &port, 300);
     assert!(done >= 300);
-    assert!(slowest < 100.0, "a request took {slowest} ms (a connection waited for the attach timeout)");
+    // (The bugs cost 1 s each; the bound leaves room for a loaded machine.)
+    assert!(slowest < 500.0, "a request took {slowest} ms (a connection waited for the attach timeout)");
     assert!((done..=done + 4).contains(&made), "{made} accelerated for {done} answered");
     // The hellos of connections the other server claimed do not pile up in the one
     // holding the name (each keeps four descriptors until it is dropped).
@@ -583,7 +584,7 @@ fn two_servers_sharing_a_port_by_reuseport_both_attach_their_connections() {
 #[test]
 fn connection_churn_in_epoll_sets_never_stalls() {
     // 2000 short connections, four in flight, each answered and closed by an epoll
-    // server. Two bugs made some wait for a timeout: the acceptor rang the
+    // server; none may take 150 ms. Two bugs made some wait for a timeout: the acceptor rang the
     // connector's bell on a descriptor number it had just given up (a client
     // asleep in epoll slept on for 1 s), and it recorded a connector's address
     // before the connect had chosen it (0.0.0.0), so it waited 200 ms for a hello
@@ -601,7 +602,8 @@ fn connection_churn_in_epoll_sets_never_stalls() {
     wait_listening(port.parse().expect("port"));
     let (done, slowest, made) = churn_client(&py, &script, &port, 2000);
     assert!(done >= 2000);
-    assert!(slowest < 100.0, "a request took {slowest} ms (a lost wake-up or a missed hello)");
+    // (The bugs cost 1 s and 200 ms; the bound leaves room for a loaded machine.)
+    assert!(slowest < 150.0, "a request took {slowest} ms (a lost wake-up or a missed hello)");
     // Every connection the client made (the answered ones and up to four still in
     // flight at the end) went through shared memory.
     assert!((done..=done + 4).contains(&made), "{made} accelerated for {done} answered");

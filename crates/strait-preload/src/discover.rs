@@ -921,7 +921,7 @@ mod tests {
     #[test]
     fn a_hello_captures_the_connected_addresses_only() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-        let sock = socket2_like_bound_any();
+        let sock = tcp_bound_to_wildcard();
         let dup = crate::table::dup_high(sock);
         let mut h = Hello { ring: 0, fds: [-1; 3], tcp: dup, ids: None, unix: -1, at: Instant::now() };
         h.capture();
@@ -948,7 +948,7 @@ mod tests {
 
     /// A TCP socket bound to 0.0.0.0 with an ephemeral port, as a connector's is
     /// when its hello goes out.
-    fn socket2_like_bound_any() -> c_int {
+    fn tcp_bound_to_wildcard() -> c_int {
         // SAFETY: plain socket calls on a socket we own.
         unsafe {
             let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);

@@ -301,6 +301,26 @@ pub fn dup_high(fd: c_int) -> c_int {
     }
 }
 
+/// Keeps a long-lived descriptor of the library: above the program's numbers and
+/// marked internal (the program's `close`/`close_range` pass it by). Undo with
+/// [`let_go`].
+pub fn keep(fd: c_int) -> c_int {
+    let fd = to_high(fd);
+    if fd >= 0 {
+        add_internal(&[fd]);
+    }
+    fd
+}
+
+/// Closes descriptors taken with [`keep`] (negative ones are skipped).
+pub fn let_go(fds: &[c_int]) {
+    for &fd in fds.iter().filter(|&&fd| fd >= 0) {
+        remove_internal(&[fd]);
+        // SAFETY: a descriptor the library kept and no longer uses.
+        unsafe { crate::real::close(fd) };
+    }
+}
+
 /// Moves one of the library's own descriptors above the program's numbers (see
 /// [`high_base`]); keeps it where it is if that fails (descriptors are short).
 pub fn to_high(fd: c_int) -> c_int {

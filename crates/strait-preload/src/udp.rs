@@ -316,7 +316,7 @@ impl InChan {
 
 impl Drop for InChan {
     fn drop(&mut self) {
-        close_all(&[self.unix]);
+        crate::table::let_go(&[self.unix]);
     }
 }
 
@@ -363,7 +363,7 @@ impl OutChan {
                     self.dead.store(true, Ordering::Relaxed);
                     return false;
                 }
-                self.efd.store(m.fds[0], Ordering::Relaxed);
+                self.efd.store(crate::table::keep(m.fds[0]), Ordering::Relaxed);
                 true
             }
             Err(e) if e == libc::EAGAIN || e == libc::EINTR => true,
@@ -405,11 +405,8 @@ impl OutChan {
         }
         // SAFETY: plain fcntl on our socket (answers are read without waiting).
         unsafe { real::fcntl(u, libc::F_SETFL, libc::O_NONBLOCK as usize) };
-        close_all(&[self.unix.swap(u, Ordering::Relaxed)]);
-        let efd = self.efd.swap(-1, Ordering::Relaxed);
-        if efd >= 0 {
-            close_all(&[efd]);
-        }
+        let u = crate::table::keep(u);
+        crate::table::let_go(&[self.unix.swap(u, Ordering::Relaxed), self.efd.swap(-1, Ordering::Relaxed)]);
         self.dead.store(false, Ordering::Relaxed);
         true
     }
@@ -495,11 +492,11 @@ impl Drop for OutChan {
         if self.gen == GEN.load(Ordering::Relaxed) {
             self.map.word(TXCLOSED).store(1, Ordering::Release);
         }
-        let efd = self.efd.load(Ordering::Relaxed);
-        close_all(&[self.unix.load(Ordering::Relaxed), self.memfd]);
-        if efd >= 0 {
-            close_all(&[efd]);
-        }
+        crate::table::let_go(&[
+            self.unix.load(Ordering::Relaxed),
+            self.memfd,
+            self.efd.load(Ordering::Relaxed),
+        ]);
     }
 }
 
@@ -536,10 +533,7 @@ impl Rx {
 
     /// Takes the marker down: no new sender finds this socket.
     fn withdraw(&self) {
-        let m = self.marker.swap(-1, Ordering::Relaxed);
-        if m >= 0 {
-            close_all(&[m]);
-        }
+        crate::table::let_go(&[self.marker.swap(-1, Ordering::Relaxed)]);
     }
 }
 
@@ -611,8 +605,9 @@ impl UdpSock {
             close_all(&[u]);
             return;
         }
+        let (u, efd) = (crate::table::keep(u), crate::table::keep(efd));
         if self.rx.set(Rx { marker: AtomicI32::new(u), efd, v6only, port: key.1 }).is_err() {
-            close_all(&[u, efd]);
+            crate::table::let_go(&[u, efd]);
         }
     }
 
@@ -1046,7 +1041,7 @@ impl Drop for UdpSock {
     fn drop(&mut self) {
         if let Some(rx) = self.rx.get() {
             rx.withdraw();
-            close_all(&[rx.efd]);
+            crate::table::let_go(&[rx.efd]);
         }
     }
 }
@@ -1234,8 +1229,8 @@ fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
     unsafe { real::fcntl(u, libc::F_SETFL, libc::O_NONBLOCK as usize) };
     Some(OutChan {
         map,
-        unix: AtomicI32::new(u),
-        memfd,
+        unix: AtomicI32::new(crate::table::keep(u)),
+        memfd: crate::table::keep(memfd),
         hello: h,
         efd: AtomicI32::new(-1),
         gen,
@@ -1305,7 +1300,7 @@ fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
     // datagrams it sent are in the ring and are read as a kernel socket's queue
     // would be; the channel is freed once drained.
     let _ = send_fds(c, &reply, &[rx.efd]);
-    Some(InChan { map, unix: c, src, dead: AtomicBool::new(false) })
+    Some(InChan { map, unix: crate::table::keep(c), src, dead: AtomicBool::new(false) })
 }
 
 // ------------------------------------------------------------------ table

@@ -78,6 +78,22 @@ fn datagram_semantics_match_the_kernel() {
 }
 
 #[test]
+fn a_sweep_of_unknown_descriptors_leaves_the_channels_working() {
+    // Both ends close every descriptor they do not know after the first exchange
+    // (a daemon's sweep, one close() at a time and close_range): the library's
+    // markers, doorbells, Unix sockets and memfds survive, and the next 100
+    // datagrams each way still go through shared memory.
+    let (s, c) = pair(true, true, "closeall");
+    check(&s, "server");
+    check(&c, "client");
+    assert!(s.stdout.contains("closeall server ok") && c.stdout.contains("closeall client ok"));
+    assert_eq!(stat(&c, "udp-out"), 1, "{}", c.stderr);
+    assert_eq!(stat(&c, "udp-sent"), 101, "{}", c.stderr);
+    assert_eq!(stat(&s, "udp-sent"), 101, "{}", s.stderr);
+    assert_eq!(stat(&s, "udp-received"), 101, "{}", s.stderr);
+}
+
+#[test]
 fn many_senders_to_one_receiver_keep_their_source_addresses() {
     // Four strait senders (threads of one process) and one plain one, at once: the
     // receiver sees every datagram with its sender's port, each sender in order.

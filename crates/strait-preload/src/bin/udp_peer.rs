@@ -419,6 +419,94 @@ fn many_server(fd: c_int, total: usize) {
     println!("many server ok {got} from {} sources", last.len());
 }
 
+// ------------------------------------------------------------------ closeall
+
+/// Rounds of the `closeall` echo; both ends sweep their descriptors after the first.
+const SWEEP_ROUNDS: usize = 100;
+
+/// A daemon's sweep of every descriptor it does not know (close() one by one, then
+/// close_range above `keep`): the library's own must survive it.
+fn sweep_descriptors(keep: c_int) {
+    for other in 3..64 {
+        if other != keep {
+            // SAFETY: closes descriptors of this process (EBADF if not open).
+            unsafe { libc::close(other) };
+        }
+    }
+    // SAFETY: as above, every descriptor above ours.
+    let r = unsafe { libc::close_range(keep as u32 + 1, u32::MAX, 0) };
+    assert_eq!(r, 0, "close_range: {}", std::io::Error::last_os_error());
+}
+
+/// Files opened after a sweep, taking the lowest free numbers (where the library's
+/// descriptors were, had the sweep closed them); each must stay open and empty (the
+/// library must neither ring nor close a number it no longer owns).
+fn occupy_low_numbers() -> Vec<(std::path::PathBuf, std::fs::File)> {
+    (0..24)
+        .map(|i| {
+            let p = std::env::temp_dir().join(format!("strait-sweep-{}-{i}", std::process::id()));
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&p)
+                .expect("temp file");
+            (p, f)
+        })
+        .collect()
+}
+
+fn check_untouched(files: Vec<(std::path::PathBuf, std::fs::File)>) {
+    for (p, f) in files {
+        let len = f
+            .metadata()
+            .unwrap_or_else(|e| panic!("the program's file {} was closed under it: {e}", p.display()))
+            .len();
+        let _ = std::fs::remove_file(&p);
+        assert_eq!(len, 0, "the library wrote {len} bytes into the program's file {}", p.display());
+    }
+}
+
+fn closeall_server(s: &UdpSocket) {
+    let mut buf = [0u8; 64];
+    let mut files = Vec::new();
+    for i in 0..=SWEEP_ROUNDS {
+        let (n, from) = s.recv_from(&mut buf).expect("recv");
+        s.send_to(&buf[..n], from).expect("echo");
+        if i == 0 {
+            sweep_descriptors(s.as_raw_fd());
+            files = occupy_low_numbers();
+        }
+    }
+    check_untouched(files);
+    println!("closeall server ok");
+}
+
+fn closeall_client(port: u16) {
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let to: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut buf = [0u8; 64];
+    let mut files = Vec::new();
+    for i in 0..=SWEEP_ROUNDS {
+        let msg = format!("round {i}");
+        s.send_to(msg.as_bytes(), to).expect("send");
+        let (n, _) = s.recv_from(&mut buf).expect("echo within 10 s");
+        assert_eq!(&buf[..n], msg.as_bytes(), "round {i}");
+        if i == 0 {
+            sweep_descriptors(s.as_raw_fd());
+            files = occupy_low_numbers();
+        }
+        // Let the server's receive go to sleep now and then (its doorbell rings).
+        if i % 10 == 5 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    check_untouched(files);
+    println!("closeall client ok");
+}
+
 // ------------------------------------------------------------------ main
 
 fn main() {
@@ -437,6 +525,7 @@ fn main() {
             let fd = s.as_raw_fd();
             match mode.as_str() {
                 "semantics" => semantics_server(fd),
+                "closeall" => closeall_server(&s),
                 m if m.starts_with("many") => {
                     // Room for every datagram over the kernel too (root may exceed
                     // rmem_max).
@@ -503,6 +592,7 @@ fn main() {
             let port: u16 = a[2].parse().expect("port");
             match a.get(3).map(String::as_str).unwrap_or("") {
                 "semantics" => semantics_client(port),
+                "closeall" => closeall_client(port),
                 m if m.starts_with("many") => {
                     let (n, per) = m[4..].split_once('x').expect("manyNxM");
                     many_client(port, n.parse().expect("n"), per.parse().expect("m"));

@@ -369,8 +369,7 @@ pub enum IoErr {
 impl Conn {
     pub fn new(shm: Shm, side: usize, fds: Carriers, nonblock: bool, pending: Option<PendingC>) -> Conn {
         let Carriers { my_efd, peer_efd, unix, vault } = fds;
-        let [my_efd, peer_efd, unix, vault] = [my_efd, peer_efd, unix, vault].map(crate::table::to_high);
-        crate::table::add_internal(&[my_efd, peer_efd, unix, vault]);
+        let [my_efd, peer_efd, unix, vault] = [my_efd, peer_efd, unix, vault].map(crate::table::keep);
         Conn {
             shm,
             side,
@@ -722,12 +721,8 @@ impl Conn {
         let mut asked = (p.asked >= 0).then_some(p.asked);
         if st == ATTACHED_B {
             if let Some(c) = asked.take() {
-                let c = crate::table::to_high(c);
-                crate::table::add_internal(&[c]);
-                let old = self.unix.swap(c, Ordering::Relaxed);
-                crate::table::remove_internal(&[old]);
-                // SAFETY: our socket (the marker connection, held by another process).
-                unsafe { real::close(old) };
+                // (The old one is the marker connection, held by another process.)
+                crate::table::let_go(&[self.unix.swap(crate::table::keep(c), Ordering::Relaxed)]);
             }
         }
         if let Some(c) = asked {
@@ -1385,13 +1380,7 @@ impl Drop for Conn {
         if let Some(p) = self.pending.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             p.close();
         }
-        let fds = [self.my_efd, self.peer_efd, self.unix(), self.vault];
-        crate::table::remove_internal(&fds);
-        for fd in fds {
-            if fd >= 0 {
-                // SAFETY: these descriptors belong to this connection alone.
-                unsafe { real::close(fd) };
-            }
-        }
+        // These descriptors belong to this connection alone.
+        crate::table::let_go(&[self.my_efd, self.peer_efd, self.unix(), self.vault]);
     }
 }

@@ -598,18 +598,7 @@ unsafe fn system_handing_over(line: *const c_char) -> c_int {
             &mut attr,
             (libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK) as _,
         );
-        let argv = [c"sh".as_ptr(), c"-c".as_ptr(), c"--".as_ptr(), line, std::ptr::null()];
-        let mut pid: pid_t = 0;
-        let r = spawn_with(environ_ptr(), false, |env| {
-            real::posix_spawn(
-                &mut pid,
-                SHELL.as_ptr(),
-                std::ptr::null(),
-                &attr,
-                argv.as_ptr().cast(),
-                env.cast(),
-            )
-        });
+        let (r, pid) = spawn_shell(line, std::ptr::null(), &attr);
         libc::posix_spawnattr_destroy(&mut attr);
         let status = if r == 0 { wait_for(pid) } else { 127 << 8 };
         {
@@ -628,6 +617,29 @@ unsafe fn system_handing_over(line: *const c_char) -> c_int {
         }
         status
     }
+}
+
+/// Starts `sh -c -- command` (as glibc's `system` and `popen` do) with the handoff
+/// in its environment: (posix_spawn's result, the shell's pid).
+///
+/// # Safety
+/// `command` is a NUL-terminated string; `actions` and `attr` are null or
+/// initialised.
+unsafe fn spawn_shell(
+    command: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+) -> (c_int, pid_t) {
+    let argv = [c"sh".as_ptr(), c"-c".as_ptr(), c"--".as_ptr(), command, std::ptr::null()];
+    let mut pid: pid_t = 0;
+    let r = spawn_with(environ_ptr(), false, |env| {
+        // SAFETY: a NUL-terminated argument list and environment; the caller's
+        // actions and attributes.
+        unsafe {
+            real::posix_spawn(&mut pid, SHELL.as_ptr(), actions, attr, argv.as_ptr().cast(), env.cast())
+        }
+    });
+    (r, pid)
 }
 
 /// Waits for `pid` (through interruptions): its wait status, or -1.
@@ -704,18 +716,7 @@ unsafe fn popen_handing_over(command: *const c_char, mode: &[u8]) -> *mut libc::
         for fd in earlier.into_iter().filter(|&fd| fd != child_std) {
             libc::posix_spawn_file_actions_addclose(&mut fa, fd);
         }
-        let argv = [c"sh".as_ptr(), c"-c".as_ptr(), c"--".as_ptr(), command, std::ptr::null()];
-        let mut pid: pid_t = 0;
-        let r = spawn_with(environ_ptr(), false, |env| {
-            real::posix_spawn(
-                &mut pid,
-                SHELL.as_ptr(),
-                &fa,
-                std::ptr::null(),
-                argv.as_ptr().cast(),
-                env.cast(),
-            )
-        });
+        let (r, pid) = spawn_shell(command, &fa, std::ptr::null());
         libc::posix_spawn_file_actions_destroy(&mut fa);
         real::close(child_end);
         if r != 0 {

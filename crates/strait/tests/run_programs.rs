@@ -44,6 +44,20 @@ fn wait_listening(port: u16) {
     }
 }
 
+/// Starts a server under `strait run` with its output discarded and waits until it
+/// listens on `port`; killed when dropped.
+fn quiet_server(args: &[&str], port: &str, what: &str) -> Killed {
+    let server = Killed(
+        strait_run(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what}: {e}")),
+    );
+    wait_listening(port.parse().expect("port"));
+    server
+}
+
 fn accelerated(stderr: &str) -> usize {
     stderr
         .lines()
@@ -80,14 +94,11 @@ fn run_preloads_the_library_and_passes_settings() {
 fn sockperf_ping_pong_with_both_ends_under_strait() {
     ensure("sockperf", "sockperf");
     let port = free_port().to_string();
-    let _server = Killed(
-        strait_run(&["--", "sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p", &port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sockperf server"),
+    let _server = quiet_server(
+        &["--", "sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p", &port],
+        &port,
+        "sockperf server",
     );
-    wait_listening(port.parse().expect("port"));
     for (under_strait, msg) in [(true, "14"), (true, "1024"), (false, "14")] {
         // sockperf sizes its sequence table for at most 600K messages/s unless told
         // otherwise, and strait goes faster than that.
@@ -119,14 +130,11 @@ fn redis_benchmark_set_get_with_both_ends_under_strait() {
     ensure("redis-server", "redis-server");
     ensure("redis-benchmark", "redis-tools");
     let port = free_port().to_string();
-    let _server = Killed(
-        strait_run(&["--", "redis-server", "--port", &port, "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server"),
+    let _server = quiet_server(
+        &["--", "redis-server", "--port", &port, "--save", "", "--appendonly", "no"],
+        &port,
+        "redis-server",
     );
-    wait_listening(port.parse().expect("port"));
     let out = run_for(
         &mut strait_run(&[
             "--stats",
@@ -387,14 +395,7 @@ fn python_asyncio_streams_and_threaded_http_server_under_strait() {
     let (dir, script) = temp_script("python", "aio.py", ASYNCIO_ECHO);
 
     let port = free_port().to_string();
-    let server = Killed(
-        strait_run(&["--", &py, &script, "server", &port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("asyncio server"),
-    );
-    wait_listening(port.parse().expect("port"));
+    let server = quiet_server(&["--", &py, &script, "server", &port], &port, "asyncio server");
     let out =
         run_for(&mut strait_run(&["--stats", "--", &py, &script, "client", &port]), Duration::from_secs(60))
             .expect("asyncio client finished");
@@ -411,14 +412,11 @@ fn python_asyncio_streams_and_threaded_http_server_under_strait() {
     std::fs::write(www.join("f.bin"), &body).expect("write");
     let port = free_port().to_string();
     let www_s = www.display().to_string();
-    let _server = Killed(
-        strait_run(&["--", &py, "-m", "http.server", &port, "--bind", "127.0.0.1", "--directory", &www_s])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("http.server"),
+    let _server = quiet_server(
+        &["--", &py, "-m", "http.server", &port, "--bind", "127.0.0.1", "--directory", &www_s],
+        &port,
+        "http.server",
     );
-    wait_listening(port.parse().expect("port"));
     for _ in 0..3 {
         let url = format!("http://127.0.0.1:{port}/f.bin");
         let out = run_for(
@@ -436,14 +434,7 @@ fn python_asyncio_streams_and_threaded_http_server_under_strait() {
 fn iperf3_transfer_with_both_ends_under_strait() {
     ensure("iperf3", "iperf3");
     let port = free_port().to_string();
-    let _server = Killed(
-        strait_run(&["--", "iperf3", "-s", "-p", &port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("iperf3 server"),
-    );
-    wait_listening(port.parse().expect("port"));
+    let _server = quiet_server(&["--", "iperf3", "-s", "-p", &port], &port, "iperf3 server");
     let out = run_for(
         &mut strait_run(&["--stats", "--", "iperf3", "-c", "127.0.0.1", "-p", &port, "-n", "200M", "-J"]),
         Duration::from_secs(60),
@@ -592,14 +583,7 @@ fn connection_churn_in_epoll_sets_never_stalls() {
     let py = python();
     let (dir, script) = temp_script("churn", "churn.py", CHURN);
     let port = free_port().to_string();
-    let _server = Killed(
-        strait_run(&["--", &py, &script, "server", &port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("churn server"),
-    );
-    wait_listening(port.parse().expect("port"));
+    let _server = quiet_server(&["--", &py, &script, "server", &port], &port, "churn server");
     let (done, slowest, made) = churn_client(&py, &script, &port, 2000);
     assert!(done >= 2000);
     // (The bugs cost 1 s and 200 ms; the bound leaves room for a loaded machine.)
@@ -878,14 +862,11 @@ fn socat_execs_cat_on_each_accepted_connection_under_strait() {
     // memory (the client reads only from it).
     ensure("socat", "socat");
     let port = free_port().to_string();
-    let _server = Killed(
-        strait_run(&["--", "socat", &format!("TCP-LISTEN:{port},reuseaddr,fork"), "EXEC:cat,nofork"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("socat server"),
+    let _server = quiet_server(
+        &["--", "socat", &format!("TCP-LISTEN:{port},reuseaddr,fork"), "EXEC:cat,nofork"],
+        &port,
+        "socat server",
     );
-    wait_listening(port.parse().expect("port"));
     for seed in 0..3 {
         echo_through_socat(&port, seed);
     }
@@ -898,14 +879,11 @@ fn socat_execs_sed_whose_stdio_streams_are_the_accelerated_socket() {
     // must be strait's own streams over the inherited socket.
     ensure("socat", "socat");
     let port = free_port().to_string();
-    let _server = Killed(
-        strait_run(&["--", "socat", &format!("TCP-LISTEN:{port},reuseaddr,fork"), "EXEC:sed s/a/A/g,nofork"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("socat server"),
+    let _server = quiet_server(
+        &["--", "socat", &format!("TCP-LISTEN:{port},reuseaddr,fork"), "EXEC:sed s/a/A/g,nofork"],
+        &port,
+        "socat server",
     );
-    wait_listening(port.parse().expect("port"));
     let text: String = (0..100_000).map(|i| format!("{i} banana split\n")).collect();
     socat_round_trip(&port, "sed", text.as_bytes(), text.replace('a', "A").as_bytes());
 }
@@ -930,14 +908,7 @@ fn python_subprocess_hands_accepted_connections_to_cat_under_strait() {
     ensure("socat", "socat");
     let py = python();
     let port = free_port().to_string();
-    let _server = Killed(
-        strait_run(&["--", &py, "-c", PY_SPAWNS_CAT, &port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python server"),
-    );
-    wait_listening(port.parse().expect("port"));
+    let _server = quiet_server(&["--", &py, "-c", PY_SPAWNS_CAT, &port], &port, "python server");
     for seed in 10..12 {
         echo_through_socat(&port, seed);
     }

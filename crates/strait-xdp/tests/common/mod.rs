@@ -59,6 +59,23 @@ impl Pair {
         let out = sh(&["ip", "-n", &self.ns[side], "link", "show", &self.ifs[side]]);
         String::from_utf8_lossy(&out.stdout).contains("xdp")
     }
+
+    /// True once neither side has a program attached, looked at for up to 2 s: a
+    /// process forked by another test thread (each `ip` command) holds copies of
+    /// every descriptor, the BPF link's too, until it execs, so the detach the
+    /// last close causes can come a moment later.
+    pub fn detached_soon(&self) -> bool {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            if !self.attached(0) && !self.attached(1) {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Pair {

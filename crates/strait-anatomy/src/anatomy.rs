@@ -40,6 +40,12 @@ pub struct StageRow {
     pub cycles: f64,
     /// False for stages that overlap the path (reported, not summed).
     pub on_critical_path: bool,
+    /// Mean time of the stage over the kept iterations before the per-event
+    /// tracing cost is subtracted, ns (the kernel paths; `None` where the stages are
+    /// computed with the cost inside them). A stage with a positive `raw_ns` was
+    /// observed even where `ns` reads 0: it is shorter than the calibration's error.
+    #[serde(default)]
+    pub raw_ns: Option<f64>,
 }
 
 /// One transport at one message size.
@@ -592,6 +598,7 @@ mod tests {
             p99_ns: ns * 2.0,
             cycles: ns * 2.5,
             on_critical_path: crit,
+            raw_ns: None,
         };
         let run = |size: u64| AnatomyRun {
             transport: "strait-shm".into(),

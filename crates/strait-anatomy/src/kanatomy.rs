@@ -467,6 +467,9 @@ fn summarize(
             .flat_map(|q| q.iter().filter(|s| s.0 == k).map(|&(k, t, n)| corr(k, t, n)))
             .sum::<f64>()
             / nk;
+        let raw: f64 =
+            kept.iter().flat_map(|q| q.iter().filter(|s| s.0 == k).map(|s| s.1 as f64 / tpn)).sum::<f64>()
+                / nk;
         stages.push(StageRow {
             name: name.clone(),
             layer: (*layer).into(),
@@ -475,6 +478,7 @@ fn summarize(
             p99_ns: s.p99,
             cycles: mean * tpn,
             on_critical_path: true,
+            raw_ns: Some(raw),
         });
     }
     let sum: f64 = stages.iter().map(|s| s.ns).sum();

@@ -55,19 +55,13 @@ fn has(tool: &str) -> bool {
     Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
 }
 
-/// Installs `iptables` from the distribution's packages if it is missing (apt).
+/// Checks that `iptables` is installed. Tests never install anything:
+/// `scripts/install-deps`, which the test command runs first, does it once.
 pub fn ensure_iptables() -> io::Result<()> {
-    if has("iptables") {
-        return Ok(());
-    }
-    let _ = Command::new("apt-get").args(["update", "-qq"]).stdout(Stdio::null()).status();
-    run(Command::new("apt-get")
-        .args(["install", "-y", "-qq", "iptables"])
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
     if has("iptables") {
         Ok(())
     } else {
-        Err(io::Error::other("iptables is still missing after apt-get install"))
+        Err(io::Error::other("iptables is missing: run scripts/install-deps before the tests"))
     }
 }
 

@@ -342,6 +342,7 @@ pub fn run(
                     p99_ns: st.p99_ns,
                     cycles: st.mean_ns * tpn,
                     on_critical_path: true,
+                    raw_ns: None,
                 })
             })
             .collect();
@@ -354,6 +355,7 @@ pub fn run(
                 p99_ns: db.p99_ns,
                 cycles: db.mean_ns * tpn,
                 on_critical_path: false,
+                raw_ns: None,
             });
         }
         let deviation = (s.corrected_ns - measured) / measured;

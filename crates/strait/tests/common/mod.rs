@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
@@ -85,30 +84,11 @@ pub fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
     Some(Output { status, stdout: out.join().ok()?, stderr: err.join().ok()? })
 }
 
-/// Installs `pkg` with apt-get if `bin` is missing (apt-get update once if needed).
+/// Asserts that `bin` (from Debian's package `pkg`) is installed. Tests never install
+/// anything: `scripts/install-deps`, which the test command runs first, does it once
+/// (two tests installing at once fought over the dpkg lock).
 pub fn ensure(bin: &str, pkg: &str) {
-    static APT: Mutex<bool> = Mutex::new(false);
-    if have(bin) {
-        return;
-    }
-    let mut updated = APT.lock().unwrap_or_else(|e| e.into_inner());
-    let install = || {
-        run_for(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", pkg])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            Duration::from_secs(300),
-        )
-    };
-    if !have(bin) {
-        install();
-    }
-    if !have(bin) && !*updated {
-        run_for(Command::new("apt-get").args(["update", "-q"]), Duration::from_secs(180));
-        *updated = true;
-        install();
-    }
-    assert!(have(bin), "{bin} is missing and `apt-get install {pkg}` did not provide it");
+    assert!(have(bin), "{bin} is missing: run scripts/install-deps (it installs {pkg}) before the tests");
 }
 
 pub fn plain(prog: &str) -> Command {

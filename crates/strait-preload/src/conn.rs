@@ -53,7 +53,7 @@ use libc::{c_int, c_void};
 use crate::real;
 
 pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const HDR: usize = 4096;
 const OFF_STATE: usize = 64;
 pub(crate) const fn off_holders(side: usize) -> usize {
@@ -293,6 +293,16 @@ pub struct Conn {
     pub(crate) remote_settler: std::sync::atomic::AtomicU32,
     /// A connection to another host that settled on the kernel path.
     remote_kernel: AtomicBool,
+    /// Message mode, decided once (our setting, and the peer's word read once
+    /// after the attach): the peer cannot switch it later.
+    mode: std::sync::OnceLock<bool>,
+    /// Bytes of the reader buffer this process posted for a rendezvous (0: none).
+    /// A completion is believed only up to this, and only if we posted.
+    rv_posted: AtomicUsize,
+    /// The peer process a rendezvous may write into: the credentials of the
+    /// liveness socket's other end, pinned at the first rendezvous. Never a pid
+    /// read from shared memory.
+    rv_peer: std::sync::OnceLock<Option<libc::pid_t>>,
 }
 
 enum Waited {
@@ -394,12 +404,20 @@ impl Conn {
             remote_pending: Mutex::new(None),
             remote_settler: std::sync::atomic::AtomicU32::new(0),
             remote_kernel: AtomicBool::new(false),
+            mode: std::sync::OnceLock::new(),
+            rv_posted: AtomicUsize::new(0),
+            rv_peer: std::sync::OnceLock::new(),
         }
     }
 
-    /// Takes the lock word at `off` of direction `d` (see the module doc).
-    fn step_lock(&self, d: usize, off: usize) -> StepLock<'_> {
-        StepLock::take(self.w(d, off))
+    /// Takes the lock word at `off` of direction `d` (see the module doc). A peer
+    /// that keeps the word held (it lives in memory the peer can write) resets
+    /// the connection after a bound instead of holding this process forever.
+    fn step_lock(&self, d: usize, off: usize) -> Result<StepLock<'_>, IoErr> {
+        StepLock::take(self.w(d, off)).ok_or_else(|| {
+            self.peer_dead.store(true, Ordering::Relaxed);
+            IoErr::Reset
+        })
     }
 
     fn tx(&self) -> usize {
@@ -755,7 +773,7 @@ impl Conn {
         let nonblock = dontwait || self.nonblock.load(Ordering::Relaxed);
         let mut got = 0usize;
         loop {
-            let lock = self.step_lock(self.rx(), RLOCK);
+            let lock = self.step_lock(self.rx(), RLOCK)?;
             let (head, n) = self.avail()?;
             if n > 0 {
                 let take = (n as usize).min(want - got);
@@ -871,7 +889,7 @@ impl Conn {
             if self.tx_broken() {
                 return if sent > 0 { Ok(sent) } else { Err(IoErr::Pipe) };
             }
-            let lock = self.step_lock(self.tx(), WLOCK);
+            let lock = self.step_lock(self.tx(), WLOCK)?;
             let (tail, room) = self.room()?;
             if room == 0 {
                 drop(lock);
@@ -906,9 +924,23 @@ impl Conn {
         }
     }
 
-    /// True once both ends agreed on message mode.
+    /// True once both ends agreed on message mode. Only if this process asked for
+    /// it (`STRAIT_MESSAGES`); the peer's agreement is read once, after the attach
+    /// published it, and kept here: a peer that rewrites the word later changes
+    /// nothing.
     pub fn messages(&self) -> bool {
-        self.shm.word(OFF_MODE).load(Ordering::Acquire) & MODE_AGREED != 0
+        if !Settings::get().messages {
+            return false;
+        }
+        if let Some(&m) = self.mode.get() {
+            return m;
+        }
+        let agreed = self.shm.word(OFF_MODE).load(Ordering::Acquire) & MODE_AGREED != 0;
+        if self.attached() {
+            *self.mode.get_or_init(|| agreed)
+        } else {
+            agreed
+        }
     }
 
     /// The length header of the message at `head` of our receive ring.
@@ -919,21 +951,40 @@ impl Conn {
     }
 
     /// A rendezvous that completed: its byte count (the post is free again). Waits
-    /// out a writer that is copying.
-    fn take_rendezvous(&self) -> Result<Option<usize>, IoErr> {
+    /// out a writer that is copying, as a blocked read would (its timeouts and
+    /// signals apply; no spinning). A completion we did not post for, or one that
+    /// claims more bytes than we posted, is the peer breaking the protocol: reset.
+    fn take_rendezvous(&self, fd: c_int) -> Result<Option<usize>, IoErr> {
         let st = self.w(self.rx(), RV_STATE);
         loop {
             match st.load(Ordering::Acquire) {
                 RV_DONE_STATE => {
-                    let n = self.w(self.rx(), RV_DONE).load(Ordering::Relaxed) as usize;
+                    let posted = self.rv_posted.swap(0, Ordering::Relaxed);
+                    let n = self.w(self.rx(), RV_DONE).load(Ordering::Relaxed);
                     st.store(RV_IDLE, Ordering::Release);
-                    return Ok(Some(n));
+                    if posted == 0 || n > posted as u64 {
+                        self.peer_dead.store(true, Ordering::Relaxed);
+                        return Err(IoErr::Reset);
+                    }
+                    return Ok(Some(n as usize));
                 }
                 RV_FILLING => {
+                    if self.rv_posted.load(Ordering::Relaxed) == 0 {
+                        // Nothing of ours is being filled: not a state a writer of
+                        // ours leaves.
+                        self.peer_dead.store(true, Ordering::Relaxed);
+                        return Err(IoErr::Reset);
+                    }
                     if self.check_peer() {
                         return Err(IoErr::Reset);
                     }
-                    std::thread::yield_now();
+                    match self
+                        .wait(fd, true, &|c| c.w(c.rx(), RV_STATE).load(Ordering::Acquire) != RV_FILLING)
+                    {
+                        Waited::Ready => {}
+                        Waited::Timeout => return Err(IoErr::Again),
+                        Waited::Interrupted => return Err(IoErr::Intr),
+                    }
                 }
                 _ => return Ok(None),
             }
@@ -943,6 +994,7 @@ impl Conn {
     /// Posts the reader's buffer for a writer to fill.
     fn post(&self, buf: *mut u8, len: usize) {
         let d = self.rx();
+        self.rv_posted.store(len, Ordering::Relaxed);
         self.w(d, RV_ADDR).store(buf as u64, Ordering::Relaxed);
         self.w(d, RV_LEN).store(len as u64, Ordering::Relaxed);
         self.w(d, RV_PID).store(process_id(), Ordering::Relaxed);
@@ -951,9 +1003,14 @@ impl Conn {
 
     /// Takes a post back; false if a writer already took it (then it completes).
     fn unpost(&self) -> bool {
-        self.w(self.rx(), RV_STATE)
+        let back = self
+            .w(self.rx(), RV_STATE)
             .compare_exchange(RV_POSTED, RV_IDLE, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if back {
+            self.rv_posted.store(0, Ordering::Relaxed);
+        }
+        back
     }
 
     /// Message mode: reads bytes of one message.
@@ -971,11 +1028,11 @@ impl Conn {
         let mut got = 0usize;
         loop {
             if got == 0 && !peek {
-                if let Some(n) = self.take_rendezvous()? {
+                if let Some(n) = self.take_rendezvous(fd)? {
                     return Ok(n);
                 }
             }
-            let lock = self.step_lock(self.rx(), RLOCK);
+            let lock = self.step_lock(self.rx(), RLOCK)?;
             let (mut head, mut n) = self.avail()?;
             let mut left = self.w(self.rx(), MSG_LEFT).load(Ordering::Relaxed);
             let mut skip = 0u64;
@@ -1068,7 +1125,17 @@ impl Conn {
         {
             return false;
         }
-        let pid = self.w(d, RV_PID).load(Ordering::Relaxed) as libc::pid_t;
+        // Only into the process at the other end of our liveness socket, pinned
+        // once: the pid word in shared memory merely has to agree (a forked reader
+        // of the peer's is served through the ring).
+        let peer = *self.rv_peer.get_or_init(|| crate::trust::peer_cred(self.unix()).map(|c| c.pid));
+        let pid = match peer {
+            Some(p) if p as u64 == self.w(d, RV_PID).load(Ordering::Relaxed) => p,
+            _ => {
+                st.store(RV_POSTED, Ordering::Release);
+                return false;
+            }
+        };
         let remote = libc::iovec {
             iov_base: self.w(d, RV_ADDR).load(Ordering::Relaxed) as *mut c_void,
             iov_len: want,
@@ -1123,7 +1190,7 @@ impl Conn {
             }
             let lock = match held.take() {
                 Some(l) => l,
-                None => self.step_lock(self.tx(), WLOCK),
+                None => self.step_lock(self.tx(), WLOCK)?,
             };
             let (tail, room) = self.room()?;
             if done == 0 && room as usize == ring && self.rendezvous(iov, want) {
@@ -1314,32 +1381,50 @@ pub(crate) fn after_fork_child() {
 /// owner's process id, so a lock left by a process that died inside a step is taken
 /// over instead of blocking the connection for ever. Uncontended, it costs one
 /// compare-and-swap on a line only this end's processes touch.
+///
+/// The word lives in memory the peer can write: a peer that writes a live pid
+/// there (or holds it) must not hold this process. A step is a copy of at most a
+/// ring's worth of bytes, so a holder that keeps the word for [`STEP_LOCK_LIMIT`]
+/// is not one of ours at work: the waiter gives up (the connection resets). The
+/// waiter spins briefly, then yields, then sleeps, so it never burns a core.
 struct StepLock<'a>(&'a AtomicU64);
 
+/// Longest time a step lock is waited for.
+const STEP_LOCK_LIMIT: Duration = Duration::from_secs(2);
+
 impl<'a> StepLock<'a> {
-    fn take(word: &'a AtomicU64) -> StepLock<'a> {
+    fn take(word: &'a AtomicU64) -> Option<StepLock<'a>> {
         let me = process_id();
         let mut spins = 0u32;
+        let mut since: Option<Instant> = None;
         loop {
             match word.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return StepLock(word),
+                Ok(_) => return Some(StepLock(word)),
                 Err(owner) => {
                     spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(256) {
-                        // SAFETY: signal 0 only asks whether the process exists.
-                        let dead = owner != 0
-                            && owner != me
-                            && unsafe { libc::kill(owner as libc::pid_t, 0) } != 0
-                            && real::errno() == libc::ESRCH;
-                        if dead
-                            && word.compare_exchange(owner, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
-                        {
-                            return StepLock(word);
-                        }
+                    if !spins.is_multiple_of(256) {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    // SAFETY: signal 0 only asks whether the process exists.
+                    let dead = owner != 0
+                        && owner != me
+                        && unsafe { libc::kill(owner as libc::pid_t, 0) } != 0
+                        && real::errno() == libc::ESRCH;
+                    if dead && word.compare_exchange(owner, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                    {
+                        return Some(StepLock(word));
+                    }
+                    let start = *since.get_or_insert_with(Instant::now);
+                    let waited = start.elapsed();
+                    if waited >= STEP_LOCK_LIMIT {
+                        return None;
+                    }
+                    if waited < Duration::from_millis(1) {
                         // SAFETY: plain syscall; the holder may need this processor.
                         unsafe { libc::sched_yield() };
                     } else {
-                        std::hint::spin_loop();
+                        std::thread::sleep(Duration::from_micros(50));
                     }
                 }
             }

@@ -12,18 +12,23 @@
 //!   address, as the kernel would refuse that connect). It then
 //!   binds the TCP socket to an ephemeral port if the program did not bind it (so the
 //!   port is known before the SYN), binds its own per-connection name
-//!   `strait.c.<netns>.<port>`, sends a hello (a sealed memfd, two eventfds, and the
-//!   TCP socket itself as proof of identity) to the marker, and only then does the
-//!   real TCP connect. Not one byte is ever sent on the TCP connection.
+//!   `strait.c.<netns>.<port>`, sends a hello (a sealed memfd, two eventfds, and an
+//!   `O_PATH` token of its TCP socket: a proof that it holds the socket, with no power
+//!   over it) to the marker, and only then does the real TCP connect. Not one byte is
+//!   ever sent on the TCP connection. The hello goes out only after the marker's
+//!   holder is proven to be root, this user, or the owner of the listening socket
+//!   the kernel would pick ([`crate::trust`]); a name squatted by another user is
+//!   skipped, and every name look-up is a non-blocking connect.
 //! * `accept()` takes the kernel connection and looks, among the hellos queued at
-//!   the marker, for one whose TCP socket is the accepted connection's other end
-//!   (checked with getsockname/getpeername on the received socket, so no process can
-//!   claim someone else's connection). A peer without strait costs one failed
-//!   `accept4`.
+//!   the marker, for one whose token names the accepted connection's other end (the
+//!   inode the kernel's socket diagnostics give for the connection's addresses, so no
+//!   process can claim someone else's connection, whatever its user). A peer
+//!   without strait costs one failed `accept4`.
 //! * If another process drained that hello (workers forked from one listener share
 //!   the marker), the acceptor asks the connector directly at its per-connection
-//!   name, sending its accepted socket as proof; the connector answers with the
-//!   hello when it next enters the library (path B).
+//!   name (after checking who holds it), sending a token of its accepted socket as
+//!   proof; the connector checks it and answers with the hello when it next enters
+//!   the library (path B).
 //! * Both sides agree through one word in shared memory: pending -> attached (by the
 //!   acceptor, path A or B), or pending -> kernel (by the connector after a
 //!   timeout). A lost hello only costs a bounded delay, never data.
@@ -38,8 +43,17 @@ use crate::conn::{
     Carriers, Conn, PendingC, Settings, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
 };
 use crate::real;
+use crate::trust::{self, Proto};
 
 const HELLO_LEN: usize = 48;
+
+/// Hellos a listener keeps unclaimed at most; the oldest goes first.
+const MAX_HELLOS: usize = 1024;
+/// Unix connections at the marker that have not sent their hello yet, at most.
+const MAX_WAITING: usize = 256;
+/// Hellos and waiting connections one user other than root and ours may hold at a
+/// listener: a flood from one account cannot crowd out the others.
+const MAX_PER_USER: usize = 128;
 
 /// Address key of a TCP endpoint: IPv4 (or v4-mapped IPv6) as `::ffff:a.b.c.d`.
 pub type Key = ([u8; 16], u16);
@@ -263,109 +277,78 @@ pub(crate) fn close_all(fds: &[c_int]) {
     }
 }
 
-pub(crate) fn same_user(sock: c_int) -> bool {
-    // SAFETY: ucred is plain old data.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as socklen_t;
-    // SAFETY: a local ucred and its length.
-    let r = unsafe {
-        libc::getsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    // SAFETY: plain syscall.
-    r == 0 && cred.uid == unsafe { libc::geteuid() }
-}
-
 struct Hello {
     ring: usize,
     /// memfd, connector's eventfd, acceptor's eventfd.
     fds: [c_int; 3],
-    /// The connector's TCP socket, kept only until its addresses can be read (it
-    /// must not hold the connection open).
-    tcp: c_int,
-    /// (local, peer) address of the connector's TCP socket.
-    ids: Option<(Key, Key)>,
+    /// `O_PATH` token of the connector's TCP socket ([`trust::socket_token`]).
+    token: c_int,
+    /// The connector's TCP port, as it said (a cheap filter before the proof).
+    port: u16,
+    /// The connector's user (SO_PEERCRED), for the per-user cap.
+    uid: u32,
     unix: c_int,
     at: Instant,
 }
 
 impl Hello {
-    /// Reads the connector socket's addresses once it is connected, then lets it go.
-    fn capture(&mut self) {
-        if self.ids.is_some() || self.tcp < 0 {
-            return;
-        }
-        // The peer first: once it is set the connect has chosen the local address,
-        // which before that reads as the wildcard the socket was bound to (local
-        // read first, a connect finishing between the two reads left ids that
-        // matched no accepted socket, and the acceptor waited for a hello it held).
-        let Some(p) = sock_key(self.tcp, true) else { return };
-        let Some(l) = sock_key(self.tcp, false).filter(|l| !is_wildcard(&l.0)) else { return };
-        if is_tcp_stream(self.tcp) {
-            self.ids = Some((l, p));
-        }
-        close_all(&[self.tcp]);
-        self.tcp = -1;
-    }
-
-    /// The hello's TCP socket is the other end of `fd`.
-    fn is_for(&mut self, fd: c_int) -> bool {
-        self.capture();
-        match self.ids {
-            Some((l, p)) => Some(l) == sock_key(fd, true) && Some(p) == sock_key(fd, false),
-            None => false,
-        }
+    /// The hello's token names the other end of the accepted connection `fd`: the
+    /// socket the kernel has at `fd`'s peer address, connected to `fd`'s address.
+    fn is_for(&self, fd: c_int) -> bool {
+        let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };
+        peer.1 == self.port && trust::token_names(self.token, Proto::Tcp, peer, local)
     }
 
     fn close(&self) {
         close_all(&self.fds);
-        close_all(&[self.unix]);
-        if self.tcp >= 0 {
-            close_all(&[self.tcp]);
-        }
+        close_all(&[self.unix, self.token]);
     }
 }
 
 /// An unspecified address (0.0.0.0, ::ffff:0.0.0.0 or ::), as in keys.
+#[cfg(test)]
 fn is_wildcard(a: &[u8; 16]) -> bool {
     a.iter().all(|&b| b == 0) || (a[..10].iter().all(|&b| b == 0) && a[10..] == [255, 255, 0, 0, 0, 0])
 }
 
-/// `a` and `b` are the two ends of one TCP connection (each one's local address is
-/// the other's peer address).
-fn same_connection(a: c_int, b: c_int) -> bool {
-    let (Some(al), Some(ap), Some(bl), Some(bp)) =
-        (sock_key(a, false), sock_key(a, true), sock_key(b, false), sock_key(b, true))
-    else {
-        return false;
-    };
-    al == bp && ap == bl && is_tcp_stream(a)
-}
-
-fn parse_hello(h: &[u8; HELLO_LEN], fds: Vec<c_int>, unix: c_int) -> Option<Hello> {
+/// Checks a hello's header and descriptors; `None` (all closed) if anything is off:
+/// a ring larger than ours (a peer may not make us map more than we would), a
+/// doorbell that is not an eventfd, a token that is not a socket's.
+fn parse_hello(h: &[u8; HELLO_LEN], fds: Vec<c_int>, unix: c_int, uid: u32) -> Option<Hello> {
     let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
     let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
     let ring = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default()) as usize;
-    if magic != MAGIC || version != VERSION || !ring.is_power_of_two() || ring < 4096 || fds.len() != 4 {
+    let port = u16::from_le_bytes([h[16], h[17]]);
+    let ok = magic == MAGIC
+        && version == VERSION
+        && ring.is_power_of_two()
+        && (4096..=Settings::get().ring).contains(&ring)
+        && fds.len() == 4
+        && trust::is_eventfd(fds[1])
+        && trust::is_eventfd(fds[2])
+        && trust::token_inode(fds[3]).is_some();
+    if !ok {
         close_all(&fds);
         close_all(&[unix]);
-        return None;
+        return trust::refuse();
     }
-    let mut h =
-        Hello { ring, fds: [fds[0], fds[1], fds[2]], tcp: fds[3], ids: None, unix, at: Instant::now() };
-    h.capture();
-    Some(h)
+    Some(Hello { ring, fds: [fds[0], fds[1], fds[2]], token: fds[3], port, uid, unix, at: Instant::now() })
 }
 
 #[derive(Default)]
 struct Pending {
     hellos: Vec<Hello>,
-    waiting: Vec<c_int>,
+    /// Unix connections at the marker that have not sent their hello yet, with
+    /// their users.
+    waiting: Vec<(c_int, u32)>,
+}
+
+impl Pending {
+    /// Hellos and waiting connections of user `uid`.
+    fn held_by(&self, uid: u32) -> usize {
+        self.hellos.iter().filter(|h| h.uid == uid).count()
+            + self.waiting.iter().filter(|w| w.1 == uid).count()
+    }
 }
 
 /// The strait side of a listening TCP socket.
@@ -380,7 +363,7 @@ impl Drop for Listener {
         for h in p.hellos.drain(..) {
             h.close();
         }
-        close_all(&p.waiting);
+        close_all(&p.waiting.iter().map(|w| w.0).collect::<Vec<_>>());
         if self.unix >= 0 {
             close_all(&[self.unix]);
         }
@@ -457,31 +440,40 @@ impl Listener {
             if c < 0 {
                 break;
             }
-            if same_user(c) {
-                p.waiting.push(c);
-            } else {
+            // Any user may connect (a connection between two users is proven by its
+            // token), but no account may hold more than its share, and the oldest
+            // silent connection goes when too many wait.
+            let uid = trust::peer_cred(c).map_or(u32::MAX, |cr| cr.uid);
+            if !trust::trusted_user(uid) && p.held_by(uid) >= MAX_PER_USER {
                 close_all(&[c]);
+                trust::refuse::<()>();
+                continue;
             }
+            if p.waiting.len() >= MAX_WAITING {
+                let (old, _) = p.waiting.remove(0);
+                close_all(&[old]);
+            }
+            p.waiting.push((c, uid));
         }
         let mut i = 0;
         while i < p.waiting.len() {
-            let c = p.waiting[i];
+            let (c, uid) = p.waiting[i];
             match recv_hello(c) {
                 None => i += 1,
                 Some(Err(())) => {
                     close_all(&[c]);
-                    p.waiting.swap_remove(i);
+                    p.waiting.remove(i);
                 }
                 Some(Ok((h, fds))) => {
-                    p.waiting.swap_remove(i);
-                    if let Some(h) = parse_hello(&h, fds, c) {
+                    p.waiting.remove(i);
+                    if let Some(h) = parse_hello(&h, fds, c, uid) {
+                        if p.hellos.len() >= MAX_HELLOS {
+                            p.hellos.remove(0).close();
+                        }
                         p.hellos.push(h);
                     }
                 }
             }
-        }
-        for h in p.hellos.iter_mut() {
-            h.capture();
         }
         // Hellos whose connectors went on without us (attached elsewhere by path B,
         // as when another SO_REUSEPORT listener took the connection, or gave up):
@@ -523,13 +515,13 @@ impl Listener {
             let waiting = {
                 let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                 self.pump(&mut p);
-                if let Some(i) = p.hellos.iter_mut().position(|h| h.is_for(fd)) {
+                if let Some(i) = p.hellos.iter().position(|h| h.is_for(fd)) {
                     return Some(p.hellos.swap_remove(i));
                 }
                 if p.waiting.is_empty() {
                     return None;
                 }
-                p.waiting.clone()
+                p.waiting.iter().map(|w| w.0).collect::<Vec<_>>()
             };
             let now = Instant::now();
             if now >= deadline {
@@ -559,33 +551,36 @@ pub(crate) fn memfd_ok(fd: c_int, len: usize) -> bool {
 
 const REQ_MAGIC: u64 = 0x3130_5145_5254_5253; // "SRTREQ01"
 
-/// Path B: asks the connector of `fd` directly for its hello, proving with the
-/// accepted socket itself that we hold the other end.
+/// Path B: asks the connector of `fd` directly for its hello, proving with a token
+/// of the accepted socket that we hold the other end. The connector's name is
+/// asked only if its holder is root, us, or the owner of the connector's socket.
 fn ask_connector(fd: c_int) -> Option<Hello> {
-    let (_, port) = sock_key(fd, true)?;
-    // SAFETY: plain syscall.
-    let u = unsafe {
-        real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
-    };
-    if u < 0 {
-        return None;
-    }
-    let (sa, len) = conn_name(port);
-    // SAFETY: an initialised sockaddr_un of `len` bytes.
-    if unsafe { real::connect(u, (&sa as *const libc::sockaddr_un).cast(), len) } != 0 || !same_user(u) {
+    let (peer, local) = (sock_key(fd, true)?, sock_key(fd, false)?);
+    let (sa, len) = conn_name(peer.1);
+    let u = trust::connect_name(&sa, len)?;
+    let cred = trust::peer_cred(u);
+    let holder_ok = cred.is_some_and(|c| {
+        trust::trusted_user(c.uid)
+            || trust::diag_lookup(Proto::Tcp, peer, local).is_some_and(|s| s.uid == c.uid)
+    });
+    let token = if holder_ok { trust::socket_token(fd) } else { None };
+    let Some(token) = token else {
         close_all(&[u]);
-        return None;
-    }
+        return if holder_ok { None } else { trust::refuse() };
+    };
     let mut req = [0u8; 16];
     req[0..8].copy_from_slice(&REQ_MAGIC.to_le_bytes());
-    if !send_fds(u, &req, &[fd]) {
+    let sent = send_fds(u, &req, &[token]);
+    close_all(&[token]);
+    if !sent {
         close_all(&[u]);
         return None;
     }
+    let uid = cred.map_or(u32::MAX, |c| c.uid);
     let deadline = Instant::now() + Settings::get().announce_wait;
     loop {
         match recv_hello(u) {
-            Some(Ok((h, fds))) => return parse_hello(&h, fds, u),
+            Some(Ok((h, fds))) => return parse_hello(&h, fds, u, uid),
             Some(Err(())) => {
                 close_all(&[u]);
                 return None;
@@ -611,9 +606,10 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     let (h, path_b) = match l.take(fd) {
         Some(h) => (h, false),
         None => match ask_connector(fd) {
-            Some(mut h) => {
+            Some(h) => {
                 if !h.is_for(fd) {
                     h.close();
+                    trust::refuse::<()>();
                     return;
                 }
                 (h, true)
@@ -621,6 +617,7 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
             None => return,
         },
     };
+    close_all(&[h.token]);
     let [memfd, efd_c, efd_a] = h.fds;
     let total = HDR + 2 * h.ring;
     let shm = if memfd_ok(memfd, total) { Shm::map(memfd, h.ring) } else { None };
@@ -674,7 +671,10 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
 }
 
 /// Before a TCP `connect` to `addr`: connects to the listener's rendezvous name.
-/// Returns the Unix socket if the listener runs under strait.
+/// Returns the Unix socket if the listener runs under strait and the name's holder
+/// is proven to be the listener's (root, us, or the owner of the listening socket
+/// the kernel would pick: [`trust::marker_holder_ok`]). A name held by anyone else
+/// is skipped (and counted); a full backlog is the kernel path at once.
 pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
     if !Settings::get().enabled {
         return None;
@@ -683,21 +683,18 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c
     if !(lo || crate::local::host_address(&dest.0)) || !is_tcp_stream(fd) {
         return None;
     }
-    // SAFETY: plain syscall.
-    let u = unsafe { real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if u < 0 {
-        return None;
-    }
-    let found = marker_candidates(dest).iter().any(|&(k, v6only)| {
+    // Remote port 0 is in no connection: the look-up finds the listener.
+    let from = (dest.0, 0);
+    marker_candidates(dest).iter().find_map(|&(k, v6only)| {
         let (sa, slen) = unix_name(k, v6only);
-        // SAFETY: an initialised sockaddr_un of `slen` bytes.
-        unsafe { real::connect(u, (&sa as *const libc::sockaddr_un).cast(), slen) == 0 }
-    });
-    if !found {
-        close_all(&[u]);
-        return None;
-    }
-    Some(u)
+        let u = trust::connect_name(&sa, slen)?;
+        if trust::marker_holder_ok(u, Proto::Tcp, dest, from) {
+            Some(u)
+        } else {
+            close_all(&[u]);
+            trust::refuse()
+        }
+    })
 }
 
 /// Everything a connector sets up before its TCP connect.
@@ -769,7 +766,10 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
     h[12..16].copy_from_slice(&(ring as u32).to_le_bytes());
     h[16..18].copy_from_slice(&port.to_le_bytes());
-    if !send_fds(unix, &h, &[memfd, efd_c, efd_a, fd]) {
+    let Some(token) = trust::socket_token(fd) else { return fail(&[memfd, efd_c, efd_a, unix]) };
+    let sent = send_fds(unix, &h, &[memfd, efd_c, efd_a, token]);
+    close_all(&[token]);
+    if !sent {
         return fail(&[memfd, efd_c, efd_a, unix]);
     }
     // Path B: our own name, for an acceptor that did not get the hello.
@@ -856,14 +856,11 @@ impl PendingC {
         if c < 0 {
             return None;
         }
-        if !same_user(c) {
-            close_all(&[c]);
-            return None;
-        }
-        // The request is sent right after connecting: wait a little for it.
+        // The request is sent right after connecting: wait a little for it (a
+        // silent asker costs at most this, once per connection).
         let mut p = libc::pollfd { fd: c, events: libc::POLLIN, revents: 0 };
         // SAFETY: one pollfd.
-        unsafe { real::poll(&mut p, 1, 100) };
+        unsafe { real::poll(&mut p, 1, 10) };
         let mut buf = [0u8; 16];
         let (n, theirs) = match recv_fds_now(c, &mut buf) {
             Ok(m) => {
@@ -873,14 +870,26 @@ impl PendingC {
             }
             Err(_) => (-1, -1),
         };
+        // The asker's token must name the accepted end of our connection.
         let ok = n == 16
             && u64::from_le_bytes(buf[0..8].try_into().unwrap_or_default()) == REQ_MAGIC
             && theirs >= 0
-            && same_connection(theirs, fd);
+            && matches!((sock_key(fd, true), sock_key(fd, false)), (Some(peer), Some(local))
+                if trust::token_names(theirs, Proto::Tcp, peer, local));
         if theirs >= 0 {
             close_all(&[theirs]);
         }
-        if !ok || !send_fds(c, &self.hello, &[self.memfd, efd_c, efd_a, fd]) {
+        if !ok {
+            close_all(&[c]);
+            return trust::refuse();
+        }
+        let Some(token) = trust::socket_token(fd) else {
+            close_all(&[c]);
+            return None;
+        };
+        let sent = send_fds(c, &self.hello, &[self.memfd, efd_c, efd_a, token]);
+        close_all(&[token]);
+        if !sent {
             close_all(&[c]);
             return None;
         }
@@ -915,17 +924,17 @@ mod tests {
         assert!(!is_wildcard(&v4_lo));
     }
 
-    /// A hello records its connector's addresses only once the connect chose them:
-    /// not while the socket is bound to the wildcard and unconnected, and then the
-    /// real local address, never 0.0.0.0.
+    /// A hello's token is taken while the connector's socket is still unconnected
+    /// and bound to the wildcard (as when the hello goes out); once connected, it
+    /// proves exactly that connection: the accepted socket of another connection
+    /// from the same port range is not claimed.
     #[test]
-    fn a_hello_captures_the_connected_addresses_only() {
+    fn a_hello_proves_its_own_connection_only() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
         let sock = tcp_bound_to_wildcard();
-        let dup = crate::table::dup_high(sock);
-        let mut h = Hello { ring: 0, fds: [-1; 3], tcp: dup, ids: None, unix: -1, at: Instant::now() };
-        h.capture();
-        assert!(h.ids.is_none() && h.tcp >= 0, "captured before the connect");
+        let port = sock_key(sock, false).expect("bound").1;
+        let token = crate::trust::socket_token(sock).expect("token");
+        let h = Hello { ring: 0, fds: [-1; 3], token, port, uid: 0, unix: -1, at: Instant::now() };
         let addr = listener.local_addr().expect("addr");
         let sa = libc::sockaddr_in {
             sin_family: libc::AF_INET as u16,
@@ -936,14 +945,16 @@ mod tests {
         // SAFETY: a sockaddr_in of the right length, our socket.
         let r = unsafe { libc::connect(sock, (&sa as *const libc::sockaddr_in).cast(), 16) };
         assert_eq!(r, 0, "connect");
-        h.capture();
-        let (local, peer) = h.ids.expect("captured after the connect");
-        assert!(!is_wildcard(&local.0) && peer.1 == addr.port(), "{local:?} {peer:?}");
-        assert_eq!(h.tcp, -1);
         let (accepted, _) = listener.accept().expect("accept");
+        let other = std::net::TcpStream::connect(addr).expect("connect");
+        let (other_accepted, _) = listener.accept().expect("accept");
         assert!(h.is_for(accepted.as_raw_fd()));
-        close_all(&[sock]);
-        drop(accepted);
+        assert!(!h.is_for(other_accepted.as_raw_fd()));
+        // A hello that lies about its port is not even looked up.
+        let liar = Hello { port: port.wrapping_add(1), ..h };
+        assert!(!liar.is_for(accepted.as_raw_fd()));
+        close_all(&[sock, token]);
+        drop((accepted, other, other_accepted));
     }
 
     /// A TCP socket bound to 0.0.0.0 with an ephemeral port, as a connector's is

@@ -24,6 +24,7 @@ mod remote;
 mod stats;
 mod stdio;
 mod table;
+mod trust;
 mod udp;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

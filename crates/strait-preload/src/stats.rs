@@ -6,7 +6,10 @@
 //! connections to other hosts carried by strait (`remote`), of them by the xdp device
 //! (`remote-xdp`); connections taken over from the program that exec'd this one or
 //! the process that spawned it (`inherited`); messages (message mode) copied straight
-//! into a waiting reader's buffer (`rendezvous`).
+//! into a waiting reader's buffer (`rendezvous`); rendezvous partners refused
+//! because they could not be proven (`refused`: a name held by another user, a
+//! token naming another socket, a doorbell that is not an eventfd; see
+//! docs/SECURITY.md).
 
 use std::sync::atomic::Ordering;
 
@@ -17,7 +20,7 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
-             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {}\n",
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} refused {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -31,6 +34,7 @@ extern "C" fn at_exit() {
             REMOTE_XDP.load(Ordering::Relaxed),
             crate::exec::INHERITED.load(Ordering::Relaxed),
             crate::conn::RENDEZVOUS.load(Ordering::Relaxed),
+            crate::trust::REFUSED.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -10,8 +10,11 @@
 //!   (loopback or one of this namespace's interface addresses, [`crate::local`])
 //!   looks for the marker of the exact address, then of the IPv4 wildcard (for IPv4
 //!   destinations), then of the IPv6 wildcard, as the kernel would pick the receiving
-//!   socket. If found (same user, SO_PEERCRED) it creates a sealed memfd holding one
-//!   message ring, sends it with its own UDP socket (proof of the source address) to
+//!   socket. If found, and its holder is root, this user or the owner of the UDP
+//!   socket the kernel would deliver to ([`crate::trust`]; the look-up never waits),
+//!   it creates a sealed memfd holding one message ring, sends it with an `O_PATH`
+//!   token of its own UDP socket (proof of the source address, which the receiver
+//!   checks against the kernel's socket diagnostics; no power over the socket) to
 //!   the marker, and writes datagrams into the ring at once: the receiver attaches
 //!   when it next enters the library (its sleeps and `poll`/`epoll` watch the marker),
 //!   and finds them there. It answers with its doorbell. A destination without a
@@ -43,11 +46,12 @@ use libc::{c_int, sockaddr, socklen_t, ssize_t};
 
 use crate::conn::{signals_restart, sock_timeout, Settings};
 use crate::discover::{
-    abstract_name, bind_ephemeral, close_all, key_of, listen_marker, memfd_ok, netns, recv_fds_now,
-    same_user, send_fds, sock_key, v6only, Key,
+    abstract_name, bind_ephemeral, close_all, key_of, listen_marker, memfd_ok, netns, recv_fds_now, send_fds,
+    sock_key, v6only, Key,
 };
 use crate::real;
 use crate::table::FdTable;
+use crate::trust::{self, Proto};
 
 const MAGIC: u64 = 0x3130_5044_5554_5253; // "SRTUDP01"
 const VERSION: u32 = 1;
@@ -355,9 +359,11 @@ impl OutChan {
         let mut buf = [0u8; 16];
         match recv_fds_now(self.unix.load(Ordering::Relaxed), &mut buf) {
             Ok(m) => {
+                // The doorbell must be one: a pipe would block our writes.
                 let ok = m.len == 8
                     && m.fds.len() == 1
-                    && u64::from_le_bytes(buf[..8].try_into().unwrap_or_default()) == REPLY_MAGIC;
+                    && u64::from_le_bytes(buf[..8].try_into().unwrap_or_default()) == REPLY_MAGIC
+                    && trust::is_eventfd(m.fds[0]);
                 if !ok {
                     close_all(&m.fds);
                     self.dead.store(true, Ordering::Relaxed);
@@ -398,7 +404,10 @@ impl OutChan {
         self.map.word(RHOLDERS).store(1, Ordering::Relaxed);
         self.map.word(RSLEEP).store(0, Ordering::Relaxed);
         self.map.word(RCLOSED).store(0, Ordering::Release);
-        if !send_fds(u, &self.hello, &[self.memfd, fd]) {
+        let token = trust::socket_token(fd);
+        let sent = token.is_some_and(|t| send_fds(u, &self.hello, &[self.memfd, t]));
+        close_all(&token.into_iter().collect::<Vec<_>>());
+        if !sent {
             self.map.word(RCLOSED).store(1, Ordering::Release);
             close_all(&[u]);
             return false;
@@ -1156,28 +1165,25 @@ fn source_of(fd: c_int, dest: &Key) -> Option<Key> {
 
 /// Finds the receiving socket's marker for `dest` (as the kernel would pick the
 /// socket: exact address, then the IPv4 wildcard, then the IPv6 one): a Unix socket
-/// connected to it, if a socket of a strait process of this user receives there.
+/// connected to it, if a strait process receives there and the name's holder is
+/// root, this user, or the owner of the socket the kernel would deliver to. Never
+/// waits: a full backlog is the kernel path.
 fn find_marker(dest: Key) -> Option<c_int> {
     let mut names = vec![dest];
     if is_v4(&dest) {
         names.push(v4_key([0, 0, 0, 0], dest.1));
     }
     names.push(([0u8; 16], dest.1));
-    // SAFETY: plain syscall.
-    let u = unsafe { real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if u < 0 {
-        return None;
-    }
-    let found = names.iter().any(|k| {
+    names.iter().find_map(|k| {
         let (sa, len) = marker_name(*k);
-        // SAFETY: an initialised sockaddr_un of `len` bytes.
-        unsafe { real::connect(u, (&sa as *const libc::sockaddr_un).cast(), len) == 0 }
-    });
-    if !found || !same_user(u) {
-        close_all(&[u]);
-        return None;
-    }
-    Some(u)
+        let u = trust::connect_name(&sa, len)?;
+        if trust::marker_holder_ok(u, Proto::Udp, dest, (dest.0, 0)) {
+            Some(u)
+        } else {
+            close_all(&[u]);
+            trust::refuse()
+        }
+    })
 }
 
 /// Sets up a channel to `dest`, whose marker is connected to `u` (closed on
@@ -1220,7 +1226,13 @@ fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
     h[32..34].copy_from_slice(&src.1.to_le_bytes());
     h[34..50].copy_from_slice(&dest.0);
     h[50..52].copy_from_slice(&dest.1.to_le_bytes());
-    if !send_fds(u, &h, &[memfd, fd]) {
+    let Some(token) = trust::socket_token(fd) else {
+        close_all(&[u, memfd]);
+        return None;
+    };
+    let sent = send_fds(u, &h, &[memfd, token]);
+    close_all(&[token]);
+    if !sent {
         close_all(&[u, memfd]);
         return None;
     }
@@ -1240,15 +1252,18 @@ fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
     })
 }
 
-fn is_udp(fd: c_int) -> bool {
-    let get = |opt| {
-        let mut v: c_int = 0;
-        let mut l = std::mem::size_of::<c_int>() as socklen_t;
-        // SAFETY: a local int and its length.
-        let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut c_int).cast(), &mut l) };
-        (r == 0).then_some(v)
-    };
-    get(libc::SO_TYPE) == Some(libc::SOCK_DGRAM) && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_UDP)
+/// The sender of a hello proves its source address `src` with a token of its UDP
+/// socket: the one the kernel has bound at `src`. A sender that is gone (its
+/// datagrams wait in the ring, as they would in a kernel queue) can no longer be
+/// looked up: then nothing is bound at `src`, and its datagrams are taken if the
+/// port is one any user could have bound (unprivileged), or the sender is root or
+/// us. A source someone else holds is never taken on a claim.
+fn source_proven(token: c_int, src: Key, dest: Key, unix: c_int) -> bool {
+    if trust::token_names(token, Proto::Udp, src, dest) {
+        return true;
+    }
+    let nobody_there = trust::diag_lookup(Proto::Udp, src, dest).is_none();
+    nobody_there && (src.1 >= 1024 || trust::peer_cred(unix).is_some_and(|c| trust::trusted_user(c.uid)))
 }
 
 /// Receiving side: checks a sender's hello on the accepted Unix socket `c`, maps its
@@ -1259,9 +1274,8 @@ fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
         close_all(&[c]);
         None
     };
-    if !same_user(c) {
-        return refuse(&[]);
-    }
+    // Any user may send to us, as over the kernel socket; the token proves the
+    // source.
     // The hello follows the connect at once.
     let mut p = libc::pollfd { fd: c, events: libc::POLLIN, revents: 0 };
     // SAFETY: one pollfd.
@@ -1281,14 +1295,14 @@ fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
     let ok = magic == MAGIC
         && version == VERSION
         && ring.is_power_of_two()
-        && (128 << 10..=1 << 30).contains(&ring)
-        // The sender proves its source port with its own socket.
-        && is_udp(theirs)
-        && sock_key(theirs, false).is_some_and(|k| k.1 == src.1)
+        // No larger than we would make: a peer may not make us map more.
+        && (128 << 10..=ring_size().max(128 << 10)).contains(&ring)
         && dest.1 == rx.port
-        && !(rx.v6only && is_v4(&dest));
+        && !(rx.v6only && is_v4(&dest))
+        && source_proven(theirs, src, dest, c);
     close_all(&[theirs]);
     if !ok || !memfd_ok(memfd, HDR + ring) {
+        trust::refuse::<()>();
         return refuse(&[memfd]);
     }
     let map = Map::open(memfd, ring);

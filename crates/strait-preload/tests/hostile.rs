@@ -1,0 +1,570 @@
+//! The trust boundary under attack (docs/SECURITY.md): victims are real processes
+//! (Python programs) under the library, as root; attackers run as another user
+//! (`nobody`, through `setpriv`) without it, or as a hostile peer that follows the
+//! setup and then writes random values into the shared mapping. Each test fails
+//! without the defence it names.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
+
+mod common;
+
+fn is_root() -> bool {
+    // SAFETY: plain syscall.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Debian's python3: the attackers run it as another user, who cannot run one
+/// installed under root's home.
+const PYTHON: &str = "/usr/bin/python3";
+
+fn have(prog: &str) -> bool {
+    Command::new(prog).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+}
+
+/// Root for the other user, setpriv to become it, python3 for the programs.
+fn can_run() -> bool {
+    let ok = is_root() && have("setpriv") && have(PYTHON);
+    if !ok {
+        eprintln!("skipped: needs root, setpriv and python3 (scripts/install-deps)");
+    }
+    ok
+}
+
+/// Writes `body` to a script file of its own, readable by every user.
+fn script(tag: &str, body: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("strait-hostile-{tag}-{}.py", std::process::id()));
+    std::fs::write(&p, body).expect("write script");
+    let mut perm = std::fs::metadata(&p).expect("script").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
+    std::fs::set_permissions(&p, perm).expect("chmod");
+    p
+}
+
+/// A Python program under the library (as root), its stdout piped.
+fn victim(py: &PathBuf, args: &[&str]) -> Command {
+    let mut c = Command::new(PYTHON);
+    c.arg(py).args(args).env("STRAIT_STATS", "1").env("LD_PRELOAD", common::lib(PEER));
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// A Python program as `nobody`, without the library.
+fn attacker(py: &PathBuf, args: &[&str]) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", PYTHON])
+        .arg(py)
+        .args(args)
+        .env_remove("LD_PRELOAD");
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Reads lines from `child`'s stdout until one starts with `want`, for at most
+/// `limit`. The lines after it stay in the pipe for [`finish`]: the reader stops
+/// at the wanted line.
+fn wait_line(child: &mut Child, want: &str, limit: Duration) -> String {
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (back_tx, back_rx) = std::sync::mpsc::channel();
+    let wanted = want.to_string();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(out);
+        let mut l = String::new();
+        while r.read_line(&mut l).is_ok_and(|n| n > 0) {
+            let line = l.trim_end().to_string();
+            let done = line.starts_with(&wanted);
+            if tx.send(line).is_err() || done {
+                break;
+            }
+            l.clear();
+        }
+        let _ = back_tx.send(r.into_inner());
+    });
+    let end = Instant::now() + limit;
+    let mut seen = Vec::new();
+    while let Ok(l) = rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        if l.starts_with(want) {
+            if let Ok(out) = back_rx.recv_timeout(Duration::from_secs(5)) {
+                child.stdout = Some(out);
+            }
+            return l;
+        }
+        seen.push(l);
+    }
+    let _ = child.kill();
+    panic!("no line starting {want:?} within {limit:?}; saw {seen:?}");
+}
+
+/// Waits for `child` with a bound; returns (success, stdout, stderr).
+fn finish(child: Child, limit: Duration) -> (bool, String, String) {
+    let pid = child.id();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        // SAFETY: signals a child of ours that is past its time (no-op if reaped).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    });
+    let o = child.wait_with_output().expect("wait");
+    drop(killer);
+    (o.status.success(), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+}
+
+fn stat(stderr: &str, name: &str) -> usize {
+    let key = format!(" {name} ");
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("strait-preload: pid "))
+        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let u = std::net::UdpSocket::bind(l.local_addr().expect("addr")).ok();
+    let port = l.local_addr().expect("addr").port();
+    drop((l, u));
+    port
+}
+
+/// Binds every name strait may use for a port (TCP and UDP markers of the
+/// loopback, IPv4-wildcard and IPv6 addresses, or only the ones named), accepts
+/// whatever connects and reads whatever comes, then reports what it got.
+const SQUATTER: &str = r#"
+import json, os, socket, sys, time
+port, secs, which = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+ns = os.stat('/proc/self/ns/net').st_ino
+v4 = lambda h: '00000000000000000000ffff' + h
+keys = {'exact': [v4('7f000001')], 'all': [v4('7f000001'), v4('00000000'), '00' * 16, 'v6only']}[which]
+names = [f'strait.tcp.{ns}.{port}.{k}' for k in keys] + [f'strait.udp.{ns}.{port}.{k}' for k in keys if k != 'v6only']
+socks = []
+for n in names:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind('\0' + n)
+    s.listen(64)
+    s.setblocking(False)
+    socks.append(s)
+print('READY', flush=True)
+conns, msgs, fds, data = [], 0, 0, 0
+end = time.time() + secs
+while time.time() < end:
+    for s in socks:
+        try:
+            c, _ = s.accept()
+            c.setblocking(False)
+            conns.append(c)
+        except BlockingIOError:
+            pass
+    for c in conns:
+        try:
+            m, anc, _, _ = c.recvmsg(65536, socket.CMSG_SPACE(16 * 4))
+        except (BlockingIOError, OSError):
+            continue
+        if m or anc:
+            msgs += 1
+            data += len(m)
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = [int.from_bytes(payload[i:i + 4], 'little') for i in range(0, len(payload) - 3, 4)]
+                fds += len(got)
+                for f in got:
+                    os.close(f)
+    time.sleep(0.002)
+print('GOT ' + json.dumps({'conns': len(conns), 'msgs': msgs, 'fds': fds, 'bytes': data}), flush=True)
+"#;
+
+/// An echo server (TCP on `host:port`, or UDP) that serves `n` clients and checks
+/// that no read returns more than it asked for.
+const ECHO_SERVER: &str = r#"
+import socket, sys
+proto, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if proto == 'tcp':
+    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((host, port))
+    l.listen(64)
+    print('LISTENING', flush=True)
+    for _ in range(n):
+        c, _ = l.accept()
+        c.settimeout(20)
+        try:
+            while True:
+                b = c.recv(65536)
+                assert len(b) <= 65536, 'a read returned more than asked'
+                if not b:
+                    break
+                c.sendall(b)
+        except (ConnectionError, socket.timeout, OSError) as e:
+            print('client error', e, flush=True)
+        c.close()
+else:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((host, port))
+    s.settimeout(20)
+    print('LISTENING', flush=True)
+    for _ in range(n):
+        b, a = s.recvfrom(65536)
+        s.sendto(b, a)
+print('DONE', flush=True)
+"#;
+
+/// A client that sends hashed data and checks the echo; prints its connect time.
+const ECHO_CLIENT: &str = r#"
+import hashlib, os, socket, sys, time
+proto, port, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if proto == 'tcp':
+    t = time.monotonic()
+    c = socket.create_connection(('127.0.0.1', port), timeout=20)
+    print('CONNECT_MS %.1f' % ((time.monotonic() - t) * 1e3), flush=True)
+    data = os.urandom(total)
+    c.sendall(data)
+    c.shutdown(socket.SHUT_WR)
+    got = bytearray()
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+    assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest(), 'echo differs'
+else:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(20)
+    for i in range(total):
+        m = os.urandom(100)
+        s.sendto(m, ('127.0.0.1', port))
+        b, _ = s.recvfrom(65536)
+        assert b == m, 'datagram differs'
+print('ECHO OK', flush=True)
+"#;
+
+/// Runs the squatter (as nobody), then a TCP and a UDP echo pair (as root, under
+/// the library) on the squatted port; returns the squatter's report and the
+/// victims' outputs.
+fn squat_and_talk(which: &str, server_host: &str) -> (String, [(bool, String, String); 4]) {
+    let port = free_port();
+    let sq = script("squatter", SQUATTER);
+    let srv = script("echo-server", ECHO_SERVER);
+    let cli = script("echo-client", ECHO_CLIENT);
+    let mut a = attacker(&sq, &[&port.to_string(), "6", which]).spawn().expect("spawn squatter");
+    wait_line(&mut a, "READY", Duration::from_secs(10));
+    let mut s = victim(&srv, &["tcp", server_host, &port.to_string(), "1"]).spawn().expect("server");
+    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    let c = victim(&cli, &["tcp", &port.to_string(), "1048576"]).spawn().expect("client");
+    let client = finish(c, Duration::from_secs(30));
+    let server = finish(s, Duration::from_secs(30));
+    let mut us = victim(&srv, &["udp", server_host, &port.to_string(), "20"]).spawn().expect("udp server");
+    wait_line(&mut us, "LISTENING", Duration::from_secs(10));
+    let uc = victim(&cli, &["udp", &port.to_string(), "20"]).spawn().expect("udp client");
+    let uclient = finish(uc, Duration::from_secs(30));
+    let userver = finish(us, Duration::from_secs(30));
+    let (_, out, err) = finish(a, Duration::from_secs(30));
+    let got = out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}"));
+    (got.to_string(), [client, server, uclient, userver])
+}
+
+fn no_leak(got: &str) {
+    assert!(got.contains("\"msgs\": 0") && got.contains("\"fds\": 0"), "the squatter got something: {got}");
+}
+
+/// The issue's hijack: the server listens on the wildcard, another user holds the
+/// exact-address name the connector asks first. The squatter gets no byte and no
+/// descriptor, and the connection is accelerated all the same (the connector
+/// skips the unproven name and finds the server's).
+#[test]
+fn a_squatter_of_the_exact_address_name_gets_nothing_and_the_server_is_found() {
+    if !can_run() {
+        return;
+    }
+    let (got, [c, s, uc, us]) = squat_and_talk("exact", "0.0.0.0");
+    no_leak(&got);
+    assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
+    assert!(s.0, "server: {s:?}");
+    assert_eq!(stat(&c.2, "accelerated"), 1, "client: {}", c.2);
+    assert!(stat(&c.2, "refused") >= 1, "the squatter was refused: {}", c.2);
+    assert!(uc.0 && uc.1.contains("ECHO OK") && us.0, "udp: {uc:?} {us:?}");
+    assert!(stat(&uc.2, "udp-out") >= 1, "udp through shared memory: {}", uc.2);
+}
+
+/// Every name squatted: the victims talk over the kernel, intact, and no call
+/// waits (a connect costs a few look-ups, never the attach timeout).
+#[test]
+fn a_squatter_of_every_name_gets_nothing_and_costs_only_the_kernel_path() {
+    if !can_run() {
+        return;
+    }
+    let (got, [c, s, uc, us]) = squat_and_talk("all", "127.0.0.1");
+    no_leak(&got);
+    assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
+    assert!(s.0, "server: {s:?}");
+    assert_eq!(stat(&c.2, "accelerated"), 0, "{}", c.2);
+    let ms: f64 =
+        c.1.lines().find_map(|l| l.strip_prefix("CONNECT_MS ")?.trim().parse().ok()).expect("connect time");
+    assert!(ms < 500.0, "connect took {ms} ms");
+    assert!(uc.0 && uc.1.contains("ECHO OK") && us.0, "udp: {uc:?} {us:?}");
+}
+
+/// Fills a real strait server's marker backlog (non-blocking connects until the
+/// kernel refuses), holds the connections, then lets a victim connect.
+const FLOODER: &str = r#"
+import os, socket, sys, time
+port, secs = int(sys.argv[1]), float(sys.argv[2])
+ns = os.stat('/proc/self/ns/net').st_ino
+name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
+held = []
+while len(held) < 20000:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.setblocking(False)
+    try:
+        s.connect(name)
+    except (BlockingIOError, ConnectionRefusedError, OSError):
+        s.close()
+        break
+    held.append(s)
+print('FLOODED %d' % len(held), flush=True)
+time.sleep(secs)
+"#;
+
+/// A server that accepts `n` connections, echoes one line each, and prints how
+/// many descriptors it holds after each.
+const COUNTING_SERVER: &str = r#"
+import os, socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(64)
+print('LISTENING', flush=True)
+for _ in range(n):
+    c, _ = l.accept()
+    c.settimeout(20)
+    b = c.recv(100)
+    c.sendall(b)
+    c.close()
+    print('FDS %d' % len(os.listdir('/proc/self/fd')), flush=True)
+print('DONE', flush=True)
+"#;
+
+const LINE_CLIENT: &str = r#"
+import socket, sys, time
+port = int(sys.argv[1])
+t = time.monotonic()
+c = socket.create_connection(('127.0.0.1', port), timeout=20)
+print('CONNECT_MS %.1f' % ((time.monotonic() - t) * 1e3), flush=True)
+c.sendall(b'hello\n')
+assert c.recv(100) == b'hello\n'
+print('ECHO OK', flush=True)
+"#;
+
+/// Another user fills the server's marker backlog: a victim's connect does not
+/// wait (the look-up is non-blocking: kernel path at once), and once the server
+/// looks at the flood it keeps at most its per-user share of it.
+#[test]
+fn a_flood_of_the_marker_neither_stalls_connects_nor_grows_the_server() {
+    if !can_run() {
+        return;
+    }
+    let port = free_port();
+    let srv = script("counting-server", COUNTING_SERVER);
+    let fl = script("flooder", FLOODER);
+    let cli = script("line-client", LINE_CLIENT);
+    let mut s = victim(&srv, &[&port.to_string(), "2"]).spawn().expect("server");
+    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    let mut f = attacker(&fl, &[&port.to_string(), "8"]).spawn().expect("flooder");
+    let flooded = wait_line(&mut f, "FLOODED", Duration::from_secs(30));
+    let n: usize = flooded.trim_start_matches("FLOODED ").trim().parse().expect("count");
+    assert!(n >= 64, "the flood made {n} connections");
+    // The backlog is full: the first connect goes to the kernel at once.
+    let c1 = finish(victim(&cli, &[&port.to_string()]).spawn().expect("client"), Duration::from_secs(20));
+    // The server's accept drained the flood (keeping its share); the second is
+    // accelerated again.
+    let c2 = finish(victim(&cli, &[&port.to_string()]).spawn().expect("client"), Duration::from_secs(20));
+    let server = finish(s, Duration::from_secs(20));
+    drop(finish(f, Duration::from_secs(20)));
+    for c in [&c1, &c2] {
+        assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
+        let ms: f64 =
+            c.1.lines()
+                .find_map(|l| l.strip_prefix("CONNECT_MS ")?.trim().parse().ok())
+                .expect("connect time");
+        assert!(ms < 500.0, "connect took {ms} ms: {c:?}");
+    }
+    assert!(server.0, "server: {server:?}");
+    let fds: Vec<usize> =
+        server.1.lines().filter_map(|l| l.strip_prefix("FDS ")?.trim().parse().ok()).collect();
+    assert_eq!(fds.len(), 2, "{server:?}");
+    assert!(fds.iter().all(|&k| k < 200), "the server holds the flood: {fds:?} descriptors (flood {n})");
+    assert_eq!(stat(&c2.2, "accelerated"), 1, "{}", c2.2);
+}
+
+/// Hostile hellos from another user at a real server's marker: a ring of 2 GiB, a
+/// pipe for a doorbell, a token of the attacker's own socket for someone else's
+/// connection. The server refuses each (counted) and serves the next real client
+/// through shared memory.
+const FORGER: &str = r#"
+import fcntl, os, socket, struct, sys
+port = int(sys.argv[1])
+ns = os.stat('/proc/self/ns/net').st_ino
+name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
+MAGIC, VERSION = 0x3130504354545253, 2
+def hello(ring, efd, token, cport):
+    m = os.memfd_create('x', os.MFD_ALLOW_SEALING)
+    os.ftruncate(m, 4096 + 2 * min(ring, 1 << 16))
+    fcntl.fcntl(m, 1033, 1 | 2 | 4 | 8)  # F_ADD_SEALS: SEAL, SHRINK, GROW, WRITE
+    h = struct.pack('<QII', MAGIC, VERSION, ring) + struct.pack('<H', cport) + bytes(30)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(name)
+    s.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack('4i', m, efd, efd, token))])
+    return s
+mine = socket.socket()
+mine.bind(('127.0.0.1', 0))
+token = os.open('/proc/self/fd/%d' % mine.fileno(), os.O_PATH)
+r, w = os.pipe()
+e = os.eventfd(0, os.EFD_NONBLOCK)
+keep = [hello(1 << 31, e, token, 1), hello(1 << 16, w, token, 2), hello(1 << 16, e, token, mine.getsockname()[1])]
+print('SENT', flush=True)
+import time; time.sleep(5)
+"#;
+
+#[test]
+fn forged_hellos_are_refused_and_real_clients_still_attach() {
+    if !can_run() {
+        return;
+    }
+    let port = free_port();
+    let srv = script("counting-server-2", COUNTING_SERVER);
+    let fg = script("forger", FORGER);
+    let cli = script("line-client-2", LINE_CLIENT);
+    let mut s =
+        victim(&srv, &[&port.to_string(), "1"]).env("STRAIT_RING_SIZE", "65536").spawn().expect("server");
+    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    let mut f = attacker(&fg, &[&port.to_string()]).spawn().expect("forger");
+    wait_line(&mut f, "SENT", Duration::from_secs(10));
+    let c = finish(
+        victim(&cli, &[&port.to_string()]).env("STRAIT_RING_SIZE", "65536").spawn().expect("client"),
+        Duration::from_secs(20),
+    );
+    let server = finish(s, Duration::from_secs(20));
+    drop(finish(f, Duration::from_secs(10)));
+    assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
+    assert!(server.0, "{server:?}");
+    assert_eq!(stat(&c.2, "accelerated"), 1, "{}", c.2);
+    assert!(stat(&server.2, "refused") >= 2, "the bad ring and the pipe doorbell: {}", server.2);
+}
+
+/// The hostile peer: follows the connector's side of the setup (a hello with a
+/// real memfd, eventfds and a token of its TCP socket), lets the victim server
+/// attach, then writes chosen and random 64-bit values at random 8-byte offsets of
+/// the whole mapping (header, positions, locks, rendezvous words, ring data) while
+/// sending bytes and reading, for a number of seeded rounds, one connection each.
+const HOSTILE_PEER: &str = r#"
+import fcntl, os, random, socket, struct, sys, time, mmap
+port, seeds, first = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+ns = os.stat('/proc/self/ns/net').st_ino
+name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
+MAGIC, VERSION, RING = 0x3130504354545253, 2, 1 << 16
+CHOSEN = [0, 1, 2, 3, 7, 8, 4095, 4096, RING - 1, RING, RING + 1, 1 << 31, 1 << 40, (1 << 63) - 1, 1 << 63,
+          (1 << 64) - 1, os.getpid(), 1, os.getppid()]
+for seed in range(first, first + seeds):
+    rnd = random.Random(seed)
+    t = socket.socket()
+    t.bind(('127.0.0.1', 0))
+    m = os.memfd_create('hostile', os.MFD_ALLOW_SEALING)
+    total = 4096 + 2 * RING
+    os.ftruncate(m, total)
+    fcntl.fcntl(m, 1033, 1 | 2 | 4)  # F_ADD_SEALS: SEAL, SHRINK, GROW
+    mm = mmap.mmap(m, total)
+    mm[0:16] = struct.pack('<QII', MAGIC, VERSION, RING)
+    ec, ea = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
+    token = os.open('/proc/self/fd/%d' % t.fileno(), os.O_PATH)
+    u = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    u.connect(name)
+    h = struct.pack('<QII', MAGIC, VERSION, RING) + struct.pack('<H', t.getsockname()[1]) + bytes(30)
+    u.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack('4i', m, ec, ea, token))])
+    os.close(token)
+    t.connect(('127.0.0.1', port))
+    t.setblocking(False)
+    end = time.time() + 0.25
+    while time.time() < end:
+        for _ in range(rnd.randrange(1, 16)):
+            off = rnd.randrange(0, total // 8) * 8 if rnd.random() < 0.5 else rnd.randrange(0, 4096 // 8) * 8
+            v = rnd.choice(CHOSEN) if rnd.random() < 0.5 else rnd.getrandbits(64)
+            mm[off:off + 8] = struct.pack('<Q', v)
+        try:
+            os.write(ea, struct.pack('<Q', 1))
+        except OSError:
+            pass
+        try:
+            t.send(os.urandom(rnd.randrange(1, 3000)))
+            t.recv(65536)
+        except (BlockingIOError, OSError):
+            pass
+        time.sleep(0.001)
+    t.close(); u.close(); mm.close(); os.close(m); os.close(ec); os.close(ea)
+print('HOSTILE DONE', flush=True)
+"#;
+
+/// A server that reads and writes each connection with a timeout until it ends
+/// and checks that no read returns more than it asked for; it must neither crash
+/// nor hang, whatever the peer wrote into the mapping.
+const ROBUST_SERVER: &str = r#"
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(64)
+print('LISTENING', flush=True)
+outcomes = {}
+for _ in range(n):
+    c, _ = l.accept()
+    c.settimeout(2)
+    how = 'eof'
+    try:
+        while True:
+            want = 100 if len(outcomes) % 2 else 4000
+            b = c.recv(want)
+            assert len(b) <= want, 'recv(%d) returned %d bytes' % (want, len(b))
+            if not b:
+                break
+            c.sendall(b[:50])
+    except socket.timeout:
+        how = 'timeout'
+    except (ConnectionError, OSError) as e:
+        how = type(e).__name__
+    outcomes[how] = outcomes.get(how, 0) + 1
+    c.close()
+print('OUTCOMES', outcomes, flush=True)
+"#;
+
+#[test]
+fn a_hostile_peer_writing_random_words_into_the_mapping_never_crashes_or_hangs_the_victim() {
+    if !can_run() {
+        return;
+    }
+    let seeds: usize = std::env::var("STRAIT_HOSTILE_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
+    let port = free_port();
+    let srv = script("robust-server", ROBUST_SERVER);
+    let hp = script("hostile-peer", HOSTILE_PEER);
+    let mut s = victim(&srv, &[&port.to_string(), &seeds.to_string()])
+        .env("STRAIT_RING_SIZE", "65536")
+        .spawn()
+        .expect("server");
+    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    // The hostile peer runs as root: it is the victim's legitimate peer, which
+    // follows the setup and then misbehaves.
+    let mut hc = Command::new(PYTHON);
+    hc.arg(&hp)
+        .args([&port.to_string(), &seeds.to_string(), "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let h = finish(hc.spawn().expect("hostile peer"), Duration::from_secs(120));
+    let server = finish(s, Duration::from_secs(60));
+    assert!(h.0, "hostile peer: {h:?}");
+    assert!(server.0, "the victim failed (crash, oversized read or hang): {server:?}");
+    assert!(server.1.contains("OUTCOMES"), "{server:?}");
+    assert!(stat(&server.2, "accelerated") >= 1, "the hostile peers were attached: {}", server.2);
+    let _ = std::io::stderr().write_all(server.1.as_bytes());
+}

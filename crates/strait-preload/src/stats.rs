@@ -6,7 +6,9 @@
 //! connections to other hosts carried by strait (`remote`), of them by the xdp device
 //! (`remote-xdp`); connections taken over from the program that exec'd this one or
 //! the process that spawned it (`inherited`); messages (message mode) copied straight
-//! into a waiting reader's buffer (`rendezvous`).
+//! into a waiting reader's buffer (`rendezvous`); connections to other hosts refused
+//! for a secret that differs (`remote-refused`); discovery messages and answers
+//! ignored as forged or replayed (`remote-forged`).
 
 use std::sync::atomic::Ordering;
 
@@ -17,7 +19,8 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
-             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {}\n",
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
+             remote-refused {} remote-forged {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -31,6 +34,8 @@ extern "C" fn at_exit() {
             REMOTE_XDP.load(Ordering::Relaxed),
             crate::exec::INHERITED.load(Ordering::Relaxed),
             crate::conn::RENDEZVOUS.load(Ordering::Relaxed),
+            crate::conn::REMOTE_REFUSED.load(Ordering::Relaxed),
+            crate::conn::REMOTE_FORGED.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -153,9 +153,35 @@ enum Secret {
     Broken,
 }
 
+static SECRET: OnceLock<Secret> = OnceLock::new();
+
+thread_local! {
+    /// This thread is reading the secret file: the library's own `open`, `read` and
+    /// `close` come back through the interposed calls, which must not wait for the
+    /// secret they are reading.
+    static LOADING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The secret; `None` only inside its own loading (see [`LOADING`]).
+fn try_secret() -> Option<&'static Secret> {
+    if let Some(s) = SECRET.get() {
+        return Some(s);
+    }
+    if LOADING.with(|l| l.replace(true)) {
+        return None;
+    }
+    let s = SECRET.get_or_init(load_secret);
+    LOADING.with(|l| l.set(false));
+    Some(s)
+}
+
+/// The secret, once [`enabled`] said yes (it is loaded then); `Off` otherwise.
 fn secret() -> &'static Secret {
-    static S: OnceLock<Secret> = OnceLock::new();
-    S.get_or_init(|| match strait_core::secret_from_env() {
+    try_secret().unwrap_or(&Secret::Off)
+}
+
+fn load_secret() -> Secret {
+    match strait_core::secret_from_env() {
         Ok(None) => Secret::Off,
         Ok(Some(root)) => {
             let discovery = root.derive(b"discovery", &[]);
@@ -165,7 +191,7 @@ fn secret() -> &'static Secret {
             eprintln!("strait: {e}; connections to other hosts stay on the kernel");
             Secret::Broken
         }
-    })
+    }
 }
 
 /// The key of discovery datagrams and answers, with a secret.
@@ -204,7 +230,9 @@ fn data_auth(cnonce: u64, anonce: u64, ports: (u16, u16), connector: bool) -> Op
 
 /// True if connections to other hosts may be carried by strait at all.
 pub fn enabled() -> bool {
-    Settings::get().enabled && !peers().nets.is_empty() && !matches!(secret(), Secret::Broken)
+    Settings::get().enabled
+        && !peers().nets.is_empty()
+        && try_secret().is_some_and(|s| !matches!(s, Secret::Broken))
 }
 
 /// True if `a` is on a host named by `STRAIT_PEERS`.

@@ -147,7 +147,7 @@ enum Secret {
     /// No secret: discovery and data are not authenticated (nonces only).
     Off,
     /// The secret's root key and the key of discovery datagrams and answers.
-    On { root: PacketKey, discovery: PacketKey },
+    On { root: Box<PacketKey>, discovery: Box<PacketKey> },
     /// A secret was asked for and cannot be used: no connection to another host is
     /// carried by strait (never silently without the secret).
     Broken,
@@ -185,7 +185,7 @@ fn load_secret() -> Secret {
         Ok(None) => Secret::Off,
         Ok(Some(root)) => {
             let discovery = root.derive(b"discovery", &[]);
-            Secret::On { root, discovery }
+            Secret::On { root: Box::new(root), discovery: Box::new(discovery) }
         }
         Err(e) => {
             eprintln!("strait: {e}; connections to other hosts stay on the kernel");

@@ -429,7 +429,8 @@ fn a_forged_or_replayed_go_is_rejected() {
         let _ = finish(server, srx, first, deadline);
         (a, c)
     };
-    let cases: [(&str, Box<dyn Fn(u64, u64) -> Vec<u8>>); 3] = [
+    type Go = Box<dyn Fn(u64, u64) -> Vec<u8>>;
+    let cases: [(&str, Go); 3] = [
         ("guessed", Box::new(|_, c| wire::go(wire::random(), c))),
         ("replayed", Box::new(move |_, _| wire::go(old_a, old_c))),
         ("without the connector's nonce", Box::new(|a, _| wire::go(a, wire::random()))),

@@ -9,6 +9,7 @@ pub mod loopback;
 pub mod notifier;
 pub mod region;
 pub mod reliable;
+pub mod secret;
 pub mod worker;
 
 pub use api::{Completion, EpId, OpKind, PostError, Status, WaitError};
@@ -17,5 +18,6 @@ pub use device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
 pub use link::{Link, LinkError, LinkStats, SlotPool};
 pub use notifier::Notifier;
 pub use region::{MemoryRegion, RegionBusy};
-pub use reliable::{Reliable, ReliableConfig, ReliableStats};
+pub use reliable::{PacketAuth, PacketKey, Reliable, ReliableConfig, ReliableStats};
+pub use secret::{load_secret_file, secret_from_env, SecretError, SECRET_ENV};
 pub use worker::{EndpointStats, Worker};

@@ -32,6 +32,12 @@
 //!   that fails it, or any other check (version, kind, reserved bits, length,
 //!   connection ids, sequence window, acknowledgement range), is counted and dropped.
 //!   Datagrams from strangers never end a connection.
+//! * **Authentication** (optional, [`ReliableConfig::auth`]). With a key per
+//!   direction, every packet carries an HMAC-SHA256 tag over header and payload
+//!   (see `strait_wire::packet::seal_auth`) instead of a payload CRC; a packet
+//!   without a valid tag is counted ([`ReliableStats::bad_mac`]) and dropped before
+//!   any field is trusted, so it is never delivered, acknowledged or answered.
+//!   Without a key no packet carries a tag and no per-packet work is added.
 //! * **Flow control.** At most `window` packets (and never more than the peer's
 //!   advertised window) are unacknowledged; out-of-order packets inside the window
 //!   are kept, so nothing the sender has to retransmit is thrown away. Message-level
@@ -48,9 +54,10 @@
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 
+pub use strait_wire::auth::PacketKey;
 use strait_wire::packet::{
     self, CrcCoverage, PacketError, PacketHeader, PacketKind, FLAG_ACK_NOW, FLAG_FIRST, FLAG_LAST,
-    PACKET_HEADER_LEN,
+    PACKET_HEADER_LEN, TAG_LEN,
 };
 
 use crate::config::{env_num, ConfigError};
@@ -93,6 +100,19 @@ pub struct ReliableConfig {
     /// Connection id and first sequence number seed; `None` draws them from the
     /// kernel's random pool. The simulator sets it for reproducible runs.
     pub nonce: Option<u64>,
+    /// Authenticate every packet with these keys (the peer's `tx` is our `rx`);
+    /// `None`: CRC only. Set by the caller (never from the environment).
+    pub auth: Option<PacketAuth>,
+}
+
+/// The keys of an authenticated connection, one per direction (so a packet
+/// reflected back at its sender never passes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PacketAuth {
+    /// Seals what this side sends.
+    pub tx: PacketKey,
+    /// Checks what this side receives.
+    pub rx: PacketKey,
 }
 
 impl Default for ReliableConfig {
@@ -109,6 +129,7 @@ impl Default for ReliableConfig {
             liveness_ns: 5_000_000_000,
             payload_crc: false,
             nonce: None,
+            auth: None,
         }
     }
 }
@@ -210,6 +231,9 @@ pub struct ReliableStats {
     pub bad_checksum: u64,
     /// Packets dropped: malformed header (short, version, kind, flags, length).
     pub bad_header: u64,
+    /// Packets dropped on an authenticated connection: authentication tag missing
+    /// or wrong (forged, from another connection, or under another key).
+    pub bad_mac: u64,
     /// Packets dropped: not addressed to this connection.
     pub wrong_conn: u64,
     /// Packets dropped: sequence number or acknowledgement outside the window.
@@ -546,18 +570,24 @@ impl Conn {
         now: u64,
         deliver: &mut dyn FnMut(&RxFrame<'_>),
     ) -> Result<bool, DeviceError> {
-        let h = match packet::open_with(d, self.carrier_checked) {
+        let opened = match &self.cfg.auth {
+            None => packet::open_with(d, self.carrier_checked),
+            Some(a) => packet::open_auth(d, &a.rx),
+        };
+        let h = match opened {
             Ok(h) => h,
             Err(e) => {
                 match e {
                     PacketError::Checksum | PacketError::HeaderOnlyChecksum => self.rstats.bad_checksum += 1,
+                    PacketError::BadMac => self.rstats.bad_mac += 1,
+                    PacketError::Unauthenticated if self.cfg.auth.is_some() => self.rstats.bad_mac += 1,
                     _ => self.rstats.bad_header += 1,
                 }
                 self.dstats.frames_rejected += 1;
                 return Ok(false);
             }
         };
-        let payload = &d[PACKET_HEADER_LEN..];
+        let payload = &d[PACKET_HEADER_LEN..PACKET_HEADER_LEN + h.len as usize];
         let for_me = h.dst_id == self.my_id;
         if h.kind == PacketKind::Syn {
             if self.peer_id == 0 {
@@ -787,6 +817,8 @@ pub struct Reliable<L: Link> {
     max_piece: usize,
     /// What the CRC of an outgoing packet covers.
     coverage: CrcCoverage,
+    /// Bytes after the payload: the tag on an authenticated connection, else 0.
+    trailer: usize,
     /// Slots, and their payload areas, of a frame being cut into packets.
     slots: Vec<u32>,
     pieces: Pieces,
@@ -806,7 +838,8 @@ impl<L: Link> Reliable<L> {
         // could livelock on slots held by its own unacknowledged packets.
         let slot_cap = link.tx_slots().map_or(32768, |s| s.saturating_sub(16).clamp(2, 32768) as u32);
         let window = cfg.window.clamp(2, 32768).min(slot_cap);
-        let max_piece = link.mtu().saturating_sub(PACKET_HEADER_LEN).clamp(1, u16::MAX as usize);
+        let trailer = if cfg.auth.is_some() { TAG_LEN } else { 0 };
+        let max_piece = link.mtu().saturating_sub(PACKET_HEADER_LEN + trailer).clamp(1, u16::MAX as usize);
         let now = link.now_ns();
         let rto = cfg.rto_initial_ns;
         // A frame must fit in half the window, or it could never be sent while
@@ -868,6 +901,7 @@ impl<L: Link> Reliable<L> {
             c,
             max_piece,
             coverage,
+            trailer,
             slots: Vec::new(),
             pieces: Pieces(Vec::new()),
             unflushed: false,
@@ -915,15 +949,15 @@ impl<L: Link> Reliable<L> {
     /// Sends an unsequenced packet (SYN, ACK, PING, RESET) from a fresh slot,
     /// released at once. False if the link had no slot or no ring room.
     fn send_control(&mut self, h: PacketHeader, payload: &[u8]) -> bool {
-        let len = PACKET_HEADER_LEN + payload.len();
+        let len = PACKET_HEADER_LEN + payload.len() + self.trailer;
         if len > self.link.mtu() {
             return false;
         }
         let Some(slot) = self.link.tx_alloc() else { return false };
         let b = self.link.tx_buf(slot);
         h.encode(b);
-        b[PACKET_HEADER_LEN..len].copy_from_slice(payload);
-        packet::seal_with(&mut b[..len], self.coverage);
+        b[PACKET_HEADER_LEN..PACKET_HEADER_LEN + payload.len()].copy_from_slice(payload);
+        Self::seal(&self.c.cfg.auth, self.coverage, &mut b[..len]);
         let sent = match self.link.send(slot, len) {
             Ok(ok) => ok,
             Err(e) => {
@@ -960,10 +994,10 @@ impl<L: Link> Reliable<L> {
         let seq = self.c.snd_next;
         self.c.snd_next = seq.wrapping_add(1);
         let h = self.c.header(kind, flags, seq, payload_len, now);
-        let len = PACKET_HEADER_LEN + payload_len;
+        let len = PACKET_HEADER_LEN + payload_len + self.trailer;
         let b = self.link.tx_buf(slot);
         h.encode(b);
-        packet::seal_with(&mut b[..len], self.coverage);
+        Self::seal(&self.c.cfg.auth, self.coverage, &mut b[..len]);
         self.c.inflight.push_back(TxPkt {
             seq,
             slot: Some(slot),
@@ -977,6 +1011,16 @@ impl<L: Link> Reliable<L> {
         });
         self.c.resend.push_back(seq);
         self.c.rstats.packets_sent += 1;
+    }
+
+    /// Seals a packet: CRC, and the tag on an authenticated connection (the packet
+    /// then ends with room for it).
+    #[inline]
+    fn seal(auth: &Option<PacketAuth>, coverage: CrcCoverage, p: &mut [u8]) {
+        match auth {
+            None => packet::seal_with(p, coverage),
+            Some(a) => packet::seal_auth(p, &a.tx),
+        }
     }
 
     /// Hands queued packets to the link until its ring is full.

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::rc::Rc;
 
-use strait_core::reliable::{Reliable, ReliableConfig};
+use strait_core::reliable::{PacketAuth, PacketKey, Reliable, ReliableConfig};
 use strait_core::{Config, EpId, Link, LinkError, LinkStats, MemoryRegion, OpKind, SlotPool, Status, Worker};
 
 const MTU: usize = 1500;
@@ -414,6 +414,86 @@ fn hostile_datagrams_are_counted_and_dropped() {
     let mut b = [0u8; 8];
     inbox.read_at(0, &mut b).expect("read");
     assert_eq!(&b, b"after!!!");
+}
+
+/// The keys of one authenticated connection, seen from a (`a_side`) or b.
+fn auth(a_side: bool, secret: &[u8]) -> PacketAuth {
+    let k = PacketKey::new(secret);
+    let (ab, ba) = (k.derive(b"a to b", &[]), k.derive(b"b to a", &[]));
+    if a_side {
+        PacketAuth { tx: ab, rx: ba }
+    } else {
+        PacketAuth { tx: ba, rx: ab }
+    }
+}
+
+/// With keys, a forger on the path who changes a payload and fixes the CRC (which
+/// covers the header only once the tag covers the payload) gets nothing delivered:
+/// every such packet is counted and dropped, and every message still arrives intact
+/// (the sender retransmits). A packet without a tag is dropped too.
+#[test]
+fn authenticated_packets_with_a_bad_tag_are_dropped_never_delivered() {
+    use strait_wire::packet::{seal_with, CrcCoverage, PACKET_HEADER_LEN, TAG_LEN};
+    let forged = Rc::new(Cell::new(0u64));
+    let f = forged.clone();
+    let tamper: Fate = Box::new(move |n, d| {
+        if n % 9 == 3 && d.len() > PACKET_HEADER_LEN + TAG_LEN {
+            d[PACKET_HEADER_LEN] ^= 0x5a;
+            let body = d.len() - TAG_LEN;
+            seal_with(&mut d[..body], CrcCoverage::Header);
+            f.set(f.get() + 1);
+        }
+        1
+    });
+    let cfg =
+        |nonce| ReliableConfig { auth: Some(auth(nonce == 0x1111_2222_3333_4444, b"s")), ..rel_cfg(nonce) };
+    let (net, a, b) = devices(tamper, keep(), cfg);
+    let mut wa = Worker::new(Config::default()).expect("worker");
+    let mut wb = Worker::new(Config::default()).expect("worker");
+    let (ea, eb) = (wa.attach(a), wb.attach(b));
+    stream(&net, &mut wa, ea, &mut wb, eb, SIZES);
+    // An unauthenticated packet with a valid CRC, addressed to b.
+    let template = net.ab.borrow().queue.back().map(|d| d.1.clone());
+    let sb = wb.device(eb).expect("dev").rstats();
+    assert!(forged.get() > 50, "{} forged", forged.get());
+    assert_eq!(sb.bad_mac, forged.get(), "{sb:?}");
+    assert_eq!(sb.bad_checksum, 0, "the forger fixed every CRC: {sb:?}");
+    if let Some(mut v) = template {
+        v.truncate(v.len() - TAG_LEN);
+        v[2] &= !strait_wire::packet::FLAG_MAC;
+        let plen = (v.len() - PACKET_HEADER_LEN) as u16;
+        v[28..30].copy_from_slice(&plen.to_le_bytes());
+        strait_wire::packet::seal(&mut v);
+        let now = net.clock.get();
+        net.ab.borrow_mut().queue.push_back((now, v));
+        run(&net, &mut wa, &mut wb, 100_000_000, |_, wb| {
+            wb.device(eb).expect("dev").rstats().bad_mac > forged.get()
+        });
+        assert!(wb.poll().is_none(), "an unauthenticated packet was delivered");
+    }
+}
+
+/// Different keys at the two ends: nothing passes, the connection never comes up.
+#[test]
+fn different_keys_never_establish() {
+    let cfg = |nonce| {
+        let secret: &[u8] = if nonce == 0x1111_2222_3333_4444 { b"one" } else { b"two" };
+        ReliableConfig { auth: Some(auth(nonce == 0x1111_2222_3333_4444, secret)), ..rel_cfg(nonce) }
+    };
+    let (net, mut a, mut b) = devices(keep(), keep(), cfg);
+    {
+        use strait_core::Device;
+        for _ in 0..200 {
+            for d in [&mut a, &mut b] {
+                let _ = d.recv_frame(&mut |_| {});
+                let _ = d.check_peer();
+            }
+            net.clock.set(net.clock.get() + 100_000);
+        }
+    }
+    let (sa, sb) = (a.rstats(), b.rstats());
+    assert!(!a.is_established() && !b.is_established(), "{sa:?} {sb:?}");
+    assert!(sa.bad_mac > 0 && sb.bad_mac > 0, "{sa:?} {sb:?}");
 }
 
 #[test]

@@ -238,6 +238,12 @@ pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
 pub static REMOTE: AtomicUsize = AtomicUsize::new(0);
 /// Of those, connections carried by the xdp device.
 pub static REMOTE_XDP: AtomicUsize = AtomicUsize::new(0);
+/// Connections to other hosts refused because the two ends' secrets differ (or one
+/// end has none): they stay on the kernel.
+pub static REMOTE_REFUSED: AtomicUsize = AtomicUsize::new(0);
+/// Offers, refusals and answers ignored because they did not echo this
+/// connection's nonces or carried a bad tag (forged or replayed).
+pub static REMOTE_FORGED: AtomicUsize = AtomicUsize::new(0);
 /// Connections attached by asking the connector directly (path B).
 pub static PATH_B: AtomicUsize = AtomicUsize::new(0);
 

@@ -43,8 +43,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use libc::{c_int, sockaddr, socklen_t};
-use strait_core::{Device, Link, Reliable, ReliableConfig};
+use strait_core::{Device, Link, PacketAuth, PacketKey, Reliable, ReliableConfig};
 use strait_udp::{Backend, UdpConfig, UdpLink};
+use strait_wire::auth::TAG_LEN;
 use strait_xdp::{Mac, XdpChannel, XdpConfig, XdpPort};
 
 use crate::conn::{
@@ -53,16 +54,30 @@ use crate::conn::{
 use crate::discover::{close_all, key_of, sock_key, Key};
 use crate::real;
 
-const MSG_MAGIC: u64 = 0x3130_5652_5454_5253; // "SRTTRV01"
-const MSG_LEN: usize = 48;
+const MSG_MAGIC: u64 = 0x3230_5652_5454_5253; // "SRTTRV02"
+/// Bytes of a discovery datagram: 48 of fields, then a 16-byte tag (zero without a
+/// secret).
+const MSG_LEN: usize = 64;
+/// Bytes of a discovery datagram or an answer that the tag covers.
+const SIGNED_LEN: usize = 48;
 const KIND_HELLO: u8 = 1;
 const KIND_OFFER: u8 = 2;
+/// The acceptor has no HELLO for this connection yet: sent only to draw the ICMP
+/// error of a connector that is not strait. Ignored by connectors.
+const KIND_PROBE: u8 = 3;
+/// The acceptor will not carry this connection (the HELLO's authentication does
+/// not match its own: a secret on one end only, or different secrets).
+const KIND_REFUSE: u8 = 4;
 const GO: u64 = 0x4f47_5449_4152_5453; // "STRAITGO"
 const NO: u64 = 0x4f4e_5449_4152_5453; // "STRAITNO"
 const GX: u64 = 0x5847_5449_4152_5453; // "STRAITGX": go, over the xdp device
-/// Bytes of the connector's answer on the TCP connection: word, nonce, and (for GX)
-/// its MAC and channel id.
-const ANSWER_LEN: usize = 32;
+/// Bytes of the connector's answer on the TCP connection: word, the acceptor's
+/// nonce, (for GX) its MAC and channel id, the connector's nonce, and the tag (zero
+/// without a secret).
+const ANSWER_LEN: usize = 64;
+/// Domain separation of the tags of discovery datagrams and answers.
+const TAG_DISCOVERY: &[u8] = b"strait discovery v2";
+const TAG_ANSWER: &[u8] = b"strait answer v2";
 /// How often a connector repeats its HELLO, and an acceptor its OFFER, while they
 /// wait for an answer.
 const REPEAT: Duration = Duration::from_millis(20);
@@ -127,9 +142,97 @@ fn peers() -> &'static Peers {
     })
 }
 
+/// `STRAIT_PEERS_SECRET_FILE`: the shared secret, if one was asked for.
+enum Secret {
+    /// No secret: discovery and data are not authenticated (nonces only).
+    Off,
+    /// The secret's root key and the key of discovery datagrams and answers.
+    On { root: Box<PacketKey>, discovery: Box<PacketKey> },
+    /// A secret was asked for and cannot be used: no connection to another host is
+    /// carried by strait (never silently without the secret).
+    Broken,
+}
+
+static SECRET: OnceLock<Secret> = OnceLock::new();
+
+thread_local! {
+    /// This thread is reading the secret file: the library's own `open`, `read` and
+    /// `close` come back through the interposed calls, which must not wait for the
+    /// secret they are reading.
+    static LOADING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The secret; `None` only inside its own loading (see [`LOADING`]).
+fn try_secret() -> Option<&'static Secret> {
+    if let Some(s) = SECRET.get() {
+        return Some(s);
+    }
+    if LOADING.with(|l| l.replace(true)) {
+        return None;
+    }
+    let s = SECRET.get_or_init(load_secret);
+    LOADING.with(|l| l.set(false));
+    Some(s)
+}
+
+/// The secret, once [`enabled`] said yes (it is loaded then); `Off` otherwise.
+fn secret() -> &'static Secret {
+    try_secret().unwrap_or(&Secret::Off)
+}
+
+fn load_secret() -> Secret {
+    match strait_core::secret_from_env() {
+        Ok(None) => Secret::Off,
+        Ok(Some(root)) => {
+            let discovery = root.derive(b"discovery", &[]);
+            Secret::On { root: Box::new(root), discovery: Box::new(discovery) }
+        }
+        Err(e) => {
+            eprintln!("strait: {e}; connections to other hosts stay on the kernel");
+            Secret::Broken
+        }
+    }
+}
+
+/// The key of discovery datagrams and answers, with a secret.
+fn discovery_key() -> Option<&'static PacketKey> {
+    match secret() {
+        Secret::On { discovery, .. } => Some(discovery),
+        _ => None,
+    }
+}
+
+/// True if a peer's message is authenticated as ours are: both without a secret,
+/// or both with this one.
+fn auth_matches(a: Auth) -> bool {
+    match secret() {
+        Secret::On { .. } => a == Auth::Good,
+        _ => a == Auth::Plain,
+    }
+}
+
+/// The data keys of one connection (per direction) under the secret: derived
+/// from both nonces and both ports, so no two connections share one and nothing
+/// recorded from an earlier connection passes on a new one.
+fn data_auth(cnonce: u64, anonce: u64, ports: (u16, u16), connector: bool) -> Option<PacketAuth> {
+    let Secret::On { root, .. } = secret() else { return None };
+    let (c, a, cp, lp) =
+        (cnonce.to_le_bytes(), anonce.to_le_bytes(), ports.0.to_le_bytes(), ports.1.to_le_bytes());
+    let ctx: [&[u8]; 4] = [&c, &a, &cp, &lp];
+    let to_acceptor = root.derive(b"data connector to acceptor", &ctx);
+    let to_connector = root.derive(b"data acceptor to connector", &ctx);
+    Some(if connector {
+        PacketAuth { tx: to_acceptor, rx: to_connector }
+    } else {
+        PacketAuth { tx: to_connector, rx: to_acceptor }
+    })
+}
+
 /// True if connections to other hosts may be carried by strait at all.
 pub fn enabled() -> bool {
-    Settings::get().enabled && !peers().nets.is_empty()
+    Settings::get().enabled
+        && !peers().nets.is_empty()
+        && try_secret().is_some_and(|s| !matches!(s, Secret::Broken))
 }
 
 /// True if `a` is on a host named by `STRAIT_PEERS`.
@@ -139,15 +242,33 @@ pub fn listed(a: &[u8; 16]) -> bool {
 
 // ------------------------------------------------------------------ messages
 
-/// A discovery datagram: kind, nonce, the connector's and the listener's TCP ports,
-/// and (in an offer) the acceptor's xdp port: its MAC and the channel id reserved
-/// for this connection.
+/// A discovery datagram: kind, nonce (the sender's own: the connector's in a HELLO,
+/// the acceptor's in an OFFER), echo (in an OFFER or a REFUSE: the connector's
+/// nonce from its HELLO), the connector's and the listener's TCP ports, and (in an
+/// offer) the acceptor's xdp port: its MAC and the channel id reserved for this
+/// connection. With a secret (`key`), the tag over all of it.
+///
+/// | offset | size | field |
+/// |---|---|---|
+/// | 0 | 8 | magic "SRTTRV02" |
+/// | 8 | 1 | kind |
+/// | 9 | 1 | 1: xdp fields present |
+/// | 10 | 1 | 1: tagged (a secret) |
+/// | 16 | 8 | nonce |
+/// | 24 | 2 + 2 | connector's, listener's TCP port |
+/// | 28 | 6 | xdp MAC |
+/// | 36 | 4 | xdp channel id |
+/// | 40 | 8 | echo |
+/// | 48 | 16 | HMAC-SHA256 tag of bytes 0..48, truncated (zero without a secret) |
+#[allow(clippy::too_many_arguments)]
 fn message(
     kind: u8,
     nonce: u64,
+    echo: u64,
     connector_port: u16,
     listener_port: u16,
     xdp: Option<(Mac, u32)>,
+    key: Option<&PacketKey>,
 ) -> [u8; MSG_LEN] {
     let mut m = [0u8; MSG_LEN];
     m[0..8].copy_from_slice(&MSG_MAGIC.to_le_bytes());
@@ -160,7 +281,32 @@ fn message(
         m[28..34].copy_from_slice(&mac.0);
         m[36..40].copy_from_slice(&id.to_le_bytes());
     }
+    m[40..48].copy_from_slice(&echo.to_le_bytes());
+    if let Some(k) = key {
+        m[10] = 1;
+        let tag = k.tag(&[TAG_DISCOVERY, &m[..SIGNED_LEN]]);
+        m[SIGNED_LEN..].copy_from_slice(&tag[..TAG_LEN]);
+    }
     m
+}
+
+/// How a received message or answer is authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    /// No tag.
+    Plain,
+    /// A tag that checks under our key.
+    Good,
+    /// A tag we cannot check (no secret here) or that does not check.
+    Bad,
+}
+
+fn auth_of(tagged: bool, domain: &[u8], signed: &[u8], tag: &[u8]) -> Auth {
+    match (tagged, discovery_key()) {
+        (false, _) => Auth::Plain,
+        (true, Some(k)) if k.verify(&[domain, signed], tag) => Auth::Good,
+        (true, _) => Auth::Bad,
+    }
 }
 
 /// A parsed discovery datagram.
@@ -168,8 +314,10 @@ fn message(
 struct Message {
     kind: u8,
     nonce: u64,
+    echo: u64,
     ports: (u16, u16),
     xdp: Option<(Mac, u32)>,
+    auth: Auth,
 }
 
 fn parse_message(m: &[u8]) -> Option<Message> {
@@ -181,20 +329,27 @@ fn parse_message(m: &[u8]) -> Option<Message> {
     let lport = u16::from_le_bytes(m[26..28].try_into().ok()?);
     let id = u32::from_le_bytes(m[36..40].try_into().ok()?);
     let mac: [u8; 6] = m[28..34].try_into().ok()?;
+    let echo = u64::from_le_bytes(m[40..48].try_into().ok()?);
     let xdp = (m[9] == 1 && id != 0).then_some((Mac(mac), id));
-    Some(Message { kind: m[8], nonce, ports: (cport, lport), xdp })
+    let auth = auth_of(m[10] != 0, TAG_DISCOVERY, &m[..SIGNED_LEN], &m[SIGNED_LEN..]);
+    Some(Message { kind: m[8], nonce, echo, ports: (cport, lport), xdp, auth })
 }
 
-fn random_u64() -> u64 {
+/// 64 bits from the kernel's random pool (`getrandom`); `None` if it has none (then
+/// no connection is carried: a guessable nonce would let an off-path host take it).
+fn random_u64() -> Option<u64> {
     let mut v = 0u64;
     // SAFETY: getrandom fills the 8 bytes of a local.
     let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
-        let t = Instant::now().elapsed().as_nanos() as u64;
-        // SAFETY: plain syscall.
-        v = t ^ (unsafe { libc::getpid() } as u64) << 32 ^ 0x9e37_79b9_7f4a_7c15;
+    (n == 8).then_some(v)
+}
+
+/// An address as the 16 bytes of a key (IPv4 v4-mapped).
+fn ip16(a: &SocketAddr) -> [u8; 16] {
+    match a {
+        SocketAddr::V4(v4) => v4.ip().to_ipv6_mapped().octets(),
+        SocketAddr::V6(v6) => v6.ip().octets(),
     }
-    v
 }
 
 /// The socket address of a key (v4-mapped keys as IPv4).
@@ -271,6 +426,11 @@ pub struct Pending {
     udp: UdpSocket,
     /// The acceptor's nonce (the connector learns it from the offer).
     nonce: u64,
+    /// The connector's nonce (the acceptor learns it from the HELLO; an offer must
+    /// echo it).
+    cnonce: u64,
+    /// The connector's and the listener's TCP ports.
+    ports: (u16, u16),
     started: Instant,
     memfd: c_int,
     bridge_unix: c_int,
@@ -290,15 +450,74 @@ enum Role {
         probe: UdpSocket,
         hello: [u8; MSG_LEN],
         sent: Instant,
-        /// Our and the listener's TCP ports, to check an offer against.
-        ports: (u16, u16),
         /// The acceptor's address, once its offer came.
         offered: Option<SocketAddr>,
     },
     Acceptor {
-        offer: [u8; MSG_LEN],
+        /// The listener's marker, where the connector's HELLO arrives.
+        marker: Arc<Marker>,
+        /// The connector's address (a HELLO must come from it).
+        peer: [u8; 16],
+        /// The offer, once the HELLO came (until then a PROBE is repeated).
+        offer: Option<[u8; MSG_LEN]>,
         sent: Instant,
     },
+}
+
+impl Pending {
+    /// Our xdp port's MAC and the channel id reserved for this connection, if any.
+    fn xdp_mine(&self) -> Option<(Mac, u32)> {
+        self.xdp_local.as_ref().map(|(port, id)| (port.local_mac(), *id))
+    }
+}
+
+/// Tells the connector at the other end of `udp` that we will not carry its
+/// connection (its HELLO is authenticated otherwise than we are).
+fn refuse(udp: &UdpSocket, cnonce: u64, ports: (u16, u16)) {
+    crate::conn::REMOTE_REFUSED.fetch_add(1, Ordering::Relaxed);
+    let m = message(KIND_REFUSE, 0, cnonce, ports.0, ports.1, None, discovery_key());
+    let _ = udp.send(&m);
+}
+
+/// A HELLO a marker received: from whom, for which ports, its nonce and
+/// authentication, and when.
+struct Hello {
+    from: [u8; 16],
+    ports: (u16, u16),
+    cnonce: u64,
+    auth: Auth,
+    at: Instant,
+}
+
+/// HELLOs this process read from its markers and no connection took yet (a marker
+/// is read by whichever pending connection of its listener looks first).
+static HELLOS: Mutex<Vec<Hello>> = Mutex::new(Vec::new());
+/// At most this many HELLOs are kept (the oldest go first).
+const MAX_HELLOS: usize = 1024;
+
+/// Reads every HELLO waiting at `marker`, then takes the latest one from `from` for
+/// `ports`, if any: its nonce and authentication.
+fn take_hello(marker: &Marker, from: &[u8; 16], ports: (u16, u16)) -> Option<(u64, Auth)> {
+    let mut hellos = HELLOS.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    let keep = Settings::get().attach_timeout * (ACCEPTOR_WAIT_FACTOR + 1);
+    hellos.retain(|h| now.duration_since(h.at) < keep);
+    let mut buf = [0u8; MSG_LEN + 1];
+    while let Ok((n, src)) = marker.udp.recv_from(&mut buf) {
+        let Some(m) = parse_message(&buf[..n]).filter(|m| m.kind == KIND_HELLO) else { continue };
+        let src = ip16(&src);
+        // A repeat replaces the one before (a connector's nonce never changes; a
+        // forger's HELLO can only make the acceptor echo a nonce the connector
+        // ignores).
+        hellos.retain(|h| !(h.from == src && h.ports == m.ports));
+        if hellos.len() >= MAX_HELLOS {
+            hellos.remove(0);
+        }
+        hellos.push(Hello { from: src, ports: m.ports, cnonce: m.nonce, auth: m.auth, at: now });
+    }
+    let i = hellos.iter().rposition(|h| h.from == *from && h.ports == ports)?;
+    let h = hellos.remove(i);
+    Some((h.cnonce, h.auth))
 }
 
 impl Drop for Pending {
@@ -418,7 +637,8 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
     let udp = udp_bound(target.is_ipv6(), port)?;
     let probe = udp_socket(target.is_ipv6())?;
     probe.connect(target).ok()?;
-    let hello = message(KIND_HELLO, 0, port, dest.1, None);
+    let cnonce = random_u64()?;
+    let hello = message(KIND_HELLO, cnonce, 0, port, dest.1, None, discovery_key());
     probe.send(&hello).ok()?;
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
@@ -431,11 +651,13 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
         return None;
     };
     let now = Instant::now();
-    let role = Role::Connector { probe, hello, sent: now, ports: (port, dest.1), offered: None };
+    let role = Role::Connector { probe, hello, sent: now, offered: None };
     let p = Pending {
         tcp,
         udp,
         nonce: 0,
+        cnonce,
+        ports: (port, dest.1),
         started: now,
         memfd,
         bridge_unix,
@@ -485,23 +707,41 @@ fn udp_config() -> UdpConfig {
 fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
     let now = Instant::now();
     let timeout = Settings::get().attach_timeout;
-    let Pending { tcp, udp, nonce, started, role, xdp_peer, .. } = p;
-    let (tcp, started) = (*tcp, *started);
+    let mine = p.xdp_mine();
+    let Pending { tcp, udp, nonce, cnonce, ports, started, role, xdp_peer, .. } = p;
+    let (tcp, started, ports) = (*tcp, *started, *ports);
     match role {
-        Role::Connector { probe, hello, sent, ports, offered } => {
-            let mut buf = [0u8; 64];
+        Role::Connector { probe, hello, sent, offered } => {
+            let mut buf = [0u8; MSG_LEN + 1];
             while offered.is_none() {
                 match udp.recv_from(&mut buf) {
                     Ok((n, from)) => match parse_message(&buf[..n]) {
-                        // An offer from the host we connect to, for this connection.
+                        // From the host we connect to, for this connection, echoing
+                        // the nonce of our HELLO (which only its listener's marker
+                        // received): anything else, whoever sent it, is ignored.
                         Some(m)
-                            if m.kind == KIND_OFFER
-                                && m.ports == *ports
+                            if m.ports == ports
+                                && m.echo == *cnonce
                                 && probe.peer_addr().is_ok_and(|a| a.ip() == from.ip()) =>
                         {
-                            *nonce = m.nonce;
-                            *offered = Some(from);
-                            *xdp_peer = m.xdp;
+                            match m.kind {
+                                KIND_OFFER if auth_matches(m.auth) => {
+                                    *nonce = m.nonce;
+                                    *offered = Some(from);
+                                    *xdp_peer = m.xdp;
+                                }
+                                // An offer authenticated otherwise than ours (a
+                                // secret at one end only, or another secret), or a
+                                // refusal: the kernel carries it; we wrote nothing.
+                                KIND_OFFER | KIND_REFUSE => {
+                                    crate::conn::REMOTE_REFUSED.fetch_add(1, Ordering::Relaxed);
+                                    return Step::Done(false);
+                                }
+                                _ => {}
+                            }
+                        }
+                        Some(m) if m.kind == KIND_OFFER || m.kind == KIND_REFUSE => {
+                            crate::conn::REMOTE_FORGED.fetch_add(1, Ordering::Relaxed);
                         }
                         _ => {}
                     },
@@ -549,12 +789,28 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                         (true, Via::Udp) => GO,
                     };
                     let mine = p.xdp_local.as_ref().map(|(port, id)| (port.local_mac(), *id));
-                    let sent = send_confirmation(tcp, word, p.nonce, mine.filter(|_| word == GX));
+                    let sent = send_confirmation(tcp, word, p.nonce, p.cnonce, mine.filter(|_| word == GX));
                     Step::Done(up && sent)
                 }
             }
         }
-        Role::Acceptor { offer, sent } => {
+        Role::Acceptor { marker, peer, offer, sent } => {
+            if offer.is_none() {
+                match take_hello(marker, peer, ports) {
+                    Some((c, auth)) if auth_matches(auth) => {
+                        *cnonce = c;
+                        let m = message(KIND_OFFER, *nonce, c, ports.0, ports.1, mine, discovery_key());
+                        let _ = udp.send(&m);
+                        *offer = Some(m);
+                        *sent = now;
+                    }
+                    Some((c, _)) => {
+                        refuse(udp, c, ports);
+                        return Step::Done(false);
+                    }
+                    None => {}
+                }
+            }
             // An ICMP error: the connector's port is closed (it gave up, or is not
             // strait after all). Peeking leaves its first packets for the bridge.
             let mut buf = [0u8; 1];
@@ -564,10 +820,13 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                 }
             }
             if now >= *sent + REPEAT {
-                let _ = udp.send(offer.as_slice());
+                let probe = message(KIND_PROBE, 0, 0, ports.0, ports.1, None, None);
+                let _ = udp.send(offer.as_ref().unwrap_or(&probe));
                 *sent = now;
             }
-            match read_confirmation(tcp, *nonce) {
+            // Before the offer went out nobody can know our nonce: anything on the
+            // connection is the program's.
+            match read_confirmation(tcp, *nonce, *cnonce) {
                 Some(Some(Answer::Go)) => Step::Done(attach(conn, p, Via::Udp).is_some()),
                 Some(Some(Answer::GoXdp(mac, id))) if p.xdp_local.is_some() => {
                     p.xdp_peer = Some((mac, id));
@@ -657,7 +916,9 @@ fn tcp_connected(fd: c_int) -> Option<bool> {
     Some(r > 0 && ok && err == 0 && sock_key(fd, true).is_some())
 }
 
-fn send_confirmation(fd: c_int, word: u64, nonce: u64, xdp: Option<(Mac, u32)>) -> bool {
+/// The connector's answer: word, the acceptor's nonce, xdp MAC and channel id, the
+/// connector's nonce, and (with a secret) the tag over all of it.
+fn answer(word: u64, nonce: u64, cnonce: u64, xdp: Option<(Mac, u32)>) -> [u8; ANSWER_LEN] {
     let mut m = [0u8; ANSWER_LEN];
     m[0..8].copy_from_slice(&word.to_le_bytes());
     m[8..16].copy_from_slice(&nonce.to_le_bytes());
@@ -665,6 +926,17 @@ fn send_confirmation(fd: c_int, word: u64, nonce: u64, xdp: Option<(Mac, u32)>) 
         m[16..22].copy_from_slice(&mac.0);
         m[24..28].copy_from_slice(&id.to_le_bytes());
     }
+    m[32..40].copy_from_slice(&cnonce.to_le_bytes());
+    if let Some(k) = discovery_key() {
+        m[28] = 1;
+        let tag = k.tag(&[TAG_ANSWER, &m[..SIGNED_LEN]]);
+        m[SIGNED_LEN..].copy_from_slice(&tag[..TAG_LEN]);
+    }
+    m
+}
+
+fn send_confirmation(fd: c_int, word: u64, nonce: u64, cnonce: u64, xdp: Option<(Mac, u32)>) -> bool {
+    let m = answer(word, nonce, cnonce, xdp);
     let mut off = 0;
     let deadline = Instant::now() + Duration::from_millis(200);
     while off < m.len() && Instant::now() < deadline {
@@ -694,9 +966,11 @@ enum Answer {
 }
 
 /// Acceptor: one look for the connector's answer. `None`: not all here yet;
-/// `Some(Some(answer))`: an answer with our nonce (consumed); `Some(None)`: anything
-/// else, or end of stream (left unread: a peer that is not strait after all).
-fn read_confirmation(fd: c_int, nonce: u64) -> Option<Option<Answer>> {
+/// `Some(Some(answer))`: an answer with our nonce, the connector's nonce and (with a
+/// secret) a good tag (consumed); `Some(None)`: anything else, or end of stream
+/// (left unread: a peer that is not strait after all, or a forged or replayed
+/// answer, which the program then reads as the bytes they are).
+fn read_confirmation(fd: c_int, nonce: u64, cnonce: u64) -> Option<Option<Answer>> {
     let mut m = [0u8; ANSWER_LEN];
     // SAFETY: a local array.
     let n = unsafe { real::recv(fd, m.as_mut_ptr().cast(), ANSWER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
@@ -719,6 +993,12 @@ fn read_confirmation(fd: c_int, nonce: u64) -> Option<Option<Answer>> {
     }
     if (n as usize) < ANSWER_LEN {
         return None;
+    }
+    let echo = u64::from_le_bytes(m[32..40].try_into().unwrap_or_default());
+    let auth = auth_of(m[28] != 0, TAG_ANSWER, &m[..SIGNED_LEN], &m[SIGNED_LEN..]);
+    if echo != cnonce || !auth_matches(auth) {
+        crate::conn::REMOTE_FORGED.fetch_add(1, Ordering::Relaxed);
+        return Some(None);
     }
     let word = u64::from_le_bytes(m[0..8].try_into().unwrap_or_default());
     let id = u32::from_le_bytes(m[24..28].try_into().unwrap_or_default());
@@ -828,7 +1108,8 @@ fn xdp_port_for(local: &[u8; 16], peer: &[u8; 16]) -> Option<Arc<XdpPort>> {
 /// set up (the connection then stays with the kernel).
 fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
     let (memfd, bridge_unix) = (p.memfd, p.bridge_unix);
-    let rel = config_or_default(ReliableConfig::from_env());
+    let mut rel = config_or_default(ReliableConfig::from_env());
+    rel.auth = data_auth(p.cnonce, p.nonce, p.ports, matches!(p.role, Role::Connector { .. }));
     let (dev, link_fd): (Box<dyn Device + Send>, Option<c_int>) = match via {
         Via::Udp => {
             // The link's socket lives as long as the connection: above the program's
@@ -892,7 +1173,7 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
 
 // ------------------------------------------------------------------ listeners
 
-/// The marker of one listening socket (kept open; never read).
+/// The marker of one listening socket: connectors' HELLOs arrive there.
 struct Marker {
     udp: UdpSocket,
 }
@@ -934,20 +1215,22 @@ pub fn on_listen(fd: c_int) {
             )
         };
     }
-    // Nothing is ever read from it: the smallest receive buffer the kernel allows.
-    let small: c_int = 1;
-    // SAFETY: a local int option.
-    unsafe {
-        libc::setsockopt(
-            udp.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&small as *const c_int).cast(),
-            std::mem::size_of::<c_int>() as socklen_t,
-        )
-    };
     // SAFETY: the listener's own address, as the kernel reported it.
     if unsafe { real::bind(udp.as_raw_fd(), (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        if real::errno() == libc::EADDRINUSE {
+            // Whoever holds the port would receive the HELLOs meant for this
+            // listener: only a shared secret keeps it from answering them.
+            eprintln!(
+                "strait: UDP port {} is taken by another socket; connections from other hosts to \
+                 this listener stay on the kernel{}",
+                key.1,
+                if discovery_key().is_some() {
+                    ""
+                } else {
+                    " (and, without --peers-secret, their connectors could be answered by that socket's owner)"
+                }
+            );
+        }
         return;
     }
     markers().lock().unwrap_or_else(|e| e.into_inner()).insert(fd, Arc::new(Marker { udp }));
@@ -973,9 +1256,6 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
     let Some(marker) = markers().lock().unwrap_or_else(|e| e.into_inner()).get(&lfd).cloned() else {
         return false;
     };
-    // The HELLOs themselves carry nothing the acceptor needs: drop them.
-    let mut buf = [0u8; 64];
-    while marker.udp.recv(&mut buf).is_ok() {}
     let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };
     if !listed(&peer.0) {
         return false;
@@ -989,14 +1269,29 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
     {
         return false;
     }
-    let nonce = random_u64();
+    let Some(nonce) = random_u64() else { return false };
+    let ports = (peer.1, local.1);
+    // The connector's HELLO (sent before its SYN) is normally here already: then the
+    // offer goes at once; else the pending connection looks again.
+    let (cnonce, offer) = match take_hello(&marker, &peer.0, ports) {
+        Some((c, auth)) if auth_matches(auth) => (c, true),
+        Some((c, _)) => {
+            refuse(&udp, c, ports);
+            return false;
+        }
+        None => (0, false),
+    };
     let xdp_local = xdp_port_for(&local.0, &peer.0).map(|port| {
         let id = port.new_channel_id();
         (port, id)
     });
     let mine = xdp_local.as_ref().map(|(port, id)| (port.local_mac(), *id));
-    let offer = message(KIND_OFFER, nonce, peer.1, local.1, mine);
-    if udp.send(&offer).is_err() {
+    let first = if offer {
+        message(KIND_OFFER, nonce, cnonce, ports.0, ports.1, mine, discovery_key())
+    } else {
+        message(KIND_PROBE, 0, 0, ports.0, ports.1, None, None)
+    };
+    if udp.send(&first).is_err() {
         return false;
     }
     let tcp = dup_fd(fd);
@@ -1008,8 +1303,20 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
         return false;
     };
     let now = Instant::now();
-    let role = Role::Acceptor { offer, sent: now };
-    let p = Pending { tcp, udp, nonce, started: now, memfd, bridge_unix, role, xdp_local, xdp_peer: None };
+    let role = Role::Acceptor { marker, peer: peer.0, offer: offer.then_some(first), sent: now };
+    let p = Pending {
+        tcp,
+        udp,
+        nonce,
+        cnonce,
+        ports,
+        started: now,
+        memfd,
+        bridge_unix,
+        role,
+        xdp_local,
+        xdp_peer: None,
+    };
     register(fd, conn, p);
     true
 }
@@ -1584,14 +1891,27 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_reject_garbage() {
-        let m = message(KIND_OFFER, 0x1234_5678_9abc_def0, 4242, 80, None);
-        let want = Message { kind: KIND_OFFER, nonce: 0x1234_5678_9abc_def0, ports: (4242, 80), xdp: None };
+        // (No secret in the unit tests' environment.)
+        let m = message(KIND_OFFER, 0x1234_5678_9abc_def0, 77, 4242, 80, None, None);
+        let want = Message {
+            kind: KIND_OFFER,
+            nonce: 0x1234_5678_9abc_def0,
+            echo: 77,
+            ports: (4242, 80),
+            xdp: None,
+            auth: Auth::Plain,
+        };
         assert_eq!(parse_message(&m), Some(want));
-        let x = message(KIND_OFFER, 7, 1, 2, Some((Mac([1, 2, 3, 4, 5, 6]), 99)));
+        let x = message(KIND_OFFER, 7, 8, 1, 2, Some((Mac([1, 2, 3, 4, 5, 6]), 99)), None);
         assert_eq!(parse_message(&x).and_then(|m| m.xdp), Some((Mac([1, 2, 3, 4, 5, 6]), 99)));
         assert_eq!(parse_message(&m[..MSG_LEN - 1]), None);
         let mut bad = m;
         bad[0] ^= 1;
         assert_eq!(parse_message(&bad), None);
+        // A tagged message, to a host without the secret: not authentic.
+        let k = PacketKey::new(b"0123456789abcdef");
+        let t = message(KIND_OFFER, 1, 2, 3, 4, None, Some(&k));
+        assert_eq!(parse_message(&t).map(|m| m.auth), Some(Auth::Bad));
+        assert!(!auth_matches(Auth::Bad) && auth_matches(Auth::Plain));
     }
 }

@@ -9,7 +9,9 @@
 //! into a waiting reader's buffer (`rendezvous`); rendezvous partners refused
 //! because they could not be proven (`refused`: a name held by another user, a
 //! token naming another socket, a doorbell that is not an eventfd; see
-//! docs/SECURITY.md).
+//! docs/SECURITY.md); connections to other hosts refused for a secret that differs
+//! (`remote-refused`); discovery messages and answers ignored as forged or replayed
+//! (`remote-forged`).
 
 use std::sync::atomic::Ordering;
 
@@ -20,7 +22,9 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
-             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} refused {}\n",
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
+             refused {} remote-refused {} remote-forged {}
+",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -35,6 +39,8 @@ extern "C" fn at_exit() {
             crate::exec::INHERITED.load(Ordering::Relaxed),
             crate::conn::RENDEZVOUS.load(Ordering::Relaxed),
             crate::trust::REFUSED.load(Ordering::Relaxed),
+            crate::conn::REMOTE_REFUSED.load(Ordering::Relaxed),
+            crate::conn::REMOTE_FORGED.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -233,3 +233,279 @@ fn semantics_and_large_transfers_over_the_xdp_device() {
         }
     }
 }
+
+// ------------------------------------------------------------------ trust
+
+/// The discovery wire format, as a forger (or a test playing the connector by hand)
+/// writes it: see `remote.rs`.
+mod wire {
+    pub const MSG_LEN: usize = 64;
+
+    fn msg(kind: u8, nonce: u64, echo: u64, cport: u16, lport: u16) -> [u8; MSG_LEN] {
+        let mut m = [0u8; MSG_LEN];
+        m[0..8].copy_from_slice(b"SRTTRV02");
+        m[8] = kind;
+        m[16..24].copy_from_slice(&nonce.to_le_bytes());
+        m[24..26].copy_from_slice(&cport.to_le_bytes());
+        m[26..28].copy_from_slice(&lport.to_le_bytes());
+        m[40..48].copy_from_slice(&echo.to_le_bytes());
+        m
+    }
+
+    pub fn hello(nonce: u64, cport: u16, lport: u16) -> [u8; MSG_LEN] {
+        msg(1, nonce, 0, cport, lport)
+    }
+
+    pub fn offer(nonce: u64, echo: u64, cport: u16, lport: u16) -> [u8; MSG_LEN] {
+        msg(2, nonce, echo, cport, lport)
+    }
+
+    /// An offer: (acceptor's nonce, echo).
+    pub fn parse_offer(m: &[u8]) -> Option<(u64, u64)> {
+        (m.len() == MSG_LEN && &m[0..8] == b"SRTTRV02" && m[8] == 2).then(|| {
+            (
+                u64::from_le_bytes(m[16..24].try_into().unwrap()),
+                u64::from_le_bytes(m[40..48].try_into().unwrap()),
+            )
+        })
+    }
+
+    /// The connector's GO on the TCP connection (no secret).
+    pub fn go(anonce: u64, cnonce: u64) -> Vec<u8> {
+        let mut m = vec![0u8; 64];
+        m[0..8].copy_from_slice(b"STRAITGO");
+        m[8..16].copy_from_slice(&anonce.to_le_bytes());
+        m[32..40].copy_from_slice(&cnonce.to_le_bytes());
+        m
+    }
+
+    pub fn random() -> u64 {
+        let mut v = [0u8; 8];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut v))
+            .unwrap();
+        u64::from_le_bytes(v)
+    }
+}
+
+/// A server of `mode` under the library in namespace 0 of `pair`, with `env`; its
+/// TCP port.
+fn server_in(
+    pair: &VethPair,
+    mode: &str,
+    env: &[(&str, &str)],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>, String, u16) {
+    let mut sc = cmd(pair, 0, true, &["server", mode]);
+    sc.envs(env.iter().copied());
+    let (server, srx) = spawn_lines(&mut sc);
+    let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
+    let port = first.trim().strip_prefix("PORT ").expect("PORT line").parse().expect("port");
+    (server, srx, first, port)
+}
+
+/// An off-path or local forger on the server's host: from another UDP port of the
+/// server's address, it sends OFFERs for the client's connection (the client's
+/// ports are pinned so the forger knows them; the server accepts late, so the
+/// forgeries always come first). The client ignores them all (they cannot echo the
+/// nonce of its HELLO): its stream reaches the real server intact, carried by
+/// strait.
+#[test]
+fn a_forged_offer_from_another_port_of_the_server_is_ignored() {
+    let pair = VethPair::create().expect("create namespaces (needs root)");
+    pair.exec(1, &["sh", "-c", "echo 45000 45001 > /proc/sys/net/ipv4/ip_local_port_range"]).expect("ports");
+    let deadline = Instant::now() + TIMEOUT;
+    let (server, srx, first, lport) = server_in(&pair, "slowaccept", &[]);
+    let forger = pair.udp_socket(0, false, 0).expect("forger socket");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client_ip = pair.v4[1];
+    let spray = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for p in [45000u16, 45001] {
+                    let m = wire::offer(wire::random(), wire::random(), p, lport);
+                    if forger.send_to(&m, (client_ip, p)).is_ok() {
+                        sent += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            sent
+        })
+    };
+    let mut c = cmd(&pair, 1, true, &["client", &lport.to_string(), "echo"]);
+    let (client, crx) = spawn_lines(&mut c);
+    let c = finish(client, crx, String::new(), deadline);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = spray.join().expect("forger");
+    let s = finish(server, srx, first, deadline);
+    check(&c, "client");
+    check(&s, "server");
+    assert!(sent > 50, "the forger sent {sent} offers");
+    assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
+    assert!(s.stdout.contains("echoed 1734389"), "{}", s.stdout);
+    assert_eq!(remote(&c), 1, "{}", c.stderr);
+    assert_eq!(remote(&s), 1, "{}", s.stderr);
+    assert!(common::stat_sum(&c, "remote-forged") > 0, "{}", c.stderr);
+}
+
+/// Plays a connector by hand from namespace 1: a TCP socket bound to a port `p`, a
+/// UDP socket on `p`, a HELLO with nonce `cnonce` to the listener's marker, the TCP
+/// connect, and the acceptor's offer. Returns the connection and the acceptor's
+/// nonce.
+fn hand_connector(pair: &VethPair, lport: u16, cnonce: u64) -> (std::net::TcpStream, u64) {
+    use std::os::fd::FromRawFd;
+    let (server, client) = (pair.v4[0], pair.v4[1]);
+    pair.in_ns(1, move || {
+        // SAFETY: a fresh socket, bound and connected through plain syscalls on
+        // local sockaddrs; then owned by the TcpStream.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0);
+            let mut sa: libc::sockaddr_in = std::mem::zeroed();
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_addr.s_addr = u32::from_ne_bytes(client.octets());
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            assert_eq!(libc::bind(fd, (&sa as *const libc::sockaddr_in).cast(), len), 0);
+            let mut got = sa;
+            let mut l = len;
+            assert_eq!(libc::getsockname(fd, (&mut got as *mut libc::sockaddr_in).cast(), &mut l), 0);
+            let p = u16::from_be(got.sin_port);
+            let udp = std::net::UdpSocket::bind((client, p)).expect("udp on the tcp port");
+            udp.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+            let probe = std::net::UdpSocket::bind((client, 0)).expect("probe");
+            probe.send_to(&wire::hello(cnonce, p, lport), (server, lport)).expect("hello");
+            let mut to = sa;
+            to.sin_port = lport.to_be();
+            to.sin_addr.s_addr = u32::from_ne_bytes(server.octets());
+            assert_eq!(libc::connect(fd, (&to as *const libc::sockaddr_in).cast(), len), 0);
+            let stream = std::net::TcpStream::from_raw_fd(fd);
+            let end = Instant::now() + Duration::from_secs(3);
+            let mut buf = [0u8; 128];
+            loop {
+                assert!(Instant::now() < end, "no offer");
+                if let Ok(n) = udp.recv(&mut buf) {
+                    if let Some((anonce, echo)) = wire::parse_offer(&buf[..n]) {
+                        assert_eq!(echo, cnonce, "the offer echoes our nonce");
+                        return (stream, anonce);
+                    }
+                }
+            }
+        }
+    })
+    .expect("namespace")
+}
+
+/// Writes `first` then a pattern to `s`, ends the stream, and checks the echo
+/// returns exactly that.
+fn echo_exactly(mut s: std::net::TcpStream, first: &[u8]) {
+    use std::io::{Read, Write};
+    let mut sent = first.to_vec();
+    sent.extend((0..65_536u32).map(|i| (i * 7 + 3) as u8));
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.write_all(&sent).expect("write");
+    s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).expect("echo");
+    assert!(back == sent, "echo of {} bytes differs from the {} sent", back.len(), sent.len());
+}
+
+/// GO is only taken with this connection's nonces. A GO with a guessed acceptor
+/// nonce (an off-path forger, or a program that is not strait whose data happen to
+/// start with "STRAITGO"), a GO replayed from an earlier connection, and a GO with
+/// the right acceptor nonce but not the connector's are all left to the program:
+/// the server reads them as the bytes they are, the connection stays on the kernel.
+#[test]
+fn a_forged_or_replayed_go_is_rejected() {
+    let pair = VethPair::create().expect("create namespaces (needs root)");
+    let deadline = Instant::now() + TIMEOUT;
+    // An earlier connection whose GO an on-path attacker recorded.
+    let (old_a, old_c) = {
+        let (server, srx, first, lport) = server_in(&pair, "echo", &[]);
+        let c = wire::random();
+        let (s, a) = hand_connector(&pair, lport, c);
+        echo_exactly(s, b"");
+        let _ = finish(server, srx, first, deadline);
+        (a, c)
+    };
+    type Go = Box<dyn Fn(u64, u64) -> Vec<u8>>;
+    let cases: [(&str, Go); 3] = [
+        ("guessed", Box::new(|_, c| wire::go(wire::random(), c))),
+        ("replayed", Box::new(move |_, _| wire::go(old_a, old_c))),
+        ("without the connector's nonce", Box::new(|a, _| wire::go(a, wire::random()))),
+    ];
+    for (what, go) in cases {
+        let (server, srx, first, lport) = server_in(&pair, "echo", &[]);
+        let c = wire::random();
+        let (s, a) = hand_connector(&pair, lport, c);
+        echo_exactly(s, &go(a, c));
+        let s = finish(server, srx, first, deadline);
+        check(&s, what);
+        assert!(s.stdout.contains(&format!("echoed {}", 64 + 65_536)), "{what}: {}", s.stdout);
+        assert_eq!(remote(&s), 0, "{what}: {}", s.stderr);
+        if what == "without the connector's nonce" {
+            assert_eq!(common::stat_sum(&s, "remote-forged"), 1, "{what}: {}", s.stderr);
+        }
+    }
+}
+
+/// A secret file of `body`, mode 600, in a fresh directory.
+fn secret_file(name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("strait-remote-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let p = dir.join(name);
+    std::fs::write(&p, body).expect("write");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p.display().to_string()
+}
+
+/// With the same secret at both ends the connection is carried by strait and every
+/// byte arrives (hashed); with a secret at one end only, or different secrets, the
+/// peer is refused and the kernel carries every byte; an unusable secret file is
+/// reported by the variable's name and nothing is carried by strait.
+#[test]
+fn a_shared_secret_authenticates_and_a_missing_or_different_one_is_refused() {
+    let one = secret_file("one", "correct horse battery staple 1\n");
+    let two = secret_file("two", "correct horse battery staple 2\n");
+    let open = secret_file("open", "correct horse battery staple 1\n");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let var = "STRAIT_PEERS_SECRET_FILE";
+    let cases: [(&str, Option<&str>, Option<&str>, usize); 5] = [
+        ("same secret", Some(&one), Some(&one), 1),
+        ("server only", Some(&one), None, 0),
+        ("client only", None, Some(&one), 0),
+        ("different secrets", Some(&one), Some(&two), 0),
+        ("unusable secret file", Some(&open), Some(&open), 0),
+    ];
+    for (what, sec_s, sec_c, carried) in cases {
+        let t = Instant::now();
+        let senv: Vec<(&str, &str)> = sec_s.map(|f| (var, f)).into_iter().collect();
+        let cenv: Vec<(&str, &str)> = sec_c.map(|f| (var, f)).into_iter().collect();
+        let (s, c) = pair_envs(true, true, "sink", "source16777216", &senv, &cenv);
+        check(&s, what);
+        check(&c, what);
+        let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
+        let got =
+            s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+        assert_eq!(sent, got, "{what}");
+        assert_eq!(remote(&s), carried, "{what}: {}", s.stderr);
+        assert_eq!(remote(&c), carried, "{what}: {}", c.stderr);
+        if carried == 0 && what != "unusable secret file" {
+            let refused = common::stat_sum(&s, "remote-refused") + common::stat_sum(&c, "remote-refused");
+            assert!(refused >= 1, "{what}: {}{}", s.stderr, c.stderr);
+        }
+        if what == "unusable secret file" {
+            assert!(
+                s.stderr.contains("STRAIT_PEERS_SECRET_FILE=") && s.stderr.contains("too open"),
+                "{}",
+                s.stderr
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{what}: {:?}", t.elapsed());
+    }
+}

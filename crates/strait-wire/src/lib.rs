@@ -21,6 +21,7 @@
 
 use thiserror::Error;
 
+pub mod auth;
 pub mod crc;
 pub mod packet;
 

@@ -11,13 +11,22 @@
 //! set [`FLAG_HEADER_CRC`]: the CRC then covers the header only, and only a receiver
 //! that trusts its carrier the same way ([`open_with`]) accepts such a packet.
 //!
+//! Between hosts that share a secret, packets are authenticated as well
+//! ([`seal_auth`], [`open_auth`]): [`FLAG_MAC`] is set and the packet ends with a
+//! [`TAG_LEN`]-byte HMAC-SHA256 tag (see [`crate::auth`]) over the header (CRC
+//! included) and the payload, under a key of that connection and direction. The
+//! CRC then covers the header only (the tag covers the payload). A receiver with a
+//! key drops every packet without a valid tag before it trusts any field; a
+//! receiver without one refuses packets that carry a tag. Packets sealed without a
+//! key are byte for byte what they were before.
+//!
 //! Layout (little-endian):
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | version ([`PACKET_VERSION`]) |
 //! | 1 | 1 | kind ([`PacketKind`]) |
-//! | 2 | 1 | flags ([`FLAG_FIRST`], [`FLAG_LAST`], [`FLAG_ACK_NOW`], [`FLAG_HEADER_CRC`]) |
+//! | 2 | 1 | flags ([`FLAG_FIRST`], [`FLAG_LAST`], [`FLAG_ACK_NOW`], [`FLAG_HEADER_CRC`], [`FLAG_MAC`]) |
 //! | 3 | 1 | reserved, zero |
 //! | 4 | 4 | destination connection id (0 in a first SYN) |
 //! | 8 | 4 | source connection id |
@@ -30,8 +39,12 @@
 //! | 36 | 4 | echoed timestamp (for round-trip time) |
 //! | 40 | 4 | CRC32C |
 //! | 44 | 4 | reserved, zero |
+//! | 48 | `len` | payload |
+//! | 48 + `len` | 16 | HMAC-SHA256 tag, truncated (only with [`FLAG_MAC`]) |
 
 use thiserror::Error;
+
+pub use crate::auth::{PacketKey, TAG_LEN};
 
 /// Version of the packet format.
 pub const PACKET_VERSION: u8 = 1;
@@ -47,7 +60,9 @@ pub const FLAG_ACK_NOW: u8 = 4;
 /// [`seal_with`]; refused by [`open`], accepted by [`open_with`] when the receiver's
 /// carrier checks payloads too.
 pub const FLAG_HEADER_CRC: u8 = 8;
-const KNOWN_FLAGS: u8 = FLAG_FIRST | FLAG_LAST | FLAG_ACK_NOW | FLAG_HEADER_CRC;
+/// The packet ends with a [`TAG_LEN`]-byte authentication tag ([`seal_auth`]).
+pub const FLAG_MAC: u8 = 16;
+const KNOWN_FLAGS: u8 = FLAG_FIRST | FLAG_LAST | FLAG_ACK_NOW | FLAG_HEADER_CRC | FLAG_MAC;
 const CRC_OFFSET: usize = 40;
 
 /// Packet kinds.
@@ -146,6 +161,14 @@ pub enum PacketError {
     /// payloads.
     #[error("packet's checksum covers only its header, and this carrier does not check payloads")]
     HeaderOnlyChecksum,
+    /// The packet carries no authentication tag and this receiver requires one, or
+    /// it carries one and this receiver has no key to check it.
+    #[error("packet's authentication does not match the receiver's (tag missing or unexpected)")]
+    Unauthenticated,
+    /// The authentication tag does not match: forged, replayed from another
+    /// connection, or sealed under another key.
+    #[error("packet authentication tag mismatch")]
+    BadMac,
 }
 
 /// What the CRC of a packet being sealed covers.
@@ -223,6 +246,39 @@ fn packet_crc(packet: &[u8]) -> u32 {
     !crate::crc::update(state, &packet[PACKET_HEADER_LEN..])
 }
 
+/// Seals an authenticated packet: `packet` holds the header, the payload and
+/// [`TAG_LEN`] bytes of room for the tag at its end. Sets [`FLAG_MAC`], the
+/// header-only CRC ([`FLAG_HEADER_CRC`]: the tag covers the payload) and the tag
+/// over everything before it, under `key`.
+///
+/// # Panics
+/// If `packet` is shorter than the header and the tag (a caller bug).
+pub fn seal_auth(packet: &mut [u8], key: &PacketKey) {
+    let body = packet.len() - TAG_LEN;
+    assert!(body >= PACKET_HEADER_LEN, "authenticated packet shorter than header and tag");
+    packet[2] |= FLAG_MAC;
+    seal_with(&mut packet[..body], CrcCoverage::Header);
+    let tag = key.tag(&[&packet[..body]]);
+    packet[body..].copy_from_slice(&tag[..TAG_LEN]);
+}
+
+/// Checks and decodes an authenticated datagram ([`seal_auth`]) under `key`: the tag
+/// first, before any field is trusted, then everything [`open`] checks. The payload
+/// is `datagram[PACKET_HEADER_LEN..PACKET_HEADER_LEN + len]`.
+pub fn open_auth(datagram: &[u8], key: &PacketKey) -> Result<PacketHeader, PacketError> {
+    if datagram.len() > 2 && datagram[2] & FLAG_MAC == 0 {
+        return Err(PacketError::Unauthenticated);
+    }
+    if datagram.len() < PACKET_HEADER_LEN + TAG_LEN {
+        return Err(PacketError::Short(datagram.len()));
+    }
+    let body = datagram.len() - TAG_LEN;
+    if !key.verify(&[&datagram[..body]], &datagram[body..]) {
+        return Err(PacketError::BadMac);
+    }
+    check(&datagram[..body], true)
+}
+
 fn u16_at(b: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([b[i], b[i + 1]])
 }
@@ -241,7 +297,18 @@ pub fn open(datagram: &[u8]) -> Result<PacketHeader, PacketError> {
 
 /// [`open`] for a receiver whose carrier checks every datagram's payload itself
 /// (`carrier_checked`): it also accepts packets sealed with [`CrcCoverage::Header`].
+/// A packet with a tag ([`FLAG_MAC`]) is refused ([`PacketError::Unauthenticated`]):
+/// see [`open_auth`].
 pub fn open_with(datagram: &[u8], carrier_checked: bool) -> Result<PacketHeader, PacketError> {
+    if datagram.len() > 2 && datagram[2] & FLAG_MAC != 0 {
+        return Err(PacketError::Unauthenticated);
+    }
+    check(datagram, carrier_checked)
+}
+
+/// Everything but the tag: length, version, kind, reserved bits, payload length
+/// and CRC.
+fn check(datagram: &[u8], carrier_checked: bool) -> Result<PacketHeader, PacketError> {
     if datagram.len() < PACKET_HEADER_LEN {
         return Err(PacketError::Short(datagram.len()));
     }
@@ -379,6 +446,44 @@ mod tests {
         seal_with(&mut p, CrcCoverage::Full);
         assert_eq!(open(&p), Ok(h));
         assert_eq!(open_with(&p, true), Ok(h));
+    }
+
+    fn auth_packet(h: &PacketHeader, payload: &[u8], key: &PacketKey) -> Vec<u8> {
+        let mut p = vec![0u8; PACKET_HEADER_LEN + payload.len() + TAG_LEN];
+        h.encode(&mut p);
+        p[PACKET_HEADER_LEN..PACKET_HEADER_LEN + payload.len()].copy_from_slice(payload);
+        seal_auth(&mut p, key);
+        p
+    }
+
+    #[test]
+    fn authenticated_packets_open_only_under_their_key() {
+        let (k, other) = (PacketKey::new(b"connection key"), PacketKey::new(b"another key"));
+        let h = sample();
+        let p = auth_packet(&h, b"hello", &k);
+        let got = open_auth(&p, &k).expect("own key");
+        assert_eq!(got, PacketHeader { flags: h.flags | FLAG_MAC | FLAG_HEADER_CRC, ..h });
+        assert_eq!(&p[PACKET_HEADER_LEN..PACKET_HEADER_LEN + got.len as usize], b"hello");
+        // Another key (another connection, another secret): dropped.
+        assert_eq!(open_auth(&p, &other), Err(PacketError::BadMac));
+        // Every bit of header, payload and tag is covered, even where the CRC is not.
+        for bit in 0..p.len() * 8 {
+            let mut q = p.clone();
+            q[bit / 8] ^= 1 << (bit % 8);
+            assert!(open_auth(&q, &k).is_err(), "flip of bit {bit} went unnoticed");
+        }
+        // A forger who fixes the CRC after changing the payload still fails.
+        let mut q = p.clone();
+        q[PACKET_HEADER_LEN] ^= 1;
+        let body = q.len() - TAG_LEN;
+        seal_with(&mut q[..body], CrcCoverage::Header);
+        assert_eq!(open_auth(&q, &k), Err(PacketError::BadMac));
+        // An unauthenticated packet is refused by a keyed receiver, and a tagged one
+        // by a receiver without a key.
+        let plain = packet(&h, b"hello");
+        assert_eq!(open_auth(&plain, &k), Err(PacketError::Unauthenticated));
+        assert_eq!(open_with(&p, true), Err(PacketError::Unauthenticated));
+        assert_eq!(open(&p), Err(PacketError::Unauthenticated));
     }
 
     #[test]

@@ -52,6 +52,12 @@ pub struct RunArgs {
     /// STRAIT_PEERS.
     #[arg(long, value_parser = parse_peers)]
     peers: Option<String>,
+    /// File holding a secret shared with the peers (16 to 4096 bytes, mode 600, owned
+    /// by this user): discovery and every data packet of connections to other hosts
+    /// are authenticated with it, and a peer without the same secret stays on the
+    /// kernel. Checked before the program starts. Sets STRAIT_PEERS_SECRET_FILE.
+    #[arg(long, value_name = "FILE")]
+    peers_secret: Option<PathBuf>,
     /// Carry connections to peers on the same link over the AF_XDP raw-Ethernet
     /// device when both ends have it (attaches an XDP program to the interface; needs
     /// CAP_NET_ADMIN and CAP_BPF). Sets STRAIT_XDP=1.
@@ -106,6 +112,26 @@ pub fn run(a: RunArgs) -> ExitCode {
         preload.push(" ");
         preload.push(old);
     }
+    // A secret asked for (flag or variable) must be usable: the library could only
+    // leave remote connections on the kernel, so refuse here, before the program runs.
+    let secret = match &a.peers_secret {
+        Some(p) => strait_core::load_secret_file("--peers-secret", p).map(|_| Some(p.clone())),
+        None => strait_core::secret_from_env().map(|_| None),
+    };
+    let secret = match secret {
+        Ok(Some(p)) => match p.canonicalize() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("strait run: --peers-secret {}: {e}", p.display());
+                return ExitCode::from(2);
+            }
+        },
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("strait run: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("LD_PRELOAD", preload);
     if let Some(v) = a.ring_size {
@@ -122,6 +148,9 @@ pub fn run(a: RunArgs) -> ExitCode {
     }
     if let Some(v) = a.peers {
         cmd.env("STRAIT_PEERS", v);
+    }
+    if let Some(p) = secret {
+        cmd.env(strait_core::SECRET_ENV, p);
     }
     if a.xdp {
         cmd.env("STRAIT_XDP", "1");

@@ -39,4 +39,4 @@ mod device;
 mod sys;
 
 #[cfg(not(loom))]
-pub use device::{ShmConfig, ShmDevice, ShmError, ShmListener};
+pub use device::{ListenerStats, PeerPolicy, ShmConfig, ShmDevice, ShmError, ShmListener};

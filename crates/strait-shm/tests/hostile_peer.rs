@@ -1,0 +1,268 @@
+//! A hostile peer: it completes the real handshake (as the connector, so it owns the
+//! shared memory as much as the victim does), then writes chosen and random values
+//! into every part of the mapping (control words, ring cells, well-formed frames with
+//! random protocol headers) while the victim worker posts sends and receives and
+//! waits. The victim must never write outside its buffers, never complete a receive
+//! `Ok` with more bytes than posted, never wait past its timeout, and end with error
+//! completions or a clean close, not a crash. Many seeds via proptest.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use proptest::prelude::*;
+use strait_core::{Config, MemoryRegion, OpKind, RndvMode, Status, Worker};
+use strait_shm::{ShmConfig, ShmDevice, ShmListener};
+use strait_wire::Header;
+
+const RING: usize = 64 << 10;
+const TOTAL: usize = HEADER_BYTES + 2 * RING;
+const GUARD: usize = 256;
+const KIND_FRAME: u64 = 0x5346;
+const KIND_PAD: u64 = 0x5350;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn header_word(kind: u64, pos: u64, len: u64) -> u64 {
+    let lap = (pos >> RING.trailing_zeros()) & 0xffff;
+    (kind << 48) | (lap << 32) | (len & 0xffff_ffff)
+}
+
+/// A value an attacker would pick for a word: edge cases, plausible positions and
+/// header words, or noise.
+fn chosen(r: &mut Rng, pos: u64) -> u64 {
+    match r.below(12) {
+        0 => 0,
+        1 => 1,
+        2 => u64::MAX,
+        3 => 1 << 63,
+        4 => RING as u64,
+        5 => pos + 64 * r.below(4096),
+        6 => pos.wrapping_sub(64 * r.below(64)),
+        7 => header_word(KIND_FRAME, pos, r.below(RING as u64)),
+        8 => header_word(KIND_FRAME, pos, u32::MAX as u64),
+        9 => header_word(KIND_PAD, pos, r.below(64)),
+        10 => header_word(KIND_FRAME, pos + RING as u64, 8),
+        _ => r.next(),
+    }
+}
+
+fn random_header(r: &mut Rng, seq: &mut u32) -> Header {
+    let credits = if r.below(4) == 0 { r.next() as u16 } else { 0 };
+    let msg_id = if r.below(2) == 0 { 1 + r.below(3) as u32 } else { r.next() as u32 };
+    let in_order = |r: &mut Rng, seq: &mut u32| {
+        if r.below(8) == 0 {
+            r.next() as u32
+        } else {
+            *seq = seq.wrapping_add(1);
+            *seq - 1
+        }
+    };
+    match r.below(7) {
+        0 => Header::Eager { credits, seq: in_order(r, seq), tag: r.below(4) },
+        1 => Header::Rts {
+            credits,
+            seq: in_order(r, seq),
+            tag: r.below(4),
+            len: [0, 1, 300_000, 1 << 32, u64::MAX, r.next()][r.below(6) as usize],
+            msg_id,
+            addr: [0, u64::MAX, 1 << 47, 0x1000, r.next()][r.below(5) as usize],
+        },
+        2 => Header::Cts {
+            credits,
+            msg_id,
+            accept: [0, 1, 1 << 20, u32::MAX, r.next() as u32][r.below(5) as usize],
+        },
+        3 => Header::Data {
+            credits,
+            msg_id,
+            offset: [0, 1, 16_000, u64::MAX, r.below(1 << 20)][r.below(5) as usize],
+        },
+        4 => Header::Fin { credits, msg_id, status: r.below(4) as u32 },
+        5 => Header::Credit { credits: r.next() as u16 },
+        _ => Header::Close { credits },
+    }
+}
+
+/// The attacker's loop over the shared mapping at `base` until `stop`.
+fn scribble(base: usize, seed: u64, style: u8, stop: &AtomicBool) {
+    let mut r = Rng(seed | 1);
+    let word = |off: usize| {
+        // SAFETY: `off` is 8-aligned and below TOTAL: a word of our own mapping.
+        unsafe { &*((base + off) as *const AtomicU64) }
+    };
+    let ctl = |ring: usize, at: usize| 1024 + ring * 1024 + at;
+    let data0 = HEADER_BYTES; // ring 0: connector (us) -> acceptor (victim)
+    let mut tail = 0u64;
+    let mut seq = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        match (style, r.below(10)) {
+            // Noise anywhere in the mapping.
+            (0, _) | (_, 0) => {
+                let off = (r.below(TOTAL as u64 / 8) * 8) as usize;
+                word(off).store(r.next(), Ordering::Relaxed);
+            }
+            // Chosen values in the control words of both rings.
+            (1, _) | (_, 1) => {
+                let at = [256, 512, 768][r.below(3) as usize];
+                word(ctl(r.below(2) as usize, at)).store(chosen(&mut r, tail), Ordering::Relaxed);
+            }
+            // Chosen values in ring cells (either ring).
+            (2, _) | (_, 2) => {
+                let k = r.below(2) as usize;
+                let cell = r.below((RING / 64) as u64) as usize * 64;
+                word(HEADER_BYTES + k * RING + cell)
+                    .store(chosen(&mut r, tail + cell as u64), Ordering::Relaxed);
+            }
+            // A well-formed frame with a random protocol header at our tail.
+            _ => {
+                let h = random_header(&mut r, &mut seq);
+                let mut buf = [0u8; 64];
+                let hlen = h.encode(&mut buf);
+                let plen = if r.below(3) == 0 {
+                    r.below(RING as u64 / 4 - 64) as usize
+                } else {
+                    r.below(64) as usize
+                };
+                let len = hlen + plen;
+                let span = (8 + len).div_ceil(64) as u64 * 64;
+                let off = (tail % RING as u64) as usize;
+                if off as u64 + span > RING as u64 {
+                    word(data0 + off).store(header_word(KIND_PAD, tail, 0), Ordering::Release);
+                    tail += RING as u64 - off as u64;
+                    continue;
+                }
+                for (i, c) in buf[..hlen].chunks(8).enumerate() {
+                    let mut w = [0u8; 8];
+                    w[..c.len()].copy_from_slice(c);
+                    word(data0 + off + 8 + i * 8).store(u64::from_le_bytes(w), Ordering::Relaxed);
+                }
+                let mut p = hlen.div_ceil(8) * 8;
+                while p < len.min(hlen + 512) {
+                    word(data0 + off + 8 + p).store(r.next(), Ordering::Relaxed);
+                    p += 8;
+                }
+                word(data0 + off).store(header_word(KIND_FRAME, tail, len as u64), Ordering::Release);
+                tail += span;
+                // Sometimes wait for the victim, sometimes run over it.
+                if r.below(2) == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        if r.below(64) == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+fn attack(seed: u64, style: u8, remote_read: bool) {
+    let name = unique("hostile");
+    let listener =
+        ShmListener::bind_with(&name, &ShmConfig { ring_bytes: RING, ..ShmConfig::default() }).unwrap();
+    let (sock, memfd, _wake) = raw_hello(&name, (RING / 4096) as u32, TOTAL as u64);
+    let mode = if remote_read { RndvMode::RemoteRead } else { RndvMode::Copy };
+    let mut w: Worker<ShmDevice> =
+        Worker::new(Config { rndv_mode: mode, spin: Duration::ZERO, ..Config::default() }).unwrap();
+    let dev =
+        listener.accept_timeout(w.notifier(), Some(Duration::from_secs(5))).unwrap().expect("handshake");
+    let mut reply = [0u8; 64];
+    let (n, _fds) = recv_fds(sock.as_raw_fd(), &mut reply);
+    assert_eq!(n, 32);
+    // SAFETY: maps the memfd we created, for the attacker's writes.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            TOTAL,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            memfd.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    let ep = w.attach(dev);
+
+    // Posted buffers, each with guard bytes on both sides.
+    let sizes = [64usize, 16_000, 300_000];
+    let mut regions: Vec<MemoryRegion> =
+        sizes.iter().map(|&s| MemoryRegion::new(s + 2 * GUARD).unwrap()).collect();
+    for mr in &mut regions {
+        mr.bytes_mut().unwrap().fill(0xee);
+    }
+    for (i, mr) in regions.iter_mut().enumerate() {
+        let len = sizes[i];
+        w.post_recv(ep, mr, GUARD..GUARD + len, i as u64, 0, i as u64).unwrap();
+    }
+    let out = MemoryRegion::new(1 << 20).unwrap();
+    let _ = w.post_send(ep, &out, 0..100, 1, 100);
+    let _ = w.post_send(ep, &out, 0..(1 << 20), 2, 101);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let t = {
+        let stop = stop.clone();
+        let base = base as usize;
+        std::thread::spawn(move || scribble(base, seed, style, &stop))
+    };
+    let timeout = Duration::from_millis(15);
+    let end = Instant::now() + Duration::from_millis(120);
+    let check = |c: &strait_core::Completion| {
+        if c.op == OpKind::Recv && c.status == Status::Ok {
+            assert!(
+                c.ctx < 3 && c.len <= sizes[c.ctx as usize],
+                "receive completed Ok with {} bytes: {c:?}",
+                c.len
+            );
+        }
+    };
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        let r = w.wait(Some(timeout));
+        let took = t0.elapsed();
+        assert!(took < timeout + Duration::from_millis(500), "wait took {took:?} (timeout {timeout:?})");
+        match r {
+            Ok(c) => check(&c),
+            Err(strait_core::WaitError::Idle) => break,
+            Err(_) => {}
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    t.join().unwrap();
+    w.close(ep);
+    while let Some(c) = w.poll() {
+        check(&c);
+    }
+    for (i, mr) in regions.iter().enumerate() {
+        let b = mr.bytes().expect("every receive completed");
+        assert!(b[..GUARD].iter().all(|&x| x == 0xee), "seed {seed}: bytes written before buffer {i}");
+        assert!(
+            b[GUARD + sizes[i]..].iter().all(|&x| x == 0xee),
+            "seed {seed}: bytes written past buffer {i}"
+        );
+    }
+    // SAFETY: unmaps the attacker's mapping made above.
+    unsafe { libc::munmap(base, TOTAL) };
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn a_hostile_peer_cannot_break_the_victim(seed in any::<u64>(), style in 0u8..4, remote_read in any::<bool>()) {
+        attack(seed, style, remote_read);
+    }
+}

@@ -527,7 +527,7 @@ impl ShmListener {
         )
         .map_err(io_err("handshake send", name))?;
         let pidfd = sys::peer_pidfd(conn.as_raw_fd());
-        ShmDevice::new(map, ring_bytes, conn, peer_wake, Side::Acceptor, probe_addr, p.cred, pidfd)
+        ShmDevice::new(map, ring_bytes, conn, peer_wake, Side::Acceptor, probe_addr, (p.cred, pidfd))
     }
 }
 
@@ -721,7 +721,7 @@ impl ShmDevice {
             return Err(hs_err(name, "the listener's doorbell is not an eventfd"));
         }
         sys::set_timeouts(sock.as_raw_fd(), None).map_err(io_err("setsockopt", name))?;
-        ShmDevice::new(map, cfg.ring_bytes, sock, peer_wake, Side::Connector, probe_addr, cred, pidfd)
+        ShmDevice::new(map, cfg.ring_bytes, sock, peer_wake, Side::Connector, probe_addr, (cred, pidfd))
     }
 
     fn new(
@@ -731,8 +731,7 @@ impl ShmDevice {
         peer_wake: OwnedFd,
         side: Side,
         probe_addr: u64,
-        cred: sys::PeerCred,
-        pidfd: Option<OwnedFd>,
+        (cred, pidfd): (sys::PeerCred, Option<OwnedFd>),
     ) -> Result<ShmDevice, ShmError> {
         // The pid used for remote reads is the kernel's record (SO_PEERCRED), kept
         // here; nothing the peer writes can change it.

@@ -649,11 +649,17 @@ impl std::fmt::Debug for ShmDevice {
 
 impl ShmDevice {
     /// Connects to the listener named `name` (see [`ShmListener`]); `notifier` is the
-    /// eventfd of the worker the device will be attached to.
+    /// eventfd of the worker the device will be attached to. The process holding the
+    /// name must be allowed by `cfg.peer_policy` ([`ShmError::PeerRefused`] if not:
+    /// checked before the shared memory or the eventfd is sent). Every step waits at
+    /// most 5 s.
     pub fn connect(name: &str, cfg: &ShmConfig, notifier: &Notifier) -> Result<ShmDevice, ShmError> {
         cfg.validate()?;
         let (sa, len) = sys::unix_addr(name).map_err(io_err("address", name))?;
         let sock = sys::seqpacket_socket().map_err(io_err("socket", name))?;
+        // Bounds `connect` too: a listener whose backlog stays full (one that never
+        // accepts) would otherwise hold us forever.
+        sys::set_timeouts(sock.as_raw_fd(), Some(HANDSHAKE_TIMEOUT)).map_err(io_err("setsockopt", name))?;
         loop {
             // SAFETY: `sa` is an initialised sockaddr_un of length `len`.
             let r = unsafe { libc::connect(sock.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) };
@@ -686,7 +692,6 @@ impl ShmDevice {
         hello[8..12].copy_from_slice(&VERSION.to_le_bytes());
         hello[12..16].copy_from_slice(&((cfg.ring_bytes / 4096) as u32).to_le_bytes());
         hello[16..24].copy_from_slice(&(std::ptr::addr_of!(PROBE) as u64).to_le_bytes());
-        sys::set_timeouts(sock.as_raw_fd(), Some(HANDSHAKE_TIMEOUT)).map_err(io_err("setsockopt", name))?;
         sys::send_with_fds(sock.as_raw_fd(), &hello, &[memfd.as_raw_fd(), notifier.as_raw_fd()])
             .map_err(io_err("handshake send", name))?;
         drop(memfd);

@@ -25,6 +25,11 @@ const TOTAL: usize = HEADER_BYTES + 2 * RING;
 const GUARD: usize = 256;
 const KIND_FRAME: u64 = 0x5346;
 const KIND_PAD: u64 = 0x5350;
+/// The value the victim's setup probe looks for at the address the hello names: with
+/// it, the victim believes remote reads work and follows rendezvous addresses.
+static PROBE: u64 = 0x4542_4f52_5054_5253;
+/// Memory the attacker's rendezvous announcements may honestly point at.
+static SOURCE: [u8; 1 << 16] = [0x5a; 1 << 16];
 
 struct Rng(u64);
 impl Rng {
@@ -97,7 +102,9 @@ impl Talk {
                 } else {
                     [0, 1, 100, 20_000, 300_000, 2_000_000][r.below(6) as usize]
                 };
-                let addr = [0, u64::MAX, u64::MAX - 8, 1 << 47, 0x1000, r.next()][r.below(6) as usize];
+                let src = SOURCE.as_ptr() as u64;
+                let addr = [0, u64::MAX, u64::MAX - 8, 1 << 47, 0x1000, r.next(), src, src, src + 60_000]
+                    [r.below(9) as usize];
                 Header::Rts { credits, seq, tag: r.below(4), len, msg_id: self.msg_id, addr }
             }
             5..=9 if self.msg_id > 0 => {
@@ -240,7 +247,8 @@ fn attack(seed: u64, style: u8, remote_read: bool) {
     let name = unique("hostile");
     let listener =
         ShmListener::bind_with(&name, &ShmConfig { ring_bytes: RING, ..ShmConfig::default() }).unwrap();
-    let (sock, memfd, _wake) = raw_hello(&name, (RING / 4096) as u32, TOTAL as u64);
+    let probe = std::ptr::addr_of!(PROBE) as u64;
+    let (sock, memfd, _wake) = raw_hello_probe(&name, (RING / 4096) as u32, TOTAL as u64, probe);
     let mode = if remote_read { RndvMode::RemoteRead } else { RndvMode::Copy };
     let mut w: Worker<ShmDevice> =
         Worker::new(Config { rndv_mode: mode, spin: Duration::ZERO, ..Config::default() }).unwrap();
@@ -261,10 +269,13 @@ fn attack(seed: u64, style: u8, remote_read: bool) {
         )
     };
     assert_ne!(base, libc::MAP_FAILED);
+    if std::env::var("HOSTILE_DEBUG").is_ok() {
+        eprintln!("remote read available: {}", dev.remote_read_available());
+    }
     let ep = w.attach(dev);
 
     // Posted buffers, each with guard bytes on both sides.
-    let sizes = [64usize, 16_000, 300_000];
+    let sizes = [64usize, 16_000, 300_000, 100, 20_000, 300_000, 1 << 20, 64];
     let mut regions: Vec<MemoryRegion> =
         sizes.iter().map(|&s| MemoryRegion::new(s + 2 * GUARD).unwrap()).collect();
     for mr in &mut regions {
@@ -288,9 +299,12 @@ fn attack(seed: u64, style: u8, remote_read: bool) {
     let timeout = Duration::from_millis(15);
     let end = Instant::now() + Duration::from_millis(120);
     let check = |c: &strait_core::Completion| {
+        if std::env::var("HOSTILE_DEBUG").is_ok() {
+            eprintln!("completion {:?} {:?} len {}", c.op, c.status, c.len);
+        }
         if c.op == OpKind::Recv && c.status == Status::Ok {
             assert!(
-                c.ctx < 3 && c.len <= sizes[c.ctx as usize],
+                c.ctx < sizes.len() as u64 && c.len <= sizes[c.ctx as usize],
                 "receive completed Ok with {} bytes: {c:?}",
                 c.len
             );

@@ -146,6 +146,16 @@ pub fn recv_fds(sock: RawFd, buf: &mut [u8]) -> (isize, Vec<OwnedFd>) {
 /// Sends a hello asking for rings of `ring_pages` pages, with a sealed memfd of
 /// `memfd_len` bytes and an eventfd; returns the socket, memfd and eventfd.
 pub fn raw_hello(name: &str, ring_pages: u32, memfd_len: u64) -> (OwnedFd, OwnedFd, OwnedFd) {
+    raw_hello_probe(name, ring_pages, memfd_len, 0x1000)
+}
+
+/// [`raw_hello`] with the address the listener probes with `process_vm_readv`.
+pub fn raw_hello_probe(
+    name: &str,
+    ring_pages: u32,
+    memfd_len: u64,
+    probe: u64,
+) -> (OwnedFd, OwnedFd, OwnedFd) {
     let sock = raw_connect(name).expect("connect");
     let memfd = sealed_memfd(memfd_len);
     let wake = eventfd();
@@ -153,7 +163,7 @@ pub fn raw_hello(name: &str, ring_pages: u32, memfd_len: u64) -> (OwnedFd, Owned
     hello[0..8].copy_from_slice(&MAGIC.to_le_bytes());
     hello[8..12].copy_from_slice(&VERSION.to_le_bytes());
     hello[12..16].copy_from_slice(&ring_pages.to_le_bytes());
-    hello[16..24].copy_from_slice(&0x1000u64.to_le_bytes());
+    hello[16..24].copy_from_slice(&probe.to_le_bytes());
     if memfd_len >= 8 {
         // SAFETY: writes the header magic through a short-lived mapping of the memfd.
         unsafe {

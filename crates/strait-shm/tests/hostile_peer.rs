@@ -343,7 +343,7 @@ fn attack(seed: u64, style: u8, remote_read: bool) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: std::env::var("HOSTILE_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(192), failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: std::env::var("HOSTILE_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(384), failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
     fn a_hostile_peer_cannot_break_the_victim(seed in any::<u64>(), style in 0u8..6, remote_read in any::<bool>()) {
         attack(seed, style.min(3), remote_read);

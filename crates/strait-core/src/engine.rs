@@ -123,6 +123,12 @@ pub(crate) struct Endpoint<D: Device> {
     pub(crate) st: EpState,
 }
 
+/// Unmatched messages a peer can have waiting: each holds one of its credits until
+/// matched, and no credit window exceeds `u16::MAX`, so an honest peer never has
+/// more. A peer that ignores credits is stopped here instead of growing the queue
+/// without bound.
+const MAX_UNEXPECTED: usize = u16::MAX as usize;
+
 fn tag_matches(msg_tag: u64, want: u64, mask: u64) -> bool {
     (msg_tag ^ want) & mask == 0
 }
@@ -333,6 +339,10 @@ impl EpState {
                 if payload > self.eager_limit {
                     return self.reject(format!("eager payload {payload} above limit {}", self.eager_limit));
                 }
+                if self.unexpected.len() >= MAX_UNEXPECTED {
+                    return self
+                        .reject("peer sent more unmatched messages than any credit window allows".into());
+                }
                 if let Some(r) = self.take_posted(tag) {
                     strait_probe::probe!(strait_probe::Stage::RxMatch);
                     let n = payload.min(r.buf.len);
@@ -358,6 +368,10 @@ impl EpState {
                 }
                 if len > u32::MAX as u64 {
                     return self.reject(format!("rendezvous length {len} too large"));
+                }
+                if self.unexpected.len() >= MAX_UNEXPECTED {
+                    return self
+                        .reject("peer sent more unmatched messages than any credit window allows".into());
                 }
                 if let Some(r) = self.take_posted(tag) {
                     strait_probe::probe!(strait_probe::Stage::RxMatch);

@@ -495,3 +495,33 @@ fn blocking_wait_sleeps_and_is_woken_across_threads() {
     }
     t.join().unwrap();
 }
+
+/// A peer that ignores credits and sends unmatched messages without end is stopped
+/// (the endpoint fails `Corrupt`) instead of growing the unexpected queue without
+/// bound.
+#[test]
+fn a_peer_ignoring_credits_cannot_grow_the_unexpected_queue_without_bound() {
+    use strait_core::Device;
+    use strait_wire::{Header, MAX_HEADER_LEN};
+    let (mut raw, b) = LoopbackDevice::pair(64);
+    let mut w: W = Worker::new(Config::default()).unwrap();
+    let ep = w.attach(b);
+    let mut inbox = MemoryRegion::new(8).unwrap();
+    // A receive for a tag the flood never uses: it sees the failure.
+    w.post_recv(ep, &mut inbox, 0..8, 7, u64::MAX, 1).unwrap();
+    let mut seq = 0u32;
+    while w.endpoint_error(ep).is_none() {
+        assert!(seq <= 70_000, "{seq} unmatched messages were queued");
+        let mut hb = [0u8; MAX_HEADER_LEN];
+        let hlen = Header::Eager { credits: 0, seq, tag: 1 }.encode(&mut hb);
+        if raw.send_frame(hlen, &mut |f| f.write(0, &hb[..hlen])).unwrap() {
+            seq += 1;
+        } else {
+            w.progress();
+        }
+    }
+    let (status, why) = w.endpoint_error(ep).unwrap();
+    assert_eq!(status, Status::Corrupt);
+    assert!(why.unwrap().contains("unmatched messages"));
+    assert_eq!(w.poll().map(|c| (c.ctx, c.status)), Some((1, Status::Corrupt)));
+}

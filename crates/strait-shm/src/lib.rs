@@ -16,6 +16,26 @@
 //!   for the peer (same user, no Yama restriction); each connection probes this at
 //!   setup. Otherwise the engine's pipelined copy through the ring is used.
 //!
+//! # Trust
+//!
+//! * **Other users.** Both sides check the peer's credentials as the kernel recorded
+//!   them (SO_PEERCRED) against [`PeerPolicy`] before any descriptor leaves the
+//!   process: by default only the same effective uid and root. A connector that
+//!   finds a name held by someone else gets [`ShmError::PeerRefused`]; a listener
+//!   closes a refused connection unanswered and counts it ([`ListenerStats`]).
+//!   Path names get a socket file of mode `0600` (default policy).
+//! * **Connectors.** A listener never blocks on one connector: half-done handshakes
+//!   wait in a table capped per listener and per uid (oldest dropped, 5 s at most),
+//!   and a connector cannot ask for rings larger than the listener's
+//!   [`ShmConfig::ring_bytes`].
+//! * **A hostile peer.** Everything the peer can write (ring positions, frame
+//!   headers and lengths, sleep and close flags, protocol headers) is validated
+//!   against bounds this process set; a violation fails the connection with
+//!   `Corrupt`. The pid for `process_vm_readv` is the kernel's (SO_PEERCRED, with a
+//!   pidfd to detect reuse), never read from shared memory; reads only go into the
+//!   posted buffer, never past it; the peer's doorbell must be an eventfd and is
+//!   written only when that cannot block.
+//!
 //! ```no_run
 //! use strait_core::{Config, MemoryRegion, Worker};
 //! use strait_shm::{ShmConfig, ShmDevice, ShmListener};
@@ -39,4 +59,4 @@ mod device;
 mod sys;
 
 #[cfg(not(loom))]
-pub use device::{ShmConfig, ShmDevice, ShmError, ShmListener};
+pub use device::{ListenerStats, PeerPolicy, ShmConfig, ShmDevice, ShmError, ShmListener};

@@ -107,7 +107,11 @@ pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Resu
 
 /// Receives one message into `buf`, returning its length and any fds that came with
 /// it (close-on-exec). A zero length means the peer hung up.
-pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+pub(crate) fn recv_with_fds(
+    sock: RawFd,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is plain old data.
@@ -118,7 +122,7 @@ pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, V
     msg.msg_controllen = size_of::<[u64; 8]>() as _;
     let n = loop {
         // SAFETY: `msg` points at live locals for the duration of the call.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
         if n >= 0 {
             break n as usize;
         }
@@ -149,8 +153,18 @@ pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, V
     Ok((n, fds))
 }
 
-/// The connected peer's process id (SO_PEERCRED), if visible in our pid namespace.
-pub(crate) fn peer_pid(sock: RawFd) -> io::Result<Option<libc::pid_t>> {
+/// The credentials of a connected Unix socket's peer, as the kernel recorded them
+/// when the connection was made (SO_PEERCRED): never anything the peer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerCred {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    /// The pid, if the peer is visible in our pid namespace.
+    pub(crate) pid: Option<libc::pid_t>,
+}
+
+/// The connected peer's credentials (SO_PEERCRED).
+pub(crate) fn peer_cred(sock: RawFd) -> io::Result<PeerCred> {
     // SAFETY: ucred is plain old data.
     let mut cred: libc::ucred = unsafe { zeroed() };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
@@ -164,7 +178,80 @@ pub(crate) fn peer_pid(sock: RawFd) -> io::Result<Option<libc::pid_t>> {
             &mut len,
         )
     })?;
-    Ok((cred.pid > 0).then_some(cred.pid))
+    if len as usize != size_of::<libc::ucred>() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "short SO_PEERCRED answer"));
+    }
+    Ok(PeerCred { uid: cred.uid, gid: cred.gid, pid: (cred.pid > 0).then_some(cred.pid) })
+}
+
+/// A pidfd for the connected peer (SO_PEERPIDFD, Linux 6.5+): it refers to the very
+/// process that made the connection, so a check on it after a remote read tells
+/// whether the pid could have been reused meanwhile. `None` on older kernels.
+pub(crate) fn peer_pidfd(sock: RawFd) -> Option<OwnedFd> {
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut fd: libc::c_int = -1;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: passes a pointer to a local int and its length.
+    let r = unsafe {
+        libc::getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, (&mut fd as *mut libc::c_int).cast(), &mut len)
+    };
+    if r < 0 || fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel just created this fd for us.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// True if the process behind `pidfd` has exited (its pidfd polls readable).
+pub(crate) fn pidfd_exited(pidfd: &OwnedFd) -> bool {
+    poll_now(pidfd.as_raw_fd(), libc::POLLIN).map_or(true, |ev| ev != 0)
+}
+
+/// This process's effective uid.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: plain syscall without arguments; cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Sets O_NONBLOCK on `fd`.
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain fcntl calls on an fd we hold.
+    let fl = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
+/// Sets the permission bits of `fd`'s inode (for a socket before `bind`: the mode its
+/// file is created with, less the umask).
+pub(crate) fn fchmod(fd: RawFd, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd we hold.
+    cvt(unsafe { libc::fchmod(fd, mode) })?;
+    Ok(())
+}
+
+/// True if `fd` is an eventfd (the only kind of doorbell a peer may hand us: a pipe
+/// or socket could make our doorbell write block).
+pub(crate) fn is_eventfd(fd: RawFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|p| p.as_os_str() == std::ffi::OsStr::new("anon_inode:[eventfd]"))
+}
+
+/// A new epoll instance (close-on-exec).
+pub(crate) fn epoll() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+    // SAFETY: fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `fd` to `ep`, level-triggered, for input and hang-up. Closing `fd` (its last
+/// reference) removes it again.
+pub(crate) fn epoll_add(ep: &OwnedFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: fd as u64 };
+    // SAFETY: passes a pointer to a local epoll_event.
+    cvt(unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+    Ok(())
 }
 
 /// Polls `fd` without blocking; returns its revents.
@@ -181,6 +268,10 @@ pub(crate) fn poll_now(fd: RawFd, events: libc::c_short) -> io::Result<libc::c_s
 /// # Safety
 /// `dst` must be valid for writes of `len` bytes.
 pub(crate) unsafe fn vm_read(pid: libc::pid_t, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
+    // The remote range comes from the peer: it must not wrap around the address space.
+    if usize::try_from(remote).ok().and_then(|r| r.checked_add(len)).is_none() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "remote range wraps around"));
+    }
     let mut done = 0usize;
     while done < len {
         let local = libc::iovec {

@@ -461,7 +461,13 @@ fn forged_hellos_are_refused_and_real_clients_still_attach() {
 /// sending bytes and reading, for a number of seeded rounds, one connection each.
 const HOSTILE_PEER: &str = r#"
 import fcntl, os, random, socket, struct, sys, time, mmap
-port, seeds, first = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+port, seeds, first, messages = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == 'messages'
+# Words that decide something: mode, state, holders, and per direction the
+# positions, close and sleep flags, locks and the rendezvous words (conn.rs layout).
+WORDS = [24, 64, 128, 192]
+for d in (0, 1):
+    base = 1024 + 1024 * d
+    WORDS += [base + o for o in (0, 64, 128, 192, 512, 576, 640, 704, 768, 776, 784, 792, 800, 896)]
 ns = os.stat('/proc/self/ns/net').st_ino
 name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
 MAGIC, VERSION, RING = 0x3130504354545253, 2, 1 << 16
@@ -477,6 +483,8 @@ for seed in range(first, first + seeds):
     fcntl.fcntl(m, 1033, 1 | 2 | 4)  # F_ADD_SEALS: SEAL, SHRINK, GROW
     mm = mmap.mmap(m, total)
     mm[0:16] = struct.pack('<QII', MAGIC, VERSION, RING)
+    if messages:
+        mm[24:32] = struct.pack('<Q', 1)  # the connector asks for message mode
     ec, ea = os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)
     token = os.open('/proc/self/fd/%d' % t.fileno(), os.O_PATH)
     u = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -486,10 +494,53 @@ for seed in range(first, first + seeds):
     os.close(token)
     t.connect(('127.0.0.1', port))
     t.setblocking(False)
-    end = time.time() + 0.25
+    # Scenarios: the first connection holds the victim's step locks with a live pid
+    # (ours) for 6 s; the second (message mode) forges a rendezvous completion of
+    # 4000 bytes while the victim waits in a recv of 100; the rest write at random.
+    scenario = 'hold' if seed == first else 'forge' if seed == first + 1 and messages else 'random'
+    def put(data):
+        # Publishes bytes into the victim's receive ring as a writer of ours would
+        # (direction 0: data at 4096, tail at 1024), so that it comes to read.
+        if messages:
+            data = struct.pack('<Q', len(data)) + data
+        tail = struct.unpack('<Q', mm[1024:1032])[0]
+        o = 4096 + tail % RING
+        mm[o:o + len(data)] = data
+        mm[1024:1032] = struct.pack('<Q', tail + len(data))
+        try:
+            os.write(ea, struct.pack('<Q', 1))
+        except OSError:
+            pass
+    if scenario == 'hold':
+        hold_end = time.time() + 6
+        while time.time() < hold_end:
+            for off in (1024 + 704, 2048 + 192):  # victim's consumer and producer locks
+                mm[off:off + 8] = struct.pack('<Q', os.getpid())
+            if time.time() + 5.9 < hold_end + 0.01 and struct.unpack('<Q', mm[1024:1032])[0] == 0:
+                put(b'x' * 100)
+            time.sleep(0.01)
+    elif scenario == 'forge':
+        forge_end = time.time() + 1
+        while time.time() < forge_end:
+            mm[1024 + 800:1024 + 808] = struct.pack('<Q', 4000)
+            mm[1024 + 768:1024 + 776] = struct.pack('<Q', 3)
+            if struct.unpack('<Q', mm[1024:1032])[0] == 0:
+                put(b'y' * 50)  # readable, so the victim calls recv(100)
+            try:
+                os.write(ea, struct.pack('<Q', 1))
+            except OSError:
+                pass
+            time.sleep(0.01)
+    end = time.time() + (0.25 if scenario == 'random' else 0)
     while time.time() < end:
         for _ in range(rnd.randrange(1, 16)):
-            off = rnd.randrange(0, total // 8) * 8 if rnd.random() < 0.5 else rnd.randrange(0, 4096 // 8) * 8
+            r = rnd.random()
+            if r < 0.4:
+                off = rnd.choice(WORDS)
+            elif r < 0.7:
+                off = rnd.randrange(0, 4096 // 8) * 8
+            else:
+                off = rnd.randrange(0, total // 8) * 8
             v = rnd.choice(CHOSEN) if rnd.random() < 0.5 else rnd.getrandbits(64)
             mm[off:off + 8] = struct.pack('<Q', v)
         try:
@@ -517,15 +568,20 @@ l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(('127.0.0.1', port))
 l.listen(64)
 print('LISTENING', flush=True)
-outcomes = {}
-for _ in range(n):
+import time
+outcomes, longest = {}, 0.0
+for i in range(n):
     c, _ = l.accept()
     c.settimeout(2)
     how = 'eof'
     try:
         while True:
-            want = 100 if len(outcomes) % 2 else 4000
-            b = c.recv(want)
+            want = 100 if i % 2 else 4000
+            t0 = time.monotonic()
+            try:
+                b = c.recv(want)
+            finally:
+                longest = max(longest, time.monotonic() - t0)
             assert len(b) <= want, 'recv(%d) returned %d bytes' % (want, len(b))
             if not b:
                 break
@@ -537,27 +593,33 @@ for _ in range(n):
     outcomes[how] = outcomes.get(how, 0) + 1
     c.close()
 print('OUTCOMES', outcomes, flush=True)
+print('LONGEST_RECV_S %.2f' % longest, flush=True)
 "#;
 
-#[test]
-fn a_hostile_peer_writing_random_words_into_the_mapping_never_crashes_or_hangs_the_victim() {
-    if !can_run() {
-        return;
-    }
+/// One victim server, `seeds` hostile connections; `messages`: both ask for message
+/// mode (and the victim posts its buffers for a rendezvous).
+fn hostile_round(messages: bool) {
     let seeds: usize = std::env::var("STRAIT_HOSTILE_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
     let port = free_port();
     let srv = script("robust-server", ROBUST_SERVER);
     let hp = script("hostile-peer", HOSTILE_PEER);
-    let mut s = victim(&srv, &[&port.to_string(), &seeds.to_string()])
-        .env("STRAIT_RING_SIZE", "65536")
-        .spawn()
-        .expect("server");
+    let mut sc = victim(&srv, &[&port.to_string(), &seeds.to_string()]);
+    sc.env("STRAIT_RING_SIZE", "65536");
+    if messages {
+        sc.env("STRAIT_MESSAGES", "1").env("STRAIT_RENDEZVOUS_MIN", "64");
+    }
+    let mut s = sc.spawn().expect("server");
     wait_line(&mut s, "LISTENING", Duration::from_secs(10));
     // The hostile peer runs as root: it is the victim's legitimate peer, which
     // follows the setup and then misbehaves.
     let mut hc = Command::new(PYTHON);
     hc.arg(&hp)
-        .args([&port.to_string(), &seeds.to_string(), "1"])
+        .args([
+            port.to_string(),
+            seeds.to_string(),
+            "1".into(),
+            if messages { "messages" } else { "stream" }.into(),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let h = finish(hc.spawn().expect("hostile peer"), Duration::from_secs(120));
@@ -565,6 +627,29 @@ fn a_hostile_peer_writing_random_words_into_the_mapping_never_crashes_or_hangs_t
     assert!(h.0, "hostile peer: {h:?}");
     assert!(server.0, "the victim failed (crash, oversized read or hang): {server:?}");
     assert!(server.1.contains("OUTCOMES"), "{server:?}");
+    // A recv waits at most its timeout (2 s) plus the step-lock bound (2 s); a peer
+    // holding a lock word with a live pid held it for ever before.
+    let longest: f64 = server
+        .1
+        .lines()
+        .find_map(|l| l.strip_prefix("LONGEST_RECV_S ")?.trim().parse().ok())
+        .expect("longest recv");
+    assert!(longest < 5.0, "a recv waited {longest} s: {server:?}");
     assert!(stat(&server.2, "accelerated") >= 1, "the hostile peers were attached: {}", server.2);
     let _ = std::io::stderr().write_all(server.1.as_bytes());
+}
+
+#[test]
+fn a_hostile_peer_writing_random_words_into_the_mapping_never_crashes_or_hangs_the_victim() {
+    if can_run() {
+        hostile_round(false);
+    }
+}
+
+/// The same in message mode: forged rendezvous completions, lengths and pids.
+#[test]
+fn a_hostile_peer_cannot_forge_rendezvous_completions_in_message_mode() {
+    if can_run() {
+        hostile_round(true);
+    }
 }

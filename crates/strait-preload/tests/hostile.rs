@@ -653,3 +653,129 @@ fn a_hostile_peer_cannot_forge_rendezvous_completions_in_message_mode() {
         hostile_round(true);
     }
 }
+
+/// Squats the connectors' per-connection names (`strait.c.<netns>.<port>`) for the
+/// ports the victim client will bind, then reports what it got.
+const CONN_SQUATTER: &str = r#"
+import json, os, socket, sys, time
+first, count, secs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+ns = os.stat('/proc/self/ns/net').st_ino
+socks = []
+for p in range(first, first + count):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(f'\0strait.c.{ns}.{p}')
+    s.listen(16)
+    s.setblocking(False)
+    socks.append(s)
+print('READY', flush=True)
+conns, msgs, fds = [], 0, 0
+end = time.time() + secs
+while time.time() < end:
+    for s in socks:
+        try:
+            c, _ = s.accept(); c.setblocking(False); conns.append(c)
+        except BlockingIOError:
+            pass
+    for c in conns:
+        try:
+            m, anc, _, _ = c.recvmsg(4096, socket.CMSG_SPACE(16 * 4))
+        except (BlockingIOError, OSError):
+            continue
+        if m or anc:
+            msgs += 1
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = [int.from_bytes(payload[i:i + 4], 'little') for i in range(0, len(payload) - 3, 4)]
+                fds += len(got)
+                for f in got:
+                    os.close(f)
+    time.sleep(0.002)
+print('GOT ' + json.dumps({'conns': len(conns), 'msgs': msgs, 'fds': fds}), flush=True)
+"#;
+
+/// Two SO_REUSEPORT servers (separate processes, as prefork or reload setups run
+/// them): the kernel spreads connections over both, and the one without the hello
+/// asks the connector at its per-connection name (path B).
+const REUSEPORT_SERVER: &str = r#"
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+l.bind(('127.0.0.1', port))
+l.listen(64)
+l.settimeout(15)
+print('LISTENING', flush=True)
+try:
+    while True:
+        c, _ = l.accept()
+        c.settimeout(10)
+        b = c.recv(100)
+        c.sendall(b)
+        c.close()
+except socket.timeout:
+    pass
+"#;
+
+/// Connects `count` times from source ports `first..`, one line echoed each.
+const PORT_CLIENT: &str = r#"
+import socket, sys
+port, first, count = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+ok = 0
+for p in range(first, first + count):
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    c.bind(('127.0.0.1', p))
+    c.settimeout(10)
+    c.connect(('127.0.0.1', port))
+    m = b'line %d\n' % p
+    c.sendall(m)
+    assert c.recv(100) == m, 'echo differs'
+    c.close()
+    ok += 1
+print('ECHO OK %d' % ok, flush=True)
+"#;
+
+/// Path B under attack: another user holds the per-connection names of the
+/// client's ports. The acceptor that asks a connector checks who holds the name
+/// before it sends anything, so the squatter gets nothing; every connection is
+/// answered, intact (by shared memory where the hello reached the acceptor, else
+/// by the kernel).
+#[test]
+fn a_squatter_of_connectors_names_gets_nothing_from_path_b() {
+    if !can_run() {
+        return;
+    }
+    let port = free_port();
+    let first = 20000 + (std::process::id() % 20000) as u16;
+    let count = 16u16;
+    let sq = script("conn-squatter", CONN_SQUATTER);
+    let srv = script("reuseport-server", REUSEPORT_SERVER);
+    let cli = script("port-client", PORT_CLIENT);
+    let mut a = attacker(&sq, &[&first.to_string(), &count.to_string(), "8"]).spawn().expect("squatter");
+    wait_line(&mut a, "READY", Duration::from_secs(10));
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let mut s = victim(&srv, &[&port.to_string(), "0"]).spawn().expect("server");
+        wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+        servers.push(s);
+    }
+    let c = finish(
+        victim(&cli, &[&port.to_string(), &first.to_string(), &count.to_string()])
+            .env("STRAIT_ATTACH_TIMEOUT_MS", "200")
+            .spawn()
+            .expect("client"),
+        Duration::from_secs(60),
+    );
+    let outs: Vec<_> = servers.into_iter().map(|s| finish(s, Duration::from_secs(30))).collect();
+    // The squatter reports when its time is up.
+    let (_, out, err) = finish(a, Duration::from_secs(30));
+    let got = out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}"));
+    no_leak(got);
+    assert!(c.0 && c.1.contains(&format!("ECHO OK {count}")), "client: {c:?}");
+    for s in &outs {
+        assert!(s.0, "server: {s:?}");
+    }
+    // The acceptors that got no hello asked, and refused the squatted names.
+    let refused: usize = outs.iter().map(|s| stat(&s.2, "refused")).sum();
+    assert!(refused >= 1, "path B was not exercised: {outs:?}");
+}

@@ -178,10 +178,23 @@ fn redis_benchmark_set_get_with_both_ends_under_strait() {
     }
 }
 
-/// Stops the nginx master named in a pid file when dropped.
-struct NginxGuard(PathBuf);
+/// Stops the nginx master named in a pid file when dropped (and reaps it when it
+/// runs in the foreground, `daemon off;`).
+struct NginxGuard(PathBuf, Option<std::process::Child>);
 impl Drop for NginxGuard {
     fn drop(&mut self) {
+        if let Some(mut c) = self.1.take() {
+            if let Ok(pid) = std::fs::read_to_string(&self.0) {
+                let _ = Command::new("kill").arg(pid.trim()).status();
+            }
+            let end = Instant::now() + Duration::from_secs(10);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+            return;
+        }
         if let Ok(pid) = std::fs::read_to_string(&self.0) {
             if let Ok(pid) = pid.trim().parse::<i32>() {
                 let _ = Command::new("kill").arg(pid.to_string()).status();
@@ -192,24 +205,43 @@ impl Drop for NginxGuard {
 
 /// Starts nginx under strait in its default daemon mode (fork, setsid, fork) with two
 /// workers sharing the listener on 127.0.0.1:`port`, serving `dir`/www with sendfile
-/// on; workers run as root so both ends are the same user. Waits until it listens.
+/// on; the workers run as Debian's default user, www-data, while the clients run as
+/// root (a connection between two users, proven by tokens). Waits until it listens.
 fn start_nginx(dir: &std::path::Path, port: u16, stats: bool) -> NginxGuard {
+    start_nginx_as(dir, port, stats, true)
+}
+
+/// As [`start_nginx`]; `daemon: false` runs it in the foreground (`daemon off;`, as
+/// containers and service managers do), a child of this test.
+fn start_nginx_as(dir: &std::path::Path, port: u16, stats: bool, daemon: bool) -> NginxGuard {
     let d = dir.display();
+    let foreground = if daemon { "" } else { "daemon off;\n" };
     let conf = format!(
-        "user root;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+        "{foreground}user www-data;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
          events {{ worker_connections 64; }}\n\
          http {{ access_log off; sendfile on; client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;\n\
          fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
          server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n"
     );
     std::fs::write(dir.join("nginx.conf"), conf).expect("conf");
-    let guard = NginxGuard(dir.join("nginx.pid"));
     let conf_path = dir.join("nginx.conf").display().to_string();
     let prefix = dir.display().to_string();
     let mut args = vec!["--", "nginx", "-c", &conf_path, "-p", &prefix];
     if stats {
         args.insert(0, "--stats");
     }
+    let pid_file = dir.join("nginx.pid");
+    if !daemon {
+        // The workers' stderr is the master's: the error log takes the stats lines
+        // only in daemon mode, so here they go to a file of our own.
+        let log = std::fs::File::create(dir.join("error.log")).expect("log");
+        let child =
+            strait_run(&args).stdout(std::process::Stdio::null()).stderr(log).spawn().expect("nginx started");
+        let guard = NginxGuard(pid_file, Some(child));
+        wait_listening(port);
+        return guard;
+    }
+    let guard = NginxGuard(pid_file, None);
     let started = run_for(&mut strait_run(&args), Duration::from_secs(30)).expect("nginx started");
     assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
     wait_listening(port);
@@ -283,9 +315,20 @@ end
 
 #[test]
 fn nginx_daemon_with_two_workers_serves_a_file_to_wrk_under_strait() {
+    nginx_serves_a_file_to_wrk(true);
+}
+
+/// The same with `daemon off;`: the master stays in the foreground, as containers
+/// run it; workers as www-data, wrk as root.
+#[test]
+fn nginx_in_the_foreground_with_two_workers_serves_a_file_to_wrk_under_strait() {
+    nginx_serves_a_file_to_wrk(false);
+}
+
+fn nginx_serves_a_file_to_wrk(daemon: bool) {
     ensure("nginx", "nginx");
     ensure("wrk", "wrk");
-    let dir = std::env::temp_dir().join(format!("strait-nginx-wrk-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("strait-nginx-wrk-{}-{daemon}", std::process::id()));
     let www = dir.join("www");
     std::fs::create_dir_all(&www).expect("mkdir");
     let body: Vec<u8> = (0..100_000u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 13) as u8).collect();
@@ -295,7 +338,7 @@ fn nginx_daemon_with_two_workers_serves_a_file_to_wrk_under_strait() {
     std::fs::write(&script, WRK_CHECK).expect("script");
     let port = free_port();
     // The workers' stderr is the error log in daemon mode: their stats lines land there.
-    let guard = start_nginx(&dir, port, true);
+    let guard = start_nginx_as(&dir, port, true, daemon);
     let url = format!("http://127.0.0.1:{port}/f.bin");
     let script_s = script.display().to_string();
     let out = run_for(

@@ -99,6 +99,10 @@ pub const KERNEL: u64 = 2;
 /// connector then watches the Unix socket that request came on.
 pub const ATTACHED_B: u64 = 3;
 
+/// TCP states in socket diagnostics: a socket that has not sent its FIN.
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_CLOSE_WAIT: u8 = 8;
+
 /// A connector's state until the acceptor attached.
 pub struct PendingC {
     /// Kept open only until settled, for path B.
@@ -1313,12 +1317,38 @@ impl Conn {
     /// The last descriptor of this process was closed: if no other process holds our
     /// side, the peer reads end of stream and its writes fail.
     pub fn release(&self) {
+        self.release_closed(None);
+    }
+
+    /// As [`Conn::release`], after the program's last descriptor of the TCP socket
+    /// whose addresses were `ids` (local, peer) was really closed. The holder count
+    /// in the mapping knows only the processes the library saw being made; a
+    /// process made by a raw `clone` (no fork handlers) holds the socket unseen.
+    /// So when the count says this was the last holder, the kernel decides: if its
+    /// TCP socket is still open (established, or the peer closed first), another
+    /// process holds it and the peer must not see the close. When that process
+    /// closes or exits, the peer learns it (its close, or the liveness socket's
+    /// hang-up).
+    pub fn release_closed(&self, ids: Option<(crate::discover::Key, crate::discover::Key)>) {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
         if !self.attached() {
             // Not settled yet: if it attaches later, the hold ends then.
             self.release_deferred.store(true, Ordering::Release);
+            return;
+        }
+        if let Some((local, peer)) = ids.filter(|_| self.vault >= 0) {
+            let h = self.shm.word(off_holders(self.side));
+            let before = h.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(1)));
+            if before.unwrap_or(0) > 1 {
+                return;
+            }
+            let open = crate::trust::diag_lookup(crate::trust::Proto::Tcp, local, peer)
+                .is_some_and(|s| s.state == TCP_ESTABLISHED || s.state == TCP_CLOSE_WAIT);
+            if !open {
+                self.mark_closed();
+            }
             return;
         }
         self.drop_hold();
@@ -1336,13 +1366,19 @@ impl Conn {
     /// its writes fail.
     fn drop_hold(&self) {
         let h = self.shm.word(off_holders(self.side));
-        if h.fetch_sub(1, Ordering::AcqRel) <= 1 {
-            // Read-closed first: whoever sees write-closed also sees the close (a
-            // bridge then sends one frame for both).
-            self.w(self.rx(), RCLOSED).store(1, Ordering::Release);
-            self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
-            self.ring_bell();
+        let before = h.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(1)));
+        if before.unwrap_or(0) <= 1 {
+            self.mark_closed();
         }
+    }
+
+    /// Our side is closed: the peer reads end of stream and its writes fail.
+    fn mark_closed(&self) {
+        // Read-closed first: whoever sees write-closed also sees the close (a
+        // bridge then sends one frame for both).
+        self.w(self.rx(), RCLOSED).store(1, Ordering::Release);
+        self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
+        self.ring_bell();
     }
 }
 

@@ -950,8 +950,20 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             real::set_errno(libc::EBADF);
             return -1;
         }
+        // An accelerated connection is let go after the real close, so that the
+        // kernel can tell whether another process (one made by a raw clone, which
+        // the library never saw) still holds the socket.
+        let conn = table::remove(fd);
+        let ids = conn
+            .as_ref()
+            .filter(|c| c.fdrefs.load(std::sync::atomic::Ordering::Acquire) == 1)
+            .and_then(|_| Some((discover::sock_key(fd, false)?, discover::sock_key(fd, true)?)));
         forget(fd);
-        real()
+        let r = real();
+        if let Some(c) = conn {
+            table::drop_ref_closed(c, ids);
+        }
+        r
     })
 }
 

@@ -1,0 +1,180 @@
+//! Servers that change who they are (issue 15), both ends under `strait run`: each
+//! test program reproduces a pattern with the system calls in the order real
+//! daemons make them, then moves a hashed stream both ways and checks that the
+//! connection stayed accelerated.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+mod common;
+use common::{ensure, run_for, strait_run};
+
+/// Debian's python3 (a python under root's home cannot run once the program has
+/// become another user).
+const PYTHON: &str = "/usr/bin/python3";
+
+fn is_root() -> bool {
+    // SAFETY: plain syscall.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn script(tag: &str, body: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("strait-identity-{tag}-{}.py", std::process::id()));
+    std::fs::write(&p, body).expect("write script");
+    let mut perm = std::fs::metadata(&p).expect("script").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
+    std::fs::set_permissions(&p, perm).expect("chmod");
+    p
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn stat(stderr: &str, name: &str) -> usize {
+    let key = format!(" {name} ");
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("strait-preload: pid "))
+        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
+}
+
+/// The stream both ways: `MIB` MiB of a seeded pattern each way, written and read
+/// at once (two threads), SHA-256 of what was read printed.
+const STREAM: &str = r#"
+import hashlib, os, threading
+MIB = int(os.environ.get('STRAIT_IDENTITY_MIB', '64'))
+def pattern(seed):
+    h = hashlib.sha256(seed)
+    block = b''.join(hashlib.sha256(h.digest() + i.to_bytes(2, "little")).digest() for i in range(2048))
+    return block  # 64 KiB
+def pump(rfd, wfd, seed_out):
+    out = pattern(seed_out)
+    def writer():
+        for _ in range(MIB * 16):
+            view = memoryview(out)
+            while view:
+                n = os.write(wfd, view)
+                view = view[n:]
+    t = threading.Thread(target=writer)
+    t.start()
+    h = hashlib.sha256()
+    left = MIB << 20
+    while left:
+        b = os.read(rfd, min(left, 1 << 20))
+        if not b:
+            break
+        h.update(b)
+        left -= len(b)
+    t.join()
+    return h.hexdigest(), (MIB << 20) - left
+def expected(seed):
+    h = hashlib.sha256()
+    p = pattern(seed)
+    for _ in range(MIB * 16):
+        h.update(p)
+    return h.hexdigest()
+"#;
+
+/// The privilege-separated server of the issue: accept; fork; in the child dup2
+/// the connection onto 0, 1 and 2 and close the rest; a raw clone(CLONE_NEWNET |
+/// SIGCHLD) (no fork handlers run); in the grandchild chroot into an empty
+/// directory, drop to nobody, then serve the stream on stdin/stdout. The process
+/// that accepted and the one between exit at once.
+const PRIVSEP_SERVER: &str = r#"
+import ctypes, os, socket, sys
+exec(open(sys.argv[3]).read())
+port, jail = int(sys.argv[1]), sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_clone, CLONE_NEWNET, SIGCHLD = 56, 0x40000000, 17
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(8)
+print('LISTENING', flush=True)
+c, _ = l.accept()
+pid = os.fork()
+if pid == 0:
+    for fd in (0, 1, 2):
+        os.dup2(c.fileno(), fd)
+    c.close()
+    l.close()
+    r = libc.syscall(SYS_clone, CLONE_NEWNET | SIGCHLD, 0, 0, 0, 0)
+    if r < 0:
+        os._exit(3)
+    if r == 0:
+        os.chroot(jail)
+        os.chdir('/')
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        got, n = pump(0, 1, b'server')
+        ok = got == expected(b'client')
+        os._exit(0 if ok else 4)
+    # The middle process lets go of its copies and exits, as a daemon's monitor
+    # that handed the session on does.
+    for fd in (0, 1, 2):
+        os.close(fd)
+    os._exit(0)
+c.close()
+l.close()
+os.waitpid(pid, 0)
+"#;
+
+const STREAM_CLIENT: &str = r#"
+import os, socket, sys
+exec(open(sys.argv[2]).read())
+c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=60)
+c.settimeout(None)
+got, n = pump(c.fileno(), c.fileno(), b'client')
+ok = got == expected(b'server')
+print('STREAM', 'ok' if ok else 'BAD', n, flush=True)
+c.shutdown(socket.SHUT_WR)
+sys.exit(0 if ok else 1)
+"#;
+
+/// Fork, dup2 onto 0/1/2, raw clone into a new network namespace, chroot, setuid;
+/// the acceptor and the middle process exit: the connection keeps working,
+/// accelerated, with 64 MiB each way hashed.
+#[test]
+fn a_privilege_separated_server_keeps_its_connection_after_clone_chroot_and_setuid() {
+    if !is_root() {
+        eprintln!("skipped: needs root (chroot, setuid, CLONE_NEWNET)");
+        return;
+    }
+    ensure(PYTHON, "python3");
+    let port = free_port();
+    let jail = std::env::temp_dir().join(format!("strait-identity-jail-{}", std::process::id()));
+    std::fs::create_dir_all(&jail).expect("jail");
+    let stream = script("stream", STREAM);
+    let srv = script("privsep-server", PRIVSEP_SERVER);
+    let cli = script("stream-client", STREAM_CLIENT);
+    let (p, j, st) = (port.to_string(), jail.display().to_string(), stream.display().to_string());
+    let mut server = strait_run(&["--", PYTHON, srv.to_str().expect("path"), &p, &j, &st])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let mut r = std::io::BufReader::new(server.stdout.take().expect("stdout"));
+        r.read_line(&mut line).expect("LISTENING");
+        assert_eq!(line.trim(), "LISTENING");
+    }
+    let out = run_for(
+        &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("path"), &p, &st]),
+        Duration::from_secs(240),
+    )
+    .expect("client finished in time");
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&jail);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}");
+    assert_eq!(stat(&err, "accelerated"), 1, "the connection stayed accelerated: {err}");
+}

@@ -178,3 +178,90 @@ fn a_privilege_separated_server_keeps_its_connection_after_clone_chroot_and_setu
     assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}");
     assert_eq!(stat(&err, "accelerated"), 1, "the connection stayed accelerated: {err}");
 }
+
+/// In the same process, after the connection exists: new network, mount and IPC
+/// namespaces, chroot into an empty directory, then a drop to www-data (server) and
+/// to nobody (client): both ends end up as different users, neither as root.
+const UNSHARE_SERVER: &str = r#"
+import ctypes, os, socket, sys
+exec(open(sys.argv[3]).read())
+port, jail = int(sys.argv[1]), sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(8)
+print('LISTENING', flush=True)
+c, _ = l.accept()
+l.close()
+if libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC) != 0:
+    sys.exit(3)
+os.chroot(jail)
+os.chdir('/')
+os.setgroups([])
+os.setgid(33)
+os.setuid(33)
+got, n = pump(c.fileno(), c.fileno(), b'server')
+sys.exit(0 if got == expected(b'client') else 4)
+"#;
+
+const SETUID_CLIENT: &str = r#"
+import os, socket, sys
+exec(open(sys.argv[2]).read())
+c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=60)
+c.settimeout(None)
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+got, n = pump(c.fileno(), c.fileno(), b'client')
+ok = got == expected(b'server')
+print('STREAM', 'ok' if ok else 'BAD', n, flush=True)
+sys.exit(0 if ok else 1)
+"#;
+
+#[test]
+fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    ensure(PYTHON, "python3");
+    let port = free_port();
+    let jail = std::env::temp_dir().join(format!("strait-identity-jail2-{}", std::process::id()));
+    std::fs::create_dir_all(&jail).expect("jail");
+    let stream = script("stream2", STREAM);
+    let srv = script("unshare-server", UNSHARE_SERVER);
+    let cli = script("setuid-client", SETUID_CLIENT);
+    let (p, j, st) = (port.to_string(), jail.display().to_string(), stream.display().to_string());
+    let mut server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("path"), &p, &j, &st])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    let mut sout = std::io::BufReader::new(server.stdout.take().expect("stdout"));
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        sout.read_line(&mut line).expect("LISTENING");
+        assert_eq!(line.trim(), "LISTENING");
+    }
+    let out = run_for(
+        &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("path"), &p, &st]),
+        Duration::from_secs(240),
+    )
+    .expect("client finished in time");
+    let status = server.wait().expect("server");
+    let mut serr = String::new();
+    if let Some(mut e) = server.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut serr);
+    }
+    let _ = std::fs::remove_dir_all(&jail);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}");
+    assert!(status.success(), "server: {serr}");
+    assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
+    assert_eq!(stat(&serr, "accelerated"), 1, "server: {serr}");
+}

@@ -127,14 +127,28 @@ fn sockperf_ping_pong_with_both_ends_under_strait() {
 
 #[test]
 fn redis_benchmark_set_get_with_both_ends_under_strait() {
+    redis_benchmark_set_get(false);
+}
+
+/// redis-server as its own user (Debian's `redis`, dropped to by setpriv before it
+/// starts), redis-benchmark as root: a client and a server of different users,
+/// every connection accelerated.
+#[test]
+fn redis_server_as_its_own_user_and_a_root_client_are_accelerated() {
+    redis_benchmark_set_get(true);
+}
+
+fn redis_benchmark_set_get(own_user: bool) {
     ensure("redis-server", "redis-server");
     ensure("redis-benchmark", "redis-tools");
+    ensure("setpriv", "util-linux");
     let port = free_port().to_string();
-    let _server = quiet_server(
-        &["--", "redis-server", "--port", &port, "--save", "", "--appendonly", "no"],
-        &port,
-        "redis-server",
-    );
+    let mut args =
+        vec!["--", "redis-server", "--port", &port, "--save", "", "--appendonly", "no", "--dir", "/tmp"];
+    if own_user {
+        args.splice(1..1, ["setpriv", "--reuid=redis", "--regid=redis", "--clear-groups", "--inh-caps=-all"]);
+    }
+    let _server = quiet_server(&args, &port, "redis-server");
     let out = run_for(
         &mut strait_run(&[
             "--stats",

@@ -669,8 +669,7 @@ impl Conn {
                 libc::pollfd { fd: self.unix(), events: libc::POLLRDHUP, revents: 0 },
                 libc::pollfd { fd: self.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 },
             ];
-            // SAFETY: three pollfds on the stack (a negative fd is ignored).
-            let r = unsafe { real::poll(p.as_mut_ptr(), 3, ms) };
+            let r = crate::poll::kernel_poll(&mut p, ms, None);
             let interrupted = r < 0 && real::errno() == libc::EINTR;
             self.pump_remote();
             if interrupted && !signals_restart() {

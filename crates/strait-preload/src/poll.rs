@@ -127,19 +127,7 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         }
         let ms = if sleep { slice_ms(deadline) } else { 0 };
         let saved: Vec<i16> = acc.iter().map(|(i, _)| tmp[*i].revents).collect();
-        // SAFETY: a vector of pollfds and its length; the mask is the caller's.
-        let r = unsafe {
-            match mask {
-                None => real::poll(tmp.as_mut_ptr(), tmp.len() as nfds_t, ms),
-                Some(m) => {
-                    let ts = libc::timespec {
-                        tv_sec: (ms / 1000) as _,
-                        tv_nsec: ((ms % 1000) as i64 * 1_000_000) as _,
-                    };
-                    real::ppoll(tmp.as_mut_ptr(), tmp.len() as nfds_t, &ts, m)
-                }
-            }
-        };
+        let r = kernel_poll(&mut tmp, ms, mask);
         if r < 0 {
             return Some(-1);
         }
@@ -175,6 +163,59 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
             return Some(total);
         }
     }
+}
+
+/// The kernel's `poll` (or `ppoll` with `mask`) over `fds` for at most `ms`
+/// milliseconds, within the process's descriptor limit. The kernel refuses a set
+/// longer than `RLIMIT_NOFILE` (EINVAL), and the library adds its own descriptors
+/// to the program's: a sandboxed process that lowered the limit (OpenSSH's
+/// pre-authentication child sets it to 1) would see every wait fail. Then the
+/// entries that name a descriptor are polled without waiting, in pieces the limit
+/// allows (one at a time), and the call waits at most a millisecond before it
+/// answers 0 (callers wait in slices and come back).
+pub(crate) fn kernel_poll(fds: &mut [pollfd], ms: c_int, mask: Option<*const sigset_t>) -> c_int {
+    // SAFETY: a slice of pollfds and its length; the mask is the caller's.
+    let r = unsafe {
+        match mask {
+            None => real::poll(fds.as_mut_ptr(), fds.len() as nfds_t, ms),
+            Some(m) => {
+                let ts = libc::timespec {
+                    tv_sec: (ms / 1000) as _,
+                    tv_nsec: ((ms % 1000) as i64 * 1_000_000) as _,
+                };
+                real::ppoll(fds.as_mut_ptr(), fds.len() as nfds_t, &ts, m)
+            }
+        }
+    };
+    if r >= 0 || real::errno() != libc::EINVAL {
+        return r;
+    }
+    // One descriptor at a time is within any limit but 0 (asking the limit is a
+    // system call a sandbox may forbid: OpenSSH's kills the process for it).
+    let live: Vec<usize> = (0..fds.len()).filter(|&i| fds[i].fd >= 0).collect();
+    let mut ready = 0;
+    for &i in &live {
+        let mut one = [fds[i]];
+        // SAFETY: one pollfd, no waiting.
+        if unsafe { real::poll(one.as_mut_ptr(), 1, 0) } < 0 {
+            return -1;
+        }
+        fds[i].revents = one[0].revents;
+        ready += (one[0].revents != 0) as c_int;
+    }
+    if ready == 0 && ms != 0 {
+        // Wait a millisecond at most on the first descriptor (the library puts a
+        // doorbell first where it sleeps), then answer: callers come back.
+        if let Some(&i) = live.first() {
+            let mut one = [fds[i]];
+            // SAFETY: one pollfd.
+            if unsafe { real::poll(one.as_mut_ptr(), 1, 1) } > 0 {
+                fds[i].revents = one[0].revents;
+                ready = 1;
+            }
+        }
+    }
+    ready
 }
 
 /// `select` expressed as `poll` when an accelerated descriptor is in a set.

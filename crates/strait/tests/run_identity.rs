@@ -265,3 +265,102 @@ fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
     assert_eq!(stat(&serr, "accelerated"), 1, "server: {serr}");
 }
+
+/// OpenSSH in its default privilege-separated mode (a fresh sshd per connection by
+/// re-exec, the pre-authentication child chrooted into /run/sshd as user sshd with
+/// a seccomp sandbox and a descriptor limit of 1), on a test port with a throwaway
+/// host key; both ends under `strait run`. `ssh` runs a command, `scp` copies
+/// 256 MiB, compared byte for byte; both client connections accelerated.
+#[test]
+fn openssh_privilege_separated_ssh_and_scp_under_strait() {
+    if !is_root() {
+        eprintln!("skipped: sshd needs root");
+        return;
+    }
+    for (bin, pkg) in
+        [("/usr/sbin/sshd", "openssh-server"), ("ssh", "openssh-client"), ("ssh-keygen", "openssh-client")]
+    {
+        ensure(bin, pkg);
+    }
+    let dir = std::env::temp_dir().join(format!("strait-sshd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::create_dir_all("/run/sshd").expect("/run/sshd (privilege separation directory)");
+    let d = dir.display().to_string();
+    for key in ["hostkey", "userkey"] {
+        let st = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f", &format!("{d}/{key}")])
+            .status()
+            .expect("ssh-keygen");
+        assert!(st.success());
+    }
+    std::fs::copy(dir.join("userkey.pub"), dir.join("authorized_keys")).expect("authorized_keys");
+    let port = free_port();
+    std::fs::write(
+        dir.join("sshd_config"),
+        format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/hostkey\nPidFile {d}/sshd.pid\n\
+             AuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n\
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
+             Subsystem sftp internal-sftp\n"
+        ),
+    )
+    .expect("sshd_config");
+    let conf = format!("{d}/sshd_config");
+    let log = format!("{d}/sshd.log");
+    let started =
+        run_for(&mut strait_run(&["--", "/usr/sbin/sshd", "-f", &conf, "-E", &log]), Duration::from_secs(30))
+            .expect("sshd started");
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    struct Stop(PathBuf);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            if let Ok(pid) = std::fs::read_to_string(self.0.join("sshd.pid")) {
+                let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+            }
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _stop = Stop(dir.clone());
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !dir.join("sshd.pid").exists() && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let key = format!("{d}/userkey");
+    let p = port.to_string();
+    let opts = [
+        "-i",
+        &key,
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "BatchMode=yes",
+    ];
+    let mut ssh_args = vec!["--stats", "--", "ssh", "-p", &p];
+    ssh_args.extend(opts);
+    ssh_args.extend(["root@127.0.0.1", "echo hello-from-ssh; id -u"]);
+    let out = run_for(&mut strait_run(&ssh_args), Duration::from_secs(60)).expect("ssh finished");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let slog = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(out.status.success() && text == "hello-from-ssh\n0\n", "ssh: {text}\n{err}\nsshd log:\n{slog}");
+    assert_eq!(stat(&err, "accelerated"), 1, "ssh: {err}");
+    // scp of 256 MiB.
+    let src = dir.join("big.bin");
+    let body: Vec<u8> =
+        (0..(256u32 << 20) / 4).flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()).collect();
+    std::fs::write(&src, &body).expect("big file");
+    let dst = format!("root@127.0.0.1:{d}/copy.bin");
+    let srcs = src.display().to_string();
+    let mut scp_args = vec!["--stats", "--", "scp", "-P", &p];
+    scp_args.extend(opts);
+    scp_args.extend([srcs.as_str(), dst.as_str()]);
+    let out = run_for(&mut strait_run(&scp_args), Duration::from_secs(240)).expect("scp finished");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scp: {err}");
+    let copy = std::fs::read(dir.join("copy.bin")).expect("copy");
+    assert!(copy == body, "the copy differs ({} of {} bytes)", copy.len(), body.len());
+    assert_eq!(stat(&err, "accelerated"), 1, "scp: {err}");
+}

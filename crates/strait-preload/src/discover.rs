@@ -169,6 +169,63 @@ pub fn sock_key(fd: c_int, peer: bool) -> Option<Key> {
     key_of(p, len).map(|(k, _)| k)
 }
 
+/// A listening socket this process did not make (passed over a Unix socket, or
+/// inherited from a program that ran without the library) is registered, so that
+/// its connections are claimed (by path B while another process holds the name).
+pub(crate) fn adopt_listener(fd: c_int) {
+    match crate::table::listener(fd) {
+        Some(l) => l.claim_name(),
+        None if Settings::get().enabled && !known_other(fd) => {
+            if is_listening(fd) {
+                on_listen(fd);
+            } else {
+                mark_other(fd, true);
+            }
+        }
+        None => {}
+    }
+}
+
+/// Before an `accept`: a registered listener without its name takes it if its
+/// holder has gone (no system call otherwise).
+pub(crate) fn before_accept(fd: c_int) {
+    if let Some(l) = crate::table::listener(fd) {
+        l.claim_name();
+    }
+}
+
+/// Descriptors known not to be listening TCP sockets (a Unix-socket server's
+/// accepts are not asked again), one bit per descriptor number below 65536;
+/// cleared when the descriptor is closed.
+static OTHER: [std::sync::atomic::AtomicU64; 1024] = [const { std::sync::atomic::AtomicU64::new(0) }; 1024];
+
+fn known_other(fd: c_int) -> bool {
+    (0..65536).contains(&fd) && OTHER[fd as usize / 64].load(Ordering::Relaxed) & (1 << (fd % 64)) != 0
+}
+
+/// Records (or, `false`, forgets) that `fd` is not a listening TCP socket.
+pub(crate) fn mark_other(fd: c_int, other: bool) {
+    if (0..65536).contains(&fd) {
+        let bit = 1u64 << (fd % 64);
+        if other {
+            OTHER[fd as usize / 64].fetch_or(bit, Ordering::Relaxed);
+        } else {
+            OTHER[fd as usize / 64].fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+}
+
+/// True if `fd` is a listening TCP socket.
+fn is_listening(fd: c_int) -> bool {
+    let mut v: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: a local int and its length.
+    let r = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut v as *mut c_int).cast(), &mut l)
+    };
+    r == 0 && v != 0 && is_tcp_stream(fd)
+}
+
 pub(crate) fn is_tcp_stream(fd: c_int) -> bool {
     let get = |opt| {
         let mut v: c_int = 0;
@@ -181,14 +238,14 @@ pub(crate) fn is_tcp_stream(fd: c_int) -> bool {
 }
 
 pub(crate) fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
-    let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     // SAFETY: msghdr is plain old data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    // SAFETY: CMSG_SPACE is a pure computation; 3 fds fit in 64 bytes.
+    // SAFETY: CMSG_SPACE is a pure computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
     // SAFETY: the control buffer is large enough and aligned; the CMSG macros stay in it.
@@ -223,14 +280,26 @@ pub(crate) fn recv_fds_now(sock: c_int, buf: &mut [u8]) -> Result<FdMessage, c_i
 
 /// `recvmsg` with SCM_RIGHTS and `flags`: `Err(errno)` when nothing came.
 pub(crate) fn recv_fds(sock: c_int, buf: &mut [u8], flags: c_int) -> Result<FdMessage, c_int> {
-    let mut cbuf = [0u64; 8];
+    recv_fds_max(sock, buf, flags, 12)
+}
+
+/// [`recv_fds`] with room for up to `max_fds` descriptors.
+pub(crate) fn recv_fds_max(
+    sock: c_int,
+    buf: &mut [u8],
+    flags: c_int,
+    max_fds: usize,
+) -> Result<FdMessage, c_int> {
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE((max_fds * std::mem::size_of::<c_int>()) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is plain old data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    msg.msg_controllen = (cbuf.len() * 8) as _;
     // SAFETY: `msg` points at live locals.
     let n = unsafe { real::recvmsg(sock, &mut msg, flags) };
     if n < 0 {
@@ -341,6 +410,8 @@ struct Pending {
     /// Unix connections at the marker that have not sent their hello yet, with
     /// their users.
     waiting: Vec<(c_int, u32)>,
+    /// When this listener last tried to take its name (see `Listener::claim_name`).
+    last_claim: Option<Instant>,
 }
 
 impl Pending {
@@ -353,7 +424,11 @@ impl Pending {
 
 /// The strait side of a listening TCP socket.
 pub struct Listener {
-    unix: c_int,
+    /// The rendezvous name's listening socket (-1: another process holds the name).
+    unix: std::sync::atomic::AtomicI32,
+    /// The name, to claim it later when its holder has gone (a listener passed on
+    /// by a process that then exited).
+    name: (libc::sockaddr_un, socklen_t),
     pending: Mutex<Pending>,
 }
 
@@ -364,8 +439,9 @@ impl Drop for Listener {
             h.close();
         }
         close_all(&p.waiting.iter().map(|w| w.0).collect::<Vec<_>>());
-        if self.unix >= 0 {
-            close_all(&[self.unix]);
+        let u = *self.unix.get_mut();
+        if u >= 0 {
+            close_all(&[u]);
         }
     }
 }
@@ -414,16 +490,43 @@ pub fn on_listen(fd: c_int) {
     // and this one claims the connections the kernel gives it by asking their
     // connectors (path B) instead of leaving them to wait out the attach timeout.
     let u = listen_marker(&sa, len).unwrap_or(-1);
-    crate::table::add_listener(fd, Arc::new(Listener { unix: u, pending: Mutex::new(Pending::default()) }));
+    crate::table::add_listener(
+        fd,
+        Arc::new(Listener {
+            unix: std::sync::atomic::AtomicI32::new(u),
+            name: (sa, len),
+            pending: Mutex::new(Pending::default()),
+        }),
+    );
 }
 
 /// Unclaimed hellos at which a listener looks for ones whose connectors hung up.
 const HELLOS_BEFORE_SWEEP: usize = 16;
 
+/// How often a listener without its name tries to take it.
+const CLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl Listener {
+    /// Takes the rendezvous name if this listener has none and its holder has gone
+    /// (tried at most every [`CLAIM_EVERY`]).
+    fn claim_name(&self) {
+        if self.unix.load(Ordering::Relaxed) >= 0 {
+            return;
+        }
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if p.last_claim.is_some_and(|t| t.elapsed() < CLAIM_EVERY) || self.unix.load(Ordering::Relaxed) >= 0 {
+            return;
+        }
+        p.last_claim = Some(Instant::now());
+        if let Some(u) = listen_marker(&self.name.0, self.name.1) {
+            self.unix.store(u, Ordering::Relaxed);
+        }
+    }
+
     /// Accepts queued Unix connections and reads the hellos that arrived.
     fn pump(&self, p: &mut Pending) {
-        if self.unix < 0 {
+        let unix = self.unix.load(Ordering::Relaxed);
+        if unix < 0 {
             // No name of our own (see `on_listen`): no hellos come here.
             return;
         }
@@ -431,7 +534,7 @@ impl Listener {
             // SAFETY: accept4 without an address buffer.
             let c = unsafe {
                 real::accept4(
-                    self.unix,
+                    unix,
                     std::ptr::null_mut(),
                     std::ptr::null_mut(),
                     libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
@@ -602,6 +705,7 @@ fn ask_connector(fd: c_int) -> Option<Hello> {
 /// After a kernel `accept` on `lfd` returned `fd`: attaches the shared memory the
 /// connecting strait peer announced, if any.
 pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
+    adopt_listener(lfd);
     let Some(l) = crate::table::listener(lfd) else { return };
     let (h, path_b) = match l.take(fd) {
         Some(h) => (h, false),

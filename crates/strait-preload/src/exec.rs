@@ -50,23 +50,25 @@ extern "C" {
 /// receiving side, in the new program's statistics as `inherited`).
 pub static INHERITED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// One connection as written into `STRAIT_HANDOFF`.
+/// One connection as written into `STRAIT_HANDOFF` (or into a descriptor-passing
+/// bundle, `pass.rs`, where the descriptor fields are indices into the bundle's
+/// descriptors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Record {
+pub(crate) struct Record {
     /// Inode of the kernel socket (the same in every descriptor of it).
-    ino: u64,
-    side: usize,
-    ring: usize,
-    memfd: c_int,
-    my_efd: c_int,
-    peer_efd: c_int,
-    unix: c_int,
+    pub(crate) ino: u64,
+    pub(crate) side: usize,
+    pub(crate) ring: usize,
+    pub(crate) memfd: c_int,
+    pub(crate) my_efd: c_int,
+    pub(crate) peer_efd: c_int,
+    pub(crate) unix: c_int,
     /// `Conn::shut_flags`.
-    shut: u8,
+    pub(crate) shut: u8,
 }
 
 impl Record {
-    fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         format!(
             "{}:{}:{}:{}:{}:{}:{}:{}",
             self.ino, self.side, self.ring, self.memfd, self.my_efd, self.peer_efd, self.unix, self.shut
@@ -75,7 +77,7 @@ impl Record {
 
     /// Parses one record; `None` for anything malformed (the variable comes from the
     /// environment, which the program may have changed).
-    fn parse(s: &str) -> Option<Record> {
+    pub(crate) fn parse(s: &str) -> Option<Record> {
         let f: Vec<&str> = s.split(':').collect();
         if f.len() != 8 {
             return None;
@@ -120,7 +122,7 @@ impl Handoff {
     }
 }
 
-fn inode(fd: c_int) -> Option<u64> {
+pub(crate) fn inode(fd: c_int) -> Option<u64> {
     // SAFETY: stat is plain old data; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a local stat.
@@ -171,37 +173,9 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
         if !(survives || all) {
             continue;
         }
-        let Some(ino) = inode(*fd) else { continue };
-        // A copy of the memfd, leaving it in the vault (no close-on-exec).
-        let mut buf = [0u8; 8];
-        let memfd = match discover::recv_fds(c.vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-            Ok(m) if m.fds.len() == 1 => m.fds[0],
-            Ok(m) => {
-                discover::close_all(&m.fds);
-                continue;
-            }
-            Err(_) => continue,
-        };
-        let copies =
-            [memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd), inheritable_dup(c.unix())];
-        if copies.iter().any(|&f| f < 0) {
-            discover::close_all(&copies.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
-            continue;
-        }
+        let Some((record, copies)) = record_for(*fd, &c) else { continue };
         h.fds.extend_from_slice(&copies);
-        records.push(
-            Record {
-                ino,
-                side: c.side,
-                ring: c.shm.ring,
-                memfd: copies[0],
-                my_efd: copies[1],
-                peer_efd: copies[2],
-                unix: copies[3],
-                shut: c.shut_flags(),
-            }
-            .encode(),
-        );
+        records.push(record.encode());
         if new_process {
             c.add_holder();
             h.held.push(c);
@@ -211,6 +185,38 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
         h.entry = CString::new(format!("{VAR}={}", records.join(","))).ok();
     }
     h
+}
+
+/// Copies of what carries connection `c` (whose descriptor `fd` is one): the memfd
+/// (peeked out of the vault, which keeps it), both eventfds and the Unix socket,
+/// none close-on-exec, owned by the caller; and the record that describes them.
+pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, [c_int; 4])> {
+    let ino = inode(fd)?;
+    let mut buf = [0u8; 8];
+    let memfd = match discover::recv_fds(c.vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(m) if m.fds.len() == 1 => m.fds[0],
+        Ok(m) => {
+            discover::close_all(&m.fds);
+            return None;
+        }
+        Err(_) => return None,
+    };
+    let copies = [memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd), inheritable_dup(c.unix())];
+    if copies.iter().any(|&f| f < 0) {
+        discover::close_all(&copies.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
+        return None;
+    }
+    let record = Record {
+        ino,
+        side: c.side,
+        ring: c.shm.ring,
+        memfd: copies[0],
+        my_efd: copies[1],
+        peer_efd: copies[2],
+        unix: copies[3],
+        shut: c.shut_flags(),
+    };
+    Some((record, copies))
 }
 
 /// This library's file name, for `LD_PRELOAD`.
@@ -377,11 +383,14 @@ pub fn adopt() {
     }
 }
 
-fn adopt_one(r: Record, socks: &[(c_int, u64)]) {
+/// Takes over one handed-over connection: maps its rings and enters the
+/// descriptors in `socks` (descriptor, socket inode) that are its socket. Returns
+/// whether it did.
+pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
     // Only a sealed memfd of the right size is ours; anything else (a stale or forged
     // variable) is left alone, descriptors included.
     if !discover::memfd_ok(r.memfd, HDR + 2 * r.ring) {
-        return;
+        return false;
     }
     let carriers = [r.memfd, r.my_efd, r.peer_efd, r.unix];
     for &fd in &carriers {
@@ -393,7 +402,7 @@ fn adopt_one(r: Record, socks: &[(c_int, u64)]) {
     discover::close_all(&[r.memfd]);
     let Some(shm) = shm else {
         discover::close_all(&carriers[1..]);
-        return;
+        return false;
     };
     let fds: Vec<c_int> = socks.iter().filter(|s| s.1 == r.ino).map(|s| s.0).collect();
     // SAFETY: plain syscall.
@@ -411,7 +420,7 @@ fn adopt_one(r: Record, socks: &[(c_int, u64)]) {
     if fds.is_empty() {
         // None of the socket's descriptors survived: our hold ends here.
         c.release();
-        return;
+        return false;
     }
     c.fdrefs.store(fds.len(), Ordering::Relaxed);
     for fd in fds {
@@ -420,6 +429,7 @@ fn adopt_one(r: Record, socks: &[(c_int, u64)]) {
         }
     }
     INHERITED.fetch_add(1, Ordering::Relaxed);
+    true
 }
 
 // ------------------------------------------------------------------ interposed calls

@@ -18,6 +18,7 @@ mod conn;
 mod discover;
 mod exec;
 mod local;
+mod pass;
 mod poll;
 mod real;
 mod remote;
@@ -392,6 +393,7 @@ fn after_accept(lfd: c_int, fd: c_int, flags: c_int) -> c_int {
 /// As for libc's `accept`.
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    guard(|| (), || discover::before_accept(fd));
     // SAFETY: forwarded arguments.
     let r = unsafe { real::accept(fd, addr, len) };
     guard(|| r, || after_accept(fd, r, 0))
@@ -401,6 +403,7 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
 /// As for libc's `accept4`.
 #[no_mangle]
 pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    guard(|| (), || discover::before_accept(fd));
     // SAFETY: forwarded arguments.
     let r = unsafe { real::accept4(fd, addr, len, flags) };
     guard(|| r, || after_accept(fd, r, flags))
@@ -652,7 +655,9 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
         (None, false) => match udp::lookup(fd) {
             // SAFETY: the caller's msghdr.
             Some(u) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
-            None => real(),
+            // Accelerated sockets passed over a Unix socket take their rings along.
+            // SAFETY: the caller's msghdr.
+            None => unsafe { pass::sendmsg(fd, msg, flags) }.unwrap_or_else(real),
         },
         _ => real(),
     })
@@ -717,7 +722,14 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
                     real::recvmsg(fd, msg, flags | x)
                 })
             }
-            None => real(),
+            None => {
+                let r = real();
+                if r >= 0 {
+                    // SAFETY: the msghdr the kernel just filled.
+                    unsafe { pass::after_recvmsg(msg) };
+                }
+                r
+            }
         },
         _ => real(),
     })
@@ -969,6 +981,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 /// Everything the library knows about `fd`, which is being closed.
 fn forget(fd: c_int) {
+    discover::mark_other(fd, false);
     if let Some(c) = table::remove(fd) {
         table::drop_ref(c);
     }

@@ -11,7 +11,8 @@
 //! token naming another socket, a doorbell that is not an eventfd; see
 //! docs/SECURITY.md); connections to other hosts refused for a secret that differs
 //! (`remote-refused`); discovery messages and answers ignored as forged or replayed
-//! (`remote-forged`).
+//! (`remote-forged`); accelerated connections passed to another process over a
+//! Unix socket (`pass-out`) and taken over from one (`pass-in`).
 
 use std::sync::atomic::Ordering;
 
@@ -23,8 +24,7 @@ extern "C" fn at_exit() {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
              udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
-             refused {} remote-refused {} remote-forged {}
-",
+             refused {} remote-refused {} remote-forged {} pass-out {} pass-in {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -41,6 +41,8 @@ extern "C" fn at_exit() {
             crate::trust::REFUSED.load(Ordering::Relaxed),
             crate::conn::REMOTE_REFUSED.load(Ordering::Relaxed),
             crate::conn::REMOTE_FORGED.load(Ordering::Relaxed),
+            crate::pass::PASSED_OUT.load(Ordering::Relaxed),
+            crate::pass::PASSED_IN.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

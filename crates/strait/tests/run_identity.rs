@@ -364,3 +364,181 @@ fn openssh_privilege_separated_ssh_and_scp_under_strait() {
     assert!(copy == body, "the copy differs ({} of {} bytes)", copy.len(), body.len());
     assert_eq!(stat(&err, "accelerated"), 1, "scp: {err}");
 }
+
+/// Hands a socket to another process over a Unix socket (SCM_RIGHTS) and exits:
+/// `conn` accepts one TCP connection first and passes it; `listener` passes the
+/// listening socket itself (socket activation, a reload's hand-over).
+const HANDOFF_SENDER: &str = r#"
+import socket, sys
+path, mode, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(16)
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+u.connect(path)
+if mode == 'conn':
+    print('LISTENING', flush=True)
+    c, _ = l.accept()
+    socket.send_fds(u, [b'c'], [c.fileno()])
+    c.close()
+else:
+    socket.send_fds(u, [b'l'], [l.fileno()])
+    print('LISTENING', flush=True)
+l.close()
+u.recv(1)  # the receiver has it
+"#;
+
+/// Receives one socket over a Unix socket and serves on it: the stream both ways
+/// (`conn`), or `n` one-line echoes on connections it accepts (`listener`).
+const HANDOFF_RECEIVER: &str = r#"
+import os, socket, sys
+exec(open(sys.argv[3]).read())
+path, mode = sys.argv[1], sys.argv[2]
+n = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(1)
+print('READY', flush=True)
+u, _ = s.accept()
+msg, fds, _, _ = socket.recv_fds(u, 16, 4)
+assert len(fds) == 1, fds
+u.send(b'k')
+got = socket.socket(fileno=fds[0])
+if mode == 'conn':
+    h, _ = pump(got.fileno(), got.fileno(), b'server')
+    sys.exit(0 if h == expected(b'client') else 4)
+for _ in range(n):
+    c, _ = got.accept()
+    c.settimeout(20)
+    c.sendall(c.recv(100))
+    c.close()
+"#;
+
+const LINES_CLIENT: &str = r#"
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    c = socket.create_connection(('127.0.0.1', port), timeout=20)
+    m = b'line %d\n' % i
+    c.sendall(m)
+    assert c.recv(100) == m
+    c.close()
+print('LINES OK', n, flush=True)
+"#;
+
+fn spawn_waiting(args: &[&str], want: &str) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = strait_run(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut r = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    r.read_line(&mut line).expect(want);
+    assert_eq!(line.trim(), want, "{args:?}");
+    child.stdout = None;
+    std::mem::forget(r);
+    child
+}
+
+fn stderr_of(mut c: std::process::Child, limit: Duration) -> (bool, String) {
+    use std::io::Read;
+    let end = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = c.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if std::time::Instant::now() > end {
+            let _ = c.kill();
+            let _ = c.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut e = String::new();
+    if let Some(mut s) = c.stderr.take() {
+        let _ = s.read_to_string(&mut e);
+    }
+    (status.is_some_and(|s| s.success()), e)
+}
+
+/// An accepted, accelerated connection handed to another process (which did not
+/// make it and never saw it) over a Unix socket; the sender closes its copy and
+/// exits. The receiver carries it on, accelerated, 64 MiB hashed each way.
+#[test]
+fn an_accelerated_connection_passed_over_a_unix_socket_keeps_working() {
+    ensure(PYTHON, "python3");
+    let port = free_port().to_string();
+    let dir = std::env::temp_dir().join(format!("strait-pass-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("handoff.sock").display().to_string();
+    let (snd, rcv, cli, st) = (
+        script("pass-send", HANDOFF_SENDER),
+        script("pass-recv", HANDOFF_RECEIVER),
+        script("pass-cli", STREAM_CLIENT),
+        script("pass-stream", STREAM),
+    );
+    let st = st.display().to_string();
+    let receiver =
+        spawn_waiting(&["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, "conn", &st], "READY");
+    let sender = spawn_waiting(
+        &["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, "conn", &port],
+        "LISTENING",
+    );
+    let out = run_for(
+        &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, &st]),
+        Duration::from_secs(240),
+    )
+    .expect("client finished");
+    let (sok, serr) = stderr_of(sender, Duration::from_secs(30));
+    let (rok, rerr) = stderr_of(receiver, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}\nreceiver: {rerr}");
+    assert!(sok, "sender: {serr}");
+    assert!(rok, "receiver: {rerr}");
+    assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
+    assert_eq!(stat(&serr, "pass-out"), 1, "sender: {serr}");
+    assert_eq!(stat(&rerr, "pass-in"), 1, "receiver: {rerr}");
+}
+
+/// A listening socket handed to another process, the sender closing its copy and
+/// exiting: every connection the receiver accepts is accelerated.
+#[test]
+fn a_listening_socket_passed_over_a_unix_socket_accelerates_its_connections() {
+    ensure(PYTHON, "python3");
+    let port = free_port().to_string();
+    let dir = std::env::temp_dir().join(format!("strait-pass-l-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("handoff.sock").display().to_string();
+    let (snd, rcv, cli, st) = (
+        script("passl-send", HANDOFF_SENDER),
+        script("passl-recv", HANDOFF_RECEIVER),
+        script("passl-cli", LINES_CLIENT),
+        script("passl-stream", STREAM),
+    );
+    let st = st.display().to_string();
+    let receiver = spawn_waiting(
+        &["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, "listener", &st, "20"],
+        "READY",
+    );
+    let sender = spawn_waiting(
+        &["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, "listener", &port],
+        "LISTENING",
+    );
+    let (sok, serr) = stderr_of(sender, Duration::from_secs(30));
+    let out = run_for(
+        &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "20"]),
+        Duration::from_secs(120),
+    )
+    .expect("client finished");
+    let (rok, rerr) = stderr_of(receiver, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("LINES OK 20"), "client: {text}\n{err}");
+    assert!(sok && rok, "sender: {serr}\nreceiver: {rerr}");
+    assert_eq!(stat(&err, "accelerated"), 20, "client: {err}");
+    assert_eq!(stat(&rerr, "accelerated"), 20, "receiver: {rerr}");
+}

@@ -1,0 +1,285 @@
+//! Accelerated sockets passed to another process over a Unix socket (`SCM_RIGHTS`):
+//! socket activation, seamless reloads and privilege-separation helpers hand
+//! sockets around this way.
+//!
+//! An accelerated TCP socket is an idle kernel socket plus rings in shared memory.
+//! Passing only the kernel socket would leave the receiver reading a socket that
+//! never gets a byte. So when a program sends an accelerated socket, the library
+//! adds one descriptor to the message: a *bundle*, a Unix socket holding in flight
+//! one message that describes each passed connection (the records of `exec.rs`,
+//! with descriptor indices) and carries copies of what carries it (the rings'
+//! memfd, both eventfds, the liveness socket). The library of the receiving
+//! process takes the bundle off the message before the program sees it, maps the
+//! rings and enters the received descriptors as the connection. The receiver takes
+//! a hold on the connection (counted for it by the sender), so the sender may
+//! close its copy at once.
+//!
+//! A receiver without the library would see the bundle as one more descriptor, and
+//! read an idle socket: both ends run under `strait run` (its children inherit it).
+//!
+//! A passed listening socket needs nothing: the receiver's library registers a
+//! listening TCP socket it did not see made at its first `accept` (see
+//! [`crate::discover::on_accept`]), and claims connections by asking their
+//! connectors (path B) while the sender still holds the rendezvous name.
+//!
+//! Trust: the bundle comes from the process that sent the socket, which held the
+//! connection and so could read and write it anyway; the receiver checks every
+//! carrier as an `exec`'d program does (a sealed memfd of the right size, a ring
+//! header of ours, a socket whose inode the record names).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use libc::{c_int, msghdr};
+
+use crate::conn::Conn;
+use crate::discover::{close_all, recv_fds_max, send_fds};
+use crate::exec::{adopt_one, inode, record_for, Record};
+use crate::{real, table};
+
+/// First bytes of a bundle's message.
+const MAGIC: &[u8; 8] = b"STRAITPS";
+/// Connections one message may pass with the library's help (each takes four
+/// descriptors in the bundle).
+const MAX_CONNS: usize = 16;
+
+/// Passed accelerated connections taken over by this process (`pass-in`), and
+/// handed to another (`pass-out`).
+pub static PASSED_IN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// See [`PASSED_IN`].
+pub static PASSED_OUT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The descriptors of every SCM_RIGHTS control message of `msg`.
+///
+/// # Safety
+/// `msg` is a valid msghdr whose control buffer holds `msg_controllen` bytes.
+unsafe fn rights(msg: *const msghdr) -> Vec<c_int> {
+    let mut out = Vec::new();
+    // SAFETY: per the caller; the CMSG macros stay within msg_controllen.
+    unsafe {
+        if (*msg).msg_control.is_null() || (*msg).msg_controllen == 0 {
+            return out;
+        }
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<c_int>();
+                let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..n {
+                    out.push(std::ptr::read_unaligned(data.add(i)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    out
+}
+
+/// `sendmsg` on a socket the library does not carry: if the message passes
+/// accelerated connections, sends it with a bundle added and returns the result;
+/// `None` if there is nothing to add (the caller sends it as it is).
+///
+/// # Safety
+/// `msg` is a valid msghdr.
+pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isize> {
+    if !table::any_live() {
+        return None;
+    }
+    // SAFETY: per the caller.
+    let passed = unsafe { rights(msg) };
+    let mut conns: Vec<(c_int, Arc<Conn>)> = Vec::new();
+    for f in passed {
+        if let Some(c) = crate::accel(f) {
+            if c.vault >= 0 && c.attached() && !conns.iter().any(|(_, x)| Arc::ptr_eq(x, &c)) {
+                conns.push((f, c));
+            }
+        }
+    }
+    if conns.is_empty() {
+        return None;
+    }
+    conns.truncate(MAX_CONNS);
+    let mut records = Vec::new();
+    let mut copies: Vec<c_int> = Vec::new();
+    for (f, c) in &conns {
+        let Some((mut r, cs)) = record_for(*f, c) else { continue };
+        let base = copies.len() as c_int;
+        (r.memfd, r.my_efd, r.peer_efd, r.unix) = (base, base + 1, base + 2, base + 3);
+        records.push(r.encode());
+        copies.extend_from_slice(&cs);
+    }
+    if records.is_empty() {
+        return None;
+    }
+    let mut sp = [-1; 2];
+    // SAFETY: socketpair writes two descriptors into `sp`.
+    if unsafe {
+        libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sp.as_mut_ptr())
+    } != 0
+    {
+        close_all(&copies);
+        return None;
+    }
+    let mut text = MAGIC.to_vec();
+    text.extend_from_slice(records.join(",").as_bytes());
+    let loaded = send_fds(sp[1], &text, &copies);
+    close_all(&copies);
+    close_all(&[sp[1]]);
+    if !loaded {
+        close_all(&[sp[0]]);
+        return None;
+    }
+    // The program's control messages, then one more SCM_RIGHTS with the bundle
+    // (the kernel hands all passed descriptors over in one message, in order).
+    // SAFETY: per the caller.
+    let (old_ctl, old_len) = unsafe { ((*msg).msg_control.cast::<u8>(), (*msg).msg_controllen) };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let extra = unsafe { libc::CMSG_SPACE(4) } as usize;
+    let mut ctl = vec![0u64; (old_len + extra).div_ceil(8)];
+    // SAFETY: copies the caller's control bytes into a buffer at least as large.
+    unsafe { std::ptr::copy_nonoverlapping(old_ctl, ctl.as_mut_ptr().cast::<u8>(), old_len) };
+    // SAFETY: msghdr is plain old data; a copy of the caller's with our control.
+    let mut m: msghdr = unsafe { *msg };
+    m.msg_control = ctl.as_mut_ptr().cast();
+    m.msg_controllen = (old_len + extra) as _;
+    // SAFETY: the new cmsg header starts at the (aligned) end of the program's
+    // control data and fits in `extra` bytes.
+    unsafe {
+        let c = ctl.as_mut_ptr().cast::<u8>().add(old_len).cast::<libc::cmsghdr>();
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<c_int>(), sp[0]);
+    }
+    // The receiver will hold each connection: counted before it can let go.
+    for (_, c) in &conns {
+        c.add_holder();
+    }
+    // SAFETY: a complete msghdr pointing at the caller's data and our control.
+    let n = unsafe { real::sendmsg(fd, &m, flags) };
+    close_all(&[sp[0]]);
+    if n < 0 {
+        let e = real::errno();
+        for (_, c) in &conns {
+            c.drop_holder();
+        }
+        real::set_errno(e);
+    } else {
+        PASSED_OUT.fetch_add(conns.len(), Ordering::Relaxed);
+    }
+    Some(n)
+}
+
+/// After a `recvmsg` on a socket the library does not carry: takes a bundle off
+/// the received descriptors (the last one, if it is ours) and takes over the
+/// connections it describes.
+///
+/// # Safety
+/// `msg` is the msghdr a successful `recvmsg` just filled.
+pub unsafe fn after_recvmsg(msg: *mut msghdr) {
+    // SAFETY: per the caller.
+    unsafe {
+        if msg.is_null() || (*msg).msg_control.is_null() || (*msg).msg_controllen == 0 {
+            return;
+        }
+        // The last SCM_RIGHTS message and its last descriptor.
+        let mut last: *mut libc::cmsghdr = std::ptr::null_mut();
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                last = c;
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+        if last.is_null() {
+            return;
+        }
+        let n = ((*last).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
+        if n == 0 {
+            return;
+        }
+        let data = libc::CMSG_DATA(last).cast::<c_int>();
+        // Listening sockets among them are registered at once, so that the
+        // connections that arrive before the first accept are claimed too.
+        for i in 0..n {
+            crate::discover::adopt_listener(std::ptr::read_unaligned(data.add(i)));
+        }
+        let bundle = std::ptr::read_unaligned(data.add(n - 1));
+        let Some(records) = open_bundle(bundle) else { return };
+        // Ours: the program never sees it.
+        let (records, fds) = records;
+        close_all(&[bundle]);
+        (*last).cmsg_len = libc::CMSG_LEN(((n - 1) * 4) as u32) as _;
+        let end =
+            (last as usize - (*msg).msg_control as usize) + libc::CMSG_SPACE(((n - 1) * 4) as u32) as usize;
+        (*msg).msg_controllen = end.min((*msg).msg_controllen) as _;
+        let passed: Vec<(c_int, u64)> = (0..n - 1)
+            .map(|i| std::ptr::read_unaligned(data.add(i)))
+            .filter_map(|f: c_int| Some((f, inode(f)?)))
+            .collect();
+        adopt(records, fds, &passed);
+    }
+}
+
+/// The records and descriptors of `fd` if it is a bundle (a seqpacket Unix socket
+/// holding one message that starts with [`MAGIC`]); `None` leaves it untouched.
+fn open_bundle(fd: c_int) -> Option<(Vec<Record>, Vec<c_int>)> {
+    let get = |opt| {
+        let mut v: c_int = 0;
+        let mut l = std::mem::size_of::<c_int>() as libc::socklen_t;
+        // SAFETY: a local int and its length.
+        let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut c_int).cast(), &mut l) };
+        (r == 0).then_some(v)
+    };
+    if get(libc::SO_DOMAIN) != Some(libc::AF_UNIX) || get(libc::SO_TYPE) != Some(libc::SOCK_SEQPACKET) {
+        return None;
+    }
+    let mut head = [0u8; 8];
+    // SAFETY: peeks into a local buffer without waiting.
+    let n = unsafe { real::recv(fd, head.as_mut_ptr().cast(), 8, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n != 8 || &head != MAGIC {
+        return None;
+    }
+    let mut buf = vec![0u8; 64 * MAX_CONNS + 8];
+    let m = recv_fds_max(fd, &mut buf, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC, 4 * MAX_CONNS).ok()?;
+    if m.truncated || m.len < 8 {
+        close_all(&m.fds);
+        return Some((Vec::new(), Vec::new()));
+    }
+    let text = String::from_utf8_lossy(&buf[8..m.len]).to_string();
+    let records = text.split(',').filter_map(Record::parse).collect();
+    Some((records, m.fds))
+}
+
+/// Takes over each record's connection for the received descriptors `passed`
+/// (descriptor, inode); closes every carrier not used.
+fn adopt(records: Vec<Record>, fds: Vec<c_int>, passed: &[(c_int, u64)]) {
+    let mut used = vec![false; fds.len()];
+    for mut r in records {
+        let idx = [r.memfd, r.my_efd, r.peer_efd, r.unix];
+        if idx.iter().any(|&i| i < 0 || i as usize >= fds.len() || used[i as usize]) {
+            continue;
+        }
+        for &i in &idx {
+            used[i as usize] = true;
+        }
+        (r.memfd, r.my_efd, r.peer_efd, r.unix) =
+            (fds[idx[0] as usize], fds[idx[1] as usize], fds[idx[2] as usize], fds[idx[3] as usize]);
+        let mine: Vec<(c_int, u64)> = passed.iter().copied().filter(|p| p.1 == r.ino).collect();
+        if mine.is_empty() || !crate::discover::memfd_ok(r.memfd, crate::conn::HDR + 2 * r.ring) {
+            // Not taken: the hold the sender took for us ends with these copies
+            // (the liveness socket's copy closes with them).
+            close_all(&[r.memfd, r.my_efd, r.peer_efd, r.unix]);
+            continue;
+        }
+        // (Past the memfd check, adopt_one closes what it does not keep.)
+        if adopt_one(r, &mine) {
+            PASSED_IN.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    for (i, &f) in fds.iter().enumerate() {
+        if !used[i] {
+            close_all(&[f]);
+        }
+    }
+}

@@ -480,16 +480,26 @@ pub(crate) fn listen_marker(sa: &libc::sockaddr_un, len: socklen_t) -> Option<c_
 
 /// After a successful `listen(fd)`: claims the rendezvous name for its port.
 pub fn on_listen(fd: c_int) {
+    register_listener(fd, None);
+}
+
+/// Registers the listening socket `fd` with the rendezvous name's socket `marker`
+/// (one passed along with it, see `pass.rs`), or binds the name itself.
+pub(crate) fn register_listener(fd: c_int, marker: Option<c_int>) {
     if !Settings::get().enabled || crate::table::listener(fd).is_some() || !is_tcp_stream(fd) {
+        close_all(&marker.into_iter().collect::<Vec<_>>());
         return;
     }
-    let Some(key) = sock_key(fd, false) else { return };
+    let Some(key) = sock_key(fd, false) else {
+        close_all(&marker.into_iter().collect::<Vec<_>>());
+        return;
+    };
     let (sa, len) = unix_name(key, key.0 == [0u8; 16] && v6only(fd));
     // Without the name (another process's listener holds it: SO_REUSEPORT, where
     // the kernel spreads connections over both), hellos go to the other process,
     // and this one claims the connections the kernel gives it by asking their
     // connectors (path B) instead of leaving them to wait out the attach timeout.
-    let u = listen_marker(&sa, len).unwrap_or(-1);
+    let u = marker.map(crate::table::keep).or_else(|| listen_marker(&sa, len)).unwrap_or(-1);
     crate::table::add_listener(
         fd,
         Arc::new(Listener {
@@ -507,6 +517,11 @@ const HELLOS_BEFORE_SWEEP: usize = 16;
 const CLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl Listener {
+    /// The rendezvous name's socket, if this listener holds the name.
+    pub(crate) fn marker(&self) -> Option<c_int> {
+        Some(self.unix.load(Ordering::Relaxed)).filter(|&u| u >= 0)
+    }
+
     /// Takes the rendezvous name if this listener has none and its holder has gone
     /// (tried at most every [`CLAIM_EVERY`]).
     fn claim_name(&self) {

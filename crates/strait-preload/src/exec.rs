@@ -241,8 +241,8 @@ struct Env {
 impl Env {
     /// # Safety
     /// `envp` is null or a NULL-terminated array of C strings.
-    unsafe fn new(envp: *const *const c_char, entry: &CString) -> Env {
-        let mut owned = vec![entry.clone()];
+    unsafe fn new(envp: *const *const c_char, entry: Option<&CString>) -> Env {
+        let mut owned: Vec<CString> = entry.into_iter().cloned().collect();
         let mut ptrs: Vec<*const c_char> = Vec::new();
         let lib = library_path();
         let mut preload_ok = false;
@@ -299,6 +299,26 @@ impl Env {
     }
 }
 
+/// An exec with no connection to hand over: if a strait listening socket survives
+/// it (socket activation: `systemd-socket-activate` execs the service with a clean
+/// environment and the listener as descriptor 3), the new program gets the library
+/// back in `LD_PRELOAD`, so that it accelerates that listener's connections.
+fn call_keeping_preload(
+    envp: *const *const c_char,
+    call: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    // SAFETY: plain fcntl on the library's own record of listening descriptors.
+    let survives = table::listener_fds()
+        .into_iter()
+        .any(|fd| unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0);
+    if !survives {
+        return call(envp);
+    }
+    // SAFETY: `envp` comes from the caller of exec, who promises a valid array.
+    let env = unsafe { Env::new(envp, None) };
+    call(env.as_ptr())
+}
+
 /// Runs an exec-like `call` with the handoff in its environment `envp`.
 fn exec_with(envp: *const *const c_char, call: impl FnOnce(*const *const c_char) -> c_int) -> c_int {
     // Connections to other hosts bridged here end now, as at exit, with their data
@@ -306,7 +326,7 @@ fn exec_with(envp: *const *const c_char, call: impl FnOnce(*const *const c_char)
     // sending); the new program finds their sockets shut.
     if !table::any_live() {
         crate::remote::end_bridges();
-        return call(envp);
+        return call_keeping_preload(envp, call);
     }
     let h = prepare(false, false);
     crate::remote::end_bridges();
@@ -316,10 +336,10 @@ fn exec_with(envp: *const *const c_char, call: impl FnOnce(*const *const c_char)
     }
     let Some(entry) = h.entry.as_ref() else {
         h.finish(false);
-        return call(envp);
+        return call_keeping_preload(envp, call);
     };
     // SAFETY: `envp` comes from the caller of exec, who promises a valid array.
-    let env = unsafe { Env::new(envp, entry) };
+    let env = unsafe { Env::new(envp, Some(entry)) };
     let r = call(env.as_ptr());
     // Only reached if the exec failed.
     let e = real::errno();
@@ -343,7 +363,7 @@ fn spawn_with(
         return call(envp);
     };
     // SAFETY: `envp` comes from the caller, who promises a valid array.
-    let env = unsafe { Env::new(envp, entry) };
+    let env = unsafe { Env::new(envp, Some(entry)) };
     let r = call(env.as_ptr());
     h.finish(r != 0);
     r

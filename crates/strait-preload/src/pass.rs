@@ -82,7 +82,7 @@ unsafe fn rights(msg: *const msghdr) -> Vec<c_int> {
 /// # Safety
 /// `msg` is a valid msghdr.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isize> {
-    if !table::any_live() {
+    if !table::any_live() && !table::any_listener() {
         return None;
     }
     // SAFETY: per the caller.
@@ -95,12 +95,33 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isi
             }
         }
     }
-    if conns.is_empty() {
+    // Listening sockets we hold the rendezvous name of: the name's socket goes
+    // along, so that the receiver gets the hellos at once (as forked workers
+    // share it), whether or not this process stays.
+    let mut listeners: Vec<(u64, c_int)> = Vec::new();
+    // SAFETY: per the caller.
+    for f in unsafe { rights(msg) } {
+        if let (Some(l), Some(ino)) = (table::listener(f), inode(f)) {
+            if let Some(m) = l.marker() {
+                listeners.push((ino, m));
+            }
+        }
+    }
+    if conns.is_empty() && listeners.is_empty() {
         return None;
     }
     conns.truncate(MAX_CONNS);
+    listeners.truncate(MAX_CONNS);
     let mut records = Vec::new();
     let mut copies: Vec<c_int> = Vec::new();
+    for (ino, m) in &listeners {
+        // SAFETY: plain syscall (a copy to send; closed below like the others).
+        let d = unsafe { real::fcntl(*m, libc::F_DUPFD_CLOEXEC, 0) };
+        if d >= 0 {
+            records.push(format!("L{ino}:{}", copies.len()));
+            copies.push(d);
+        }
+    }
     for (f, c) in &conns {
         let Some((mut r, cs)) = record_for(*f, c) else { continue };
         let base = copies.len() as c_int;
@@ -199,15 +220,17 @@ pub unsafe fn after_recvmsg(msg: *mut msghdr) {
             return;
         }
         let data = libc::CMSG_DATA(last).cast::<c_int>();
-        // Listening sockets among them are registered at once, so that the
-        // connections that arrive before the first accept are claimed too.
-        for i in 0..n {
-            crate::discover::adopt_listener(std::ptr::read_unaligned(data.add(i)));
-        }
         let bundle = std::ptr::read_unaligned(data.add(n - 1));
-        let Some(records) = open_bundle(bundle) else { return };
+        let Some(Bundle { records, markers, fds }) = open_bundle(bundle) else {
+            // No bundle: a listening socket among them is registered at once all
+            // the same, so that connections arriving before its first accept are
+            // claimed too.
+            for i in 0..n {
+                crate::discover::adopt_listener(std::ptr::read_unaligned(data.add(i)));
+            }
+            return;
+        };
         // Ours: the program never sees it.
-        let (records, fds) = records;
         close_all(&[bundle]);
         (*last).cmsg_len = libc::CMSG_LEN(((n - 1) * 4) as u32) as _;
         let end =
@@ -217,13 +240,27 @@ pub unsafe fn after_recvmsg(msg: *mut msghdr) {
             .map(|i| std::ptr::read_unaligned(data.add(i)))
             .filter_map(|f: c_int| Some((f, inode(f)?)))
             .collect();
-        adopt(records, fds, &passed);
+        // Listeners with the name's socket that came along; then any other.
+        let mut used = vec![false; fds.len()];
+        for (ino, i) in markers {
+            if let (Some(&(f, _)), Some(&m)) = (passed.iter().find(|p| p.1 == ino), fds.get(i)) {
+                if !used[i] {
+                    used[i] = true;
+                    crate::discover::register_listener(f, Some(m));
+                }
+            }
+        }
+        for &(f, _) in &passed {
+            crate::discover::adopt_listener(f);
+        }
+        let rest: Vec<c_int> = fds.iter().enumerate().map(|(i, &f)| if used[i] { -1 } else { f }).collect();
+        adopt(records, rest, &passed);
     }
 }
 
-/// The records and descriptors of `fd` if it is a bundle (a seqpacket Unix socket
-/// holding one message that starts with [`MAGIC`]); `None` leaves it untouched.
-fn open_bundle(fd: c_int) -> Option<(Vec<Record>, Vec<c_int>)> {
+/// What `fd` carries if it is a bundle (a seqpacket Unix socket holding one
+/// message that starts with [`MAGIC`]); `None` leaves it untouched.
+fn open_bundle(fd: c_int) -> Option<Bundle> {
     let get = |opt| {
         let mut v: c_int = 0;
         let mut l = std::mem::size_of::<c_int>() as libc::socklen_t;
@@ -244,17 +281,39 @@ fn open_bundle(fd: c_int) -> Option<(Vec<Record>, Vec<c_int>)> {
     let m = recv_fds_max(fd, &mut buf, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC, 4 * MAX_CONNS).ok()?;
     if m.truncated || m.len < 8 {
         close_all(&m.fds);
-        return Some((Vec::new(), Vec::new()));
+        return Some(Bundle { records: Vec::new(), markers: Vec::new(), fds: Vec::new() });
     }
     let text = String::from_utf8_lossy(&buf[8..m.len]).to_string();
-    let records = text.split(',').filter_map(Record::parse).collect();
-    Some((records, m.fds))
+    let mut records = Vec::new();
+    let mut markers = Vec::new();
+    for r in text.split(',') {
+        match r.strip_prefix('L') {
+            Some(l) => {
+                let mut f = l.split(':');
+                if let (Some(Ok(ino)), Some(Ok(i))) =
+                    (f.next().map(str::parse::<u64>), f.next().map(str::parse::<usize>))
+                {
+                    markers.push((ino, i));
+                }
+            }
+            None => records.extend(Record::parse(r)),
+        }
+    }
+    Some(Bundle { records, markers, fds: m.fds })
+}
+
+/// What a bundle carries: connections, listeners' rendezvous names (inode of the
+/// listening socket, index of the name's socket), and the descriptors.
+struct Bundle {
+    records: Vec<Record>,
+    markers: Vec<(u64, usize)>,
+    fds: Vec<c_int>,
 }
 
 /// Takes over each record's connection for the received descriptors `passed`
 /// (descriptor, inode); closes every carrier not used.
 fn adopt(records: Vec<Record>, fds: Vec<c_int>, passed: &[(c_int, u64)]) {
-    let mut used = vec![false; fds.len()];
+    let mut used: Vec<bool> = fds.iter().map(|&f| f < 0).collect();
     for mut r in records {
         let idx = [r.memfd, r.my_efd, r.peer_efd, r.unix];
         if idx.iter().any(|&i| i < 0 || i as usize >= fds.len() || used[i as usize]) {
@@ -278,7 +337,7 @@ fn adopt(records: Vec<Record>, fds: Vec<c_int>, passed: &[(c_int, u64)]) {
         }
     }
     for (i, &f) in fds.iter().enumerate() {
-        if !used[i] {
+        if !used[i] && f >= 0 {
             close_all(&[f]);
         }
     }

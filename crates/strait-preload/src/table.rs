@@ -197,6 +197,14 @@ pub fn add_listener(fd: c_int, l: Arc<Listener>) {
 }
 
 /// True if any strait listener is open.
+/// The descriptors of every registered listening socket.
+pub fn listener_fds() -> Vec<c_int> {
+    if LISTENERS_LIVE.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    LISTENERS.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(f, _)| *f).collect()
+}
+
 pub fn any_listener() -> bool {
     LISTENERS_LIVE.load(Ordering::Relaxed) != 0
 }

@@ -542,3 +542,61 @@ fn a_listening_socket_passed_over_a_unix_socket_accelerates_its_connections() {
     assert_eq!(stat(&err, "accelerated"), 20, "client: {err}");
     assert_eq!(stat(&rerr, "accelerated"), 20, "receiver: {rerr}");
 }
+
+/// A socket-activated service: systemd's socket activator listens, and on the first
+/// connection execs the service with the listening socket as descriptor 3
+/// (`LISTEN_FDS=1`), as systemd starts socket-activated daemons. Chosen because
+/// socket activation is how many Debian services start, and the service never calls
+/// `listen` itself: its library must find the listener it inherited.
+const ACTIVATED_SERVER: &str = r#"
+import os, socket, sys
+assert os.environ.get('LISTEN_FDS') == '1', os.environ.get('LISTEN_FDS')
+l = socket.socket(fileno=3)
+for _ in range(int(sys.argv[1])):
+    c, _ = l.accept()
+    c.settimeout(20)
+    c.sendall(c.recv(100))
+    c.close()
+"#;
+
+#[test]
+fn a_socket_activated_service_accelerates_the_connections_on_its_inherited_listener() {
+    ensure(PYTHON, "python3");
+    ensure("systemd-socket-activate", "systemd");
+    let port = free_port().to_string();
+    let (srv, cli) = (script("activated", ACTIVATED_SERVER), script("activated-cli", LINES_CLIENT));
+    let listen = format!("127.0.0.1:{port}");
+    let server = strait_run(&[
+        "--stats",
+        "--",
+        "systemd-socket-activate",
+        "-l",
+        &listen,
+        PYTHON,
+        srv.to_str().expect("p"),
+        "20",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("activator");
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect_timeout(&listen.parse().expect("addr"), Duration::from_millis(100))
+        .is_err()
+    {
+        assert!(std::time::Instant::now() < end, "the activator never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (That probe was the service's first connection: it is started by it.)
+    let out = run_for(
+        &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "19"]),
+        Duration::from_secs(120),
+    )
+    .expect("client finished");
+    let (sok, serr) = stderr_of(server, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("LINES OK 19"), "client: {text}\n{err}\nservice: {serr}");
+    assert!(sok, "service: {serr}");
+    assert_eq!(stat(&err, "accelerated"), 19, "client: {err}\nservice: {serr}");
+}

@@ -85,11 +85,12 @@ def expected(seed):
 /// directory, drop to nobody, then serve the stream on stdin/stdout. The process
 /// that accepted and the one between exit at once.
 const PRIVSEP_SERVER: &str = r#"
-import ctypes, os, socket, sys
+import ctypes, os, socket, struct, sys
 exec(open(sys.argv[3]).read())
-port, jail = int(sys.argv[1]), sys.argv[2]
+port, jail, variant = int(sys.argv[1]), sys.argv[2], sys.argv[4]
 libc = ctypes.CDLL(None, use_errno=True)
-SYS_clone, CLONE_NEWNET, SIGCHLD = 56, 0x40000000, 17
+SYS_clone, SYS_clone3, SYS_pivot_root, SIGCHLD = 56, 435, 155, 17
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(('127.0.0.1', port))
@@ -102,15 +103,40 @@ if pid == 0:
         os.dup2(c.fileno(), fd)
     c.close()
     l.close()
-    r = libc.syscall(SYS_clone, CLONE_NEWNET | SIGCHLD, 0, 0, 0, 0)
+    if variant == 'clone3':
+        # struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack,
+        # stack_size, tls (no stack: the child runs on a copy, as after fork).
+        args = struct.pack('<8Q', CLONE_NEWNET, 0, 0, 0, SIGCHLD, 0, 0, 0)
+        buf = ctypes.create_string_buffer(args)
+        r = libc.syscall(SYS_clone3, buf, len(args))
+    else:
+        flags = CLONE_NEWNET | SIGCHLD | (CLONE_NEWPID | CLONE_NEWNS if variant in ('newpid', 'pivot') else 0)
+        r = libc.syscall(SYS_clone, flags, 0, 0, 0, 0)
     if r < 0:
         os._exit(3)
     if r == 0:
-        os.chroot(jail)
-        os.chdir('/')
+        if variant == 'pivot':
+            # A root of its own: a private tmpfs, pivot_root into it, the old root
+            # detached.
+            libc.mount(b'none', b'/', None, 0x40000 | 0x4000, None)  # MS_REC | MS_PRIVATE
+            if libc.mount(b'tmpfs', jail.encode(), b'tmpfs', 0, None) != 0:
+                os._exit(5)
+            os.mkdir(jail + '/old')
+            if libc.syscall(SYS_pivot_root, jail.encode(), (jail + '/old').encode()) != 0:
+                os._exit(6)
+            os.chdir('/')
+            libc.umount2(b'/old', 2)  # MNT_DETACH
+        elif variant == 'exec':
+            os.chroot('/')
+        else:
+            os.chroot(jail)
+            os.chdir('/')
         os.setgroups([])
         os.setgid(65534)
         os.setuid(65534)
+        if variant == 'exec':
+            # inetd style: a program whose stdin and stdout are the connection.
+            os.execv(sys.executable, [sys.executable, sys.argv[5], sys.argv[3]])
         got, n = pump(0, 1, b'server')
         ok = got == expected(b'client')
         os._exit(0 if ok else 4)
@@ -122,6 +148,14 @@ if pid == 0:
 c.close()
 l.close()
 os.waitpid(pid, 0)
+"#;
+
+/// The program an inetd-style server execs: the stream on its stdin and stdout.
+const STDIO_STREAM: &str = r#"
+import os, sys
+exec(open(sys.argv[1]).read())
+got, n = pump(0, 1, b'server')
+sys.exit(0 if got == expected(b'client') else 4)
 "#;
 
 const STREAM_CLIENT: &str = r#"
@@ -141,19 +175,53 @@ sys.exit(0 if ok else 1)
 /// accelerated, with 64 MiB each way hashed.
 #[test]
 fn a_privilege_separated_server_keeps_its_connection_after_clone_chroot_and_setuid() {
+    privsep("clone");
+}
+
+/// The same with clone3 (the newer system call, no fork handlers either).
+#[test]
+fn the_privilege_separated_pattern_with_clone3() {
+    privsep("clone3");
+}
+
+/// The same with new PID and mount namespaces as well (the grandchild is pid 1 of
+/// its own namespace).
+#[test]
+fn the_privilege_separated_pattern_in_a_new_pid_namespace() {
+    privsep("newpid");
+}
+
+/// The same, with pivot_root into a fresh tmpfs (the old root detached) instead of
+/// chroot.
+#[test]
+fn the_privilege_separated_pattern_with_pivot_root() {
+    privsep("pivot");
+}
+
+/// After all of it (fork, dup2 onto 0/1/2, clone into a new network namespace,
+/// chroot, setuid), an exec of a program that serves on its stdin and stdout, as
+/// inetd starts services.
+#[test]
+fn the_privilege_separated_pattern_ending_in_an_inetd_style_exec() {
+    privsep("exec");
+}
+
+fn privsep(variant: &str) {
     if !is_root() {
-        eprintln!("skipped: needs root (chroot, setuid, CLONE_NEWNET)");
+        eprintln!("skipped: needs root (chroot, setuid, namespaces)");
         return;
     }
     ensure(PYTHON, "python3");
     let port = free_port();
-    let jail = std::env::temp_dir().join(format!("strait-identity-jail-{}", std::process::id()));
+    let jail = std::env::temp_dir().join(format!("strait-identity-jail-{variant}-{}", std::process::id()));
     std::fs::create_dir_all(&jail).expect("jail");
-    let stream = script("stream", STREAM);
-    let srv = script("privsep-server", PRIVSEP_SERVER);
-    let cli = script("stream-client", STREAM_CLIENT);
+    let stream = script(&format!("stream-{variant}"), STREAM);
+    let srv = script(&format!("privsep-server-{variant}"), PRIVSEP_SERVER);
+    let stdio = script(&format!("stdio-stream-{variant}"), STDIO_STREAM);
+    let cli = script(&format!("stream-client-{variant}"), STREAM_CLIENT);
     let (p, j, st) = (port.to_string(), jail.display().to_string(), stream.display().to_string());
-    let mut server = strait_run(&["--", PYTHON, srv.to_str().expect("path"), &p, &j, &st])
+    let sd = stdio.display().to_string();
+    let mut server = strait_run(&["--", PYTHON, srv.to_str().expect("path"), &p, &j, &st, variant, &sd])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -175,8 +243,8 @@ fn a_privilege_separated_server_keeps_its_connection_after_clone_chroot_and_setu
     let _ = std::fs::remove_dir_all(&jail);
     let text = String::from_utf8_lossy(&out.stdout);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}");
-    assert_eq!(stat(&err, "accelerated"), 1, "the connection stayed accelerated: {err}");
+    assert!(out.status.success() && text.contains("STREAM ok"), "{variant}: client: {text}\n{err}");
+    assert_eq!(stat(&err, "accelerated"), 1, "{variant}: the connection stayed accelerated: {err}");
 }
 
 /// In the same process, after the connection exists: new network, mount and IPC

@@ -668,3 +668,141 @@ fn a_socket_activated_service_accelerates_the_connections_on_its_inherited_liste
     assert!(sok, "service: {serr}");
     assert_eq!(stat(&err, "accelerated"), 19, "client: {err}\nservice: {serr}");
 }
+
+/// Both ends in C (the signal-handler fork needs real asynchronous signals): the
+/// server accepts, then blocks in `poll` on the connection (inside the library);
+/// a SIGALRM handler forks there, and the child, from the handler, streams 64 MiB
+/// each way (a word pattern both ends compute) and exits; the parent closes its
+/// copy and waits. `client` connects, sends its pattern while it checks the
+/// server's.
+const SIGNAL_FORK_C: &str = r#"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WORDS (64u << 17) /* 64 MiB of 8-byte words */
+static int conn = -1;
+static uint64_t next(uint64_t *x) { *x = *x * 6364136223846793005ull + 1442695040888963407ull; return *x; }
+
+static int put(int fd, uint64_t seed) {
+    uint64_t x = seed, buf[8192];
+    for (uint32_t i = 0; i < WORDS; i += 8192) {
+        for (int k = 0; k < 8192; k++) buf[k] = next(&x);
+        size_t off = 0;
+        while (off < sizeof buf) {
+            ssize_t n = write(fd, (char *)buf + off, sizeof buf - off);
+            if (n <= 0) return -1;
+            off += n;
+        }
+    }
+    return 0;
+}
+
+static int check(int fd, uint64_t seed) {
+    uint64_t x = seed, buf[8192];
+    for (uint32_t i = 0; i < WORDS; i += 8192) {
+        size_t off = 0;
+        while (off < sizeof buf) {
+            ssize_t n = read(fd, (char *)buf + off, sizeof buf - off);
+            if (n <= 0) return -1;
+            off += n;
+        }
+        for (int k = 0; k < 8192; k++) if (buf[k] != next(&x)) return -2;
+    }
+    return 0;
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    pid_t p = fork();
+    if (p == 0) {
+        int a = put(conn, 1), b = check(conn, 2);
+        _exit(a == 0 && b == 0 ? 0 : 10 - b);
+    }
+}
+
+static void *writer(void *arg) { (void)arg; return (void *)(intptr_t)put(conn, 2); }
+
+int main(int argc, char **argv) {
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[2])) };
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (strcmp(argv[1], "server") == 0) {
+        int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 8)) return 2;
+        printf("LISTENING\n");
+        fflush(stdout);
+        conn = accept(l, NULL, NULL);
+        close(l);
+        struct sigaction sa = { .sa_handler = on_alarm };
+        sigaction(SIGALRM, &sa, NULL);
+        alarm(1);
+        /* Blocked in the library (poll on the accelerated socket, nothing to read
+           until the child writes) when the signal arrives. */
+        struct pollfd p = { .fd = conn, .events = POLLPRI };
+        poll(&p, 1, 3000);
+        close(conn);
+        int st = 0;
+        wait(&st);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 99;
+    }
+    conn = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(conn, (struct sockaddr *)&a, sizeof a)) return 2;
+    pthread_t t;
+    pthread_create(&t, NULL, writer, NULL);
+    int r = check(conn, 1);
+    void *w;
+    pthread_join(t, &w);
+    printf("STREAM %s\n", r == 0 && w == 0 ? "ok" : "BAD");
+    return r == 0 && w == 0 ? 0 : 1;
+}
+"#;
+
+#[test]
+fn a_child_forked_from_a_signal_handler_carries_the_connection() {
+    ensure("gcc", "gcc");
+    let dir = std::env::temp_dir().join(format!("strait-sigfork-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let src = dir.join("sigfork.c");
+    let bin = dir.join("sigfork");
+    std::fs::write(&src, SIGNAL_FORK_C).expect("source");
+    let cc = std::process::Command::new("gcc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let port = free_port().to_string();
+    let b = bin.display().to_string();
+    let mut server = strait_run(&["--stats", "--", &b, "server", &port])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let mut r = std::io::BufReader::new(server.stdout.take().expect("stdout"));
+        r.read_line(&mut line).expect("LISTENING");
+        assert_eq!(line.trim(), "LISTENING");
+    }
+    let out = run_for(&mut strait_run(&["--stats", "--", &b, "client", &port]), Duration::from_secs(120))
+        .expect("client finished in time");
+    let (sok, serr) = stderr_of(server, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}\nserver: {serr}");
+    assert!(sok, "server (the child's status): {serr}");
+    assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
+}

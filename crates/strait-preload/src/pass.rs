@@ -17,10 +17,13 @@
 //! A receiver without the library would see the bundle as one more descriptor, and
 //! read an idle socket: both ends run under `strait run` (its children inherit it).
 //!
-//! A passed listening socket needs nothing: the receiver's library registers a
-//! listening TCP socket it did not see made at its first `accept` (see
-//! [`crate::discover::on_accept`]), and claims connections by asking their
-//! connectors (path B) while the sender still holds the rendezvous name.
+//! A passed listening socket takes its rendezvous name's socket along (the
+//! receiver gets the hellos at once, as forked workers share them); one without a
+//! name is registered at the first `accept` and claims connections by asking their
+//! connectors (path B). A passed UDP socket receives through the kernel from then
+//! on (its shared-memory channels belong to the sender's library; senders go back
+//! to the kernel, and what they had already put in the channels is read by the
+//! sender's process).
 //!
 //! Trust: the bundle comes from the process that sent the socket, which held the
 //! connection and so could read and write it anyway; the receiver checks every
@@ -82,11 +85,18 @@ unsafe fn rights(msg: *const msghdr) -> Vec<c_int> {
 /// # Safety
 /// `msg` is a valid msghdr.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isize> {
-    if !table::any_live() && !table::any_listener() {
+    if !table::any_live() && !table::any_listener() && !crate::udp::any_live() {
         return None;
     }
     // SAFETY: per the caller.
     let passed = unsafe { rights(msg) };
+    // A UDP socket's shared-memory channels stay with this process's library:
+    // from now on it receives through the kernel, which both processes read.
+    for &f in &passed {
+        if let Some(u) = crate::udp::lookup(f) {
+            u.receive_through_kernel();
+        }
+    }
     let mut conns: Vec<(c_int, Arc<Conn>)> = Vec::new();
     for f in passed {
         if let Some(c) = crate::accel(f) {

@@ -1030,18 +1030,29 @@ impl UdpSock {
     /// After a successful `setsockopt`: options a ring cannot honour send that
     /// direction to the kernel.
     pub fn on_setsockopt(&self, level: c_int, name: c_int, on: bool) {
-        if on && rx_ancillary(level, name) && !self.kernel_rx.swap(true, Ordering::Relaxed) {
-            // No new sender finds us; the current ones go back to the kernel (what
-            // they already sent is still read, without ancillary data).
-            if let Some(rx) = self.rx.get() {
-                rx.withdraw();
-            }
-            for c in self.chans() {
-                c.map.word(RCLOSED).store(1, Ordering::Release);
-            }
+        if on && rx_ancillary(level, name) {
+            self.receive_through_kernel();
         }
         if tx_option(level, name) {
             self.kernel_tx.store(on, Ordering::Relaxed);
+        }
+    }
+}
+
+impl UdpSock {
+    /// From now on this socket receives through the kernel only: no new sender
+    /// finds it, the current ones go back to the kernel (what they already sent is
+    /// still read here). For options a ring cannot honour, and for a socket passed
+    /// to another process, whose library does not see these rings.
+    pub fn receive_through_kernel(&self) {
+        if self.kernel_rx.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if let Some(rx) = self.rx.get() {
+            rx.withdraw();
+        }
+        for c in self.chans() {
+            c.map.word(RCLOSED).store(1, Ordering::Release);
         }
     }
 }

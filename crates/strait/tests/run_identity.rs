@@ -806,3 +806,101 @@ fn a_child_forked_from_a_signal_handler_carries_the_connection() {
     assert!(sok, "server (the child's status): {serr}");
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
 }
+
+/// A UDP socket that already receives through shared memory is passed to another
+/// process, the sender keeping its copy and no longer reading: every datagram sent
+/// afterwards reaches the receiver.
+const UDP_PASS_SENDER: &str = r#"
+import socket, sys, time
+path, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('127.0.0.1', port))
+print('BOUND', flush=True)
+b, a = s.recvfrom(100)          # the first datagram (shared memory when both run strait)
+s.sendto(b, a)
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+u.connect(path)
+socket.send_fds(u, [b'u'], [s.fileno()])
+u.recv(1)
+time.sleep(float(sys.argv[3]))  # keeps its copy, reads nothing
+"#;
+
+const UDP_PASS_RECEIVER: &str = r#"
+import socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+l.bind(path)
+l.listen(1)
+print('READY', flush=True)
+u, _ = l.accept()
+_, fds, _, _ = socket.recv_fds(u, 16, 4)
+s = socket.socket(fileno=fds[0])
+u.send(b'k')
+s.settimeout(10)
+for _ in range(n):
+    b, a = s.recvfrom(100)
+    s.sendto(b, a)
+"#;
+
+const UDP_PASS_CLIENT: &str = r#"
+import socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.settimeout(5)
+c.sendto(b'first', ('127.0.0.1', port))
+assert c.recv(100) == b'first'
+print('FIRST OK', flush=True)
+sys.stdin.readline()            # the socket has been passed
+got = 0
+for i in range(n):
+    m = b'd%d' % i
+    c.sendto(m, ('127.0.0.1', port))
+    try:
+        if c.recv(100) == m:
+            got += 1
+    except socket.timeout:
+        pass
+print('ECHOED', got, flush=True)
+"#;
+
+#[test]
+fn a_udp_socket_passed_to_another_process_gets_every_later_datagram() {
+    use std::io::{BufRead, Write};
+    ensure(PYTHON, "python3");
+    let port = free_port().to_string();
+    let dir = std::env::temp_dir().join(format!("strait-udppass-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("h.sock").display().to_string();
+    let (snd, rcv, cli) = (
+        script("udppass-send", UDP_PASS_SENDER),
+        script("udppass-recv", UDP_PASS_RECEIVER),
+        script("udppass-cli", UDP_PASS_CLIENT),
+    );
+    let receiver = spawn_waiting(&["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, "20"], "READY");
+    let sender =
+        spawn_waiting(&["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, &port, "8"], "BOUND");
+    let mut client = strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "20"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("client");
+    let mut out = std::io::BufReader::new(client.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("FIRST OK");
+    assert_eq!(line.trim(), "FIRST OK");
+    // The pass happens once the sender answered the first datagram; give it a moment.
+    std::thread::sleep(Duration::from_millis(300));
+    client.stdin.take().expect("stdin").write_all(b"go\n").expect("go");
+    line.clear();
+    out.read_line(&mut line).expect("ECHOED");
+    let (cok, cerr) = stderr_of(client, Duration::from_secs(60));
+    let (rok, rerr) = stderr_of(receiver, Duration::from_secs(30));
+    let _ = stderr_of(sender, Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(cok, "client: {cerr}");
+    assert_eq!(line.trim(), "ECHOED 20", "client: {cerr}\nreceiver: {rerr}");
+    assert!(rok, "receiver: {rerr}");
+    assert!(stat(&cerr, "udp-out") >= 1, "the first datagram went through shared memory: {cerr}");
+}

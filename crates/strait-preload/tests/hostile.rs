@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 
 mod common;
+use common::stat;
 
 fn is_root() -> bool {
     // SAFETY: plain syscall.
@@ -111,15 +112,6 @@ fn finish(child: Child, limit: Duration) -> (bool, String, String) {
     let o = child.wait_with_output().expect("wait");
     drop(killer);
     (o.status.success(), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
-}
-
-fn stat(stderr: &str, name: &str) -> usize {
-    let key = format!(" {name} ");
-    stderr
-        .lines()
-        .filter(|l| l.starts_with("strait-preload: pid "))
-        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
-        .sum()
 }
 
 fn free_port() -> u16 {

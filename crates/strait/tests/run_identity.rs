@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 mod common;
-use common::{ensure, run_for, strait_run};
+use common::{ensure, run_for, stat, strait_run};
 
 /// Debian's python3 (a python under root's home cannot run once the program has
 /// become another user).
@@ -31,15 +31,6 @@ fn script(tag: &str, body: &str) -> PathBuf {
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
-}
-
-fn stat(stderr: &str, name: &str) -> usize {
-    let key = format!(" {name} ");
-    stderr
-        .lines()
-        .filter(|l| l.starts_with("strait-preload: pid "))
-        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
-        .sum()
 }
 
 /// The stream both ways: `MIB` MiB of a seeded pattern each way, written and read
@@ -528,87 +519,84 @@ fn stderr_of(mut c: std::process::Child, limit: Duration) -> (bool, String) {
     (status.is_some_and(|s| s.success()), e)
 }
 
+/// What a handoff test observed: the client's output and the three processes'
+/// statistics (stderr).
+struct Handoff {
+    client: std::process::Output,
+    sender: (bool, String),
+    receiver: (bool, String),
+}
+
+/// A receiver waiting on a Unix socket, a sender that passes it a socket of kind
+/// `mode` (`conn` or `listener`) and exits, and a client (`client` script with
+/// `client_args` after the port) under strait.
+fn handoff(mode: &str, client: &str, client_args: &[&str], receiver_args: &[&str]) -> Handoff {
+    ensure(PYTHON, "python3");
+    let port = free_port().to_string();
+    let dir = std::env::temp_dir().join(format!("strait-pass-{mode}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("handoff.sock").display().to_string();
+    let snd = script(&format!("pass-send-{mode}"), HANDOFF_SENDER);
+    let rcv = script(&format!("pass-recv-{mode}"), HANDOFF_RECEIVER);
+    let cli = script(&format!("pass-cli-{mode}"), client);
+    let st = script(&format!("pass-stream-{mode}"), STREAM).display().to_string();
+    let mut rargs = vec!["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, mode, &st];
+    rargs.extend_from_slice(receiver_args);
+    let receiver = spawn_waiting(&rargs, "READY");
+    let mut sender = Some(spawn_waiting(
+        &["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, mode, &port],
+        "LISTENING",
+    ));
+    // A passed listener's sender exits before the client comes (the harder case:
+    // its rendezvous name is gone with it); a passed connection's needs the client.
+    let early =
+        if mode == "listener" { sender.take().map(|c| stderr_of(c, Duration::from_secs(30))) } else { None };
+    let mut cargs = vec!["--stats", "--", PYTHON, cli.to_str().expect("p"), &port];
+    cargs.extend_from_slice(client_args);
+    let client = run_for(&mut strait_run(&cargs), Duration::from_secs(240)).expect("client finished");
+    let sender = match (early, sender) {
+        (Some(s), _) => s,
+        (None, Some(c)) => stderr_of(c, Duration::from_secs(30)),
+        (None, None) => (false, String::from("no sender")),
+    };
+    let receiver = stderr_of(receiver, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&dir);
+    Handoff { client, sender, receiver }
+}
+
 /// An accepted, accelerated connection handed to another process (which did not
 /// make it and never saw it) over a Unix socket; the sender closes its copy and
 /// exits. The receiver carries it on, accelerated, 64 MiB hashed each way.
 #[test]
 fn an_accelerated_connection_passed_over_a_unix_socket_keeps_working() {
-    ensure(PYTHON, "python3");
-    let port = free_port().to_string();
-    let dir = std::env::temp_dir().join(format!("strait-pass-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("handoff.sock").display().to_string();
-    let (snd, rcv, cli, st) = (
-        script("pass-send", HANDOFF_SENDER),
-        script("pass-recv", HANDOFF_RECEIVER),
-        script("pass-cli", STREAM_CLIENT),
-        script("pass-stream", STREAM),
+    let st = script("pass-stream-conn-client", STREAM).display().to_string();
+    let h = handoff("conn", STREAM_CLIENT, &[&st], &[]);
+    let text = String::from_utf8_lossy(&h.client.stdout);
+    let err = String::from_utf8_lossy(&h.client.stderr);
+    let (rerr, serr) = (&h.receiver.1, &h.sender.1);
+    assert!(
+        h.client.status.success() && text.contains("STREAM ok"),
+        "client: {text}\n{err}\nreceiver: {rerr}"
     );
-    let st = st.display().to_string();
-    let receiver =
-        spawn_waiting(&["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, "conn", &st], "READY");
-    let sender = spawn_waiting(
-        &["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, "conn", &port],
-        "LISTENING",
-    );
-    let out = run_for(
-        &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, &st]),
-        Duration::from_secs(240),
-    )
-    .expect("client finished");
-    let (sok, serr) = stderr_of(sender, Duration::from_secs(30));
-    let (rok, rerr) = stderr_of(receiver, Duration::from_secs(60));
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}\nreceiver: {rerr}");
-    assert!(sok, "sender: {serr}");
-    assert!(rok, "receiver: {rerr}");
+    assert!(h.sender.0 && h.receiver.0, "sender: {serr}\nreceiver: {rerr}");
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
-    assert_eq!(stat(&serr, "pass-out"), 1, "sender: {serr}");
-    assert_eq!(stat(&rerr, "pass-in"), 1, "receiver: {rerr}");
+    assert_eq!(stat(serr, "pass-out"), 1, "sender: {serr}");
+    assert_eq!(stat(rerr, "pass-in"), 1, "receiver: {rerr}");
 }
 
 /// A listening socket handed to another process, the sender closing its copy and
 /// exiting: every connection the receiver accepts is accelerated.
 #[test]
 fn a_listening_socket_passed_over_a_unix_socket_accelerates_its_connections() {
-    ensure(PYTHON, "python3");
-    let port = free_port().to_string();
-    let dir = std::env::temp_dir().join(format!("strait-pass-l-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("handoff.sock").display().to_string();
-    let (snd, rcv, cli, st) = (
-        script("passl-send", HANDOFF_SENDER),
-        script("passl-recv", HANDOFF_RECEIVER),
-        script("passl-cli", LINES_CLIENT),
-        script("passl-stream", STREAM),
-    );
-    let st = st.display().to_string();
-    let receiver = spawn_waiting(
-        &["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, "listener", &st, "20"],
-        "READY",
-    );
-    let sender = spawn_waiting(
-        &["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, "listener", &port],
-        "LISTENING",
-    );
-    let (sok, serr) = stderr_of(sender, Duration::from_secs(30));
-    let out = run_for(
-        &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "20"]),
-        Duration::from_secs(120),
-    )
-    .expect("client finished");
-    let (rok, rerr) = stderr_of(receiver, Duration::from_secs(60));
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("LINES OK 20"), "client: {text}\n{err}");
-    assert!(sok && rok, "sender: {serr}\nreceiver: {rerr}");
+    let h = handoff("listener", LINES_CLIENT, &["20"], &["20"]);
+    let text = String::from_utf8_lossy(&h.client.stdout);
+    let err = String::from_utf8_lossy(&h.client.stderr);
+    let (rerr, serr) = (&h.receiver.1, &h.sender.1);
+    assert!(h.client.status.success() && text.contains("LINES OK 20"), "client: {text}\n{err}");
+    assert!(h.sender.0 && h.receiver.0, "sender: {serr}\nreceiver: {rerr}");
     assert_eq!(stat(&err, "accelerated"), 20, "client: {err}");
-    assert_eq!(stat(&rerr, "accelerated"), 20, "receiver: {rerr}");
+    assert_eq!(stat(rerr, "accelerated"), 20, "receiver: {rerr}");
 }
 
 /// A socket-activated service: systemd's socket activator listens, and on the first

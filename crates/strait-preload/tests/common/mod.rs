@@ -100,8 +100,13 @@ pub fn check(o: &Out, what: &str) {
 
 /// Sum of counter `name` over the `strait-preload: pid ...` statistics lines.
 pub fn stat_sum(o: &Out, name: &str) -> usize {
+    stat(&o.stderr, name)
+}
+
+/// Sum of counter `name` over the statistics lines in `stderr`.
+pub fn stat(stderr: &str, name: &str) -> usize {
     let key = format!(" {name} ");
-    o.stderr
+    stderr
         .lines()
         .filter(|l| l.starts_with("strait-preload: pid "))
         .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())

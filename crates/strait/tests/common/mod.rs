@@ -96,3 +96,14 @@ pub fn plain(prog: &str) -> Command {
     c.env_remove("LD_PRELOAD");
     c
 }
+
+/// Sum of counter `name` over the `strait-preload: pid ...` statistics lines
+/// (`STRAIT_STATS=1`, `strait run --stats`) in `stderr`.
+pub fn stat(stderr: &str, name: &str) -> usize {
+    let key = format!(" {name} ");
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("strait-preload: pid "))
+        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
+}

@@ -97,6 +97,7 @@ fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
 
 /// The accelerated connection behind `fd`, after settling a pending connect.
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
+    check_new_process();
     let c = table::lookup(fd)?;
     // A connection to another host: the first use waits (bounded) for the other end.
     if let Some(ok) = remote::settle(fd, &c) {
@@ -205,6 +206,8 @@ extern "C" fn in_parent() {
 }
 
 extern "C" fn in_child() {
+    // This child was seen: the fork watch need not report it.
+    fork_watch_reset();
     let _ = catch_unwind(table::unlock_after_fork);
     conn::after_fork_child();
     udp::after_fork_child();
@@ -216,7 +219,74 @@ extern "C" fn at_exit() {
     let _ = catch_unwind(remote::at_exit);
 }
 
+/// A page (`MADV_WIPEONFORK`, Linux 4.14) the kernel zeroes in every new process
+/// made without sharing memory
+/// (`fork`, raw `clone` and `clone3`): a zero there means this process was made
+/// since the library last looked, whether or not fork handlers ran (a raw `clone`
+/// runs none).
+static FORK_WATCH: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU64> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Processes noticed by the fork watch (made without fork handlers).
+pub(crate) static UNSEEN_FORKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn watch_forks() {
+    // SAFETY: a fresh private anonymous page; the advice only affects it.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return;
+        }
+        if libc::madvise(p, 4096, libc::MADV_WIPEONFORK) != 0 {
+            libc::munmap(p, 4096);
+            return;
+        }
+        let w = p.cast::<std::sync::atomic::AtomicU64>();
+        (*w).store(1, Ordering::Relaxed);
+        FORK_WATCH.store(w, Ordering::Release);
+    }
+}
+
+fn fork_watch_reset() {
+    let w = FORK_WATCH.load(Ordering::Acquire);
+    if !w.is_null() {
+        // SAFETY: the watch page, mapped for the life of the process.
+        unsafe { (*w).store(1, Ordering::Relaxed) };
+    }
+}
+
+/// Notices a process made without fork handlers (a raw `clone`) at its first
+/// library call: it holds every connection its parent held (the kernel copied the
+/// descriptors), so it takes the holds the handlers would have taken, and forgets
+/// the parent's cached process id. One load when nothing happened.
+fn check_new_process() {
+    let w = FORK_WATCH.load(Ordering::Relaxed);
+    // SAFETY: the watch page, mapped for the life of the process.
+    if w.is_null() || unsafe { (*w).load(Ordering::Relaxed) } != 0 {
+        return;
+    }
+    fork_watch_reset();
+    for c in table::all_conns() {
+        c.add_holder();
+    }
+    for u in udp::all() {
+        u.add_holder();
+    }
+    conn::after_fork_child();
+    udp::after_fork_child();
+    remote::after_fork_child();
+    UNSEEN_FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
 extern "C" fn init() {
+    watch_forks();
     // SAFETY: registers plain extern "C" functions (they take and release library
     // locks and touch atomics; nothing that could fail half-way).
     unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };

@@ -12,7 +12,9 @@
 //! docs/SECURITY.md); connections to other hosts refused for a secret that differs
 //! (`remote-refused`); discovery messages and answers ignored as forged or replayed
 //! (`remote-forged`); accelerated connections passed to another process over a
-//! Unix socket (`pass-out`) and taken over from one (`pass-in`).
+//! Unix socket (`pass-out`) and taken over from one (`pass-in`); whether this
+//! process was made without fork handlers (a raw `clone`) and noticed by the fork
+//! watch (`unseen-forks`).
 
 use std::sync::atomic::Ordering;
 
@@ -24,7 +26,7 @@ extern "C" fn at_exit() {
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
              udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
-             refused {} remote-refused {} remote-forged {} pass-out {} pass-in {}\n",
+             refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -43,6 +45,7 @@ extern "C" fn at_exit() {
             crate::conn::REMOTE_FORGED.load(Ordering::Relaxed),
             crate::pass::PASSED_OUT.load(Ordering::Relaxed),
             crate::pass::PASSED_IN.load(Ordering::Relaxed),
+            crate::UNSEEN_FORKS.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -892,3 +892,65 @@ fn a_udp_socket_passed_to_another_process_gets_every_later_datagram() {
     assert!(rok, "receiver: {rerr}");
     assert!(stat(&cerr, "udp-out") >= 1, "the first datagram went through shared memory: {cerr}");
 }
+
+/// A raw clone (no fork handlers) noticed at the child's first library call: the
+/// parent closes its copy at once, the child carries the connection, and its
+/// statistics say it was noticed (`unseen-forks`).
+const RAW_CLONE_SERVER: &str = r#"
+import ctypes, os, socket, sys
+exec(open(sys.argv[2]).read())
+libc = ctypes.CDLL(None, use_errno=True)
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', int(sys.argv[1])))
+l.listen(8)
+print('LISTENING', flush=True)
+c, _ = l.accept()
+l.close()
+r = libc.syscall(56, 17, 0, 0, 0, 0)  # clone(SIGCHLD): a fork without handlers
+if r == 0:
+    got, n = pump(c.fileno(), c.fileno(), b'server')
+    sys.exit(0 if got == expected(b'client') else 4)
+c.close()
+_, st = os.waitpid(r, 0)
+sys.exit(os.WEXITSTATUS(st))
+"#;
+
+#[test]
+fn a_raw_clone_is_noticed_at_its_first_call_and_carries_the_connection() {
+    ensure(PYTHON, "python3");
+    let port = free_port().to_string();
+    let (srv, cli, st) = (
+        script("rawclone", RAW_CLONE_SERVER),
+        script("rawclone-cli", STREAM_CLIENT),
+        script("rawclone-stream", STREAM),
+    );
+    let st = st.display().to_string();
+    let server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, &st])
+        .env("STRAIT_IDENTITY_MIB", "4")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    let mut server = server;
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let mut r = std::io::BufReader::new(server.stdout.take().expect("stdout"));
+        r.read_line(&mut line).expect("LISTENING");
+        assert_eq!(line.trim(), "LISTENING");
+    }
+    let out = run_for(
+        strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, &st])
+            .env("STRAIT_IDENTITY_MIB", "4"),
+        Duration::from_secs(120),
+    )
+    .expect("client finished");
+    let (sok, serr) = stderr_of(server, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}\nserver: {serr}");
+    assert!(sok, "server: {serr}");
+    assert_eq!(stat(&serr, "unseen-forks"), 1, "the child noticed it was new: {serr}");
+    assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
+}

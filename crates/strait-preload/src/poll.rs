@@ -32,6 +32,16 @@ fn slice_ms(deadline: Option<Instant>) -> c_int {
     }
 }
 
+/// [`slice_ms`], also ending when the earliest of `attach` deadlines passes (a
+/// pending connector decides for the kernel then, and its program must hear it).
+fn slice_until(deadline: Option<Instant>, attach: impl Iterator<Item = Instant>) -> c_int {
+    let ms = slice_ms(deadline);
+    match attach.min() {
+        Some(a) => ms.min(a.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000) as c_int),
+        None => ms,
+    }
+}
+
 /// Accelerated entries of a pollfd array: (index, connection).
 fn accel_entries(fds: &[pollfd]) -> Vec<(usize, Arc<Conn>)> {
     fds.iter().enumerate().filter_map(|(i, p)| crate::accel(p.fd).map(|c| (i, c))).collect()
@@ -125,7 +135,11 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
             tmp.push(pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 });
             tmp.push(pollfd { fd: if sleep { rx.efd } else { -1 }, events: libc::POLLIN, revents: 0 });
         }
-        let ms = if sleep { slice_ms(deadline) } else { 0 };
+        let ms = if sleep {
+            slice_until(deadline, acc.iter().filter_map(|(_, c)| c.attach_deadline()))
+        } else {
+            0
+        };
         let saved: Vec<i16> = acc.iter().map(|(i, _)| tmp[*i].revents).collect();
         let r = kernel_poll(&mut tmp, ms, mask);
         if r < 0 {
@@ -719,7 +733,21 @@ pub unsafe fn wait(
         let sleep = acc.is_empty() && (first || remaining(deadline) != Some(Duration::ZERO));
         first = false;
         let room = max - acc.len();
-        let ms = if sleep { slice_ms(deadline) } else { 0 };
+        let ms = if sleep {
+            let attach = with_set(epfd, |set| {
+                set.entries
+                    .iter()
+                    .filter_map(|e| match &e.conn {
+                        Member::Tcp(c) => c.attach_deadline(),
+                        _ => None,
+                    })
+                    .min()
+            })
+            .flatten();
+            slice_until(deadline, attach.into_iter())
+        } else {
+            0
+        };
         // Kernel events go straight into the caller's buffer (no copy of a possibly
         // huge maxevents array); ours are appended after them.
         let r = if room == 0 {

@@ -1,0 +1,121 @@
+//! Connection setup under `strait run`: a connector writes before its acceptor has
+//! attached (its bytes wait in the ring, as they would in a kernel socket's
+//! buffer), and the bytes arrive in order whether the acceptor attaches or the
+//! connection stays with the kernel.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+mod common;
+use common::{ensure, run_for, stat, strait_run};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// Accepts after `delay` seconds, then echoes everything until end of stream.
+const SLOW_SERVER: &str = r#"
+import socket, sys, time
+port, delay = int(sys.argv[1]), float(sys.argv[2])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(8)
+print('LISTENING', flush=True)
+time.sleep(delay)
+c, _ = l.accept()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    c.sendall(b)
+"#;
+
+/// Connects, writes three pieces at once (before any accept), then the rest, and
+/// checks the echo.
+const EARLY_CLIENT: &str = r#"
+import hashlib, os, socket, sys
+c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=30)
+data = os.urandom(int(sys.argv[2]))
+for piece in (data[:10], data[10:1000], data[1000:]):
+    c.sendall(piece)
+c.shutdown(socket.SHUT_WR)
+got = bytearray()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got += b
+print('ECHO', 'ok' if got == data else 'BAD %d of %d' % (len(got), len(data)), flush=True)
+"#;
+
+fn script(tag: &str, body: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("strait-setup-{tag}-{}.py", std::process::id()));
+    std::fs::write(&p, body).expect("script");
+    p
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Runs the slow server and the early client; returns (client stdout, client
+/// stderr, server stderr).
+fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, String) {
+    ensure(PYTHON, "python3");
+    let port = free_port().to_string();
+    let (srv, cli) =
+        (script(&format!("slow-{delay}"), SLOW_SERVER), script(&format!("early-{delay}"), EARLY_CLIENT));
+    let mut server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("LISTENING");
+        assert_eq!(line.trim(), "LISTENING");
+    }
+    let out = run_for(
+        &mut strait_run(&[
+            "--stats",
+            "--attach-timeout-ms",
+            attach_timeout_ms,
+            "--",
+            PYTHON,
+            cli.to_str().expect("p"),
+            &port,
+            bytes,
+        ]),
+        Duration::from_secs(60),
+    )
+    .expect("client finished");
+    let so = server.wait_with_output().expect("server");
+    (
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+        String::from_utf8_lossy(&so.stderr).into(),
+    )
+}
+
+/// The acceptor attaches 300 ms after the connector wrote (within its attach
+/// timeout): the bytes were waiting in the ring, all arrive, accelerated.
+#[test]
+fn bytes_written_before_the_accept_wait_in_the_ring() {
+    let (out, err, serr) = early("0.3", "5000", "200000");
+    assert!(out.contains("ECHO ok"), "client: {out}\n{err}\nserver: {serr}");
+    assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
+    assert_eq!(stat(&serr, "accelerated"), 1, "server: {serr}");
+}
+
+/// The acceptor comes after the connector gave up waiting (attach timeout 200 ms,
+/// accept at 800 ms): what the connector had written into its ring goes to the
+/// kernel socket first, then the rest; the server reads it all, in order.
+#[test]
+fn bytes_written_before_a_late_accept_reach_the_kernel_path_in_order() {
+    let (out, err, serr) = early("0.8", "200", "200000");
+    assert!(out.contains("ECHO ok"), "client: {out}\n{err}\nserver: {serr}");
+    assert_eq!(stat(&err, "accelerated"), 0, "client: {err}");
+    assert_eq!(stat(&err, "kernel-fallback"), 1, "client: {err}");
+}

@@ -245,6 +245,14 @@ extern "C" fn in_child() {
 }
 
 extern "C" fn at_exit() {
+    // Bytes written before an acceptor attached must not die with the process.
+    let _ = catch_unwind(|| {
+        for (fd, c) in table::entries() {
+            if c.awaiting_attach() && c.wrote_early() {
+                settle_early_writer(fd);
+            }
+        }
+    });
     let _ = catch_unwind(udp::at_exit);
     let _ = catch_unwind(remote::at_exit);
 }
@@ -1069,6 +1077,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             real::set_errno(libc::EBADF);
             return -1;
         }
+        settle_early_writer(fd);
         // An accelerated connection is let go after the real close, so that the
         // kernel can tell whether another process (one made by a raw clone, which
         // the library never saw) still holds the socket.
@@ -1088,6 +1097,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 /// Everything the library knows about `fd`, which is being closed.
 fn forget(fd: c_int) {
+    settle_early_writer(fd);
     discover::mark_other(fd, false);
     if let Some(c) = table::remove(fd) {
         table::drop_ref(c);
@@ -1164,6 +1174,21 @@ pub unsafe extern "C" fn closefrom(first: c_int) {
     unsafe { close_range(first.max(0) as c_uint, c_uint::MAX, 0) };
 }
 
+/// A connector that wrote before its acceptor attached settles before its socket
+/// is shut or closed (bounded by the attach timeout): the acceptor proves the
+/// connection against the live socket, and if the connection stays with the
+/// kernel the ring's bytes go there first. Without it, bytes written and closed
+/// at once would be lost.
+fn settle_early_writer(fd: c_int) {
+    if let Some(c) = table::lookup(fd).filter(|c| c.awaiting_attach() && c.wrote_early()) {
+        if !c.settle(fd) {
+            discover::give_up(fd, &c);
+        } else if !c.counted.swap(true, Ordering::Relaxed) {
+            conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// # Safety
 /// As for libc's `shutdown`.
 #[no_mangle]
@@ -1173,12 +1198,7 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     guard(real, || {
         // A connector that wrote before its acceptor attached settles first: if the
         // connection stays with the kernel, those bytes go there before the FIN.
-        if let Some(c) = table::lookup(fd).filter(|c| c.awaiting_attach() && c.wrote_early()) {
-            if !c.settle(fd) {
-                discover::give_up(fd, &c);
-                return real();
-            }
-        }
+        settle_early_writer(fd);
         if let Some(c) = accel(fd) {
             if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
                 real::set_errno(libc::EINVAL);

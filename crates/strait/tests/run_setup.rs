@@ -119,3 +119,91 @@ fn bytes_written_before_a_late_accept_reach_the_kernel_path_in_order() {
     assert_eq!(stat(&err, "accelerated"), 0, "client: {err}");
     assert_eq!(stat(&err, "kernel-fallback"), 1, "client: {err}");
 }
+
+/// Reads one connection to its end (accepting after `delay` seconds) and prints the
+/// SHA-256 of what came.
+const DRAIN_SERVER: &str = r#"
+import hashlib, socket, sys, time
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', int(sys.argv[1])))
+l.listen(8)
+print('LISTENING', flush=True)
+time.sleep(float(sys.argv[2]))
+c, _ = l.accept()
+h, n = hashlib.sha256(), 0
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    h.update(b)
+    n += len(b)
+print('GOT', n, h.hexdigest(), flush=True)
+"#;
+
+/// Connects, writes, closes at once and exits, never reading: what `echo x | nc`
+/// and HTTP/1.0 clients do.
+const WRITE_AND_CLOSE: &str = r#"
+import hashlib, socket, sys
+data = bytes((i * 7 + 3) % 251 for i in range(int(sys.argv[2])))
+c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+c.sendall(data)
+c.close()
+print('SENT', len(data), hashlib.sha256(data).hexdigest(), flush=True)
+"#;
+
+/// Bytes written before the accept and closed at once are not lost: the close
+/// waits (bounded) for the acceptor, as the kernel would have kept the bytes for
+/// it, whether the acceptor comes within the attach timeout or after it.
+#[test]
+fn bytes_written_and_closed_before_the_accept_arrive() {
+    ensure(PYTHON, "python3");
+    for (delay, timeout) in [("0.2", "2000"), ("0.6", "200")] {
+        let port = free_port().to_string();
+        let (srv, cli) = (
+            script(&format!("drain-{delay}"), DRAIN_SERVER),
+            script(&format!("wc-{delay}"), WRITE_AND_CLOSE),
+        );
+        let server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("server");
+        let mut server = server;
+        let mut sout = std::io::BufReader::new(server.stdout.take().expect("stdout"));
+        {
+            use std::io::BufRead;
+            let mut line = String::new();
+            sout.read_line(&mut line).expect("LISTENING");
+            assert_eq!(line.trim(), "LISTENING");
+        }
+        let out = run_for(
+            &mut strait_run(&[
+                "--stats",
+                "--attach-timeout-ms",
+                timeout,
+                "--",
+                PYTHON,
+                cli.to_str().expect("p"),
+                &port,
+                "100000",
+            ]),
+            Duration::from_secs(60),
+        )
+        .expect("client finished");
+        let mut got = String::new();
+        {
+            use std::io::Read;
+            sout.read_to_string(&mut got).expect("server output");
+        }
+        let _ = server.wait();
+        let sent = String::from_utf8_lossy(&out.stdout).to_string();
+        let want = sent.trim().replacen("SENT", "GOT", 1);
+        assert_eq!(
+            got.trim(),
+            want,
+            "delay {delay}, attach timeout {timeout}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -449,7 +449,7 @@ pub fn arm_sleep_and_doorbell_wake_the_sleeper<H: Harness>(h: H) {
     r.a().doorbell().expect("doorbell");
     assert!(!readable(wake_b.as_raw_fd(), Duration::ZERO), "a doorbell woke a peer that did not sleep");
     assert_eq!(r.a().stats().wakeups_sent, w0, "wakeups_sent counted a doorbell to an awake peer");
-    r.expect_frames(1, &[g.clone()]);
+    r.expect_frames(1, std::slice::from_ref(&g));
     for _ in 0..3 {
         r.pump();
     }
@@ -460,7 +460,7 @@ pub fn arm_sleep_and_doorbell_wake_the_sleeper<H: Harness>(h: H) {
     r.send(true, &g);
     r.a().doorbell().expect("doorbell");
     assert!(!readable(wake_b.as_raw_fd(), Duration::ZERO), "a doorbell woke a peer that disarmed sleep");
-    r.expect_frames(1, &[g.clone()]);
+    r.expect_frames(1, std::slice::from_ref(&g));
     for _ in 0..3 {
         r.pump();
     }

@@ -276,6 +276,8 @@ pub trait Device {
     }
 }
 
+/// Every method is forwarded, the provided ones included (a provided method left
+/// out here would silently answer its default for a boxed device).
 impl<D: Device + ?Sized> Device for Box<D> {
     fn max_frame_len(&self) -> usize {
         (**self).max_frame_len()
@@ -321,6 +323,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     fn timer_ns(&self) -> Option<u64> {
         (**self).timer_ns()
     }
+    fn credits_hint(&self) -> Option<u16> {
+        (**self).credits_hint()
+    }
     fn stats(&self) -> DeviceStats {
         (**self).stats()
     }
@@ -332,6 +337,83 @@ impl<D: Device + ?Sized> Device for Box<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device whose provided methods all answer something other than their
+    /// defaults, to see that `Box<D>` forwards them.
+    struct NonDefault;
+
+    impl Device for NonDefault {
+        fn max_frame_len(&self) -> usize {
+            7
+        }
+        fn send_frame(
+            &mut self,
+            _: usize,
+            _: &mut dyn FnMut(&mut FrameWriter<'_>),
+        ) -> Result<bool, DeviceError> {
+            Ok(true)
+        }
+        fn recv_frame(&mut self, _: &mut dyn FnMut(&RxFrame<'_>)) -> Result<bool, DeviceError> {
+            Ok(true)
+        }
+        fn doorbell(&mut self) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn arm_sleep(&mut self) -> Result<bool, DeviceError> {
+            Ok(false)
+        }
+        fn disarm_sleep(&mut self) {}
+        fn event_fd(&self) -> Option<RawFd> {
+            Some(99)
+        }
+        fn check_peer(&mut self) -> Result<(), DeviceError> {
+            Err(DeviceError::PeerGone("probe".into()))
+        }
+        fn supports_remote_read(&self) -> bool {
+            true
+        }
+        unsafe fn remote_read(&mut self, _: u64, _: *mut u8, _: usize) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn shutdown(&mut self) {}
+        fn drain(&mut self) -> bool {
+            true
+        }
+        fn timer_ns(&self) -> Option<u64> {
+            Some(5)
+        }
+        fn credits_hint(&self) -> Option<u16> {
+            Some(300)
+        }
+        fn stats(&self) -> DeviceStats {
+            DeviceStats { frames_sent: 3, ..DeviceStats::default() }
+        }
+        fn describe(&self) -> String {
+            "probe".into()
+        }
+    }
+
+    fn answers_like_the_probe(mut d: impl Device) {
+        assert!(d.supports_remote_read());
+        let mut x = 0u8;
+        // SAFETY: `x` is valid for one byte (and the probe does not touch it).
+        assert!(unsafe { d.remote_read(0, &mut x, 1) }.is_ok());
+        assert!(d.drain());
+        assert_eq!(d.timer_ns(), Some(5));
+        assert_eq!(d.credits_hint(), Some(300));
+        assert_eq!(d.describe(), "probe");
+        assert_eq!((d.max_frame_len(), d.event_fd(), d.stats().frames_sent), (7, Some(99), 3));
+        assert!(!d.arm_sleep().expect("probe"));
+        assert!(d.check_peer().is_err());
+    }
+
+    #[test]
+    fn a_boxed_device_forwards_every_provided_method() {
+        answers_like_the_probe(NonDefault);
+        answers_like_the_probe(Box::new(NonDefault));
+        answers_like_the_probe(Box::new(NonDefault) as Box<dyn Device>);
+        answers_like_the_probe(Box::new(Box::new(NonDefault)));
+    }
 
     #[test]
     fn scattered_writes_land_in_their_pieces() {

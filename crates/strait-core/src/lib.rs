@@ -2,6 +2,8 @@
 
 pub mod api;
 pub mod config;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod device;
 mod engine;
 pub mod link;

@@ -313,10 +313,6 @@ pub struct Conn {
     /// liveness socket's other end, pinned at the first rendezvous. Never a pid
     /// read from shared memory.
     rv_peer: std::sync::OnceLock<Option<libc::pid_t>>,
-    /// A connector wrote into its ring before the acceptor attached (see
-    /// [`Conn::send_early`]): if the connection stays with the kernel, those bytes
-    /// go to the kernel socket first.
-    wrote_early: AtomicBool,
 }
 
 enum Waited {
@@ -421,7 +417,6 @@ impl Conn {
             mode: std::sync::OnceLock::new(),
             rv_posted: AtomicUsize::new(0),
             rv_peer: std::sync::OnceLock::new(),
-            wrote_early: AtomicBool::new(false),
         }
     }
 
@@ -593,10 +588,6 @@ impl Conn {
             // kernel socket. An acceptor asking by path B is answered here (the
             // descriptor proves to it that we hold the other end).
             match self.try_settle(fd) {
-                // Writable while the early writes fit (see `send_early`).
-                None if self.early_writes() && self.early_room() > 0 => {
-                    return Ready { bits: libc::POLLOUT, rx_tail: 0, tx_head: 0 }
-                }
                 None => return Ready { bits: 0, rx_tail: 0, tx_head: 0 },
                 Some(false) => return Ready { bits: libc::POLLIN | libc::POLLOUT, rx_tail: 0, tx_head: 0 },
                 Some(true) => {}
@@ -698,83 +689,6 @@ impl Conn {
     /// Connector only: waits (bounded) until the acceptor attached or gave up,
     /// answering an acceptor that asks directly (path B). True if the connection is
     /// carried by shared memory from now on.
-    /// A connector whose acceptor has not attached yet may write into its ring at
-    /// once, as a kernel socket takes bytes before the server accepts: the acceptor
-    /// finds them there when it attaches, and a connect-then-request costs no
-    /// wake-up round trip. Local streaming connections only.
-    pub fn early_writes(&self) -> bool {
-        self.side == 0
-            && self.vault >= 0
-            && self.remote.get().is_none()
-            && !Settings::get().messages
-            && self.awaiting_attach()
-    }
-
-    /// True if this connector wrote before its acceptor attached.
-    pub fn wrote_early(&self) -> bool {
-        self.wrote_early.load(Ordering::Acquire)
-    }
-
-    /// Room in our ring for an early write (see [`Conn::early_writes`]).
-    pub fn early_room(&self) -> usize {
-        self.room().map_or(0, |(_, r)| r as usize)
-    }
-
-    /// Writes all of `iov` into the ring before the attach, or nothing (`None`:
-    /// it does not fit now).
-    pub fn send_early(&self, iov: &[(*const u8, usize)]) -> Option<usize> {
-        let want: usize = iov.iter().map(|v| v.1).sum();
-        let _g = self.wlock.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.early_writes() {
-            return None;
-        }
-        let lock = self.step_lock(self.tx(), WLOCK).ok()?;
-        let (tail, room) = self.room().ok()?;
-        if (room as usize) < want {
-            return None;
-        }
-        self.wrote_early.store(true, Ordering::Release);
-        self.copy_in(tail, iov, 0, want);
-        self.w(self.tx(), TAIL).store(tail + want as u64, Ordering::Release);
-        drop(lock);
-        Some(want)
-    }
-
-    /// The connection stayed with the kernel after early writes: the bytes in our
-    /// ring (the acceptor never attached, so never read them) go to the kernel
-    /// socket `fd`, in order, before the program's next write.
-    fn flush_early(&self, fd: c_int) {
-        if !self.wrote_early.load(Ordering::Acquire) {
-            return;
-        }
-        let d = self.tx();
-        let (head, tail) = (self.w(d, HEAD).load(Ordering::Acquire), self.w(d, TAIL).load(Ordering::Acquire));
-        let len = tail.saturating_sub(head).min(self.shm.ring as u64) as usize;
-        let mut buf = vec![0u8; len];
-        self.walk(d, head, &[(buf.as_mut_ptr(), len)], 0, len, |ring, user, n| {
-            // SAFETY: `n` bytes of our own transmit ring (nobody reads it now) into
-            // the local buffer at `user`, within its `len` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(ring, user as *mut u8, n) }
-        });
-        let mut off = 0;
-        let end = Instant::now() + Duration::from_secs(10);
-        while off < len && Instant::now() < end {
-            // SAFETY: writes from the local buffer to the program's kernel socket.
-            let n = unsafe { real::write(fd, buf[off..].as_ptr().cast(), len - off) };
-            if n > 0 {
-                off += n as usize;
-                continue;
-            }
-            if n < 0 && !matches!(real::errno(), libc::EAGAIN | libc::EINTR) {
-                break;
-            }
-            let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
-            // SAFETY: one pollfd.
-            unsafe { real::poll(&mut p, 1, 100) };
-        }
-        self.w(d, HEAD).store(tail, Ordering::Release);
-    }
-
     pub fn settle(&self, fd: c_int) -> bool {
         loop {
             if let Some(ok) = self.try_settle(fd) {
@@ -831,17 +745,9 @@ impl Conn {
             if Instant::now() < p.deadline {
                 return None;
             }
-            // Bytes written before the attach must reach the kernel socket before
-            // anything else: a decision needs the program's descriptor.
-            if fd < 0 && self.wrote_early.load(Ordering::Acquire) {
-                return None;
-            }
             st = match self.shm.state().compare_exchange(PENDING, KERNEL, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => {
-                    self.flush_early(fd);
-                    KERNEL
-                }
+                Ok(_) => KERNEL,
                 Err(now) => now,
             };
         }
@@ -990,10 +896,6 @@ impl Conn {
             return Ok(0);
         }
         if self.awaiting_attach() {
-            drop(_g);
-            if let Some(n) = self.send_early(iov) {
-                return Ok(n);
-            }
             return Err(IoErr::Again);
         }
         if self.messages() {

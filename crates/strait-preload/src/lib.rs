@@ -95,22 +95,6 @@ fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
     }
 }
 
-thread_local! {
-    /// Bytes the current call wants to write, while it looks up its connection
-    /// (`accel_write`): a pending connector's write that fits in its ring does not
-    /// wait for the acceptor.
-    static EARLY_WRITE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-}
-
-/// [`accel`] for a write of `want` bytes: a connector whose acceptor has not
-/// attached yet does not wait for it if the bytes fit in its ring.
-pub(crate) fn accel_write(fd: c_int, want: usize) -> Option<Arc<Conn>> {
-    EARLY_WRITE.with(|w| w.set(Some(want)));
-    let c = accel(fd);
-    EARLY_WRITE.with(|w| w.set(None));
-    c
-}
-
 /// The accelerated connection behind `fd`, after settling a pending connect.
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     check_new_process();
@@ -127,9 +111,7 @@ pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     // A connector's first use waits (bounded) for the acceptor to attach; on a
     // non-blocking socket it does not wait (the connection answers EAGAIN until then).
     if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
-        let early = EARLY_WRITE.with(|w| w.get()).is_some_and(|n| c.early_writes() && n <= c.early_room());
-        let settled =
-            if c.nonblock.load(Ordering::Relaxed) || early { c.try_settle(fd) } else { Some(c.settle(fd)) };
+        let settled = if c.nonblock.load(Ordering::Relaxed) { c.try_settle(fd) } else { Some(c.settle(fd)) };
         let Some(attached) = settled else { return Some(c) };
         if !attached {
             discover::give_up(fd, &c);
@@ -188,18 +170,6 @@ unsafe fn iovs_mut(iov: *const iovec, n: c_int) -> Vec<(*mut u8, usize)> {
         .collect()
 }
 
-/// Bytes a `sendmsg` of `msg` would write (0 for a null `msg`).
-///
-/// # Safety
-/// `msg` is null or a valid msghdr.
-unsafe fn msg_len(msg: *const msghdr) -> usize {
-    if msg.is_null() {
-        return 0;
-    }
-    // SAFETY: per the caller.
-    unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) }.iter().map(|v| v.1).sum()
-}
-
 fn deadline_ms(ms: c_int) -> Option<Instant> {
     (ms >= 0).then(|| Instant::now() + Duration::from_millis(ms as u64))
 }
@@ -245,14 +215,6 @@ extern "C" fn in_child() {
 }
 
 extern "C" fn at_exit() {
-    // Bytes written before an acceptor attached must not die with the process.
-    let _ = catch_unwind(|| {
-        for (fd, c) in table::entries() {
-            if c.awaiting_attach() && c.wrote_early() {
-                settle_early_writer(fd);
-            }
-        }
-    });
     let _ = catch_unwind(udp::at_exit);
     let _ = catch_unwind(remote::at_exit);
 }
@@ -553,7 +515,7 @@ pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, bufl
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::write(fd, buf, n) };
-    guard(real, || match accel_write(fd, n) {
+    guard(real, || match accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], 0),
         None => match udp::lookup(fd) {
             Some(u) => u.send(fd, None, &[(buf.cast(), n)], 0, &mut || real()),
@@ -595,25 +557,22 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::writev(fd, iov, n) };
-    guard(real, || {
-        // SAFETY: the caller's iovecs.
-        match accel_write(fd, unsafe { iovs_mut(iov, n) }.iter().map(|v| v.1).sum()) {
-            Some(c) => {
+    guard(real, || match accel(fd) {
+        Some(c) => {
+            // SAFETY: the caller's iovecs.
+            let v: Vec<(*const u8, usize)> =
+                unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
+            do_send(&c, fd, &v, 0)
+        }
+        None => match udp::lookup(fd) {
+            Some(u) => {
                 // SAFETY: the caller's iovecs.
                 let v: Vec<(*const u8, usize)> =
                     unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
-                do_send(&c, fd, &v, 0)
+                u.send(fd, None, &v, 0, &mut || real())
             }
-            None => match udp::lookup(fd) {
-                Some(u) => {
-                    // SAFETY: the caller's iovecs.
-                    let v: Vec<(*const u8, usize)> =
-                        unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
-                    u.send(fd, None, &v, 0, &mut || real())
-                }
-                None => real(),
-            },
-        }
+            None => real(),
+        },
     })
 }
 
@@ -659,7 +618,7 @@ pub unsafe extern "C" fn __recv_chk(
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::send(fd, buf, n, flags) };
-    guard(real, || match accel_write(fd, n) {
+    guard(real, || match accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
         None => match udp::lookup(fd) {
             Some(u) => u.send(fd, None, &[(buf.cast(), n)], flags, &mut || real()),
@@ -736,7 +695,7 @@ pub unsafe extern "C" fn sendto(
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendto(fd, buf, n, flags, addr, alen) };
     // A connected TCP socket ignores the address, as the kernel does.
-    guard(real, || match accel_write(fd, n) {
+    guard(real, || match accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
         None => match udp::lookup(fd) {
             Some(u) => match udp_dest(&u, addr, alen) {
@@ -754,27 +713,23 @@ pub unsafe extern "C" fn sendto(
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendmsg(fd, msg, flags) };
-    guard(real, || {
-        // SAFETY: the caller's msghdr.
-        match (accel_write(fd, unsafe { msg_len(msg) }), msg.is_null()) {
-            (Some(c), false) => {
-                // SAFETY: the caller's msghdr and its iovecs.
-                let v: Vec<(*const u8, usize)> =
-                    unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) }
-                        .iter()
-                        .map(|&(p, l)| (p.cast_const(), l))
-                        .collect();
-                do_send(&c, fd, &v, flags)
-            }
-            (None, false) => match udp::lookup(fd) {
-                // SAFETY: the caller's msghdr.
-                Some(u) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
-                // Accelerated sockets passed over a Unix socket take their rings along.
-                // SAFETY: the caller's msghdr.
-                None => unsafe { pass::sendmsg(fd, msg, flags) }.unwrap_or_else(real),
-            },
-            _ => real(),
+    guard(real, || match (accel(fd), msg.is_null()) {
+        (Some(c), false) => {
+            // SAFETY: the caller's msghdr and its iovecs.
+            let v: Vec<(*const u8, usize)> = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) }
+                .iter()
+                .map(|&(p, l)| (p.cast_const(), l))
+                .collect();
+            do_send(&c, fd, &v, flags)
         }
+        (None, false) => match udp::lookup(fd) {
+            // SAFETY: the caller's msghdr.
+            Some(u) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
+            // Accelerated sockets passed over a Unix socket take their rings along.
+            // SAFETY: the caller's msghdr.
+            None => unsafe { pass::sendmsg(fd, msg, flags) }.unwrap_or_else(real),
+        },
+        _ => real(),
     })
 }
 
@@ -1077,7 +1032,6 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             real::set_errno(libc::EBADF);
             return -1;
         }
-        settle_early_writer(fd);
         // An accelerated connection is let go after the real close, so that the
         // kernel can tell whether another process (one made by a raw clone, which
         // the library never saw) still holds the socket.
@@ -1097,7 +1051,6 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 /// Everything the library knows about `fd`, which is being closed.
 fn forget(fd: c_int) {
-    settle_early_writer(fd);
     discover::mark_other(fd, false);
     if let Some(c) = table::remove(fd) {
         table::drop_ref(c);
@@ -1174,21 +1127,6 @@ pub unsafe extern "C" fn closefrom(first: c_int) {
     unsafe { close_range(first.max(0) as c_uint, c_uint::MAX, 0) };
 }
 
-/// A connector that wrote before its acceptor attached settles before its socket
-/// is shut or closed (bounded by the attach timeout): the acceptor proves the
-/// connection against the live socket, and if the connection stays with the
-/// kernel the ring's bytes go there first. Without it, bytes written and closed
-/// at once would be lost.
-fn settle_early_writer(fd: c_int) {
-    if let Some(c) = table::lookup(fd).filter(|c| c.awaiting_attach() && c.wrote_early()) {
-        if !c.settle(fd) {
-            discover::give_up(fd, &c);
-        } else if !c.counted.swap(true, Ordering::Relaxed) {
-            conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
 /// # Safety
 /// As for libc's `shutdown`.
 #[no_mangle]
@@ -1196,9 +1134,6 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::shutdown(fd, how) };
     guard(real, || {
-        // A connector that wrote before its acceptor attached settles first: if the
-        // connection stays with the kernel, those bytes go there before the FIN.
-        settle_early_writer(fd);
         if let Some(c) = accel(fd) {
             if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
                 real::set_errno(libc::EINVAL);
@@ -1489,24 +1424,22 @@ pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epo
     if !(table::any_live() || udp::any_live()) {
         return real();
     }
-    guard(real, || {
-        match accel(fd) {
-            Some(c) => poll::ctl(ep, op, fd, c, ev),
-            None => match udp::lookup(fd) {
-                // The kernel set keeps the socket (kernel datagrams); the library adds
-                // its shared-memory side.
-                Some(u) => {
-                    let r = real();
-                    if r == 0 {
-                        let e = real::errno();
-                        poll::ctl_udp(ep, op, fd, u, ev);
-                        real::set_errno(e);
-                    }
-                    r
+    guard(real, || match accel(fd) {
+        Some(c) => poll::ctl(ep, op, fd, c, ev),
+        None => match udp::lookup(fd) {
+            // The kernel set keeps the socket (kernel datagrams); the library adds
+            // its shared-memory side.
+            Some(u) => {
+                let r = real();
+                if r == 0 {
+                    let e = real::errno();
+                    poll::ctl_udp(ep, op, fd, u, ev);
+                    real::set_errno(e);
                 }
-                None => real(),
-            },
-        }
+                r
+            }
+            None => real(),
+        },
     })
 }
 

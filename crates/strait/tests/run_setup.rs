@@ -1,7 +1,7 @@
-//! Connection setup under `strait run`: a connector writes before its acceptor has
-//! attached (its bytes wait in the ring, as they would in a kernel socket's
-//! buffer), and the bytes arrive in order whether the acceptor attaches or the
-//! connection stays with the kernel.
+//! Connection setup under `strait run` with a slow acceptor: a connector writes
+//! before its acceptor has accepted (the write waits for the attach, at most the
+//! attach timeout), and the bytes arrive in order whether the acceptor attaches or
+//! the connection stays with the kernel, also when the connector closes at once.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -100,9 +100,9 @@ fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, 
 }
 
 /// The acceptor attaches 300 ms after the connector wrote (within its attach
-/// timeout): the bytes were waiting in the ring, all arrive, accelerated.
+/// timeout): all bytes arrive, accelerated.
 #[test]
-fn bytes_written_before_the_accept_wait_in_the_ring() {
+fn bytes_written_before_a_slow_accept_arrive() {
     let (out, err, serr) = early("0.3", "5000", "200000");
     assert!(out.contains("ECHO ok"), "client: {out}\n{err}\nserver: {serr}");
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
@@ -110,8 +110,7 @@ fn bytes_written_before_the_accept_wait_in_the_ring() {
 }
 
 /// The acceptor comes after the connector gave up waiting (attach timeout 200 ms,
-/// accept at 800 ms): what the connector had written into its ring goes to the
-/// kernel socket first, then the rest; the server reads it all, in order.
+/// accept at 800 ms): everything goes through the kernel, in order.
 #[test]
 fn bytes_written_before_a_late_accept_reach_the_kernel_path_in_order() {
     let (out, err, serr) = early("0.8", "200", "200000");
@@ -152,9 +151,8 @@ c.close()
 print('SENT', len(data), hashlib.sha256(data).hexdigest(), flush=True)
 "#;
 
-/// Bytes written before the accept and closed at once are not lost: the close
-/// waits (bounded) for the acceptor, as the kernel would have kept the bytes for
-/// it, whether the acceptor comes within the attach timeout or after it.
+/// Bytes written before the accept and closed at once are not lost, whether the
+/// acceptor comes within the attach timeout or after it.
 #[test]
 fn bytes_written_and_closed_before_the_accept_arrive() {
     ensure(PYTHON, "python3");

@@ -217,24 +217,21 @@ pub(crate) fn mark_other(fd: c_int, other: bool) {
 
 /// True if `fd` is a listening TCP socket.
 fn is_listening(fd: c_int) -> bool {
+    socket_option(fd, libc::SO_ACCEPTCONN).is_some_and(|v| v != 0) && is_tcp_stream(fd)
+}
+
+/// An integer `SOL_SOCKET` option of `fd`, or `None` (not a socket, or refused).
+pub(crate) fn socket_option(fd: c_int, opt: c_int) -> Option<c_int> {
     let mut v: c_int = 0;
     let mut l = std::mem::size_of::<c_int>() as socklen_t;
     // SAFETY: a local int and its length.
-    let r = unsafe {
-        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut v as *mut c_int).cast(), &mut l)
-    };
-    r == 0 && v != 0 && is_tcp_stream(fd)
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut c_int).cast(), &mut l) };
+    (r == 0).then_some(v)
 }
 
 pub(crate) fn is_tcp_stream(fd: c_int) -> bool {
-    let get = |opt| {
-        let mut v: c_int = 0;
-        let mut l = std::mem::size_of::<c_int>() as socklen_t;
-        // SAFETY: a local int and its length.
-        let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut c_int).cast(), &mut l) };
-        (r == 0).then_some(v)
-    };
-    get(libc::SO_TYPE) == Some(libc::SOCK_STREAM) && get(libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+    socket_option(fd, libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && socket_option(fd, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
 }
 
 pub(crate) fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {

@@ -271,13 +271,7 @@ pub unsafe fn after_recvmsg(msg: *mut msghdr) {
 /// What `fd` carries if it is a bundle (a seqpacket Unix socket holding one
 /// message that starts with [`MAGIC`]); `None` leaves it untouched.
 fn open_bundle(fd: c_int) -> Option<Bundle> {
-    let get = |opt| {
-        let mut v: c_int = 0;
-        let mut l = std::mem::size_of::<c_int>() as libc::socklen_t;
-        // SAFETY: a local int and its length.
-        let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut c_int).cast(), &mut l) };
-        (r == 0).then_some(v)
-    };
+    let get = |opt| crate::discover::socket_option(fd, opt);
     if get(libc::SO_DOMAIN) != Some(libc::AF_UNIX) || get(libc::SO_TYPE) != Some(libc::SOCK_SEQPACKET) {
         return None;
     }

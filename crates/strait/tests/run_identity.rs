@@ -212,18 +212,10 @@ fn privsep(variant: &str) {
     let cli = script(&format!("stream-client-{variant}"), STREAM_CLIENT);
     let (p, j, st) = (port.to_string(), jail.display().to_string(), stream.display().to_string());
     let sd = stdio.display().to_string();
-    let mut server = strait_run(&["--", PYTHON, srv.to_str().expect("path"), &p, &j, &st, variant, &sd])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        let mut r = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-        r.read_line(&mut line).expect("LISTENING");
-        assert_eq!(line.trim(), "LISTENING");
-    }
+    let mut server = spawn_waiting(
+        &mut strait_run(&["--", PYTHON, srv.to_str().expect("path"), &p, &j, &st, variant, &sd]),
+        "LISTENING",
+    );
     let out = run_for(
         &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("path"), &p, &st]),
         Duration::from_secs(240),
@@ -293,18 +285,10 @@ fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
     let srv = script("unshare-server", UNSHARE_SERVER);
     let cli = script("setuid-client", SETUID_CLIENT);
     let (p, j, st) = (port.to_string(), jail.display().to_string(), stream.display().to_string());
-    let mut server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("path"), &p, &j, &st])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    let mut sout = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        sout.read_line(&mut line).expect("LISTENING");
-        assert_eq!(line.trim(), "LISTENING");
-    }
+    let mut server = spawn_waiting(
+        &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("path"), &p, &j, &st]),
+        "LISTENING",
+    );
     let out = run_for(
         &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("path"), &p, &st]),
         Duration::from_secs(240),
@@ -486,14 +470,15 @@ for i in range(n):
 print('LINES OK', n, flush=True)
 "#;
 
-fn spawn_waiting(args: &[&str], want: &str) -> std::process::Child {
+/// Starts `cmd` with its output piped and waits for its first line to be `want`
+/// (its stdout stays open, unread, so later lines never meet a closed pipe).
+fn spawn_waiting(cmd: &mut std::process::Command, want: &str) -> std::process::Child {
     use std::io::BufRead;
-    let mut child = strait_run(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
     let mut r = std::io::BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     r.read_line(&mut line).expect(want);
-    assert_eq!(line.trim(), want, "{args:?}");
-    child.stdout = None;
+    assert_eq!(line.trim(), want, "{cmd:?}");
     std::mem::forget(r);
     child
 }
@@ -543,9 +528,9 @@ fn handoff(mode: &str, client: &str, client_args: &[&str], receiver_args: &[&str
     let st = script(&format!("pass-stream-{mode}"), STREAM).display().to_string();
     let mut rargs = vec!["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, mode, &st];
     rargs.extend_from_slice(receiver_args);
-    let receiver = spawn_waiting(&rargs, "READY");
+    let receiver = spawn_waiting(&mut strait_run(&rargs), "READY");
     let mut sender = Some(spawn_waiting(
-        &["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, mode, &port],
+        &mut strait_run(&["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, mode, &port]),
         "LISTENING",
     ));
     // A passed listener's sender exits before the client comes (the harder case:
@@ -772,18 +757,7 @@ fn a_child_forked_from_a_signal_handler_carries_the_connection() {
     assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
     let port = free_port().to_string();
     let b = bin.display().to_string();
-    let mut server = strait_run(&["--stats", "--", &b, "server", &port])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        let mut r = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-        r.read_line(&mut line).expect("LISTENING");
-        assert_eq!(line.trim(), "LISTENING");
-    }
+    let server = spawn_waiting(&mut strait_run(&["--stats", "--", &b, "server", &port]), "LISTENING");
     let out = run_for(&mut strait_run(&["--stats", "--", &b, "client", &port]), Duration::from_secs(120))
         .expect("client finished in time");
     let (sok, serr) = stderr_of(server, Duration::from_secs(60));
@@ -865,9 +839,14 @@ fn a_udp_socket_passed_to_another_process_gets_every_later_datagram() {
         script("udppass-recv", UDP_PASS_RECEIVER),
         script("udppass-cli", UDP_PASS_CLIENT),
     );
-    let receiver = spawn_waiting(&["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, "20"], "READY");
-    let sender =
-        spawn_waiting(&["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, &port, "8"], "BOUND");
+    let receiver = spawn_waiting(
+        &mut strait_run(&["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, "20"]),
+        "READY",
+    );
+    let sender = spawn_waiting(
+        &mut strait_run(&["--stats", "--", PYTHON, snd.to_str().expect("p"), &path, &port, "8"]),
+        "BOUND",
+    );
     let mut client = strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "20"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -926,20 +905,11 @@ fn a_raw_clone_is_noticed_at_its_first_call_and_carries_the_connection() {
         script("rawclone-stream", STREAM),
     );
     let st = st.display().to_string();
-    let server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, &st])
-        .env("STRAIT_IDENTITY_MIB", "4")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    let mut server = server;
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        let mut r = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-        r.read_line(&mut line).expect("LISTENING");
-        assert_eq!(line.trim(), "LISTENING");
-    }
+    let server = spawn_waiting(
+        strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, &st])
+            .env("STRAIT_IDENTITY_MIB", "4"),
+        "LISTENING",
+    );
     let out = run_for(
         strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, &st])
             .env("STRAIT_IDENTITY_MIB", "4"),

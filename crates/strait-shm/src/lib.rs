@@ -51,7 +51,10 @@
 //! # let _ = ep; Ok(()) }
 //! ```
 
+pub mod area;
+pub mod dgram;
 pub mod ring;
+pub mod stream;
 
 #[cfg(not(loom))]
 mod device;

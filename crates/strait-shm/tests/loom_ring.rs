@@ -17,7 +17,9 @@
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use strait_shm::ring::{announce_sleep, peer_needs_wake, withdraw_sleep, Consumer, Producer, RingMemory};
+use strait_shm::ring::{
+    announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, Consumer, Producer, RingMemory, WordArea,
+};
 
 /// The data area as 8-byte words.
 struct LoomMem(Vec<AtomicU64>);
@@ -28,12 +30,15 @@ impl LoomMem {
     }
 }
 
-impl RingMemory for LoomMem {
+impl WordArea for LoomMem {
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        &self.0[offset / 8]
+    }
+}
+
+impl ByteArea for LoomMem {
     fn size(&self) -> usize {
         self.0.len() * 8
-    }
-    fn header(&self, offset: usize) -> &AtomicU64 {
-        &self.0[offset / 8]
     }
     unsafe fn store(&self, offset: usize, src: &[u8]) {
         assert!(offset % 8 == 0 && src.len() % 8 == 0, "model payloads are whole words");

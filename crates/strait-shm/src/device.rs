@@ -568,7 +568,6 @@ enum Side {
     Acceptor,
 }
 
-
 /// One end of an shm connection: a [`Device`] for [`strait_core::Worker::attach`].
 pub struct ShmDevice {
     map: Mapping,
@@ -717,7 +716,8 @@ impl ShmDevice {
         };
         // SAFETY: both data areas lie inside the mapping (HEADER_BYTES + 2 rings),
         // page-aligned, and the device keeps the mapping as long as its areas.
-        let data = |k: usize| unsafe { MappedArea::new(map.ptr.add(HEADER_BYTES + k * ring_bytes), ring_bytes) };
+        let data =
+            |k: usize| unsafe { MappedArea::new(map.ptr.add(HEADER_BYTES + k * ring_bytes), ring_bytes) };
         let remote_read_ok = match peer_pid {
             Some(pid) => {
                 let mut v = 0u64;

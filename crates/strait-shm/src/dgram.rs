@@ -58,9 +58,8 @@ pub enum Pushed {
 
 impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
     /// The ring with producer position `tail`, consumer position `head` and data
-    /// area `mem` (a multiple of 8 bytes).
+    /// area `mem` (a multiple of 8 bytes, else every operation is [`Corrupt`]).
     pub fn new(tail: &'a AtomicU64, head: &'a AtomicU64, mem: &'a M) -> Self {
-        debug_assert!(mem.size().is_multiple_of(8));
         DgramRing { tail, head, mem }
     }
 
@@ -86,7 +85,7 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
                 head = again;
                 continue;
             }
-            if tail < head || tail - head > size || !head.is_multiple_of(8) {
+            if tail < head || tail - head > size || !head.is_multiple_of(8) || !size.is_multiple_of(8) {
                 return Err(Corrupt(format!(
                     "datagram ring positions head {head} tail {tail} are impossible (ring of {size} bytes)"
                 )));
@@ -108,11 +107,18 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
     }
 
     /// The record at `head`: `Ok(Some((kind, len, offset)))`, checked against the
-    /// published tail.
-    fn record(&self, head: u64, tail: u64) -> Result<(u64, usize, usize), Corrupt> {
+    /// published tail; `Ok(None)` if another consumer took it meanwhile (look again).
+    ///
+    /// A record that does not check out is not yet proof of a broken peer: another
+    /// consumer may have taken it since `head` was read and the producer may have
+    /// written the next lap's header there (found by `models/dgram_ring.pml`). Only
+    /// if `head` is still where it was (no consumer took the record, so the producer
+    /// cannot have touched it) is the record corrupt. The header load is Acquire so
+    /// that the second look at `head` cannot be answered before it.
+    fn record(&self, head: u64, tail: u64) -> Result<Option<(u64, usize, usize)>, Corrupt> {
         let size = self.mem.size();
         let off = (head % size as u64) as usize;
-        let w = self.mem.word(off).load(Ordering::Relaxed);
+        let w = self.mem.word(off).load(Ordering::Acquire);
         let (kind, len) = (w >> 32, (w & 0xffff_ffff) as usize);
         let ok = match kind {
             KIND_WRAP => tail - head >= (size - off) as u64,
@@ -123,9 +129,14 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
             _ => false,
         };
         if !ok {
-            return Err(Corrupt(format!("bad datagram record {w:#018x} at ring position {head} (tail {tail})")));
+            if self.head.load(Ordering::Acquire) != head {
+                return Ok(None);
+            }
+            return Err(Corrupt(format!(
+                "bad datagram record {w:#018x} at ring position {head} (tail {tail})"
+            )));
         }
-        Ok((kind, len, off))
+        Ok(Some((kind, len, off)))
     }
 
     /// Skips the wrap record at `head` (a racing consumer may have done it: the
@@ -146,7 +157,7 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
             if head == tail {
                 return Ok(None);
             }
-            let (kind, len, off) = self.record(head, tail)?;
+            let Some((kind, len, off)) = self.record(head, tail)? else { continue };
             if kind == KIND_WRAP {
                 self.skip_wrap(head, off);
                 continue;
@@ -165,7 +176,7 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
             if head == tail {
                 return Ok(None);
             }
-            let (kind, len, off) = self.record(head, tail)?;
+            let Some((kind, len, off)) = self.record(head, tail)? else { continue };
             if kind == KIND_WRAP {
                 self.skip_wrap(head, off);
                 continue;
@@ -193,7 +204,7 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
         }
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
-        if head > tail || tail - head > size as u64 || !tail.is_multiple_of(8) {
+        if head > tail || tail - head > size as u64 || !tail.is_multiple_of(8) || !size.is_multiple_of(8) {
             return Err(Corrupt(format!(
                 "datagram ring positions head {head} tail {tail} are impossible (ring of {size} bytes)"
             )));

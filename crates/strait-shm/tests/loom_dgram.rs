@@ -72,7 +72,12 @@ fn take(s: &Shared, claim_first: bool) -> Option<u64> {
         let off = (head % s.mem.size() as u64) as usize;
         let w = s.mem.word(off).load(Ordering::Relaxed);
         if w >> 32 == 1 {
-            let _ = s.head.compare_exchange(head, head + (s.mem.size() - off) as u64, Ordering::AcqRel, Ordering::Relaxed);
+            let _ = s.head.compare_exchange(
+                head,
+                head + (s.mem.size() - off) as u64,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
             continue;
         }
         if s.head.compare_exchange(head, head + 16, Ordering::AcqRel, Ordering::Relaxed).is_ok() {

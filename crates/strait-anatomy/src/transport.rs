@@ -124,6 +124,12 @@ pub trait TransportSpec: Sync {
         false
     }
 
+    /// What this transport chose on this host for settings left to it, and why, for
+    /// the report (`None`: nothing chosen).
+    fn settings(&self) -> Option<String> {
+        None
+    }
+
     /// Extra environment for this transport's peer process (e.g. `LD_PRELOAD` for
     /// `strait-run`), on top of the launcher's.
     fn peer_env(&self) -> Vec<(String, String)> {

@@ -37,14 +37,18 @@ impl Harness for UdpHarness {
         let lb = UdpLink::from_socket(sb, &cfg).expect("udp link");
         assert_eq!(la.backend(), self.backend, "the backend asked for is the one running");
         let slots = la.tx_slots().expect("a udp link has send slots");
-        self.window = Some(self.rel.window.clamp(2, 32768).min(slots.saturating_sub(16).clamp(2, 32768) as u32));
+        self.window =
+            Some(self.rel.window.clamp(2, 32768).min(slots.saturating_sub(16).clamp(2, 32768) as u32));
         let (mut a, mut b) = (la.reliable(self.rel.clone()), lb.reliable(self.rel.clone()));
         for _ in 0..20_000 {
             if a.is_established() && b.is_established() {
                 return Pair { a, b, wake: None };
             }
             for d in [&mut a, &mut b] {
-                while d.recv_frame(&mut |_| panic!("a frame arrived during the handshake")).expect("handshake") {}
+                while d
+                    .recv_frame(&mut |_| panic!("a frame arrived during the handshake"))
+                    .expect("handshake")
+                {}
                 d.doorbell().expect("handshake doorbell");
             }
             std::thread::sleep(Duration::from_micros(100));

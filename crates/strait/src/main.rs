@@ -411,6 +411,7 @@ fn bench(a: BenchArgs) -> Result<(), BenchError> {
             name: s.name().to_owned(),
             description: s.description().to_owned(),
             busy_poll: s.polls(),
+            settings: s.settings(),
         })
         .collect();
     let report = BenchReport { machine, results, transports };

@@ -9,9 +9,6 @@ use std::process::{Command, ExitCode};
 
 use clap::Args;
 
-/// File name of the preload library (built by `cargo build --release` next to the
-/// `strait` binary).
-
 /// Checks a `--peers` list: addresses or address/prefix, comma-separated.
 fn parse_peers(v: &str) -> Result<String, String> {
     for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {

@@ -147,19 +147,24 @@ impl RunEnd {
     fn send(&mut self, c: &HelperCommand) -> Result<()> {
         let mut text = serde_json::to_string(c).map_err(|e| BenchError::Protocol(e.to_string()))?;
         text.push('\n');
-        self.stdin.write_all(text.as_bytes()).map_err(|e| BenchError::io("write to the strait-run helper", e))?;
+        self.stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| BenchError::io("write to the strait-run helper", e))?;
         self.stdin.flush().map_err(|e| BenchError::io("write to the strait-run helper", e))
     }
 
     fn reply(&mut self) -> Result<Answer> {
         let mut line = String::new();
-        let n =
-            self.stdout.read_line(&mut line).map_err(|e| BenchError::io("read from the strait-run helper", e))?;
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .map_err(|e| BenchError::io("read from the strait-run helper", e))?;
         if n == 0 {
             return Err(BenchError::PeerClosed("the strait-run helper's answer"));
         }
-        let a: Answer = serde_json::from_str(&line)
-            .map_err(|e| BenchError::Protocol(format!("bad answer {line:?} from the strait-run helper: {e}")))?;
+        let a: Answer = serde_json::from_str(&line).map_err(|e| {
+            BenchError::Protocol(format!("bad answer {line:?} from the strait-run helper: {e}"))
+        })?;
         if let Some(e) = a.error {
             return Err(BenchError::transport(NAME, format!("helper: {e}")));
         }
@@ -264,7 +269,9 @@ pub fn helper_main() -> Result<()> {
         let c: HelperCommand = serde_json::from_str(&line)
             .map_err(|e| BenchError::Protocol(format!("helper: bad command {line:?}: {e}")))?;
         let counting = match c {
-            HelperCommand::Ping { count_syscalls, .. } | HelperCommand::Stream { count_syscalls, .. } => count_syscalls,
+            HelperCommand::Ping { count_syscalls, .. } | HelperCommand::Stream { count_syscalls, .. } => {
+                count_syscalls
+            }
             _ => false,
         };
         let counter = counter.as_ref().filter(|_| counting);

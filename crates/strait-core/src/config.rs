@@ -38,9 +38,13 @@ pub struct Config {
     /// Credits per endpoint: how many eager/RTS messages may be outstanding at the
     /// receiver before it returns credits. `STRAIT_CREDITS`, default 64.
     pub credits: u16,
-    /// How long a blocking wait spins before it sleeps; zero never spins.
+    /// How long a blocking wait spins before it sleeps, at most; zero never spins.
     /// `STRAIT_SPIN_US` (microseconds), default 100.
     pub spin: Duration,
+    /// Whether the spin adapts below [`Config::spin`] (see [`crate::spin`]): it
+    /// stops while spins do not pay or the machine is crowded. True by default; an
+    /// explicit `STRAIT_SPIN_US` makes the budget fixed (that is what was asked).
+    pub spin_adaptive: bool,
     /// Rendezvous data movement. `STRAIT_RNDV_MODE` = `auto` | `remote-read` | `copy`.
     pub rndv_mode: RndvMode,
     /// Chunk size for pipelined (copy-mode) transfers. `STRAIT_CHUNK_SIZE`, default
@@ -59,6 +63,7 @@ impl Default for Config {
             eager_threshold: 32768,
             credits: 64,
             spin: Duration::from_micros(100),
+            spin_adaptive: true,
             rndv_mode: RndvMode::Auto,
             chunk_size: 131072,
             pipeline_threshold: 65536,
@@ -118,6 +123,7 @@ impl Config {
         }
         if let Some(v) = env_num("STRAIT_SPIN_US")? {
             c.spin = Duration::from_micros(v);
+            c.spin_adaptive = false;
         }
         if let Ok(v) = std::env::var("STRAIT_RNDV_MODE") {
             c.rndv_mode = match v.trim() {

@@ -12,6 +12,7 @@ pub mod notifier;
 pub mod region;
 pub mod reliable;
 pub mod secret;
+pub mod spin;
 pub mod worker;
 
 pub use api::{Completion, EpId, OpKind, PostError, Status, WaitError};
@@ -22,4 +23,5 @@ pub use notifier::Notifier;
 pub use region::{MemoryRegion, RegionBusy};
 pub use reliable::{PacketAuth, PacketKey, Reliable, ReliableConfig, ReliableStats};
 pub use secret::{load_secret_file, secret_from_env, SecretError, SECRET_ENV};
+pub use spin::SpinPolicy;
 pub use worker::{EndpointStats, Worker};

@@ -4,6 +4,7 @@ pub mod api;
 pub mod config;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod congestion;
 pub mod device;
 mod engine;
 pub mod link;

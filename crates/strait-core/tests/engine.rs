@@ -546,7 +546,11 @@ fn a_waiter_stops_spinning_for_a_slow_peer_and_resumes_for_a_fast_one() {
     assert_eq!(budget_after_slow, Some(Duration::ZERO), "still spinning for a peer that answers in 3 ms");
     // Unless the machine was crowded meanwhile (then the budget is zero for that).
     if crowded_free {
-        assert_eq!(wa.spin_budget(), Duration::from_micros(200), "spinning did not come back for a fast peer");
+        assert_eq!(
+            wa.spin_budget(),
+            Duration::from_micros(200),
+            "spinning did not come back for a fast peer"
+        );
     }
 }
 

@@ -981,6 +981,30 @@ impl<L: Link> Reliable<L> {
         self.c.established
     }
 
+    /// Drives the handshake of two ends of one connection until both are
+    /// established, calling `step` between passes to let time pass (advance a
+    /// virtual clock, or sleep); at most `passes` passes. True if they made it.
+    /// For tests and harnesses that hold both ends (the conformance suites).
+    ///
+    /// # Panics
+    /// If a frame arrives during the handshake (nothing was sent), or a pass fails.
+    pub fn handshake(a: &mut Self, b: &mut Self, passes: usize, mut step: impl FnMut(&Self, &Self)) -> bool {
+        for _ in 0..passes {
+            if a.is_established() && b.is_established() {
+                return true;
+            }
+            for d in [&mut *a, &mut *b] {
+                while d
+                    .recv_frame(&mut |_| panic!("a frame arrived during the handshake"))
+                    .expect("handshake")
+                {}
+                d.doorbell().expect("handshake doorbell");
+            }
+            step(a, b);
+        }
+        a.is_established() && b.is_established()
+    }
+
     /// Why the connection ended, if it did.
     pub fn failure(&self) -> Option<&str> {
         self.c.dead.as_deref()

@@ -461,17 +461,24 @@ fn bad_ranges_are_rejected_without_side_effects() {
     assert!(!wa.has_outstanding());
 }
 
-#[test]
-fn blocking_wait_sleeps_and_is_woken_across_threads() {
-    let cfg = Config { spin: std::time::Duration::ZERO, ..cfg_small() };
+/// Two workers over a loopback pair, each device ringing the other worker's eventfd
+/// (so blocking waits sleep and wake as over a real device).
+fn waking_pair(cfg: Config) -> (W, EpId, W, EpId) {
+    use std::os::fd::AsRawFd;
     let (mut a, mut b) = LoopbackDevice::pair(1 << 16);
     let mut wa = Worker::new(cfg.clone()).unwrap();
     let mut wb = Worker::new(cfg).unwrap();
-    use std::os::fd::AsRawFd;
     a.set_wake_fd(wa.notifier().as_raw_fd());
     b.set_wake_fd(wb.notifier().as_raw_fd());
     let ea = wa.attach(a);
     let eb = wb.attach(b);
+    (wa, ea, wb, eb)
+}
+
+#[test]
+fn blocking_wait_sleeps_and_is_woken_across_threads() {
+    let cfg = Config { spin: std::time::Duration::ZERO, ..cfg_small() };
+    let (mut wa, ea, mut wb, eb) = waking_pair(cfg);
     let t = std::thread::spawn(move || {
         let mut inbox = MemoryRegion::new(8).unwrap();
         for i in 0..200u64 {
@@ -504,14 +511,7 @@ fn a_waiter_stops_spinning_for_a_slow_peer_and_resumes_for_a_fast_one() {
     use std::time::Duration;
     let cfg = Config { spin: Duration::from_micros(200), ..cfg_small() };
     assert!(cfg.spin_adaptive);
-    let (mut a, mut b) = LoopbackDevice::pair(1 << 16);
-    let mut wa = Worker::new(cfg.clone()).unwrap();
-    let mut wb = Worker::new(cfg).unwrap();
-    use std::os::fd::AsRawFd;
-    a.set_wake_fd(wa.notifier().as_raw_fd());
-    b.set_wake_fd(wb.notifier().as_raw_fd());
-    let ea = wa.attach(a);
-    let eb = wb.attach(b);
+    let (mut wa, ea, mut wb, eb) = waking_pair(cfg);
     // The peer echoes 30 messages after 3 ms each, then 200 at once.
     let t = std::thread::spawn(move || {
         let mut inbox = MemoryRegion::new(8).unwrap();

@@ -19,7 +19,7 @@
 //! In both the message was last written by the other thread, as a sender's buffer
 //! is. Each is timed three times over 16 MiB and the best run counts (the others saw
 //! interference); a measurement taken while the machine was busy (load average
-//! above cores less one half) is used but not cached. The remote read is chosen when it is at least 5% faster (the copy
+//! above cores less one half) is cached for ten minutes only. The remote read is chosen when it is at least 5% faster (the copy
 //! path leaves the sender's core free for nothing, but it needs no ptrace permission
 //! and keeps working across users). About 10-30 ms, once per host: the result is
 //! cached in `$XDG_CACHE_HOME/strait/calibration` (else `~/.cache/strait/`), keyed by
@@ -151,8 +151,8 @@ pub fn calibration() -> &'static Calibration {
             remote_read_gbps,
             source: Source::Measured,
         };
-        if let Some(p) = path.filter(|_| keep && quiet()) {
-            let _ = store(&p, &key, &c);
+        if let Some(p) = path {
+            let _ = store(&p, &key, &c, keep && quiet());
         }
         c
     })
@@ -213,6 +213,13 @@ fn load(p: &Path, key: &str) -> Option<Calibration> {
     if decide(copy_gbps, remote_read_gbps) != choice {
         return None;
     }
+    // A measurement from a busy machine serves for a while only, then is taken again.
+    let at = fields.get("at").and_then(|v| v.parse::<u64>().ok())?;
+    match *fields.get("quiet")? {
+        "1" => {}
+        "0" if unix_now().saturating_sub(at) <= BUSY_VALID_S => {}
+        _ => return None,
+    }
     Some(Calibration { choice, copy_gbps, remote_read_gbps, source: Source::Cached(p.to_owned()) })
 }
 
@@ -255,8 +262,17 @@ impl MeasureLock {
     }
 }
 
-/// Writes the cache (folder 0700, file 0600, replaced atomically).
-fn store(p: &Path, key: &str, c: &Calibration) -> std::io::Result<()> {
+/// How long a measurement taken on a busy machine is used, seconds.
+const BUSY_VALID_S: u64 = 600;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Writes the cache (folder 0700, file 0600, replaced atomically); `quiet`: the
+/// machine was quiet while measuring (else the entry expires after
+/// [`BUSY_VALID_S`]).
+fn store(p: &Path, key: &str, c: &Calibration, quiet: bool) -> std::io::Result<()> {
     let dir = p.parent().ok_or_else(|| std::io::Error::other("no folder"))?;
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     if !private(dir) {
@@ -268,10 +284,12 @@ fn store(p: &Path, key: &str, c: &Calibration) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
     writeln!(
         f,
-        "host={key}\nchoice={}\ncopy_gbps={:.3}\nremote_read_gbps={:.3}",
+        "host={key}\nchoice={}\ncopy_gbps={:.3}\nremote_read_gbps={:.3}\nquiet={}\nat={}",
         c.choice.name(),
         c.copy_gbps,
-        c.remote_read_gbps
+        c.remote_read_gbps,
+        u8::from(quiet),
+        unix_now()
     )?;
     drop(f);
     std::fs::rename(&tmp, p).inspect_err(|_| {
@@ -427,7 +445,7 @@ mod tests {
             remote_read_gbps: 10.3,
             source: Source::Measured,
         };
-        store(&p, "host-a", &c).unwrap();
+        store(&p, "host-a", &c, true).unwrap();
         let back = load(&p, "host-a").expect("valid cache");
         assert_eq!(
             (back.choice, back.copy_gbps, back.remote_read_gbps),
@@ -449,7 +467,7 @@ mod tests {
             remote_read_gbps: 1.0,
             source: Source::Measured,
         };
-        store(&p, "h", &c).unwrap();
+        store(&p, "h", &c, true).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(load(&p, "h").is_none(), "a world-writable cache was trusted");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -459,10 +477,42 @@ mod tests {
         assert!(load(&p, "h").is_some());
         // A file that contradicts the rule (say, edited to force remote reads) is not
         // taken.
-        std::fs::write(&p, "host=h\nchoice=remote-read\ncopy_gbps=9.0\nremote_read_gbps=1.0\n").unwrap();
+        std::fs::write(
+            &p,
+            "host=h\nchoice=remote-read\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=1\nat=0\n",
+        )
+        .unwrap();
         assert!(load(&p, "h").is_none(), "a cache contradicting its own numbers was trusted");
         std::fs::write(&p, "garbage").unwrap();
         assert!(load(&p, "h").is_none());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_measurement_from_a_busy_machine_expires() {
+        let d = dir("busy");
+        let p = d.join("calibration");
+        let c = Calibration {
+            choice: RndvChoice::Copy,
+            copy_gbps: 9.0,
+            remote_read_gbps: 1.0,
+            source: Source::Measured,
+        };
+        store(&p, "h", &c, false).unwrap();
+        assert!(load(&p, "h").is_some(), "a fresh busy measurement serves");
+        let old = unix_now() - BUSY_VALID_S - 1;
+        std::fs::write(
+            &p,
+            format!("host=h\nchoice=copy\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=0\nat={old}\n"),
+        )
+        .unwrap();
+        assert!(load(&p, "h").is_none(), "an old busy measurement was still used");
+        std::fs::write(
+            &p,
+            format!("host=h\nchoice=copy\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=1\nat={old}\n"),
+        )
+        .unwrap();
+        assert!(load(&p, "h").is_some(), "a quiet measurement serves for the whole boot");
         let _ = std::fs::remove_dir_all(&d);
     }
 

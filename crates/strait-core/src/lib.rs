@@ -24,5 +24,5 @@ pub use notifier::Notifier;
 pub use region::{MemoryRegion, RegionBusy};
 pub use reliable::{PacketAuth, PacketKey, Reliable, ReliableConfig, ReliableStats};
 pub use secret::{load_secret_file, secret_from_env, SecretError, SECRET_ENV};
-pub use spin::SpinPolicy;
+pub use spin::{Crowding, SpinPolicy};
 pub use worker::{EndpointStats, Worker};

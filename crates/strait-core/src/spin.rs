@@ -31,9 +31,39 @@ pub struct SpinPolicy {
     max: Duration,
     budget: Duration,
     adaptive: bool,
+    crowding: Crowding,
+}
+
+/// Whether the machine is crowded (more runnable threads than cores), from load
+/// samples; one per process can serve many waiters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Crowding {
     crowded: bool,
     /// Consecutive samples that saw more runnable threads than cores.
     over: u8,
+}
+
+impl Crowding {
+    /// Takes a load sample: crowded once two samples in a row saw more runnable
+    /// threads than cores (one can catch a passing kernel thread), uncrowded at the
+    /// first that does not. Two spinning ends on two cores are not crowded: the
+    /// sampler counts itself, and its peer runs too.
+    pub fn sample(&mut self, load: Load) {
+        if load.runnable > load.cores {
+            self.over = self.over.saturating_add(1);
+            if self.over >= 2 {
+                self.crowded = true;
+            }
+        } else {
+            self.over = 0;
+            self.crowded = false;
+        }
+    }
+
+    /// True while the last samples said the machine is crowded.
+    pub fn crowded(&self) -> bool {
+        self.crowded
+    }
 }
 
 /// What one wait did.
@@ -57,17 +87,24 @@ pub struct Load {
 impl SpinPolicy {
     /// A policy that spins at most `max`, starting there and adapting.
     pub fn adaptive(max: Duration) -> Self {
-        SpinPolicy { max, budget: max, adaptive: true, crowded: false, over: 0 }
+        SpinPolicy { max, budget: max, adaptive: true, crowding: Crowding::default() }
     }
 
     /// A policy that always spins exactly `budget` (a configured value).
     pub fn fixed(budget: Duration) -> Self {
-        SpinPolicy { max: budget, budget, adaptive: false, crowded: false, over: 0 }
+        SpinPolicy { max: budget, budget, adaptive: false, crowding: Crowding::default() }
     }
 
-    /// The spin budget for the next wait.
+    /// The spin budget for the next wait, by this policy's own load samples.
     pub fn budget(&self) -> Duration {
-        if self.adaptive && self.crowded {
+        self.budget_when(self.crowding.crowded())
+    }
+
+    /// The spin budget for the next wait when the caller keeps the load samples
+    /// itself (one [`Crowding`] for many waiters): zero while `crowded`, unless the
+    /// budget is fixed.
+    pub fn budget_when(&self, crowded: bool) -> Duration {
+        if self.adaptive && crowded {
             Duration::ZERO
         } else {
             self.budget
@@ -87,25 +124,14 @@ impl SpinPolicy {
         }
     }
 
-    /// Takes a load sample: crowded once two samples in a row saw more runnable
-    /// threads than cores (one can catch a passing kernel thread), uncrowded at the
-    /// first that does not. Two spinning ends on two cores are not crowded: the
-    /// sampler counts itself, and its peer runs too.
+    /// Takes a load sample into this policy's own [`Crowding`].
     pub fn sample(&mut self, load: Load) {
-        if load.runnable > load.cores {
-            self.over = self.over.saturating_add(1);
-            if self.over >= 2 {
-                self.crowded = true;
-            }
-        } else {
-            self.over = 0;
-            self.crowded = false;
-        }
+        self.crowding.sample(load);
     }
 
-    /// True while the last samples said the machine is crowded.
+    /// True while this policy's load samples say the machine is crowded.
     pub fn crowded(&self) -> bool {
-        self.crowded
+        self.crowding.crowded()
     }
 }
 

@@ -287,17 +287,9 @@ fn now_us(now_ns: u64) -> u32 {
 }
 
 fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most `b.len()` bytes into the local buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == b.len() as isize {
-        u64::from_le_bytes(b)
-    } else {
-        // No entropy source: ids only need to differ between incarnations.
-        let t =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        (t as u64) ^ ((std::process::id() as u64) << 32)
-    }
+    // No entropy source: ids only need to differ between incarnations.
+    strait_sys::random_u64()
+        .unwrap_or_else(|| (strait_sys::unix_nanos() as u64) ^ ((std::process::id() as u64) << 32))
 }
 
 /// The connection's state without the link, so that a datagram the link lends out

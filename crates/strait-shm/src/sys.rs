@@ -299,82 +299,14 @@ pub(crate) unsafe fn vm_read(pid: libc::pid_t, remote: u64, dst: *mut u8, len: u
     Ok(())
 }
 
-/// A shared mapping, unmapped on drop.
-pub(crate) struct Mapping {
-    pub(crate) ptr: *mut u8,
-    pub(crate) len: usize,
-}
-
-impl Mapping {
-    pub(crate) fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
-        // SAFETY: maps `len` bytes of a file we hold; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the region `map` created; nothing refers to it after
-        // the owning device is dropped.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// Creates a sealed memfd of `len` bytes (size fixed: shrink, grow and further
 /// sealing are forbidden, so the peer cannot truncate it under us).
 pub(crate) fn sealed_memfd(len: usize) -> io::Result<OwnedFd> {
-    // SAFETY: passes a NUL-terminated literal.
-    let fd = cvt(unsafe {
-        libc::memfd_create(c"strait-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-    })?;
-    // SAFETY: fresh fd owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain syscalls on the fd we own.
-    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
-    // SAFETY: as above.
-    cvt(unsafe {
-        libc::fcntl(
-            fd.as_raw_fd(),
-            libc::F_ADD_SEALS,
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-        )
-    })?;
-    Ok(fd)
+    strait_sys::sealed_memfd(c"strait-shm", len)
 }
 
 /// Checks that a received fd is a memfd of exactly `len` bytes that can no longer
 /// shrink (a peer that could truncate it could make us fault).
 pub(crate) fn check_memfd(fd: &OwnedFd, len: usize) -> Result<(), String> {
-    // SAFETY: stat is plain old data; fstat fills it.
-    let mut st: libc::stat = unsafe { zeroed() };
-    // SAFETY: passes a pointer to a local stat.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
-        return Err(format!("fstat: {}", io::Error::last_os_error()));
-    }
-    if st.st_size as u64 != len as u64 {
-        return Err(format!("shared memory is {} bytes, expected {len}", st.st_size));
-    }
-    // SAFETY: plain syscall.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 {
-        return Err("shared memory is not a sealable memfd".into());
-    }
-    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    if seals & need != need {
-        return Err(format!("shared memory seals {seals:#x} lack shrink/grow/seal"));
-    }
-    Ok(())
+    strait_sys::check_sealed(fd.as_raw_fd(), len).map_err(|e| e.to_string())
 }

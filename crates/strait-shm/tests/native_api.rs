@@ -11,23 +11,12 @@ use std::time::{Duration, Instant};
 
 use strait_core::{Completion, Config, Device, EpId, MemoryRegion, OpKind, RndvMode, Status, Worker};
 use strait_shm::{ShmConfig, ShmDevice, ShmListener};
+use strait_sys::pattern;
 
 type W = Worker<ShmDevice>;
 
 const SIZES: &[usize] =
     &[0, 1, 8, 40, 41, 64, 1000, 4096, 8192, 8193, 32_768, 32_769, 65_536, 65_537, 300_000, 1 << 20, 4 << 20];
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn cfg(mode: RndvMode, spin: Duration) -> Config {
     Config {

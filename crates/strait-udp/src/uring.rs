@@ -22,7 +22,8 @@ use strait_core::{LinkError, LinkStats, SlotPool};
 
 use crate::config::UdpConfig;
 use crate::link::{Moderation, UdpStats, RX_BUF_LEN};
-use crate::sys::{self, Mmap};
+use crate::sys;
+use strait_sys::Mapping;
 
 const UD_KIND: u64 = 0xff << 56;
 const UD_RECV: u64 = 1 << 56;
@@ -87,8 +88,8 @@ pub(crate) struct UringLink {
     gso_free: Vec<u32>,
     zc_min: usize,
     rx_hdr: Box<libc::msghdr>,
-    bufring: Mmap,
-    rx_mem: Mmap,
+    bufring: Mapping,
+    rx_mem: Mapping,
     rx_count: u16,
     rx_tail: u16,
     /// Buffers in the ring that the kernel has not taken yet.
@@ -183,8 +184,8 @@ impl UringLink {
 
         // Provided-buffer ring and its buffers.
         let rx_count = rx_bufs.clamp(8, 32768) as u16;
-        let bufring = Mmap::new(rx_count as usize * 16)?;
-        let rx_mem = Mmap::new(rx_count as usize * RX_BUF_LEN)?;
+        let bufring = sys::anonymous_pages(rx_count as usize * 16)?;
+        let rx_mem = sys::anonymous_pages(rx_count as usize * RX_BUF_LEN)?;
         // SAFETY: `bufring` is page-aligned memory of `rx_count` 16-byte entries that
         // lives until after the ring is gone.
         unsafe { ring.submitter().register_buf_ring_with_flags(bufring.ptr() as u64, rx_count, BGID, 0)? };

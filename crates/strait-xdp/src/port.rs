@@ -240,17 +240,9 @@ fn io_err(op: &'static str) -> XdpError {
 }
 
 fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: getrandom writes at most `b.len()` bytes into the local buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == b.len() as isize {
-        u32::from_le_bytes(b)
-    } else {
-        // No entropy source: ids only need to differ from the ones in use.
-        let t =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        (t as u32).wrapping_mul(0x9e37_79b9) ^ std::process::id()
-    }
+    // No entropy source: ids only need to differ from the ones in use.
+    strait_sys::random_u32()
+        .unwrap_or_else(|| (strait_sys::unix_nanos() as u32).wrapping_mul(0x9e37_79b9) ^ std::process::id())
 }
 
 impl XdpPort {

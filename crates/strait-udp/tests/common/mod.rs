@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use strait_core::{
     Config, EndpointStats, EpId, MemoryRegion, OpKind, ReliableConfig, ReliableStats, Status, Worker,
 };
+use strait_sys::pattern;
 use strait_udp::netns::VethPair;
 use strait_udp::{Backend, UdpConfig, UdpDevice, UdpLink, UdpStats};
 use strait_wire::packet::{self, PacketHeader, PacketKind, FLAG_FIRST, FLAG_LAST, PACKET_HEADER_LEN};
@@ -38,18 +39,6 @@ pub const SIZES: &[usize] = &[
     1 << 20,
     4 << 20,
 ];
-
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 pub fn cfg(backend: Backend) -> UdpConfig {
     UdpConfig { backend, ..UdpConfig::default() }

@@ -9,36 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The preload library next to the peer binary. `cargo test` does not build a
-/// cdylib, so the first call builds it with the same cargo, profile and target dir.
+/// The preload library next to the peer binary, built on first use.
 pub fn lib(peer: &str) -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let peer = PathBuf::from(peer);
-            let profile_dir = peer.parent().expect("profile dir");
-            let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile name").to_string();
-            let target_dir = profile_dir.parent().expect("target dir");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut c = Command::new(cargo);
-            c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"])
-                .arg(target_dir);
-            match profile.as_str() {
-                "debug" => {}
-                "release" => {
-                    c.arg("--release");
-                }
-                p => {
-                    c.args(["--profile", p]);
-                }
-            }
-            let st = c.status().expect("run cargo build for libstrait_preload.so");
-            assert!(st.success(), "building libstrait_preload.so failed");
-            let p = profile_dir.join("libstrait_preload.so");
-            assert!(p.exists(), "{} missing after the build", p.display());
-            p
-        })
-        .clone()
+    strait_testkit::preload_lib_beside(peer)
 }
 
 pub fn cmd(peer: &str, preload: bool, args: &[&str]) -> Command {
@@ -100,15 +73,5 @@ pub fn check(o: &Out, what: &str) {
 
 /// Sum of counter `name` over the `strait-preload: pid ...` statistics lines.
 pub fn stat_sum(o: &Out, name: &str) -> usize {
-    stat(&o.stderr, name)
-}
-
-/// Sum of counter `name` over the statistics lines in `stderr`.
-pub fn stat(stderr: &str, name: &str) -> usize {
-    let key = format!(" {name} ");
-    stderr
-        .lines()
-        .filter(|l| l.starts_with("strait-preload: pid "))
-        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
-        .sum()
+    strait_testkit::stat(&o.stderr, name)
 }

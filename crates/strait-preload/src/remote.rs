@@ -37,7 +37,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -379,25 +379,10 @@ fn udp_socket(v6: bool) -> Option<UdpSocket> {
 /// program's mapping of it.
 fn new_rings() -> Option<(c_int, Shm)> {
     let ring = Settings::get().ring;
-    // SAFETY: NUL-terminated literal name.
-    let memfd = unsafe {
-        libc::memfd_create(c"strait-tcp-remote".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-    };
-    if memfd < 0 {
-        return None;
-    }
-    // SAFETY: plain syscalls on the memfd we own. Sealed like a local connection's,
-    // so a program this one execs can check what it is handed.
-    let sized = unsafe {
-        libc::ftruncate(memfd, (HDR + 2 * ring) as libc::off_t) == 0
-            && real::fcntl(
-                memfd,
-                libc::F_ADD_SEALS,
-                (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
-            ) == 0
-    };
-    let shm = if sized { Shm::map(memfd, ring) } else { None };
-    let Some(shm) = shm else {
+    // Sealed like a local connection's, so a program this one execs can check what
+    // it is handed.
+    let memfd = strait_sys::sealed_memfd(c"strait-tcp-remote", HDR + 2 * ring).ok()?.into_raw_fd();
+    let Some(shm) = Shm::map(memfd, ring) else {
         close_all(&[memfd]);
         return None;
     };

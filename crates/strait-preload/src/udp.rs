@@ -38,6 +38,7 @@
 //!   frees the channel once the receiver drained it.
 
 use std::collections::HashMap;
+use std::os::fd::IntoRawFd;
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -1139,24 +1140,12 @@ fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
         return None;
     };
     let ring = ring_size();
-    // SAFETY: NUL-terminated literal name.
-    let memfd =
-        unsafe { libc::memfd_create(c"strait-udp".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if memfd < 0 {
+    let Ok(memfd) = strait_sys::sealed_memfd(c"strait-udp", HDR + ring) else {
         close_all(&[u]);
         return None;
-    }
-    // SAFETY: plain syscalls on the memfd we own.
-    let sized = unsafe {
-        libc::ftruncate(memfd, (HDR + ring) as libc::off_t) == 0
-            && real::fcntl(
-                memfd,
-                libc::F_ADD_SEALS,
-                (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
-            ) == 0
     };
-    let map = if sized { Map::open(memfd, ring) } else { None };
-    let Some(map) = map else {
+    let memfd = memfd.into_raw_fd();
+    let Some(map) = Map::open(memfd, ring) else {
         close_all(&[memfd, u]);
         return None;
     };

@@ -5,6 +5,9 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::warm;
 use strait_core::Link;
 use strait_udp::netns::VethPair;
 use strait_udp::{Backend, UdpConfig, UdpLink};
@@ -108,15 +111,7 @@ fn datagrams(backend: Backend) {
     assert_eq!(s.datagrams_dropped, 0);
 }
 
-#[test]
-fn loopback_datagrams_uring() {
-    datagrams(Backend::Uring);
-}
-
-#[test]
-fn loopback_datagrams_mmsg() {
-    datagrams(Backend::Mmsg);
-}
+common::test_per_backend!(loopback_datagrams_uring, loopback_datagrams_mmsg: datagrams);
 
 /// One doorbell per batch: 200 datagrams queued, one flush, a handful of system
 /// calls (the ring holds 256).
@@ -352,24 +347,6 @@ fn veth_datagrams_both_backends_v4_v6() {
             exchange(&mut a, &mut b, &lens, 100);
             exchange(&mut b, &mut a, &lens, 7);
         }
-    }
-}
-
-/// Resolves the neighbours (ARP/ND) both ways before the test proper: datagrams
-/// sent during resolution may be dropped, and the link does not resend.
-fn warm(a: &UdpSocket, b: &UdpSocket) {
-    for (x, y) in [(a, b), (b, a)] {
-        y.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-        let mut buf = [0u8; 16];
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            assert!(Instant::now() < deadline, "no datagram crosses the veth pair");
-            x.send(b"warm").unwrap();
-            if y.recv(&mut buf).is_ok() {
-                break;
-            }
-        }
-        y.set_read_timeout(None).unwrap();
     }
 }
 

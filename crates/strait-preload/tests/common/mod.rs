@@ -66,6 +66,43 @@ pub fn spawn_lines(c: &mut Command) -> (Child, mpsc::Receiver<String>) {
     (child, rx)
 }
 
+/// A peer server, started and past the `PORT n` line it prints when it listens.
+pub struct Server {
+    pub child: Child,
+    pub lines: mpsc::Receiver<String>,
+    /// Its first line (kept for its output).
+    pub first: String,
+    pub port: String,
+}
+
+impl Server {
+    /// Starts `c` and waits (10 s at most) for its port.
+    pub fn start(c: &mut Command) -> Server {
+        let (child, lines) = spawn_lines(c);
+        let first = lines.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
+        let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
+        Server { child, lines, first, port }
+    }
+
+    /// Waits for the server to end (killed at `deadline`) and collects its output.
+    pub fn finish(self, deadline: Instant) -> Out {
+        finish(self.child, self.lines, self.first, deadline)
+    }
+}
+
+/// Runs `server`, then the client `client` makes for the server's port, both to the
+/// end (killed at `deadline`); returns (server, client) output.
+pub fn server_and_client(
+    server: &mut Command,
+    client: impl FnOnce(&str) -> Command,
+    deadline: Instant,
+) -> (Out, Out) {
+    let s = Server::start(server);
+    let (c, crx) = spawn_lines(&mut client(&s.port));
+    let c = finish(c, crx, String::new(), deadline);
+    (s.finish(deadline), c)
+}
+
 /// Fails the test with both outputs unless the process succeeded.
 pub fn check(o: &Out, what: &str) {
     assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);

@@ -354,3 +354,23 @@ pub fn hostile(rng: &mut Rng, class: usize, h: &PacketHeader) -> Vec<u8> {
 pub fn dropped(r: &ReliableStats) -> u64 {
     r.bad_checksum + r.bad_header + r.wrong_conn + r.out_of_window + r.duplicates
 }
+
+/// One `#[test]` per backend, `$uring` and `$mmsg`, each running `$run(backend,
+/// $args...)`: the tests that differ only in the backend are written once.
+// Not every test binary has per-backend tests.
+#[allow(unused_macros)]
+macro_rules! test_per_backend {
+    ($uring:ident, $mmsg:ident: $run:path $(, $arg:expr)*) => {
+        #[test]
+        fn $uring() {
+            $run(strait_udp::Backend::Uring $(, $arg)*);
+        }
+
+        #[test]
+        fn $mmsg() {
+            $run(strait_udp::Backend::Mmsg $(, $arg)*);
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use test_per_backend;

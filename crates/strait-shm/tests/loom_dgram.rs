@@ -10,36 +10,14 @@
 //! must be caught.
 #![cfg(loom)]
 
+mod loom_common;
+
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
+use loom_common::LoomMem;
 use strait_shm::dgram::{DgramRing, Pushed};
 use strait_shm::ring::{ByteArea, WordArea};
-
-struct LoomMem(Vec<AtomicU64>);
-
-impl WordArea for LoomMem {
-    fn word(&self, offset: usize) -> &AtomicU64 {
-        &self.0[offset / 8]
-    }
-}
-
-impl ByteArea for LoomMem {
-    fn size(&self) -> usize {
-        self.0.len() * 8
-    }
-    unsafe fn store(&self, offset: usize, src: &[u8]) {
-        assert!(offset % 8 == 0 && src.len() % 8 == 0, "model payloads are whole words");
-        for (i, w) in src.chunks(8).enumerate() {
-            self.0[offset / 8 + i].store(u64::from_le_bytes(w.try_into().unwrap()), Ordering::Relaxed);
-        }
-    }
-    unsafe fn load(&self, offset: usize, dst: &mut [u8]) {
-        for (i, w) in dst.chunks_mut(8).enumerate() {
-            w.copy_from_slice(&self.0[offset / 8 + i].load(Ordering::Relaxed).to_le_bytes());
-        }
-    }
-}
 
 struct Shared {
     mem: LoomMem,
@@ -114,7 +92,7 @@ fn run(words: usize, n: u64, claim_first: bool) {
     b.preemption_bound = Some(2);
     b.check(move || {
         let s = Arc::new(Shared {
-            mem: LoomMem((0..words).map(|_| AtomicU64::new(0)).collect()),
+            mem: LoomMem::new(words * 8),
             tail: AtomicU64::new(0),
             head: AtomicU64::new(0),
         });

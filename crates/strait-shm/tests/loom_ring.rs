@@ -14,44 +14,15 @@
 //!   catch the broken variant, or it proves nothing).
 #![cfg(loom)]
 
+mod loom_common;
+
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
+use loom_common::LoomMem;
 use strait_shm::ring::{
-    announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, Consumer, Producer, RingMemory, WordArea,
+    announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, Consumer, Producer, RingMemory,
 };
-
-/// The data area as 8-byte words.
-struct LoomMem(Vec<AtomicU64>);
-
-impl LoomMem {
-    fn new(size: usize) -> Self {
-        LoomMem((0..size / 8).map(|_| AtomicU64::new(0)).collect())
-    }
-}
-
-impl WordArea for LoomMem {
-    fn word(&self, offset: usize) -> &AtomicU64 {
-        &self.0[offset / 8]
-    }
-}
-
-impl ByteArea for LoomMem {
-    fn size(&self) -> usize {
-        self.0.len() * 8
-    }
-    unsafe fn store(&self, offset: usize, src: &[u8]) {
-        assert!(offset % 8 == 0 && src.len() % 8 == 0, "model payloads are whole words");
-        for (i, w) in src.chunks(8).enumerate() {
-            self.0[offset / 8 + i].store(u64::from_le_bytes(w.try_into().unwrap()), Ordering::Relaxed);
-        }
-    }
-    unsafe fn load(&self, offset: usize, dst: &mut [u8]) {
-        for (i, w) in dst.chunks_mut(8).enumerate() {
-            w.copy_from_slice(&self.0[offset / 8 + i].load(Ordering::Relaxed).to_le_bytes());
-        }
-    }
-}
 
 struct Shared {
     mem: LoomMem,

@@ -9,6 +9,7 @@
 
 pub mod memfd;
 pub mod mmap;
+pub mod netns;
 pub mod pattern;
 pub mod random;
 pub mod scm;

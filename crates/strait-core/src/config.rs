@@ -112,6 +112,20 @@ pub fn env_num_in(
     }
 }
 
+/// A variable naming one of `choices` (after trimming): its value, `None` when
+/// `var` is unset; `why` lists the choices in the error.
+pub fn env_choice<T: Copy>(
+    var: &'static str,
+    choices: &[(&str, T)],
+    why: &'static str,
+) -> Result<Option<T>, ConfigError> {
+    let Ok(v) = std::env::var(var) else { return Ok(None) };
+    match choices.iter().find(|(name, _)| *name == v.trim()) {
+        Some(&(_, t)) => Ok(Some(t)),
+        None => Err(ConfigError { var, value: v, why }),
+    }
+}
+
 /// A 0/1 switch: `None` when `var` is unset.
 pub fn env_flag(var: &'static str) -> Result<Option<bool>, ConfigError> {
     Ok(env_num_in(var, 0..=1, "must be 0 or 1")?.map(|v| v == 1))
@@ -130,19 +144,14 @@ impl Config {
         if let Some(v) = env_num("STRAIT_SPIN_US")? {
             c.spin = Duration::from_micros(v);
         }
-        if let Ok(v) = std::env::var("STRAIT_RNDV_MODE") {
-            c.rndv_mode = match v.trim() {
-                "auto" => RndvMode::Auto,
-                "remote-read" | "cma" => RndvMode::RemoteRead,
-                "copy" => RndvMode::Copy,
-                _ => {
-                    return Err(ConfigError {
-                        var: "STRAIT_RNDV_MODE",
-                        value: v,
-                        why: "expected auto, remote-read or copy",
-                    })
-                }
-            };
+        let modes = [
+            ("auto", RndvMode::Auto),
+            ("remote-read", RndvMode::RemoteRead),
+            ("cma", RndvMode::RemoteRead),
+            ("copy", RndvMode::Copy),
+        ];
+        if let Some(m) = env_choice("STRAIT_RNDV_MODE", &modes, "expected auto, remote-read or copy")? {
+            c.rndv_mode = m;
         }
         if let Some(v) = env_num_in("STRAIT_CHUNK_SIZE", 1..=u64::MAX, "must be positive")? {
             c.chunk_size = v as usize;

@@ -1,6 +1,6 @@
 //! Settings of the udp link, each with a default and a `STRAIT_UDP_*` override.
 
-use strait_core::config::{env_flag, env_num, env_num_in};
+use strait_core::config::{env_choice, env_flag, env_num, env_num_in};
 use strait_core::ConfigError;
 
 /// How the link talks to the kernel.
@@ -82,19 +82,15 @@ impl UdpConfig {
     /// Defaults overridden by any `STRAIT_UDP_*` variables that are set.
     pub fn from_env() -> Result<Self, ConfigError> {
         let mut c = UdpConfig::default();
-        if let Ok(v) = std::env::var("STRAIT_UDP_BACKEND") {
-            c.backend = match v.trim() {
-                "auto" | "" => Backend::Auto,
-                "uring" | "io_uring" => Backend::Uring,
-                "mmsg" => Backend::Mmsg,
-                _ => {
-                    return Err(ConfigError {
-                        var: "STRAIT_UDP_BACKEND",
-                        value: v,
-                        why: "expected auto, uring or mmsg",
-                    })
-                }
-            };
+        let backends = [
+            ("auto", Backend::Auto),
+            ("", Backend::Auto),
+            ("uring", Backend::Uring),
+            ("io_uring", Backend::Uring),
+            ("mmsg", Backend::Mmsg),
+        ];
+        if let Some(b) = env_choice("STRAIT_UDP_BACKEND", &backends, "expected auto, uring or mmsg")? {
+            c.backend = b;
         }
         if let Some(v) = env_num("STRAIT_UDP_MAX_DATAGRAM")? {
             if v != 0 && !(256..=65507).contains(&v) {

@@ -38,7 +38,7 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -1639,17 +1639,8 @@ impl Bridge {
 }
 
 /// This process's id, cached (refreshed in a forked child by [`after_fork_child`]).
-static PID: AtomicU32 = AtomicU32::new(0);
-
 fn current_pid() -> u32 {
-    match PID.load(Ordering::Relaxed) {
-        0 => {
-            let p = owner_pid();
-            PID.store(p, Ordering::Relaxed);
-            p
-        }
-        p => p,
-    }
+    strait_sys::current_pid()
 }
 
 // ------------------------------------------------------------------ background
@@ -1843,7 +1834,7 @@ pub fn end_bridges() {
 /// In a forked child: refresh the cached process id (the bridges stay the parent's:
 /// the child's reads and writes go through the rings, which the parent drives).
 pub fn after_fork_child() {
-    PID.store(0, Ordering::Relaxed);
+    strait_sys::forget_pid();
 }
 
 #[cfg(test)]

@@ -22,6 +22,38 @@ fn sys(op: &'static str, r: libc::c_int) -> Result<libc::c_int, XdpError> {
     }
 }
 
+/// Transmit bookkeeping of one UMEM frame: the sends the kernel has not completed,
+/// and whether its owner gave it back. It is free once both are done.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct TxState {
+    /// Transmissions queued or in flight.
+    pub(crate) pending: u32,
+    /// The owner gave it back; free once `pending` is zero.
+    pub(crate) released: bool,
+}
+
+impl TxState {
+    /// The owner gives the frame back: true if it is free now; otherwise the
+    /// completion of its last transmission frees it ([`TxState::complete`]).
+    pub(crate) fn release(&mut self) -> bool {
+        if self.pending == 0 {
+            return true;
+        }
+        self.released = true;
+        false
+    }
+
+    /// One of its transmissions completed: true if that freed the frame.
+    pub(crate) fn complete(&mut self) -> bool {
+        self.pending = self.pending.saturating_sub(1);
+        let freed = self.pending == 0 && self.released;
+        if freed {
+            self.released = false;
+        }
+        freed
+    }
+}
+
 /// One mapped ring.
 struct Ring {
     /// Kept for its drop: the words below point into it.

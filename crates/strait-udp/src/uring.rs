@@ -21,7 +21,7 @@ use io_uring::{cqueue, opcode, types, IoUring};
 use strait_core::{LinkError, LinkStats, SlotPool};
 
 use crate::config::UdpConfig;
-use crate::link::{Moderation, UdpStats, RX_BUF_LEN};
+use crate::link::{queue_send, Moderation, UdpStats, RX_BUF_LEN};
 use crate::sys;
 use strait_sys::Mapping;
 
@@ -285,16 +285,7 @@ impl UringLink {
     }
 
     pub(crate) fn send(&mut self, slot: u32, len: usize) -> Result<bool, LinkError> {
-        if slot >= self.pool.count() || len > self.pool.slot_len() {
-            return Err(LinkError::BadSlot { slot, len });
-        }
-        if self.txq.len() >= self.ring_cap {
-            self.stats.send_full += 1;
-            return Ok(false);
-        }
-        self.pool.begin_tx(slot);
-        self.txq.push_back((slot, len as u32));
-        Ok(true)
+        queue_send(&mut self.pool, &mut self.txq, self.ring_cap, &mut self.stats, slot, len)
     }
 
     /// Hands a receive buffer back to the kernel, or keeps it back while the ring

@@ -37,6 +37,14 @@ fn fill(seed: u32, b: &mut [u8]) {
     }
 }
 
+/// Sends datagram `seed` of `len` bytes (filled by [`fill`]) from `a`, unflushed.
+fn send_filled(a: &mut UdpLink, seed: u32, len: usize) {
+    let slot = a.tx_alloc().unwrap();
+    fill(seed, &mut a.tx_buf(slot)[..len]);
+    assert!(a.send(slot, len).unwrap());
+    a.tx_release(slot);
+}
+
 /// Sends `lens.len()` datagrams (the first four bytes number them) in batches of
 /// `batch` per flush, receives them all, checks every byte; returns the sender.
 fn exchange(tx: &mut UdpLink, rx: &mut UdpLink, lens: &[usize], batch: usize) {
@@ -121,10 +129,7 @@ fn one_doorbell_per_batch() {
         let (mut a, mut b) = loopback_pair(&cfg(backend));
         let before = a.stats().doorbells;
         for i in 0..200u32 {
-            let slot = a.tx_alloc().unwrap();
-            fill(i, &mut a.tx_buf(slot)[..64]);
-            assert!(a.send(slot, 64).unwrap());
-            a.tx_release(slot);
+            send_filled(&mut a, i, 64);
         }
         a.flush().unwrap();
         let rung = a.stats().doorbells - before;
@@ -146,10 +151,7 @@ fn moderation_defers_and_delivers() {
     let (mut a, mut b) = loopback_pair(&c);
     let before = a.stats().doorbells;
     for i in 0..50u32 {
-        let slot = a.tx_alloc().unwrap();
-        fill(i, &mut a.tx_buf(slot)[..100]);
-        assert!(a.send(slot, 100).unwrap());
-        a.tx_release(slot);
+        send_filled(&mut a, i, 100);
         a.flush().unwrap();
     }
     assert!(a.stats().doorbells - before <= 2, "{} doorbells for 50 flushes", a.stats().doorbells - before);
@@ -193,10 +195,7 @@ fn one_flush(a: &mut UdpLink, b: &mut UdpLink, n_full: usize) -> (u64, u64) {
     let lens: Vec<usize> = (0..=n_full).map(|i| if i < n_full { mtu } else { 700 }).collect();
     let (a0, b0) = (a.stats(), b.stats());
     for (i, &len) in lens.iter().enumerate() {
-        let slot = a.tx_alloc().unwrap();
-        fill(i as u32, &mut a.tx_buf(slot)[..len]);
-        assert!(a.send(slot, len).unwrap());
-        a.tx_release(slot);
+        send_filled(a, i as u32, len);
     }
     a.flush().unwrap();
     let a_rung = a.stats().doorbells - a0.doorbells;

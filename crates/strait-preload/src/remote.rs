@@ -339,10 +339,7 @@ fn parse_message(m: &[u8]) -> Option<Message> {
 /// 64 bits from the kernel's random pool (`getrandom`); `None` if it has none (then
 /// no connection is carried: a guessable nonce would let an off-path host take it).
 fn random_u64() -> Option<u64> {
-    let mut v = 0u64;
-    // SAFETY: getrandom fills the 8 bytes of a local.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    (n == 8).then_some(v)
+    strait_sys::random_u64()
 }
 
 /// An address as the 16 bytes of a key (IPv4 v4-mapped).

@@ -60,7 +60,8 @@ use strait_wire::packet::{
     PACKET_HEADER_LEN, TAG_LEN,
 };
 
-use crate::config::{env_flag, env_num, env_num_in, ConfigError};
+use crate::config::{env_choice, env_flag, env_num, env_num_in, ConfigError};
+use crate::congestion::{Congestion, Cubic};
 use crate::device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
 use crate::link::{Link, LinkError, LinkStats};
 
@@ -103,6 +104,9 @@ pub struct ReliableConfig {
     /// Authenticate every packet with these keys (the peer's `tx` is our `rx`);
     /// `None`: CRC only. Set by the caller (never from the environment).
     pub auth: Option<PacketAuth>,
+    /// Congestion control ([`crate::congestion`]). `STRAIT_REL_CC` = `cubic`
+    /// (default) | `off`.
+    pub congestion: Congestion,
 }
 
 /// The keys of an authenticated connection, one per direction (so a packet
@@ -130,6 +134,7 @@ impl Default for ReliableConfig {
             payload_crc: false,
             nonce: None,
             auth: None,
+            congestion: Congestion::Cubic,
         }
     }
 }
@@ -167,6 +172,10 @@ impl ReliableConfig {
         }
         if let Some(v) = env_flag("STRAIT_REL_PAYLOAD_CRC")? {
             c.payload_crc = v;
+        }
+        let controls = [("cubic", Congestion::Cubic), ("off", Congestion::Off)];
+        if let Some(cc) = env_choice("STRAIT_REL_CC", &controls, "expected cubic or off")? {
+            c.congestion = cc;
         }
         Ok(c)
     }
@@ -209,6 +218,12 @@ pub struct ReliableStats {
     pub out_of_window: u64,
     /// Round-trip time estimate, nanoseconds (0 until measured).
     pub srtt_ns: u64,
+    /// Congestion window, packets (0 with congestion control off).
+    pub cwnd: u32,
+    /// Congestion window reductions for losses (one per recovery episode).
+    pub cc_reductions: u64,
+    /// Congestion window restarts after retransmission timeouts.
+    pub cc_timeouts: u64,
     /// Link counters.
     pub link: LinkStats,
 }
@@ -308,6 +323,11 @@ struct Conn {
     /// 6298 5.3), so a receiver that is busy but keeps acknowledging does not
     /// draw spurious timeouts for the packets it has not reached yet.
     progress_ns: u64,
+    /// The congestion window's state (`None`: congestion control off).
+    cc: Option<Cubic>,
+    /// During a loss recovery episode: the first sequence number sent after the
+    /// loss; the episode ends once it is acknowledged (one reduction per episode).
+    recovery_until: Option<u32>,
     /// Slots to give back to the link.
     release: Vec<u32>,
     /// A stranger's data packet to answer with a RESET (its source id).
@@ -338,8 +358,23 @@ struct Conn {
 }
 
 impl Conn {
+    /// Packets that may be unacknowledged: the window, the peer's window and the
+    /// congestion window, whichever is smallest.
     fn data_window(&self) -> usize {
-        self.cfg.window.min(self.peer_window).max(1) as usize
+        let w = self.cfg.window.min(self.peer_window);
+        let w = self.cc.as_ref().map_or(w, |cc| w.min(cc.window()));
+        w.max(1) as usize
+    }
+
+    /// A loss was found at `now`: the first of a recovery episode reduces the
+    /// congestion window.
+    fn on_loss(&mut self, now: u64) {
+        if self.recovery_until.is_none() {
+            if let Some(cc) = &mut self.cc {
+                cc.on_loss(now);
+            }
+            self.recovery_until = Some(self.snd_next);
+        }
     }
 
     fn sack_bits(&self) -> u64 {
@@ -433,9 +468,13 @@ impl Conn {
             self.rstats.out_of_window += 1;
             return false;
         }
+        let mut delivered = 0usize;
         if acked > 0 {
             let mut clean = true;
             for p in self.inflight.drain(..acked) {
+                if !p.sacked {
+                    delivered += 1;
+                }
                 if let Some(slot) = p.slot {
                     self.release.push(slot);
                 }
@@ -467,6 +506,7 @@ impl Conn {
                 if let Some(p) = self.inflight.get_mut(idx) {
                     if !p.sacked {
                         p.sacked = true;
+                        delivered += 1;
                         if p.retx == 0 {
                             self.rack_sent_ns = self.rack_sent_ns.max(p.sent_ns);
                         }
@@ -480,6 +520,14 @@ impl Conn {
             if let Some(top) = highest {
                 self.sacked_above = self.sacked_above.max(top + 1);
                 self.fast_retransmit(now);
+            }
+        }
+        if self.recovery_until.is_some_and(|r| !seq_lt(self.snd_una, r)) {
+            self.recovery_until = None;
+        }
+        if self.recovery_until.is_none() {
+            if let Some(cc) = &mut self.cc {
+                cc.on_ack(delivered, now, self.srtt_ns);
             }
         }
         true
@@ -505,6 +553,7 @@ impl Conn {
         let rtt = self.srtt_ns.max(self.cfg.rto_min_ns / 4);
         let newest = self.rack_sent_ns;
         let mut next_due: Option<u64> = None;
+        let mut lost = false;
         // Newest first, each to the front: the queue ends up oldest first.
         for p in self.inflight.iter_mut().take(self.sacked_above).rev() {
             if p.sacked || p.queued || p.sent_ns == 0 {
@@ -516,9 +565,13 @@ impl Conn {
                 p.retx += 1;
                 self.resend.push_front(p.seq);
                 self.rstats.fast_retransmits += 1;
+                lost = true;
             } else {
                 next_due = Some(next_due.map_or(due, |d| d.min(due)));
             }
+        }
+        if lost {
+            self.on_loss(now);
         }
         next_due
     }
@@ -837,6 +890,11 @@ impl<L: Link> Reliable<L> {
             sacked_above: 0,
             rack_sent_ns: 0,
             progress_ns: 0,
+            cc: match cfg.congestion {
+                Congestion::Cubic => Some(Cubic::new()),
+                Congestion::Off => None,
+            },
+            recovery_until: None,
             release: Vec::new(),
             reset_to: None,
             syn_now: false,
@@ -879,6 +937,30 @@ impl<L: Link> Reliable<L> {
         self.c.established
     }
 
+    /// Drives the handshake of two ends of one connection until both are
+    /// established, calling `step` between passes to let time pass (advance a
+    /// virtual clock, or sleep); at most `passes` passes. True if they made it.
+    /// For tests and harnesses that hold both ends (the conformance suites).
+    ///
+    /// # Panics
+    /// If a frame arrives during the handshake (nothing was sent), or a pass fails.
+    pub fn handshake(a: &mut Self, b: &mut Self, passes: usize, mut step: impl FnMut(&Self, &Self)) -> bool {
+        for _ in 0..passes {
+            if a.is_established() && b.is_established() {
+                return true;
+            }
+            for d in [&mut *a, &mut *b] {
+                while d
+                    .recv_frame(&mut |_| panic!("a frame arrived during the handshake"))
+                    .expect("handshake")
+                {}
+                d.doorbell().expect("handshake doorbell");
+            }
+            step(a, b);
+        }
+        a.is_established() && b.is_established()
+    }
+
     /// Why the connection ended, if it did.
     pub fn failure(&self) -> Option<&str> {
         self.c.dead.as_deref()
@@ -898,6 +980,10 @@ impl<L: Link> Reliable<L> {
     pub fn rstats(&self) -> ReliableStats {
         let mut s = self.c.rstats;
         s.srtt_ns = self.c.srtt_ns;
+        if let Some(cc) = &self.c.cc {
+            s.cwnd = cc.window();
+            (s.cc_reductions, s.cc_timeouts) = cc.events();
+        }
         s.link = self.link.stats();
         s
     }
@@ -1137,6 +1223,10 @@ impl<L: Link> Reliable<L> {
         }
         if expired {
             self.c.backoff = (self.c.backoff + 1).min(16);
+            if let Some(cc) = &mut self.c.cc {
+                cc.on_timeout();
+            }
+            self.c.recovery_until = Some(self.c.snd_next);
         }
         self.c.fast_retransmit(now);
         if !self.c.peer_fin

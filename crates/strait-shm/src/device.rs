@@ -13,6 +13,7 @@ use strait_core::{ConfigError, Notifier};
 use thiserror::Error;
 
 use crate::area::{ByteArea, MappedArea};
+use crate::calibrate::{self, RndvChoice};
 use crate::ring::{self, AtomicU64, Consumer, Producer};
 use crate::sys;
 use strait_sys::Mapping;
@@ -580,6 +581,9 @@ pub struct ShmDevice {
     /// its pid could have been reused.
     pidfd: Option<OwnedFd>,
     remote_read_ok: bool,
+    /// Remote reads measured faster than the pipelined copy on this host
+    /// ([`calibrate`]), and possible for this peer.
+    prefer_remote_read: bool,
     tx: Producer,
     rx: Consumer,
     tx_data: MappedArea,
@@ -728,6 +732,8 @@ impl ShmDevice {
             }
             None => false,
         };
+        // Measured once per host (cached), and only where it could matter.
+        let prefer_remote_read = remote_read_ok && calibrate::calibration().choice == RndvChoice::RemoteRead;
         Ok(ShmDevice {
             tx_data: data(tx_ring),
             rx_data: data(rx_ring),
@@ -738,6 +744,7 @@ impl ShmDevice {
             peer_uid: cred.uid,
             pidfd,
             remote_read_ok,
+            prefer_remote_read,
             tx: Producer::new(ring_bytes),
             rx: Consumer::new(ring_bytes),
             tx_ring,
@@ -975,6 +982,10 @@ impl Device for ShmDevice {
 
     fn supports_remote_read(&self) -> bool {
         self.remote_read_ok
+    }
+
+    fn prefers_remote_read(&self) -> bool {
+        self.prefer_remote_read && self.remote_read_ok
     }
 
     unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {

@@ -52,6 +52,8 @@
 //! ```
 
 pub mod area;
+#[cfg(not(loom))]
+pub mod calibrate;
 pub mod dgram;
 pub mod ring;
 pub mod stream;

@@ -10,12 +10,12 @@
 //! must be caught.
 #![cfg(loom)]
 
-mod loom_common;
+mod loom_mem;
+use loom_mem::LoomMem;
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use loom_common::LoomMem;
 use strait_shm::dgram::{DgramRing, Pushed};
 use strait_shm::ring::{ByteArea, WordArea};
 

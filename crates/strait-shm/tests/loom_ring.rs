@@ -14,12 +14,12 @@
 //!   catch the broken variant, or it proves nothing).
 #![cfg(loom)]
 
-mod loom_common;
+mod loom_mem;
+use loom_mem::LoomMem;
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use loom_common::LoomMem;
 use strait_shm::ring::{
     announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, Consumer, Producer, RingMemory,
 };

@@ -1,15 +1,15 @@
-//! The ring memory of the loom models of the word-based rings (frame and datagram):
-//! loom atomic words with relaxed payload loads and stores, so loom lets a read see
-//! any older payload unless the ring's own release/acquire orders it.
+//! The data area of the loom models: 8-byte words of loom atomics, with relaxed
+//! loads and stores for the payload, so loom lets a payload read see any older value
+//! unless the ring's release/acquire publication orders it.
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use strait_shm::ring::{ByteArea, WordArea};
 
-/// The data area as 8-byte words.
-pub struct LoomMem(Vec<AtomicU64>);
+/// A data area of loom atomic words.
+pub struct LoomMem(pub Vec<AtomicU64>);
 
 impl LoomMem {
-    /// `size` bytes (a multiple of 8), all zero.
+    /// `size` bytes (a multiple of 8), zeroed.
     pub fn new(size: usize) -> Self {
         LoomMem((0..size / 8).map(|_| AtomicU64::new(0)).collect())
     }

@@ -14,12 +14,13 @@
 //! sleeps on a shared futex; a writer issues `FUTEX_WAKE` only if the reader announced
 //! that it sleeps (Dekker-style, sequentially consistent flag/word accesses).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::sys::{futex_wait, futex_wake, memfd, SharedMap};
+use crate::sys::{futex_wait, futex_wake, memfd};
 use crate::transport::{ensure_len, BenchError, Pending, Result, Transport, TransportSpec};
+use strait_sys::Mapping as SharedMap;
 
 /// Cache-line size assumed for the layout.
 pub const LINE: usize = 64;
@@ -65,7 +66,8 @@ impl TransportSpec for SpinFloor {
     fn listen(&self) -> Result<Pending> {
         let fd =
             memfd(c"strait-spin-floor", REGION_LEN).map_err(|e| BenchError::io("spin-floor: memfd", e))?;
-        let map = SharedMap::new(&fd, REGION_LEN).map_err(|e| BenchError::io("spin-floor: mmap", e))?;
+        let map = SharedMap::shared(fd.as_raw_fd(), REGION_LEN, 0)
+            .map_err(|e| BenchError::io("spin-floor: mmap", e))?;
         Ok(Pending {
             peer_args: Vec::new(),
             peer_fds: vec![fd],
@@ -78,7 +80,8 @@ impl TransportSpec for SpinFloor {
             .into_iter()
             .next()
             .ok_or_else(|| BenchError::Protocol("spin-floor peer needs one fd".into()))?;
-        let map = SharedMap::new(&fd, REGION_LEN).map_err(|e| BenchError::io("spin-floor: mmap", e))?;
+        let map = SharedMap::shared(fd.as_raw_fd(), REGION_LEN, 0)
+            .map_err(|e| BenchError::io("spin-floor: mmap", e))?;
         Ok(Box::new(Floor::new(map, 1)))
     }
 }
@@ -321,10 +324,10 @@ mod tests {
     fn data_arrives_intact() {
         let fd = memfd(c"floor-test", REGION_LEN).unwrap();
         let theirs = fd.try_clone().unwrap();
-        let mut a = Floor::new(SharedMap::new(&fd, REGION_LEN).unwrap(), 0);
+        let mut a = Floor::new(SharedMap::shared(fd.as_raw_fd(), REGION_LEN, 0).unwrap(), 0);
         let sizes = [1usize, 8, INLINE, INLINE + 1, CHUNK, CHUNK + 1, 3 * CHUNK + 17, (SLOTS + 3) * CHUNK];
         let peer = std::thread::spawn(move || {
-            let mut b = Floor::new(SharedMap::new(&theirs, REGION_LEN).unwrap(), 1);
+            let mut b = Floor::new(SharedMap::shared(theirs.as_raw_fd(), REGION_LEN, 0).unwrap(), 1);
             for round in 0..3 {
                 for (i, &s) in sizes.iter().enumerate() {
                     b.buf = vec![0; s];
@@ -353,10 +356,10 @@ mod tests {
     fn futex_sleep_path_loses_no_wakeups() {
         let fd = memfd(c"floor-test", REGION_LEN).unwrap();
         let theirs = fd.try_clone().unwrap();
-        let mut a = Floor::new(SharedMap::new(&fd, REGION_LEN).unwrap(), 0);
+        let mut a = Floor::new(SharedMap::shared(fd.as_raw_fd(), REGION_LEN, 0).unwrap(), 0);
         a.spin = Duration::ZERO;
         let peer = std::thread::spawn(move || {
-            let mut b = Floor::new(SharedMap::new(&theirs, REGION_LEN).unwrap(), 1);
+            let mut b = Floor::new(SharedMap::shared(theirs.as_raw_fd(), REGION_LEN, 0).unwrap(), 1);
             b.spin = Duration::ZERO;
             b.prepare(CHUNK * 2).unwrap();
             b.pong_batch(8, 300).unwrap();

@@ -181,61 +181,6 @@ pub fn memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// A `MAP_SHARED` read-write mapping of a file, unmapped on drop.
-#[derive(Debug)]
-pub struct SharedMap {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain memory; whoever shares it across threads or processes
-// synchronises through atomics (see the spin-floor transport).
-unsafe impl Send for SharedMap {}
-
-impl SharedMap {
-    /// Maps `len` bytes of `fd` shared and read-write, and touches every page so no
-    /// page fault lands inside a measurement.
-    pub fn new(fd: &OwnedFd, len: usize) -> io::Result<SharedMap> {
-        // SAFETY: a fresh shared mapping of a file we hold; no address hint.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(SharedMap { ptr: p.cast(), len })
-    }
-
-    /// Base address.
-    pub fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True for an empty mapping.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for SharedMap {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` describe the mapping made in `new`, used by nothing else now.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// Sleeps on a shared (cross-process) futex word while it equals `expected`, at most
 /// `timeout`. Spurious returns are possible; callers re-check their condition.
 pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: std::time::Duration) {

@@ -1,5 +1,6 @@
 //! Engine settings, each with a default and a `STRAIT_*` environment override.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -104,6 +105,38 @@ pub fn env_num(var: &'static str) -> Result<Option<u64>, ConfigError> {
     }
 }
 
+/// [`env_num`] for a variable whose value must lie in `range`; `why` says so in the
+/// error (e.g. "must be 8..4096").
+pub fn env_num_in(
+    var: &'static str,
+    range: RangeInclusive<u64>,
+    why: &'static str,
+) -> Result<Option<u64>, ConfigError> {
+    match env_num(var)? {
+        Some(v) if !range.contains(&v) => Err(ConfigError { var, value: v.to_string(), why }),
+        v => Ok(v),
+    }
+}
+
+/// A variable naming one of `choices` (after trimming): its value, `None` when
+/// `var` is unset; `why` lists the choices in the error.
+pub fn env_choice<T: Copy>(
+    var: &'static str,
+    choices: &[(&str, T)],
+    why: &'static str,
+) -> Result<Option<T>, ConfigError> {
+    let Ok(v) = std::env::var(var) else { return Ok(None) };
+    match choices.iter().find(|(name, _)| *name == v.trim()) {
+        Some(&(_, t)) => Ok(Some(t)),
+        None => Err(ConfigError { var, value: v, why }),
+    }
+}
+
+/// A 0/1 switch: `None` when `var` is unset.
+pub fn env_flag(var: &'static str) -> Result<Option<bool>, ConfigError> {
+    Ok(env_num_in(var, 0..=1, "must be 0 or 1")?.map(|v| v == 1))
+}
+
 impl Config {
     /// Defaults overridden by any `STRAIT_*` variables that are set.
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -111,42 +144,23 @@ impl Config {
         if let Some(v) = env_num("STRAIT_EAGER_THRESHOLD")? {
             c.eager_threshold = v as usize;
         }
-        if let Some(v) = env_num("STRAIT_CREDITS")? {
-            if v == 0 || v > u16::MAX as u64 {
-                return Err(ConfigError {
-                    var: "STRAIT_CREDITS",
-                    value: v.to_string(),
-                    why: "must be 1..=65535",
-                });
-            }
+        if let Some(v) = env_num_in("STRAIT_CREDITS", 1..=u16::MAX as u64, "must be 1..=65535")? {
             c.credits = v as u16;
         }
         if let Some(v) = env_num("STRAIT_SPIN_US")? {
             c.spin = Duration::from_micros(v);
             c.spin_adaptive = false;
         }
-        if let Ok(v) = std::env::var("STRAIT_RNDV_MODE") {
-            c.rndv_mode = match v.trim() {
-                "auto" => RndvMode::Auto,
-                "remote-read" | "cma" => RndvMode::RemoteRead,
-                "copy" => RndvMode::Copy,
-                _ => {
-                    return Err(ConfigError {
-                        var: "STRAIT_RNDV_MODE",
-                        value: v,
-                        why: "expected auto, remote-read or copy",
-                    })
-                }
-            };
+        let modes = [
+            ("auto", RndvMode::Auto),
+            ("remote-read", RndvMode::RemoteRead),
+            ("cma", RndvMode::RemoteRead),
+            ("copy", RndvMode::Copy),
+        ];
+        if let Some(m) = env_choice("STRAIT_RNDV_MODE", &modes, "expected auto, remote-read or copy")? {
+            c.rndv_mode = m;
         }
-        if let Some(v) = env_num("STRAIT_CHUNK_SIZE")? {
-            if v == 0 {
-                return Err(ConfigError {
-                    var: "STRAIT_CHUNK_SIZE",
-                    value: v.to_string(),
-                    why: "must be positive",
-                });
-            }
+        if let Some(v) = env_num_in("STRAIT_CHUNK_SIZE", 1..=u64::MAX, "must be positive")? {
             c.chunk_size = v as usize;
         }
         if let Some(v) = env_num("STRAIT_PIPELINE_THRESHOLD")? {

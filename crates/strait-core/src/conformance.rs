@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 
 use crate::device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
 use crate::notifier::Notifier;
+use strait_sys::pattern;
 
 /// Two connected devices made by a [`Harness`].
 pub struct Pair<D> {
@@ -151,19 +152,6 @@ macro_rules! device_conformance {
 const DEADLINE: Duration = Duration::from_secs(20);
 /// Upper bound on progress passes any one wait of the suite takes.
 const MAX_PASSES: usize = 2_000_000;
-
-/// The bytes of the `seq`-th frame of `len` bytes.
-fn pattern(seq: u64, len: usize) -> Vec<u8> {
-    let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn copy_out(f: &RxFrame<'_>) -> Vec<u8> {
     let mut v = vec![0u8; f.len()];

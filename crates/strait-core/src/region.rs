@@ -9,6 +9,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
+use strait_sys::Mapping;
 use thiserror::Error;
 
 /// Access to a region was refused because operations on it are still in flight.
@@ -35,19 +36,10 @@ pub(crate) const RECV: u64 = 1 << 32;
 pub(crate) struct RegionInner {
     ptr: *mut u8,
     len: usize,
-    map_len: usize,
+    /// The pages behind `ptr` (none for an empty region), unmapped when the inner
+    /// part is freed: by then neither the handle nor any operation refers to them.
+    _map: Option<Mapping>,
     state: AtomicU64,
-}
-
-impl Drop for RegionInner {
-    fn drop(&mut self) {
-        if self.map_len > 0 {
-            // SAFETY: `ptr`/`map_len` describe a mapping created in `MemoryRegion::new`
-            // and referenced by nothing else once the handle and every operation are
-            // gone.
-            unsafe { libc::munmap(self.ptr.cast(), self.map_len) };
-        }
-    }
 }
 
 /// Frees the region behind `inner`.
@@ -145,27 +137,14 @@ impl MemoryRegion {
             return Ok(Self::wrap(RegionInner {
                 ptr: NonNull::dangling().as_ptr(),
                 len: 0,
-                map_len: 0,
+                _map: None,
                 state: AtomicU64::new(0),
             }));
         }
         let page = 4096;
         let map_len = len.div_ceil(page) * page;
-        // SAFETY: anonymous private mapping, no fd, no address hint.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self::wrap(RegionInner { ptr: p.cast(), len, map_len, state: AtomicU64::new(0) }))
+        let map = Mapping::anonymous(map_len)?;
+        Ok(Self::wrap(RegionInner { ptr: map.ptr(), len, _map: Some(map), state: AtomicU64::new(0) }))
     }
 
     fn wrap(inner: RegionInner) -> Self {

@@ -60,7 +60,7 @@ use strait_wire::packet::{
     PACKET_HEADER_LEN, TAG_LEN,
 };
 
-use crate::config::{env_num, ConfigError};
+use crate::config::{env_choice, env_flag, env_num, env_num_in, ConfigError};
 use crate::congestion::{Congestion, Cubic};
 use crate::device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
 use crate::link::{Link, LinkError, LinkStats};
@@ -143,75 +143,39 @@ impl ReliableConfig {
     /// Defaults overridden by any `STRAIT_REL_*` variables that are set.
     pub fn from_env() -> Result<Self, ConfigError> {
         let mut c = ReliableConfig::default();
-        let positive = |var: &'static str, v: u64| {
-            if v == 0 {
-                Err(ConfigError { var, value: v.to_string(), why: "must be positive" })
-            } else {
-                Ok(v)
-            }
-        };
-        if let Some(v) = env_num("STRAIT_REL_MAX_FRAME")? {
-            if !(1024..=1 << 24).contains(&v) {
-                return Err(ConfigError {
-                    var: "STRAIT_REL_MAX_FRAME",
-                    value: v.to_string(),
-                    why: "must be 1K..16M",
-                });
-            }
+        if let Some(v) = env_num_in("STRAIT_REL_MAX_FRAME", 1024..=1 << 24, "must be 1K..16M")? {
             c.max_frame = v as usize;
         }
-        if let Some(v) = env_num("STRAIT_REL_WINDOW")? {
-            if !(2..=32768).contains(&v) {
-                return Err(ConfigError {
-                    var: "STRAIT_REL_WINDOW",
-                    value: v.to_string(),
-                    why: "must be 2..32768",
-                });
-            }
+        if let Some(v) = env_num_in("STRAIT_REL_WINDOW", 2..=32768, "must be 2..32768")? {
             c.window = v as u32;
         }
-        if let Some(v) = env_num("STRAIT_REL_ACK_EVERY")? {
-            c.ack_every = positive("STRAIT_REL_ACK_EVERY", v)? as u32;
+        if let Some(v) = env_num_in("STRAIT_REL_ACK_EVERY", 1..=u64::MAX, "must be positive")? {
+            c.ack_every = v as u32;
         }
         if let Some(v) = env_num("STRAIT_REL_ACK_DELAY_US")? {
             c.ack_delay_ns = v * 1000;
         }
-        if let Some(v) = env_num("STRAIT_REL_RTO_INITIAL_US")? {
-            c.rto_initial_ns = positive("STRAIT_REL_RTO_INITIAL_US", v)? * 1000;
+        if let Some(v) = env_num_in("STRAIT_REL_RTO_INITIAL_US", 1..=u64::MAX, "must be positive")? {
+            c.rto_initial_ns = v * 1000;
         }
-        if let Some(v) = env_num("STRAIT_REL_RTO_MIN_US")? {
-            c.rto_min_ns = positive("STRAIT_REL_RTO_MIN_US", v)? * 1000;
+        if let Some(v) = env_num_in("STRAIT_REL_RTO_MIN_US", 1..=u64::MAX, "must be positive")? {
+            c.rto_min_ns = v * 1000;
         }
-        if let Some(v) = env_num("STRAIT_REL_RTO_MAX_US")? {
-            c.rto_max_ns = positive("STRAIT_REL_RTO_MAX_US", v)? * 1000;
+        if let Some(v) = env_num_in("STRAIT_REL_RTO_MAX_US", 1..=u64::MAX, "must be positive")? {
+            c.rto_max_ns = v * 1000;
         }
-        if let Some(v) = env_num("STRAIT_REL_KEEPALIVE_MS")? {
-            c.keepalive_ns = positive("STRAIT_REL_KEEPALIVE_MS", v)? * 1_000_000;
+        if let Some(v) = env_num_in("STRAIT_REL_KEEPALIVE_MS", 1..=u64::MAX, "must be positive")? {
+            c.keepalive_ns = v * 1_000_000;
         }
-        if let Some(v) = env_num("STRAIT_REL_LIVENESS_MS")? {
-            c.liveness_ns = positive("STRAIT_REL_LIVENESS_MS", v)? * 1_000_000;
+        if let Some(v) = env_num_in("STRAIT_REL_LIVENESS_MS", 1..=u64::MAX, "must be positive")? {
+            c.liveness_ns = v * 1_000_000;
         }
-        if let Some(v) = env_num("STRAIT_REL_PAYLOAD_CRC")? {
-            c.payload_crc = match v {
-                0 => false,
-                1 => true,
-                _ => {
-                    return Err(ConfigError {
-                        var: "STRAIT_REL_PAYLOAD_CRC",
-                        value: v.to_string(),
-                        why: "must be 0 or 1",
-                    })
-                }
-            };
+        if let Some(v) = env_flag("STRAIT_REL_PAYLOAD_CRC")? {
+            c.payload_crc = v;
         }
-        if let Ok(v) = std::env::var("STRAIT_REL_CC") {
-            c.congestion = match v.trim() {
-                "cubic" => Congestion::Cubic,
-                "off" => Congestion::Off,
-                _ => {
-                    return Err(ConfigError { var: "STRAIT_REL_CC", value: v, why: "expected cubic or off" })
-                }
-            };
+        let controls = [("cubic", Congestion::Cubic), ("off", Congestion::Off)];
+        if let Some(cc) = env_choice("STRAIT_REL_CC", &controls, "expected cubic or off")? {
+            c.congestion = cc;
         }
         Ok(c)
     }
@@ -307,17 +271,9 @@ fn now_us(now_ns: u64) -> u32 {
 }
 
 fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most `b.len()` bytes into the local buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == b.len() as isize {
-        u64::from_le_bytes(b)
-    } else {
-        // No entropy source: ids only need to differ between incarnations.
-        let t =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        (t as u64) ^ ((std::process::id() as u64) << 32)
-    }
+    // No entropy source: ids only need to differ between incarnations.
+    strait_sys::random_u64()
+        .unwrap_or_else(|| (strait_sys::unix_nanos() as u64) ^ ((std::process::id() as u64) << 32))
 }
 
 /// The connection's state without the link, so that a datagram the link lends out

@@ -7,20 +7,15 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use strait_core::loopback::LoopbackDevice;
 use strait_core::{Completion, Config, EpId, MemoryRegion, OpKind, PostError, RndvMode, Status, Worker};
+use strait_sys::xorshift_bytes;
 
 type W = Worker<LoopbackDevice>;
 
 fn pattern(tag: u64, idx: u64, len: usize) -> Vec<u8> {
-    let mut x =
-        tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ idx.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ len as u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    xorshift_bytes(
+        tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ idx.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ len as u64,
+        len,
+    )
 }
 
 fn pair(cfg: &Config, cap: usize, remote_read: bool) -> (W, EpId, W, EpId) {

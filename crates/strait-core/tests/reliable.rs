@@ -13,6 +13,7 @@ use std::rc::Rc;
 use strait_core::congestion::Congestion;
 use strait_core::reliable::{PacketAuth, PacketKey, Reliable, ReliableConfig};
 use strait_core::{Config, EpId, Link, LinkError, LinkStats, MemoryRegion, OpKind, SlotPool, Status, Worker};
+use strait_sys::pattern;
 
 const MTU: usize = 1500;
 
@@ -208,18 +209,6 @@ fn run(net: &Net, wa: &mut W, wb: &mut W, limit_ns: u64, mut done: impl FnMut(&m
         assert!(next <= end, "no progress within {} ms of virtual time", limit_ns / 1_000_000);
         net.clock.set(next);
     }
-}
-
-fn pattern(i: u64, len: usize) -> Vec<u8> {
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Sends `sizes` from a to b (each posted after the previous completes on b) and

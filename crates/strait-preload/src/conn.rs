@@ -1409,24 +1409,15 @@ impl Address for *const u8 {
     }
 }
 
-/// This process's id, cached (refreshed in a forked child by [`after_fork_child`]).
-static PROCESS_ID: AtomicU64 = AtomicU64::new(0);
-
-/// This process's id without a system call.
+/// This process's id without a system call (strait-sys's cache, which
+/// [`after_fork_child`] refreshes).
 pub(crate) fn process_id() -> u64 {
-    let p = PROCESS_ID.load(Ordering::Relaxed);
-    if p != 0 {
-        return p;
-    }
-    // SAFETY: plain syscall.
-    let p = unsafe { libc::getpid() } as u64;
-    PROCESS_ID.store(p, Ordering::Relaxed);
-    p
+    strait_sys::current_pid() as u64
 }
 
 /// In a forked child: its own process id.
 pub(crate) fn after_fork_child() {
-    PROCESS_ID.store(0, Ordering::Relaxed);
+    strait_sys::forget_pid();
 }
 
 /// A held lock word in the shared mapping (released on drop). The word holds the

@@ -33,6 +33,7 @@
 //!   acceptor, path A or B), or pending -> kernel (by the connector after a
 //!   timeout). A lost hello only costs a bounded delay, never data.
 
+use std::os::fd::IntoRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -235,27 +236,8 @@ pub(crate) fn is_tcp_stream(fd: c_int) -> bool {
 }
 
 pub(crate) fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    // SAFETY: msghdr is plain old data.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer is large enough and aligned; the CMSG macros stay in it.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
-        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<c_int>(), fds.len());
-    }
-    // SAFETY: `msg` points at live locals.
-    let n = unsafe { real::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-    n as usize == data.len()
+    strait_sys::send_fds_with(real::sendmsg, sock, data, fds, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        .is_ok_and(|n| n == data.len())
 }
 
 /// Receives one hello without waiting: `Some(Ok)` got one, `Some(Err)` the socket is
@@ -287,37 +269,10 @@ pub(crate) fn recv_fds_max(
     flags: c_int,
     max_fds: usize,
 ) -> Result<FdMessage, c_int> {
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE((max_fds * std::mem::size_of::<c_int>()) as u32) } as usize;
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: msghdr is plain old data.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = (cbuf.len() * 8) as _;
-    // SAFETY: `msg` points at live locals.
-    let n = unsafe { real::recvmsg(sock, &mut msg, flags) };
-    if n < 0 {
-        return Err(real::errno());
-    }
-    let mut fds = Vec::new();
-    // SAFETY: walks the control messages the kernel wrote, within msg_controllen.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<c_int>();
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                for i in 0..count {
-                    fds.push(std::ptr::read_unaligned(data.add(i)));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Ok(FdMessage { len: n as usize, fds, truncated: msg.msg_flags & libc::MSG_CTRUNC != 0 })
+    let m = strait_sys::recv_fds_with(real::recvmsg, sock, buf, flags, max_fds)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let fds = m.fds.into_iter().map(IntoRawFd::into_raw_fd).collect();
+    Ok(FdMessage { len: m.len, fds, truncated: m.truncated })
 }
 
 fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
@@ -651,17 +606,10 @@ impl Listener {
     }
 }
 
+/// True if `fd` is a memfd of exactly `len` bytes carrying every seal strait puts on
+/// one (a peer that could resize it could make us fault).
 pub(crate) fn memfd_ok(fd: c_int, len: usize) -> bool {
-    // SAFETY: stat is plain old data; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: a local stat.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size as u64 != len as u64 {
-        return false;
-    }
-    // SAFETY: plain syscall.
-    let seals = unsafe { real::fcntl(fd, libc::F_GET_SEALS, 0) };
-    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    seals >= 0 && seals & need == need
+    strait_sys::check_sealed(fd, len).is_ok()
 }
 
 const REQ_MAGIC: u64 = 0x3130_5145_5254_5253; // "SRTREQ01"
@@ -851,9 +799,8 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
     }
     let Some((_, port)) = key.filter(|k| k.1 != 0) else { return fail(&[unix]) };
     let ring = Settings::get().ring;
-    // SAFETY: NUL-terminated literal name.
-    let memfd =
-        unsafe { libc::memfd_create(c"strait-tcp".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let total = HDR + 2 * ring;
+    let memfd = strait_sys::sealed_memfd(c"strait-tcp", total).map_or(-1, IntoRawFd::into_raw_fd);
     // SAFETY: plain syscalls.
     let efd_c = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     // SAFETY: as above.
@@ -861,18 +808,7 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
     if memfd < 0 || efd_c < 0 || efd_a < 0 {
         return fail(&[memfd, efd_c, efd_a, unix]);
     }
-    let total = HDR + 2 * ring;
-    // SAFETY: plain syscalls on the memfd we own.
-    let sized = unsafe {
-        libc::ftruncate(memfd, total as libc::off_t) == 0
-            && real::fcntl(
-                memfd,
-                libc::F_ADD_SEALS,
-                (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
-            ) == 0
-    };
-    let shm = if sized { Shm::map(memfd, ring) } else { None };
-    let Some(shm) = shm else { return fail(&[memfd, efd_c, efd_a, unix]) };
+    let Some(shm) = Shm::map(memfd, ring) else { return fail(&[memfd, efd_c, efd_a, unix]) };
     shm.init_header();
     if Settings::get().messages {
         shm.word(crate::conn::OFF_MODE).store(crate::conn::MODE_ASKED, Ordering::Relaxed);

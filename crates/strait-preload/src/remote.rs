@@ -37,8 +37,8 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -339,10 +339,7 @@ fn parse_message(m: &[u8]) -> Option<Message> {
 /// 64 bits from the kernel's random pool (`getrandom`); `None` if it has none (then
 /// no connection is carried: a guessable nonce would let an off-path host take it).
 fn random_u64() -> Option<u64> {
-    let mut v = 0u64;
-    // SAFETY: getrandom fills the 8 bytes of a local.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    (n == 8).then_some(v)
+    strait_sys::random_u64()
 }
 
 /// An address as the 16 bytes of a key (IPv4 v4-mapped).
@@ -379,25 +376,10 @@ fn udp_socket(v6: bool) -> Option<UdpSocket> {
 /// program's mapping of it.
 fn new_rings() -> Option<(c_int, Shm)> {
     let ring = Settings::get().ring;
-    // SAFETY: NUL-terminated literal name.
-    let memfd = unsafe {
-        libc::memfd_create(c"strait-tcp-remote".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-    };
-    if memfd < 0 {
-        return None;
-    }
-    // SAFETY: plain syscalls on the memfd we own. Sealed like a local connection's,
-    // so a program this one execs can check what it is handed.
-    let sized = unsafe {
-        libc::ftruncate(memfd, (HDR + 2 * ring) as libc::off_t) == 0
-            && real::fcntl(
-                memfd,
-                libc::F_ADD_SEALS,
-                (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
-            ) == 0
-    };
-    let shm = if sized { Shm::map(memfd, ring) } else { None };
-    let Some(shm) = shm else {
+    // Sealed like a local connection's, so a program this one execs can check what
+    // it is handed.
+    let memfd = strait_sys::sealed_memfd(c"strait-tcp-remote", HDR + 2 * ring).ok()?.into_raw_fd();
+    let Some(shm) = Shm::map(memfd, ring) else {
         close_all(&[memfd]);
         return None;
     };
@@ -1654,17 +1636,8 @@ impl Bridge {
 }
 
 /// This process's id, cached (refreshed in a forked child by [`after_fork_child`]).
-static PID: AtomicU32 = AtomicU32::new(0);
-
 fn current_pid() -> u32 {
-    match PID.load(Ordering::Relaxed) {
-        0 => {
-            let p = owner_pid();
-            PID.store(p, Ordering::Relaxed);
-            p
-        }
-        p => p,
-    }
+    strait_sys::current_pid()
 }
 
 // ------------------------------------------------------------------ background
@@ -1858,7 +1831,7 @@ pub fn end_bridges() {
 /// In a forked child: refresh the cached process id (the bridges stay the parent's:
 /// the child's reads and writes go through the rings, which the parent drives).
 pub fn after_fork_child() {
-    PID.store(0, Ordering::Relaxed);
+    strait_sys::forget_pid();
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@
 //!   frees the channel once the receiver drained it.
 
 use std::collections::HashMap;
+use std::os::fd::IntoRawFd;
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -729,16 +730,11 @@ impl UdpSock {
             (e != libc::EAGAIN && e != libc::EWOULDBLOCK).then_some(r)
         };
         if self.receives.fetch_add(1, Ordering::Relaxed) % FAIR == FAIR - 1 {
-            let mut p = [
-                libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 },
-            ];
-            // SAFETY: two pollfds on the stack.
-            unsafe { real::poll(p.as_mut_ptr(), 2, 0) };
-            if p[1].revents != 0 {
+            let (kernel_ready, marker_ready) = readable_now(fd, rx.marker());
+            if marker_ready {
                 self.pump();
             }
-            if p[0].revents != 0 {
+            if kernel_ready {
                 if let Some(r) = try_kernel(kernel) {
                     return r;
                 }
@@ -756,19 +752,14 @@ impl UdpSock {
             let now = now_ns();
             if nonblock || now >= self.next_check.load(Ordering::Relaxed) {
                 self.next_check.store(now + KCHECK.as_nanos() as u64, Ordering::Relaxed);
-                let mut p = [
-                    libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-                    libc::pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 },
-                ];
-                // SAFETY: two pollfds on the stack.
-                unsafe { real::poll(p.as_mut_ptr(), 2, 0) };
-                if p[1].revents != 0 {
+                let (kernel_ready, marker_ready) = readable_now(fd, rx.marker());
+                if marker_ready {
                     self.pump();
                     if let Some(g) = self.take_shm(iov, peek) {
                         return give(g, deliver);
                     }
                 }
-                if p[0].revents != 0 || nonblock {
+                if kernel_ready || nonblock {
                     if let Some(r) = try_kernel(kernel) {
                         return r;
                     }
@@ -1139,24 +1130,12 @@ fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
         return None;
     };
     let ring = ring_size();
-    // SAFETY: NUL-terminated literal name.
-    let memfd =
-        unsafe { libc::memfd_create(c"strait-udp".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if memfd < 0 {
+    let Ok(memfd) = strait_sys::sealed_memfd(c"strait-udp", HDR + ring) else {
         close_all(&[u]);
         return None;
-    }
-    // SAFETY: plain syscalls on the memfd we own.
-    let sized = unsafe {
-        libc::ftruncate(memfd, (HDR + ring) as libc::off_t) == 0
-            && real::fcntl(
-                memfd,
-                libc::F_ADD_SEALS,
-                (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as usize,
-            ) == 0
     };
-    let map = if sized { Map::open(memfd, ring) } else { None };
-    let Some(map) = map else {
+    let memfd = memfd.into_raw_fd();
+    let Some(map) = Map::open(memfd, ring) else {
         close_all(&[memfd, u]);
         return None;
     };
@@ -1407,4 +1386,16 @@ pub fn family(s: &UdpSock) -> c_int {
 /// A connect's target as a peer key (`None`: AF_UNSPEC, i.e. disconnect).
 pub fn peer_of(addr: *const sockaddr, len: socklen_t) -> Option<Key> {
     key_of(addr, len).map(|(k, _)| k)
+}
+
+/// Whether the kernel socket `fd` and the channel marker `marker` are readable now
+/// (a poll that does not wait).
+fn readable_now(fd: c_int, marker: c_int) -> (bool, bool) {
+    let mut p = [
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: marker, events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: two pollfds on the stack.
+    unsafe { real::poll(p.as_mut_ptr(), 2, 0) };
+    (p[0].revents != 0, p[1].revents != 0)
 }

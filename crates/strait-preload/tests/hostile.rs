@@ -12,12 +12,9 @@ use std::time::{Duration, Instant};
 const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 
 mod common;
-use common::stat;
+use strait_testkit::stat;
 
-fn is_root() -> bool {
-    // SAFETY: plain syscall.
-    unsafe { libc::geteuid() == 0 }
-}
+use strait_testkit::is_root;
 
 /// Debian's python3: the attackers run it as another user, who cannot run one
 /// installed under root's home.
@@ -38,12 +35,7 @@ fn can_run() -> bool {
 
 /// Writes `body` to a script file of its own, readable by every user.
 fn script(tag: &str, body: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("strait-hostile-{tag}-{}.py", std::process::id()));
-    std::fs::write(&p, body).expect("write script");
-    let mut perm = std::fs::metadata(&p).expect("script").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
-    std::fs::set_permissions(&p, perm).expect("chmod");
-    p
+    strait_testkit::script("hostile", tag, body)
 }
 
 /// A Python program under the library (as root), its stdout piped.

@@ -8,7 +8,7 @@ const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 mod common;
-use common::{check, finish, spawn_lines, stat_sum, Out};
+use common::{check, server_and_client, stat_sum, Out};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
     common::cmd(PEER, preload, args)
@@ -35,13 +35,17 @@ fn pair_with(
     cenv: &[(&str, &str)],
 ) -> (Out, Out) {
     let deadline = Instant::now() + TIMEOUT;
-    let (server, srx) = spawn_lines(cmd(sp, &["server", smode]).envs(senv.iter().copied()));
-    let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
-    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
-    let (client, crx) = spawn_lines(cmd(cp, &["client", &port, cmode]).envs(cenv.iter().copied()));
-    let c = finish(client, crx, String::new(), deadline);
-    let s = finish(server, srx, first, deadline);
-    (s, c)
+    let mut server = cmd(sp, &["server", smode]);
+    server.envs(senv.iter().copied());
+    server_and_client(
+        &mut server,
+        |port| {
+            let mut c = cmd(cp, &["client", port, cmode]);
+            c.envs(cenv.iter().copied());
+            c
+        },
+        deadline,
+    )
 }
 
 fn accelerated(o: &Out) -> usize {
@@ -358,12 +362,17 @@ fn a_large_transfer_arrives_intact() {
 #[test]
 fn strait_disable_keeps_everything_on_the_kernel() {
     let deadline = Instant::now() + TIMEOUT;
-    let (server, srx) = spawn_lines(cmd(true, &["server", "sink"]).env("STRAIT_DISABLE", "1"));
-    let first = srx.recv_timeout(Duration::from_secs(10)).expect("port");
-    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
-    let (client, crx) = spawn_lines(cmd(true, &["client", &port, "source100000"]).env("STRAIT_DISABLE", "1"));
-    let c = finish(client, crx, String::new(), deadline);
-    let s = finish(server, srx, first, deadline);
+    let mut server = cmd(true, &["server", "sink"]);
+    server.env("STRAIT_DISABLE", "1");
+    let (s, c) = server_and_client(
+        &mut server,
+        |port| {
+            let mut c = cmd(true, &["client", port, "source100000"]);
+            c.env("STRAIT_DISABLE", "1");
+            c
+        },
+        deadline,
+    );
     check(&s, "server");
     check(&c, "client");
     assert_eq!(accelerated(&s), 0);

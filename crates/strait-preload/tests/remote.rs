@@ -12,7 +12,7 @@ const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
-use common::{check, finish, spawn_lines, Out};
+use common::{check, finish, server_and_client, spawn_lines, Out, Server};
 
 /// The peer in namespace `i` of `pair`, with the library if `preload`.
 fn cmd(pair: &VethPair, i: usize, preload: bool, args: &[&str]) -> Command {
@@ -46,15 +46,15 @@ fn pair_envs(
     let deadline = Instant::now() + TIMEOUT;
     let mut sc = cmd(&pair, 0, sp, &["server", smode]);
     sc.envs(senv.iter().copied());
-    let (server, srx) = spawn_lines(&mut sc);
-    let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
-    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
-    let mut c = cmd(&pair, 1, cp, &["client", &port, cmode]);
-    c.envs(env.iter().copied());
-    let (client, crx) = spawn_lines(&mut c);
-    let c = finish(client, crx, String::new(), deadline);
-    let s = finish(server, srx, first, deadline);
-    (s, c)
+    server_and_client(
+        &mut sc,
+        |port| {
+            let mut c = cmd(&pair, 1, cp, &["client", port, cmode]);
+            c.envs(env.iter().copied());
+            c
+        },
+        deadline,
+    )
 }
 
 fn pair(smode: &str, cmode: &str) -> (Out, Out) {
@@ -297,10 +297,9 @@ fn server_in(
 ) -> (std::process::Child, std::sync::mpsc::Receiver<String>, String, u16) {
     let mut sc = cmd(pair, 0, true, &["server", mode]);
     sc.envs(env.iter().copied());
-    let (server, srx) = spawn_lines(&mut sc);
-    let first = srx.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
-    let port = first.trim().strip_prefix("PORT ").expect("PORT line").parse().expect("port");
-    (server, srx, first, port)
+    let s = Server::start(&mut sc);
+    let port = s.port.parse().expect("port");
+    (s.child, s.lines, s.first, port)
 }
 
 /// An off-path or local forger on the server's host: from another UDP port of the

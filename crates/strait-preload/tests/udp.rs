@@ -2,33 +2,22 @@
 //! each with or without the library preloaded. Every semantic check also runs with
 //! neither preloaded: the kernel's loopback is the reference.
 
-use std::process::{Child, Command};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const PEER: &str = env!("CARGO_BIN_EXE_strait-udp-peer");
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
-use common::{check, finish, spawn_lines, Out};
+use common::{check, finish, spawn_lines, Out, Server};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
     common::cmd(PEER, preload, args)
 }
 
 /// A started server: its child, output lines, first line and port.
-struct Server {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    first: String,
-    port: String,
-}
-
 fn server(preload: bool, mode: &str) -> Server {
-    let (child, lines) = spawn_lines(&mut cmd(preload, &["server", mode]));
-    let first = lines.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
-    let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
-    Server { child, lines, first, port }
+    Server::start(&mut cmd(preload, &["server", mode]))
 }
 
 fn client(preload: bool, port: &str, mode: &str, deadline: Instant) -> Out {
@@ -41,7 +30,7 @@ fn pair(sp: bool, cp: bool, mode: &str) -> (Out, Out) {
     let deadline = Instant::now() + TIMEOUT;
     let s = server(sp, mode);
     let c = client(cp, &s.port, mode, deadline);
-    let s = finish(s.child, s.lines, s.first, deadline);
+    let s = s.finish(deadline);
     (s, c)
 }
 
@@ -104,7 +93,7 @@ fn many_senders_to_one_receiver_keep_their_source_addresses() {
         let plain = std::thread::spawn(move || client(false, &port, "many1x1000", deadline));
         let c = client(preload, &s.port, "many4x1000", deadline);
         let p = plain.join().expect("plain client");
-        let s = finish(s.child, s.lines, s.first, deadline);
+        let s = s.finish(deadline);
         check(&s, "server");
         check(&c, "client");
         check(&p, "plain client");
@@ -158,7 +147,7 @@ fn a_dead_sender_leaves_the_receiver_working() {
         assert!(!c.ok, "the client kills itself");
         let n = client(preload, &s.port, "newcomer", deadline);
         check(&n, "newcomer");
-        let s = finish(s.child, s.lines, s.first, deadline);
+        let s = s.finish(deadline);
         check(&s, "server");
         assert!(s.stdout.contains("deadsend ok"));
         if preload {
@@ -240,7 +229,7 @@ fn a_receiver_asking_for_ancillary_data_gets_it_from_the_kernel() {
         let c = client(preload, &s.port, "pktinfo", deadline);
         check(&c, "client");
         s.first.push_str(&l);
-        let s = finish(s.child, s.lines, s.first, deadline);
+        let s = s.finish(deadline);
         check(&s, "server");
         assert!(s.stdout.contains("pktinfo ok"), "{}", s.stdout);
         if preload {

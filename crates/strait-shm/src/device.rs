@@ -15,7 +15,8 @@ use thiserror::Error;
 use crate::area::{ByteArea, MappedArea};
 use crate::calibrate::{self, RndvChoice};
 use crate::ring::{self, AtomicU64, Consumer, Producer};
-use crate::sys::{self, Mapping};
+use crate::sys;
+use strait_sys::Mapping;
 
 const MAGIC: u64 = 0x3130_4d48_5354_5253; // "SRTSHM01"
 const VERSION: u32 = 1;
@@ -515,10 +516,10 @@ impl ShmListener {
         }
         let total = HEADER_BYTES + 2 * ring_bytes;
         sys::check_memfd(&memfd, total).map_err(&refuse)?;
-        let map = Mapping::map(&memfd, total).map_err(io_err("mmap", name))?;
+        let map = Mapping::shared(memfd.as_raw_fd(), total, 0).map_err(io_err("mmap", name))?;
         drop(memfd);
         // SAFETY: the mapping is at least HEADER_BYTES long and page-aligned.
-        let hdr_magic = unsafe { std::ptr::read_volatile(map.ptr.cast::<u64>()) };
+        let hdr_magic = unsafe { std::ptr::read_volatile(map.ptr().cast::<u64>()) };
         if hdr_magic != MAGIC {
             return Err(refuse("shared memory header has the wrong magic".into()));
         }
@@ -651,13 +652,13 @@ impl ShmDevice {
         let pidfd = sys::peer_pidfd(sock.as_raw_fd());
         let total = HEADER_BYTES + 2 * cfg.ring_bytes;
         let memfd = sys::sealed_memfd(total).map_err(io_err("memfd", name))?;
-        let map = Mapping::map(&memfd, total).map_err(io_err("mmap", name))?;
+        let map = Mapping::shared(memfd.as_raw_fd(), total, 0).map_err(io_err("mmap", name))?;
         // SAFETY: the fresh mapping is page-aligned and at least HEADER_BYTES long;
         // the peer has not seen it yet.
         unsafe {
-            std::ptr::write_volatile(map.ptr.cast::<u64>(), MAGIC);
-            std::ptr::write_volatile(map.ptr.add(8).cast::<u32>(), VERSION);
-            std::ptr::write_volatile(map.ptr.add(12).cast::<u32>(), (cfg.ring_bytes / 4096) as u32);
+            std::ptr::write_volatile(map.ptr().cast::<u64>(), MAGIC);
+            std::ptr::write_volatile(map.ptr().add(8).cast::<u32>(), VERSION);
+            std::ptr::write_volatile(map.ptr().add(12).cast::<u32>(), (cfg.ring_bytes / 4096) as u32);
         }
         let mut hello = [0u8; HELLO_LEN];
         hello[0..8].copy_from_slice(&MAGIC.to_le_bytes());
@@ -721,7 +722,7 @@ impl ShmDevice {
         // SAFETY: both data areas lie inside the mapping (HEADER_BYTES + 2 rings),
         // page-aligned, and the device keeps the mapping as long as its areas.
         let data =
-            |k: usize| unsafe { MappedArea::new(map.ptr.add(HEADER_BYTES + k * ring_bytes), ring_bytes) };
+            |k: usize| unsafe { MappedArea::new(map.ptr().add(HEADER_BYTES + k * ring_bytes), ring_bytes) };
         let remote_read_ok = match peer_pid {
             Some(pid) => {
                 let mut v = 0u64;
@@ -767,7 +768,7 @@ impl ShmDevice {
         // 8-byte aligned; AtomicU64 has the layout of u64, and the memory is only ever
         // accessed atomically by both processes. The mapping outlives every use (the
         // references never escape a method of the device that owns it).
-        unsafe { &*self.map.ptr.add(ring_ctl(ring) + at).cast::<AtomicU64>() }
+        unsafe { &*self.map.ptr().add(ring_ctl(ring) + at).cast::<AtomicU64>() }
     }
 
     /// True if the peer can be read with single-copy remote reads.

@@ -152,6 +152,12 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
 
     /// Length of the next datagram, if one is waiting.
     pub fn next_len(&self) -> Result<Option<usize>, Corrupt> {
+        Ok(self.next_datagram()?.map(|(_, len, _)| len))
+    }
+
+    /// The next datagram record, past any wrap records (which it takes): its
+    /// position, payload length and record offset; `None` if the ring is empty.
+    fn next_datagram(&self) -> Result<Option<(u64, usize, usize)>, Corrupt> {
         loop {
             let (head, tail) = self.used()?;
             if head == tail {
@@ -162,7 +168,7 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
                 self.skip_wrap(head, off);
                 continue;
             }
-            return Ok(Some(len));
+            return Ok(Some((head, len, off)));
         }
     }
 
@@ -172,15 +178,7 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
     /// the ring is empty; otherwise the datagram's length.
     pub fn take(&self, peek: bool, mut copy: impl FnMut(&M, usize, usize)) -> Result<Option<usize>, Corrupt> {
         loop {
-            let (head, tail) = self.used()?;
-            if head == tail {
-                return Ok(None);
-            }
-            let Some((kind, len, off)) = self.record(head, tail)? else { continue };
-            if kind == KIND_WRAP {
-                self.skip_wrap(head, off);
-                continue;
-            }
+            let Some((head, len, off)) = self.next_datagram()? else { return Ok(None) };
             // Copy first, then claim: a claim that succeeds proves the producer did
             // not reuse the space meanwhile (it only writes below `head`).
             copy(self.mem, off + RECORD_HDR, len);

@@ -72,38 +72,15 @@ pub(crate) fn set_timeouts(fd: RawFd, t: Option<Duration>) -> io::Result<()> {
 
 /// Sends one message with `fds` attached (SCM_RIGHTS).
 pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    // SAFETY: msghdr is plain old data.
-    let mut msg: libc::msghdr = unsafe { zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
-        assert!(space <= size_of::<[u64; 8]>(), "too many fds for the control buffer");
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: the control buffer is large enough (asserted) and aligned (u64);
-        // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len());
-        }
-    }
-    // SAFETY: `msg` points at live locals for the duration of the call.
-    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if n as usize != data.len() {
+    let n = strait_sys::send_fds(sock, data, fds, libc::MSG_NOSIGNAL)?;
+    if n != data.len() {
         return Err(io::Error::new(io::ErrorKind::WriteZero, "short handshake send"));
     }
     Ok(())
 }
+
+/// The most descriptors a handshake message may carry; more is a peer to refuse.
+const HANDSHAKE_FDS: usize = 12;
 
 /// Receives one message into `buf`, returning its length and any fds that came with
 /// it (close-on-exec). A zero length means the peer hung up.
@@ -112,45 +89,16 @@ pub(crate) fn recv_with_fds(
     buf: &mut [u8],
     flags: libc::c_int,
 ) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: msghdr is plain old data.
-    let mut msg: libc::msghdr = unsafe { zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = size_of::<[u64; 8]>() as _;
-    let n = loop {
-        // SAFETY: `msg` points at live locals for the duration of the call.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+    let m = loop {
+        match strait_sys::recv_fds(sock, buf, libc::MSG_CMSG_CLOEXEC | flags, HANDSHAKE_FDS) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => break r?,
         }
     };
-    let mut fds = Vec::new();
-    // SAFETY: walks the control messages the kernel wrote into `cbuf`, using the
-    // CMSG macros that stay within `msg_controllen`.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    if m.truncated {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "handshake carried too many descriptors"));
     }
-    Ok((n, fds))
+    Ok((m.len, m.fds))
 }
 
 /// The credentials of a connected Unix socket's peer, as the kernel recorded them
@@ -299,82 +247,14 @@ pub(crate) unsafe fn vm_read(pid: libc::pid_t, remote: u64, dst: *mut u8, len: u
     Ok(())
 }
 
-/// A shared mapping, unmapped on drop.
-pub(crate) struct Mapping {
-    pub(crate) ptr: *mut u8,
-    pub(crate) len: usize,
-}
-
-impl Mapping {
-    pub(crate) fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
-        // SAFETY: maps `len` bytes of a file we hold; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the region `map` created; nothing refers to it after
-        // the owning device is dropped.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// Creates a sealed memfd of `len` bytes (size fixed: shrink, grow and further
 /// sealing are forbidden, so the peer cannot truncate it under us).
 pub(crate) fn sealed_memfd(len: usize) -> io::Result<OwnedFd> {
-    // SAFETY: passes a NUL-terminated literal.
-    let fd = cvt(unsafe {
-        libc::memfd_create(c"strait-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-    })?;
-    // SAFETY: fresh fd owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain syscalls on the fd we own.
-    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
-    // SAFETY: as above.
-    cvt(unsafe {
-        libc::fcntl(
-            fd.as_raw_fd(),
-            libc::F_ADD_SEALS,
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-        )
-    })?;
-    Ok(fd)
+    strait_sys::sealed_memfd(c"strait-shm", len)
 }
 
 /// Checks that a received fd is a memfd of exactly `len` bytes that can no longer
 /// shrink (a peer that could truncate it could make us fault).
 pub(crate) fn check_memfd(fd: &OwnedFd, len: usize) -> Result<(), String> {
-    // SAFETY: stat is plain old data; fstat fills it.
-    let mut st: libc::stat = unsafe { zeroed() };
-    // SAFETY: passes a pointer to a local stat.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
-        return Err(format!("fstat: {}", io::Error::last_os_error()));
-    }
-    if st.st_size as u64 != len as u64 {
-        return Err(format!("shared memory is {} bytes, expected {len}", st.st_size));
-    }
-    // SAFETY: plain syscall.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 {
-        return Err("shared memory is not a sealable memfd".into());
-    }
-    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    if seals & need != need {
-        return Err(format!("shared memory seals {seals:#x} lack shrink/grow/seal"));
-    }
-    Ok(())
+    strait_sys::check_sealed(fd.as_raw_fd(), len).map_err(|e| e.to_string())
 }

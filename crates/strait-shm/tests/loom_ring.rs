@@ -68,32 +68,30 @@ fn try_pop(c: &mut Consumer, s: &Shared) -> Option<Vec<u8>> {
     Some(v)
 }
 
-/// Five frames through a 512-byte ring (eight cells; one frame of one cell, then
-/// frames of two): the fifth needs padding and wraps onto cells that held the first
-/// frames, and the producer must wait for room. Every byte read must be ordered after
-/// its write (loom's cell checking), and frames arrive intact and in order.
-#[test]
-fn frames_arrive_whole_and_in_order_across_wrap() {
+/// Frames of `sizes` (frame `i` is `payload(i, len)`) from a producer thread through
+/// a ring of `ring` bytes, the producer waiting for room: every byte read must be
+/// ordered after its write (loom's cell checking), and the consumer must get every
+/// frame intact and in order.
+fn frames_through(ring: usize, sizes: &'static [usize]) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
-    b.check(|| {
-        let s = Shared::new(512);
-        let sizes = [8usize, 72, 72, 72, 72];
+    b.check(move || {
+        let s = Shared::new(ring);
         let sp = s.clone();
         let prod = thread::spawn(move || {
-            let mut p = Producer::new(512);
+            let mut p = Producer::new(ring);
             for (i, &len) in sizes.iter().enumerate() {
                 while !try_push(&mut p, &sp, &payload(i, len)) {
                     thread::yield_now();
                 }
             }
         });
-        let mut c = Consumer::new(512);
+        let mut c = Consumer::new(ring);
         let mut got = 0;
         while got < sizes.len() {
             match try_pop(&mut c, &s) {
                 Some(v) => {
-                    assert_eq!(v, payload(got, sizes[got]), "frame {got} torn or out of order");
+                    assert_eq!(v, payload(got, sizes[got]), "frame {got} stale, torn or out of order");
                     got += 1;
                 }
                 None => thread::yield_now(),
@@ -103,37 +101,20 @@ fn frames_arrive_whole_and_in_order_across_wrap() {
     });
 }
 
+/// Five frames through a 512-byte ring (eight cells; one frame of one cell, then
+/// frames of two): the fifth needs padding and wraps onto cells that held the first
+/// frames, and the producer must wait for room.
+#[test]
+fn frames_arrive_whole_and_in_order_across_wrap() {
+    frames_through(512, &[8, 72, 72, 72, 72]);
+}
+
 /// Five one-cell frames through a four-cell ring: the consumer reaches the wrapped
 /// cell 0 while it may still hold the first lap's words, and must wait there for
 /// the new frame instead of taking stale words for one.
 #[test]
 fn stale_cells_from_an_earlier_lap_are_never_read_as_frames() {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(|| {
-        let s = Shared::new(256);
-        let sp = s.clone();
-        let prod = thread::spawn(move || {
-            let mut p = Producer::new(256);
-            for i in 0..5 {
-                while !try_push(&mut p, &sp, &payload(i, 8)) {
-                    thread::yield_now();
-                }
-            }
-        });
-        let mut c = Consumer::new(256);
-        let mut got = 0;
-        while got < 5 {
-            match try_pop(&mut c, &s) {
-                Some(v) => {
-                    assert_eq!(v, payload(got, 8), "frame {got} stale, torn or out of order");
-                    got += 1;
-                }
-                None => thread::yield_now(),
-            }
-        }
-        prod.join().unwrap();
-    });
+    frames_through(256, &[8; 5]);
 }
 
 /// The consumer announces sleep and re-checks; the producer publishes and rings.

@@ -11,23 +11,12 @@ use std::time::{Duration, Instant};
 
 use strait_core::{Completion, Config, Device, EpId, MemoryRegion, OpKind, RndvMode, Status, Worker};
 use strait_shm::{ShmConfig, ShmDevice, ShmListener};
+use strait_sys::pattern;
 
 type W = Worker<ShmDevice>;
 
 const SIZES: &[usize] =
     &[0, 1, 8, 40, 41, 64, 1000, 4096, 8192, 8193, 32_768, 32_769, 65_536, 65_537, 300_000, 1 << 20, 4 << 20];
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn cfg(mode: RndvMode, spin: Duration) -> Config {
     Config {
@@ -71,6 +60,53 @@ fn unique(tag: &str) -> String {
     format!("test-{}-{}-{}", tag, std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
+/// Connects a child playing the hostile `role` and posts one 64-byte receive: the
+/// connection and the completion the receive ends with (within 5 s).
+fn receive_from_hostile(tag: &str, role: &str) -> (Conn, Completion) {
+    let mut conn = connect_child(tag, role, RndvMode::Auto, Duration::ZERO, Duration::ZERO);
+    let mut inbox = MemoryRegion::new(64).unwrap();
+    conn.w.post_recv(conn.ep, &mut inbox, 0..64, 0, 0, 1).unwrap();
+    let c = conn.w.wait(Some(Duration::from_secs(5))).expect("an error completion");
+    (conn, c)
+}
+
+/// One `#[test]` per rendezvous mode, `$remote_read` and `$copy`, each running
+/// `$run(mode, $args...)`: the tests that differ only in the mode are written once.
+macro_rules! test_per_mode {
+    ($remote_read:ident, $copy:ident: $run:ident $(, $arg:expr)*) => {
+        #[test]
+        fn $remote_read() {
+            $run(RndvMode::RemoteRead $(, $arg)*);
+        }
+
+        #[test]
+        fn $copy() {
+            $run(RndvMode::Copy $(, $arg)*);
+        }
+    };
+}
+
+/// A worker with one endpoint connected to a child process playing `role`, over a
+/// fresh name tagged `tag`. The listener stays open (tests connect more peers).
+struct Conn {
+    w: W,
+    ep: EpId,
+    child: Child,
+    listener: ShmListener,
+    name: String,
+}
+
+/// Binds a fresh name, starts the child (spinning `child_spin`), and accepts it on a
+/// worker spinning `spin`.
+fn connect_child(tag: &str, role: &str, mode: RndvMode, child_spin: Duration, spin: Duration) -> Conn {
+    let name = unique(tag);
+    let listener = ShmListener::bind(&name).unwrap();
+    let child = spawn_child(role, &name, mode, child_spin);
+    let mut w = W::new(cfg(mode, spin)).unwrap();
+    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    Conn { w, ep, child, listener, name }
+}
+
 fn wait_for(w: &mut W, op: OpKind, polling: bool) -> Completion {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -106,12 +142,8 @@ fn echo(w: &mut W, ep: EpId, polling: bool) {
 
 fn echo_roundtrip(mode: RndvMode, polling: bool) {
     let spin = if polling { Duration::from_micros(100) } else { Duration::ZERO };
-    let name = unique("echo");
-    let listener = ShmListener::bind(&name).unwrap();
-    let mut child = spawn_child(if polling { "echo-poll" } else { "echo-block" }, &name, mode, spin);
-    let mut w = W::new(cfg(mode, spin)).unwrap();
-    let dev = listener.accept(w.notifier()).unwrap();
-    let ep = w.attach(dev);
+    let Conn { mut w, ep, mut child, listener: _listener, .. } =
+        connect_child("echo", if polling { "echo-poll" } else { "echo-block" }, mode, spin, spin);
     for (i, &len) in SIZES.iter().enumerate() {
         let data = pattern(i as u64, len);
         let mut out = MemoryRegion::new(len).unwrap();
@@ -137,34 +169,23 @@ fn echo_roundtrip(mode: RndvMode, polling: bool) {
     assert!(child.wait().unwrap().success(), "child failed");
 }
 
-#[test]
-fn every_size_class_polling_remote_read() {
-    echo_roundtrip(RndvMode::RemoteRead, true);
-}
+test_per_mode!(
+    every_size_class_polling_remote_read,
+    every_size_class_polling_pipelined_copy: echo_roundtrip,
+    true
+);
 
-#[test]
-fn every_size_class_polling_pipelined_copy() {
-    echo_roundtrip(RndvMode::Copy, true);
-}
-
-#[test]
-fn every_size_class_blocking_remote_read() {
-    echo_roundtrip(RndvMode::RemoteRead, false);
-}
-
-#[test]
-fn every_size_class_blocking_pipelined_copy() {
-    echo_roundtrip(RndvMode::Copy, false);
-}
+test_per_mode!(
+    every_size_class_blocking_remote_read,
+    every_size_class_blocking_pipelined_copy: echo_roundtrip,
+    false
+);
 
 /// The sender's peer dies after it got the RTS: the sender's outstanding send must
 /// end with an error completion within a second, for either rendezvous mode.
 fn receiver_dies_mid_rendezvous(mode: RndvMode) {
-    let name = unique("die-recv");
-    let listener = ShmListener::bind(&name).unwrap();
-    let mut child = spawn_child("stall-then-die", &name, mode, Duration::ZERO);
-    let mut w = W::new(cfg(mode, Duration::from_micros(50))).unwrap();
-    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let Conn { mut w, ep, mut child, listener: _listener, .. } =
+        connect_child("die-recv", "stall-then-die", mode, Duration::ZERO, Duration::from_micros(50));
     let len = 64 << 20;
     let out = MemoryRegion::new(len).unwrap();
     w.post_send(ep, &out, 0..len, 1, 7).unwrap();
@@ -183,24 +204,16 @@ fn receiver_dies_mid_rendezvous(mode: RndvMode) {
     child.wait().unwrap();
 }
 
-#[test]
-fn receiver_dies_mid_rendezvous_remote_read() {
-    receiver_dies_mid_rendezvous(RndvMode::RemoteRead);
-}
-
-#[test]
-fn receiver_dies_mid_rendezvous_pipelined_copy() {
-    receiver_dies_mid_rendezvous(RndvMode::Copy);
-}
+test_per_mode!(
+    receiver_dies_mid_rendezvous_remote_read,
+    receiver_dies_mid_rendezvous_pipelined_copy: receiver_dies_mid_rendezvous
+);
 
 /// The receiver has matched an RTS but the sender died: the receive fails with an
 /// error completion (remote read finds no process; copy mode sees the hang-up).
 fn sender_dies_mid_rendezvous(mode: RndvMode) {
-    let name = unique("die-send");
-    let listener = ShmListener::bind(&name).unwrap();
-    let mut child = spawn_child("send-big-then-die", &name, mode, Duration::ZERO);
-    let mut w = W::new(cfg(mode, Duration::from_micros(50))).unwrap();
-    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let Conn { mut w, ep, mut child, listener: _listener, .. } =
+        connect_child("die-send", "send-big-then-die", mode, Duration::ZERO, Duration::from_micros(50));
     // Wait until the RTS is here (it lands in the unexpected queue), then kill.
     let deadline = Instant::now() + Duration::from_secs(10);
     while w.stats(ep).unwrap().unexpected == 0 {
@@ -219,29 +232,17 @@ fn sender_dies_mid_rendezvous(mode: RndvMode) {
     assert!(killed.elapsed() < Duration::from_secs(1), "took {:?}", killed.elapsed());
 }
 
-#[test]
-fn sender_dies_mid_rendezvous_remote_read() {
-    sender_dies_mid_rendezvous(RndvMode::RemoteRead);
-}
-
-#[test]
-fn sender_dies_mid_rendezvous_pipelined_copy() {
-    sender_dies_mid_rendezvous(RndvMode::Copy);
-}
+test_per_mode!(
+    sender_dies_mid_rendezvous_remote_read,
+    sender_dies_mid_rendezvous_pipelined_copy: sender_dies_mid_rendezvous
+);
 
 /// A peer that speaks the device protocol correctly but sends a malformed protocol
 /// header: the frame is rejected, counted, the endpoint fails with `Corrupt`, and
 /// this process carries on.
 #[test]
 fn malformed_protocol_frame_is_rejected() {
-    let name = unique("garbage");
-    let listener = ShmListener::bind(&name).unwrap();
-    let mut child = spawn_child("garbage", &name, RndvMode::Auto, Duration::ZERO);
-    let mut w = W::new(cfg(RndvMode::Auto, Duration::ZERO)).unwrap();
-    let ep = w.attach(listener.accept(w.notifier()).unwrap());
-    let mut inbox = MemoryRegion::new(64).unwrap();
-    w.post_recv(ep, &mut inbox, 0..64, 0, 0, 1).unwrap();
-    let c = w.wait(Some(Duration::from_secs(5))).expect("an error completion");
+    let (Conn { w, ep, mut child, listener: _listener, .. }, c) = receive_from_hostile("garbage", "garbage");
     assert_eq!(c.status, Status::Corrupt);
     let st = w.stats(ep).unwrap();
     assert!(st.frames_rejected >= 1);
@@ -259,11 +260,8 @@ const TRUNC_SIZES: &[usize] = &[100, 40_000, 300_000];
 /// with the full message length, the accepted prefix is right, and not one byte
 /// past the posted range is written.
 fn truncation(mode: RndvMode) {
-    let name = unique("trunc");
-    let listener = ShmListener::bind(&name).unwrap();
-    let mut child = spawn_child("send-trunc", &name, mode, Duration::ZERO);
-    let mut w = W::new(cfg(mode, Duration::from_micros(50))).unwrap();
-    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let Conn { mut w, ep, mut child, listener: _listener, .. } =
+        connect_child("trunc", "send-trunc", mode, Duration::ZERO, Duration::from_micros(50));
     for (i, &len) in TRUNC_SIZES.iter().enumerate() {
         let take = len / 2;
         let mut mr = MemoryRegion::new(len + 4096).unwrap();
@@ -278,26 +276,15 @@ fn truncation(mode: RndvMode) {
     assert!(child.wait().unwrap().success(), "sender failed (its sends must complete too)");
 }
 
-#[test]
-fn truncation_remote_read() {
-    truncation(RndvMode::RemoteRead);
-}
-
-#[test]
-fn truncation_pipelined_copy() {
-    truncation(RndvMode::Copy);
-}
+test_per_mode!(truncation_remote_read, truncation_pipelined_copy: truncation);
 
 /// The shared memory is handed only to the two ends of a connection: a second
 /// process connecting to the same name gets a connection of its own and never sees
 /// the first one's traffic, and nothing is created in the filesystem or /dev/shm.
 #[test]
 fn a_process_without_the_memfd_cannot_reach_the_ring() {
-    let name = unique("isolation");
-    let listener = ShmListener::bind(&name).unwrap();
-    let mut owner = spawn_child("echo-block", &name, RndvMode::Auto, Duration::ZERO);
-    let mut w = W::new(cfg(RndvMode::Auto, Duration::ZERO)).unwrap();
-    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let Conn { mut w, ep, child: mut owner, listener, name } =
+        connect_child("isolation", "echo-block", RndvMode::Auto, Duration::ZERO, Duration::ZERO);
     let mut intruder = spawn_child("intruder", &name, RndvMode::Auto, Duration::ZERO);
     let ep2 = w.attach(listener.accept(w.notifier()).unwrap());
     // Traffic on the first connection while the intruder listens on its own.
@@ -336,11 +323,8 @@ fn a_process_without_the_memfd_cannot_reach_the_ring() {
 /// sender): a copy-mode transfer many times the ring's size completes.
 #[test]
 fn a_polling_receiver_wakes_a_sender_sleeping_on_a_full_ring() {
-    let name = unique("poll-only");
-    let listener = ShmListener::bind(&name).unwrap();
-    let mut child = spawn_child("poll-recv-only", &name, RndvMode::Copy, Duration::ZERO);
-    let mut w = W::new(cfg(RndvMode::Copy, Duration::ZERO)).unwrap();
-    let ep = w.attach(listener.accept(w.notifier()).unwrap());
+    let Conn { mut w, ep, mut child, listener: _listener, .. } =
+        connect_child("poll-only", "poll-recv-only", RndvMode::Copy, Duration::ZERO, Duration::ZERO);
     let len = 16 << 20;
     let mut out = MemoryRegion::new(len).unwrap();
     out.write_at(0, &pattern(9, len)).unwrap();
@@ -358,14 +342,8 @@ fn a_polling_receiver_wakes_a_sender_sleeping_on_a_full_ring() {
 /// reason, and this process carries on.
 #[test]
 fn garbage_written_into_the_ring_is_rejected() {
-    let name = unique("ring-garbage");
-    let listener = ShmListener::bind(&name).unwrap();
-    let mut child = spawn_child("scribble-ring", &name, RndvMode::Auto, Duration::ZERO);
-    let mut w = W::new(cfg(RndvMode::Auto, Duration::ZERO)).unwrap();
-    let ep = w.attach(listener.accept(w.notifier()).unwrap());
-    let mut inbox = MemoryRegion::new(64).unwrap();
-    w.post_recv(ep, &mut inbox, 0..64, 0, 0, 1).unwrap();
-    let c = w.wait(Some(Duration::from_secs(5))).expect("an error completion");
+    let (Conn { w, ep, mut child, listener: _listener, .. }, c) =
+        receive_from_hostile("ring-garbage", "scribble-ring");
     assert_eq!((c.status, c.ctx), (Status::Corrupt, 1));
     assert!(w.stats(ep).unwrap().device.frames_rejected >= 1);
     let (_, why) = w.endpoint_error(ep).unwrap();

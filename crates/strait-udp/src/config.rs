@@ -1,6 +1,6 @@
 //! Settings of the udp link, each with a default and a `STRAIT_UDP_*` override.
 
-use strait_core::config::env_num;
+use strait_core::config::{env_choice, env_flag, env_num, env_num_in};
 use strait_core::ConfigError;
 
 /// How the link talks to the kernel.
@@ -78,32 +78,19 @@ impl Default for UdpConfig {
     }
 }
 
-fn flag(var: &'static str) -> Result<Option<bool>, ConfigError> {
-    match env_num(var)? {
-        None => Ok(None),
-        Some(0) => Ok(Some(false)),
-        Some(1) => Ok(Some(true)),
-        Some(v) => Err(ConfigError { var, value: v.to_string(), why: "must be 0 or 1" }),
-    }
-}
-
 impl UdpConfig {
     /// Defaults overridden by any `STRAIT_UDP_*` variables that are set.
     pub fn from_env() -> Result<Self, ConfigError> {
         let mut c = UdpConfig::default();
-        if let Ok(v) = std::env::var("STRAIT_UDP_BACKEND") {
-            c.backend = match v.trim() {
-                "auto" | "" => Backend::Auto,
-                "uring" | "io_uring" => Backend::Uring,
-                "mmsg" => Backend::Mmsg,
-                _ => {
-                    return Err(ConfigError {
-                        var: "STRAIT_UDP_BACKEND",
-                        value: v,
-                        why: "expected auto, uring or mmsg",
-                    })
-                }
-            };
+        let backends = [
+            ("auto", Backend::Auto),
+            ("", Backend::Auto),
+            ("uring", Backend::Uring),
+            ("io_uring", Backend::Uring),
+            ("mmsg", Backend::Mmsg),
+        ];
+        if let Some(b) = env_choice("STRAIT_UDP_BACKEND", &backends, "expected auto, uring or mmsg")? {
+            c.backend = b;
         }
         if let Some(v) = env_num("STRAIT_UDP_MAX_DATAGRAM")? {
             if v != 0 && !(256..=65507).contains(&v) {
@@ -115,24 +102,10 @@ impl UdpConfig {
             }
             c.max_datagram = v as usize;
         }
-        if let Some(v) = env_num("STRAIT_UDP_SLOTS")? {
-            if !(32..=65536).contains(&v) {
-                return Err(ConfigError {
-                    var: "STRAIT_UDP_SLOTS",
-                    value: v.to_string(),
-                    why: "must be 32..65536",
-                });
-            }
+        if let Some(v) = env_num_in("STRAIT_UDP_SLOTS", 32..=65536, "must be 32..65536")? {
             c.slots = v as u32;
         }
-        if let Some(v) = env_num("STRAIT_UDP_RING")? {
-            if !(8..=4096).contains(&v) {
-                return Err(ConfigError {
-                    var: "STRAIT_UDP_RING",
-                    value: v.to_string(),
-                    why: "must be 8..4096",
-                });
-            }
+        if let Some(v) = env_num_in("STRAIT_UDP_RING", 8..=4096, "must be 8..4096")? {
             c.ring = v as u32;
         }
         if let Some(v) = env_num("STRAIT_UDP_RX_BUFS")? {
@@ -145,10 +118,10 @@ impl UdpConfig {
             }
             c.rx_bufs = v as u32;
         }
-        if let Some(v) = flag("STRAIT_UDP_GSO")? {
+        if let Some(v) = env_flag("STRAIT_UDP_GSO")? {
             c.gso = v;
         }
-        if let Some(v) = flag("STRAIT_UDP_GRO")? {
+        if let Some(v) = env_flag("STRAIT_UDP_GRO")? {
             c.gro = v;
         }
         if let Some(v) = env_num("STRAIT_UDP_ZC_MIN")? {
@@ -160,14 +133,7 @@ impl UdpConfig {
         if let Some(v) = env_num("STRAIT_UDP_STREAM_COALESCE_US")? {
             c.stream_coalesce_ns = v.saturating_mul(1000);
         }
-        if let Some(v) = env_num("STRAIT_UDP_SOCKBUF")? {
-            if !(64 << 10..=1 << 30).contains(&v) {
-                return Err(ConfigError {
-                    var: "STRAIT_UDP_SOCKBUF",
-                    value: v.to_string(),
-                    why: "must be 64K..1G",
-                });
-            }
+        if let Some(v) = env_num_in("STRAIT_UDP_SOCKBUF", 64 << 10..=1 << 30, "must be 64K..1G")? {
             c.sock_buf = v as usize;
         }
         Ok(c)

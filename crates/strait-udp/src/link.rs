@@ -1,10 +1,11 @@
 //! [`UdpLink`]: a connected UDP socket as a [`strait_core::Link`].
 
+use std::collections::VecDeque;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Once;
 
-use strait_core::{ConfigError, Link, LinkError, LinkStats, Reliable, ReliableConfig};
+use strait_core::{ConfigError, Link, LinkError, LinkStats, Reliable, ReliableConfig, SlotPool};
 use thiserror::Error;
 
 use crate::config::{Backend, UdpConfig};
@@ -86,6 +87,30 @@ pub struct UdpStats {
 /// hands out at least this many) marks a stream: the next is moderated by the
 /// stream window.
 pub const STREAM_MIN: usize = 8;
+
+/// Queues `slot` (`len` bytes) for the next flush, the same way in both backends: a
+/// slot or length out of range is the caller's error, and a full queue (`cap`
+/// entries) is counted and refused (the reliability layer sends later).
+#[inline]
+pub(crate) fn queue_send(
+    pool: &mut SlotPool,
+    txq: &mut VecDeque<(u32, u32)>,
+    cap: usize,
+    stats: &mut LinkStats,
+    slot: u32,
+    len: usize,
+) -> Result<bool, LinkError> {
+    if slot >= pool.count() || len > pool.slot_len() {
+        return Err(LinkError::BadSlot { slot, len });
+    }
+    if txq.len() >= cap {
+        stats.send_full += 1;
+        return Ok(false);
+    }
+    pool.begin_tx(slot);
+    txq.push_back((slot, len as u32));
+    Ok(true)
+}
 
 /// Doorbell moderation: within `window` ns of the previous doorbell that submitted
 /// datagrams, a flush leaves its datagrams queued (up to half the ring), to be sent

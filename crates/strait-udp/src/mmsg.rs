@@ -20,7 +20,7 @@ use std::os::fd::RawFd;
 use strait_core::{LinkError, LinkStats, SlotPool};
 
 use crate::config::UdpConfig;
-use crate::link::{Moderation, UdpStats, RX_BUF_LEN};
+use crate::link::{queue_send, Moderation, UdpStats, RX_BUF_LEN};
 use crate::sys::{self, SegCmsg};
 
 /// Receives one `recvmmsg` may return: plain datagrams.
@@ -187,16 +187,7 @@ impl MmsgLink {
     }
 
     pub(crate) fn send(&mut self, slot: u32, len: usize) -> Result<bool, LinkError> {
-        if slot >= self.pool.count() || len > self.pool.slot_len() {
-            return Err(LinkError::BadSlot { slot, len });
-        }
-        if self.txq.len() >= self.ring {
-            self.stats.send_full += 1;
-            return Ok(false);
-        }
-        self.pool.begin_tx(slot);
-        self.txq.push_back((slot, len as u32));
-        Ok(true)
+        queue_send(&mut self.pool, &mut self.txq, self.ring, &mut self.stats, slot, len)
     }
 
     pub(crate) fn tx_release(&mut self, slot: u32) {

@@ -15,12 +15,12 @@
 //! # let _ = (a, b); Ok(()) }
 //! ```
 
-use std::fs::File;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use strait_sys::netns;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -77,28 +77,13 @@ impl VethPair {
             v6: [Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 1), Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2)],
         };
         // From here on, Drop cleans up whatever was made.
-        for ns in &p.ns {
-            run(Command::new("ip").args(["netns", "add", ns]))?;
-        }
-        run(Command::new("ip").args([
-            "link", "add", &p.dev[0], "netns", &p.ns[0], "type", "veth", "peer", "name", &p.dev[1], "netns",
-            &p.ns[1],
-        ]))?;
+        netns::add_veth_namespaces([&p.ns[0], &p.ns[1]], [&p.dev[0], &p.dev[1]])?;
         for i in 0..2 {
-            let (ns, dev) = (&p.ns[i], &p.dev[i]);
-            run(Command::new("ip").args(["-n", ns, "addr", "add", &format!("{}/24", p.v4[i]), "dev", dev]))?;
-            run(Command::new("ip").args([
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{}/64", p.v6[i]),
-                "dev",
-                dev,
-                "nodad",
-            ]))?;
-            run(Command::new("ip").args(["-n", ns, "link", "set", dev, "up"]))?;
-            run(Command::new("ip").args(["-n", ns, "link", "set", "lo", "up"]))?;
+            let (ns, dev) = (p.ns[i].as_str(), p.dev[i].as_str());
+            netns::ip(&["-n", ns, "addr", "add", &format!("{}/24", p.v4[i]), "dev", dev])?;
+            netns::ip(&["-n", ns, "addr", "add", &format!("{}/64", p.v6[i]), "dev", dev, "nodad"])?;
+            netns::ip(&["-n", ns, "link", "set", dev, "up"])?;
+            netns::ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
         Ok(p)
     }
@@ -114,13 +99,9 @@ impl VethPair {
 
     /// Runs `f` on a thread inside namespace `i` and returns its result.
     pub fn in_ns<T: Send>(&self, i: usize, f: impl FnOnce() -> T + Send) -> io::Result<T> {
-        let ns = File::open(format!("/run/netns/{}", self.ns[i]))?;
         std::thread::scope(|s| {
             s.spawn(|| {
-                // SAFETY: setns on an open namespace fd; affects only this thread.
-                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                netns::enter(&self.ns[i])?;
                 Ok(f())
             })
             .join()
@@ -232,7 +213,7 @@ impl VethPair {
 impl Drop for VethPair {
     fn drop(&mut self) {
         for ns in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
+            netns::delete_namespace(ns);
         }
     }
 }

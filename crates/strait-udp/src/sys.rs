@@ -3,6 +3,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use strait_sys::Mapping;
+
 /// `SOL_UDP` / `IPPROTO_UDP`.
 pub(crate) const SOL_UDP: libc::c_int = 17;
 /// `UDP_SEGMENT` (GSO segment size, Linux 4.18).
@@ -127,47 +129,8 @@ pub(crate) fn eventfd_drain(fd: &OwnedFd) {
     unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
 }
 
-/// Anonymous, page-aligned memory (for the provided-buffer ring and its buffers),
-/// unmapped on drop.
-pub(crate) struct Mmap {
-    ptr: *mut u8,
-    len: usize,
+/// Anonymous, page-aligned, populated memory of at least `len` zeroed bytes (for the
+/// provided-buffer ring and its buffers), unmapped on drop.
+pub(crate) fn anonymous_pages(len: usize) -> io::Result<Mapping> {
+    Mapping::anonymous_populated(len.max(1).next_multiple_of(4096))
 }
-
-impl Mmap {
-    /// Maps `len` zeroed bytes.
-    pub(crate) fn new(len: usize) -> io::Result<Self> {
-        let len = len.max(1).next_multiple_of(4096);
-        // SAFETY: anonymous private mapping; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mmap { ptr: p.cast(), len })
-    }
-
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-}
-
-impl Drop for Mmap {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`; no reference into it
-        // outlives `self`.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-// SAFETY: the mapping is plain memory owned by this value; access is governed by the
-// owner's `&`/`&mut` borrows.
-unsafe impl Send for Mmap {}

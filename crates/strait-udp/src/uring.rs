@@ -21,8 +21,9 @@ use io_uring::{cqueue, opcode, types, IoUring};
 use strait_core::{LinkError, LinkStats, SlotPool};
 
 use crate::config::UdpConfig;
-use crate::link::{Moderation, UdpStats, RX_BUF_LEN};
-use crate::sys::{self, Mmap};
+use crate::link::{queue_send, Moderation, UdpStats, RX_BUF_LEN};
+use crate::sys;
+use strait_sys::Mapping;
 
 const UD_KIND: u64 = 0xff << 56;
 const UD_RECV: u64 = 1 << 56;
@@ -87,8 +88,8 @@ pub(crate) struct UringLink {
     gso_free: Vec<u32>,
     zc_min: usize,
     rx_hdr: Box<libc::msghdr>,
-    bufring: Mmap,
-    rx_mem: Mmap,
+    bufring: Mapping,
+    rx_mem: Mapping,
     rx_count: u16,
     rx_tail: u16,
     /// Buffers in the ring that the kernel has not taken yet.
@@ -183,8 +184,8 @@ impl UringLink {
 
         // Provided-buffer ring and its buffers.
         let rx_count = rx_bufs.clamp(8, 32768) as u16;
-        let bufring = Mmap::new(rx_count as usize * 16)?;
-        let rx_mem = Mmap::new(rx_count as usize * RX_BUF_LEN)?;
+        let bufring = sys::anonymous_pages(rx_count as usize * 16)?;
+        let rx_mem = sys::anonymous_pages(rx_count as usize * RX_BUF_LEN)?;
         // SAFETY: `bufring` is page-aligned memory of `rx_count` 16-byte entries that
         // lives until after the ring is gone.
         unsafe { ring.submitter().register_buf_ring_with_flags(bufring.ptr() as u64, rx_count, BGID, 0)? };
@@ -284,16 +285,7 @@ impl UringLink {
     }
 
     pub(crate) fn send(&mut self, slot: u32, len: usize) -> Result<bool, LinkError> {
-        if slot >= self.pool.count() || len > self.pool.slot_len() {
-            return Err(LinkError::BadSlot { slot, len });
-        }
-        if self.txq.len() >= self.ring_cap {
-            self.stats.send_full += 1;
-            return Ok(false);
-        }
-        self.pool.begin_tx(slot);
-        self.txq.push_back((slot, len as u32));
-        Ok(true)
+        queue_send(&mut self.pool, &mut self.txq, self.ring_cap, &mut self.stats, slot, len)
     }
 
     /// Hands a receive buffer back to the kernel, or keeps it back while the ring

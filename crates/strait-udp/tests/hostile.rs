@@ -73,12 +73,4 @@ fn flood(backend: Backend) {
     let _ = ra;
 }
 
-#[test]
-fn hostile_datagrams_counted_and_dropped_uring() {
-    flood(Backend::Uring);
-}
-
-#[test]
-fn hostile_datagrams_counted_and_dropped_mmsg() {
-    flood(Backend::Mmsg);
-}
+common::test_per_backend!(hostile_datagrams_counted_and_dropped_uring, hostile_datagrams_counted_and_dropped_mmsg: flood);

@@ -5,6 +5,9 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::warm;
 use strait_core::Link;
 use strait_udp::netns::VethPair;
 use strait_udp::{Backend, UdpConfig, UdpLink};
@@ -32,6 +35,14 @@ fn fill(seed: u32, b: &mut [u8]) {
     if b.len() >= 4 {
         b[..4].copy_from_slice(&seed.to_le_bytes());
     }
+}
+
+/// Sends datagram `seed` of `len` bytes (filled by [`fill`]) from `a`, unflushed.
+fn send_filled(a: &mut UdpLink, seed: u32, len: usize) {
+    let slot = a.tx_alloc().unwrap();
+    fill(seed, &mut a.tx_buf(slot)[..len]);
+    assert!(a.send(slot, len).unwrap());
+    a.tx_release(slot);
 }
 
 /// Sends `lens.len()` datagrams (the first four bytes number them) in batches of
@@ -108,15 +119,7 @@ fn datagrams(backend: Backend) {
     assert_eq!(s.datagrams_dropped, 0);
 }
 
-#[test]
-fn loopback_datagrams_uring() {
-    datagrams(Backend::Uring);
-}
-
-#[test]
-fn loopback_datagrams_mmsg() {
-    datagrams(Backend::Mmsg);
-}
+common::test_per_backend!(loopback_datagrams_uring, loopback_datagrams_mmsg: datagrams);
 
 /// One doorbell per batch: 200 datagrams queued, one flush, a handful of system
 /// calls (the ring holds 256).
@@ -126,10 +129,7 @@ fn one_doorbell_per_batch() {
         let (mut a, mut b) = loopback_pair(&cfg(backend));
         let before = a.stats().doorbells;
         for i in 0..200u32 {
-            let slot = a.tx_alloc().unwrap();
-            fill(i, &mut a.tx_buf(slot)[..64]);
-            assert!(a.send(slot, 64).unwrap());
-            a.tx_release(slot);
+            send_filled(&mut a, i, 64);
         }
         a.flush().unwrap();
         let rung = a.stats().doorbells - before;
@@ -151,10 +151,7 @@ fn moderation_defers_and_delivers() {
     let (mut a, mut b) = loopback_pair(&c);
     let before = a.stats().doorbells;
     for i in 0..50u32 {
-        let slot = a.tx_alloc().unwrap();
-        fill(i, &mut a.tx_buf(slot)[..100]);
-        assert!(a.send(slot, 100).unwrap());
-        a.tx_release(slot);
+        send_filled(&mut a, i, 100);
         a.flush().unwrap();
     }
     assert!(a.stats().doorbells - before <= 2, "{} doorbells for 50 flushes", a.stats().doorbells - before);
@@ -198,10 +195,7 @@ fn one_flush(a: &mut UdpLink, b: &mut UdpLink, n_full: usize) -> (u64, u64) {
     let lens: Vec<usize> = (0..=n_full).map(|i| if i < n_full { mtu } else { 700 }).collect();
     let (a0, b0) = (a.stats(), b.stats());
     for (i, &len) in lens.iter().enumerate() {
-        let slot = a.tx_alloc().unwrap();
-        fill(i as u32, &mut a.tx_buf(slot)[..len]);
-        assert!(a.send(slot, len).unwrap());
-        a.tx_release(slot);
+        send_filled(a, i as u32, len);
     }
     a.flush().unwrap();
     let a_rung = a.stats().doorbells - a0.doorbells;
@@ -352,24 +346,6 @@ fn veth_datagrams_both_backends_v4_v6() {
             exchange(&mut a, &mut b, &lens, 100);
             exchange(&mut b, &mut a, &lens, 7);
         }
-    }
-}
-
-/// Resolves the neighbours (ARP/ND) both ways before the test proper: datagrams
-/// sent during resolution may be dropped, and the link does not resend.
-fn warm(a: &UdpSocket, b: &UdpSocket) {
-    for (x, y) in [(a, b), (b, a)] {
-        y.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-        let mut buf = [0u8; 16];
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            assert!(Instant::now() < deadline, "no datagram crosses the veth pair");
-            x.send(b"warm").unwrap();
-            if y.recv(&mut buf).is_ok() {
-                break;
-            }
-        }
-        y.set_read_timeout(None).unwrap();
     }
 }
 

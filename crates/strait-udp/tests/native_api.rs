@@ -26,25 +26,8 @@ fn every_size(backend: Backend, v6: bool) {
     assert!(r[0].ep.rndv_sent > 0 && r[0].ep.eager_sent > 0, "{:?}", r[0].ep);
 }
 
-#[test]
-fn every_size_class_uring_v4() {
-    every_size(Backend::Uring, false);
-}
-
-#[test]
-fn every_size_class_mmsg_v4() {
-    every_size(Backend::Mmsg, false);
-}
-
-#[test]
-fn every_size_class_uring_v6() {
-    every_size(Backend::Uring, true);
-}
-
-#[test]
-fn every_size_class_mmsg_v6() {
-    every_size(Backend::Mmsg, true);
-}
+common::test_per_backend!(every_size_class_uring_v4, every_size_class_mmsg_v4: every_size, false);
+common::test_per_backend!(every_size_class_uring_v6, every_size_class_mmsg_v6: every_size, true);
 
 fn lossy(backend: Backend) {
     let pair = veth();
@@ -68,12 +51,4 @@ fn lossy(backend: Backend) {
     assert!(retrans > 0, "packets were lost but none was retransmitted");
 }
 
-#[test]
-fn one_percent_loss_all_intact_uring() {
-    lossy(Backend::Uring);
-}
-
-#[test]
-fn one_percent_loss_all_intact_mmsg() {
-    lossy(Backend::Mmsg);
-}
+common::test_per_backend!(one_percent_loss_all_intact_uring, one_percent_loss_all_intact_mmsg: lossy);

@@ -7,7 +7,7 @@ use strait_core::{Link, LinkError, LinkStats};
 
 use crate::bpf::XdpProgram;
 use crate::netif::{self, Mac};
-use crate::xsk::{Xsk, XskGeometry, XskMode};
+use crate::xsk::{TxState, Xsk, XskGeometry, XskMode};
 use crate::XdpError;
 
 /// strait's EtherType: IEEE 802 local experimental EtherType 1.
@@ -56,15 +56,6 @@ impl XdpConfig {
             ..XdpConfig::new(ifname)
         }
     }
-}
-
-/// Per-frame transmit bookkeeping.
-#[derive(Clone, Copy, Default)]
-struct TxState {
-    /// Transmissions queued or in flight.
-    pending: u32,
-    /// The owner gave it back; free once `pending` is zero.
-    released: bool,
 }
 
 /// A point-to-point link to the peer with MAC `peer` over an AF_XDP socket.
@@ -158,15 +149,8 @@ impl XdpLink {
 
     fn reap(&mut self) {
         let (tx, free) = (&mut self.tx, &mut self.free);
-        let tx_frames = tx.len() as u32;
         self.xsk.reap(|i| {
-            if i >= tx_frames {
-                return;
-            }
-            let t = &mut tx[i as usize];
-            t.pending = t.pending.saturating_sub(1);
-            if t.pending == 0 && t.released {
-                t.released = false;
+            if tx.get_mut(i as usize).is_some_and(|t| t.complete()) {
                 free.push(i);
             }
         });
@@ -212,13 +196,8 @@ impl Link for XdpLink {
 
     fn tx_release(&mut self, slot: u32) {
         let Some(t) = self.tx.get_mut(slot as usize) else { return };
-        if t.released {
-            return;
-        }
-        if t.pending == 0 {
+        if !t.released && t.release() {
             self.free.push(slot);
-        } else {
-            t.released = true;
         }
     }
 

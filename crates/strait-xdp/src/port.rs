@@ -53,7 +53,7 @@ use strait_core::{Link, LinkError, LinkStats};
 use crate::bpf::XdpProgram;
 use crate::link::{XdpConfig, ETHERTYPE, ETH_HEADER};
 use crate::netif::{self, Mac};
-use crate::xsk::{Doorbell, Xsk, XskMode};
+use crate::xsk::{Doorbell, TxState, Xsk, XskMode};
 use crate::XdpError;
 
 /// Bytes of the multiplexing header after the Ethernet header: destination and
@@ -110,10 +110,7 @@ struct ChanState {
 /// Per transmit frame bookkeeping.
 #[derive(Clone, Copy, Default)]
 struct TxFrame {
-    /// Transmissions queued or in flight.
-    pending: u32,
-    /// The owner gave it back; free once `pending` is zero.
-    released: bool,
+    state: TxState,
     owner_id: u32,
     owner_key: u64,
 }
@@ -134,15 +131,9 @@ impl PortState {
     /// Takes completed transmissions; recycles released frames.
     fn reap(&mut self) {
         let (tx, free, chans) = (&mut self.tx, &mut self.free, &mut self.chans);
-        let n = tx.len() as u32;
         self.xsk.reap(|i| {
-            if i >= n {
-                return;
-            }
-            let t = &mut tx[i as usize];
-            t.pending = t.pending.saturating_sub(1);
-            if t.pending == 0 && t.released {
-                t.released = false;
+            let Some(t) = tx.get_mut(i as usize) else { return };
+            if t.state.complete() {
                 free.push(i);
                 if let Some(c) = chans.get_mut(&t.owner_id).filter(|c| c.key == t.owner_key) {
                     c.tx_held = c.tx_held.saturating_sub(1);
@@ -240,17 +231,9 @@ fn io_err(op: &'static str) -> XdpError {
 }
 
 fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: getrandom writes at most `b.len()` bytes into the local buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == b.len() as isize {
-        u32::from_le_bytes(b)
-    } else {
-        // No entropy source: ids only need to differ from the ones in use.
-        let t =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        (t as u32).wrapping_mul(0x9e37_79b9) ^ std::process::id()
-    }
+    // No entropy source: ids only need to differ from the ones in use.
+    strait_sys::random_u32()
+        .unwrap_or_else(|| (strait_sys::unix_nanos() as u32).wrapping_mul(0x9e37_79b9) ^ std::process::id())
 }
 
 impl XdpPort {
@@ -595,7 +578,7 @@ impl Link for XdpChannel {
             };
             c.tx_held += 1;
             let key = c.key;
-            st.tx[s as usize] = TxFrame { pending: 0, released: false, owner_id: self.id, owner_key: key };
+            st.tx[s as usize] = TxFrame { state: TxState::default(), owner_id: self.id, owner_key: key };
             s
         };
         self.mine[slot as usize] = true;
@@ -617,7 +600,7 @@ impl Link for XdpChannel {
             self.stats.send_full += 1;
             return Ok(false);
         }
-        st.tx[slot as usize].pending += 1;
+        st.tx[slot as usize].state.pending += 1;
         drop(st);
         self.queued += 1;
         self.stats.datagrams_sent += 1;
@@ -631,14 +614,11 @@ impl Link for XdpChannel {
         self.mine[slot as usize] = false;
         let mut st = self.port.lock();
         let st = &mut *st;
-        let t = &mut st.tx[slot as usize];
-        if t.pending == 0 {
+        if st.tx[slot as usize].state.release() {
             st.free.push(slot);
             if let Some(c) = st.chans.get_mut(&self.id) {
                 c.tx_held = c.tx_held.saturating_sub(1);
             }
-        } else {
-            t.released = true;
         }
     }
 
@@ -752,11 +732,8 @@ impl Drop for XdpChannel {
             if !mine {
                 continue;
             }
-            let t = &mut st.tx[slot];
-            if t.pending == 0 {
+            if st.tx[slot].state.release() {
                 st.free.push(slot as u32);
-            } else {
-                t.released = true;
             }
         }
         st.stats.channels = st.chans.len() as u32;

@@ -10,6 +10,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use strait_sys::Mapping;
+
 use crate::XdpError;
 
 fn sys(op: &'static str, r: libc::c_int) -> Result<libc::c_int, XdpError> {
@@ -20,10 +22,42 @@ fn sys(op: &'static str, r: libc::c_int) -> Result<libc::c_int, XdpError> {
     }
 }
 
+/// Transmit bookkeeping of one UMEM frame: the sends the kernel has not completed,
+/// and whether its owner gave it back. It is free once both are done.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct TxState {
+    /// Transmissions queued or in flight.
+    pub(crate) pending: u32,
+    /// The owner gave it back; free once `pending` is zero.
+    pub(crate) released: bool,
+}
+
+impl TxState {
+    /// The owner gives the frame back: true if it is free now; otherwise the
+    /// completion of its last transmission frees it ([`TxState::complete`]).
+    pub(crate) fn release(&mut self) -> bool {
+        if self.pending == 0 {
+            return true;
+        }
+        self.released = true;
+        false
+    }
+
+    /// One of its transmissions completed: true if that freed the frame.
+    pub(crate) fn complete(&mut self) -> bool {
+        self.pending = self.pending.saturating_sub(1);
+        let freed = self.pending == 0 && self.released;
+        if freed {
+            self.released = false;
+        }
+        freed
+    }
+}
+
 /// One mapped ring.
 struct Ring {
-    map: NonNull<libc::c_void>,
-    map_len: usize,
+    /// Kept for its drop: the words below point into it.
+    _map: Mapping,
     producer: *const AtomicU32,
     consumer: *const AtomicU32,
     flags: *const AtomicU32,
@@ -45,22 +79,11 @@ impl Ring {
         pgoff: u64,
     ) -> Result<Ring, XdpError> {
         let map_len = off.desc as usize + size as usize * entry;
-        // SAFETY: maps a ring the kernel created for this socket at the offset it
-        // published; length covers the descriptors it said it has.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                pgoff as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(XdpError::Io { op: "mmap an AF_XDP ring", source: io::Error::last_os_error() });
-        }
-        let base = p as *mut u8;
+        // Maps the ring the kernel created for this socket at the offset it published;
+        // the length covers the descriptors it said it has.
+        let map = Mapping::shared(fd, map_len, pgoff)
+            .map_err(|source| XdpError::Io { op: "mmap an AF_XDP ring", source })?;
+        let base = map.ptr();
         // SAFETY: the offsets lie inside the mapping (kernel-provided layout).
         let (producer, consumer, flags, desc) = unsafe {
             (
@@ -70,9 +93,8 @@ impl Ring {
                 base.add(off.desc as usize),
             )
         };
-        let map = NonNull::new(p).ok_or_else(|| XdpError::Config("mmap returned null".into()))?;
         // A fresh socket's rings start with every index at zero.
-        Ok(Ring { map, map_len, producer, consumer, flags, desc, mask: size - 1, entry, local: 0, cached: 0 })
+        Ok(Ring { _map: map, producer, consumer, flags, desc, mask: size - 1, entry, local: 0, cached: 0 })
     }
 
     fn size(&self) -> u32 {
@@ -131,14 +153,6 @@ impl Ring {
     fn seen_consumer(&self) -> u32 {
         // SAFETY: live index word.
         unsafe { (*self.consumer).load(Ordering::Acquire) }
-    }
-}
-
-impl Drop for Ring {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `Ring::map`; no pointer into it
-        // survives the ring.
-        unsafe { libc::munmap(self.map.as_ptr(), self.map_len) };
     }
 }
 
@@ -258,20 +272,6 @@ impl Default for XskGeometry {
     }
 }
 
-/// The UMEM mapping; unmapped on drop.
-struct Umem {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-impl Drop for Umem {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the UMEM mapping; the socket that registered it is
-        // closed before (field order in `Xsk`).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
 /// An AF_XDP socket bound to one interface queue.
 pub struct Xsk {
     // Field order is drop order: the socket (and its rings) go before the UMEM
@@ -282,7 +282,7 @@ pub struct Xsk {
     rx: Ring,
     tx: Ring,
     geo: XskGeometry,
-    umem: Umem,
+    umem: Mapping,
     /// The mode obtained at bind.
     pub mode: XskMode,
 }
@@ -329,26 +329,10 @@ impl Xsk {
         // SAFETY: the kernel just returned this descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let umem_len = total as usize * geo.frame_size as usize;
-        // SAFETY: anonymous private mapping of the UMEM.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                umem_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(XdpError::Io { op: "mmap the UMEM", source: io::Error::last_os_error() });
-        }
-        let umem = Umem {
-            ptr: NonNull::new(p as *mut u8).ok_or_else(|| XdpError::Config("mmap returned null".into()))?,
-            len: umem_len,
-        };
+        let umem = Mapping::anonymous_populated(umem_len)
+            .map_err(|source| XdpError::Io { op: "mmap the UMEM", source })?;
         let reg = libc::xdp_umem_reg {
-            addr: umem.ptr.as_ptr() as u64,
+            addr: umem.ptr() as u64,
             len: umem_len as u64,
             chunk_size: geo.frame_size,
             headroom: 0,
@@ -431,7 +415,7 @@ impl Xsk {
         let fs = self.geo.frame_size as usize;
         // SAFETY: the frame lies inside the UMEM; the caller owns it (a transmit
         // frame not in flight, or a receive frame between rx and fill).
-        unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(idx as usize * fs), fs) }
+        unsafe { std::slice::from_raw_parts_mut(self.umem.ptr().add(idx as usize * fs), fs) }
     }
 
     fn fill_push(&mut self, addr: u64) -> bool {
@@ -480,7 +464,7 @@ impl Xsk {
     /// Start of the UMEM mapping (for code that owns frames and reads or writes
     /// them without borrowing the socket).
     pub(crate) fn umem_base(&self) -> NonNull<u8> {
-        self.umem.ptr
+        self.umem.base()
     }
 
     /// A handle that rings the socket's doorbells (`sendto`, `recvfrom`) and reads

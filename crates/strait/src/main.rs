@@ -185,6 +185,19 @@ fn peer(transport: &str, nfds: usize, args: &[String]) -> Result<(), BenchError>
     harness::peer_main(spec[0], nfds, args)
 }
 
+/// The start of a command line that reproduces a run: the `STRAIT_*` environment
+/// that configures the engine (less `skip`, which the command sets itself), sorted
+/// and quoted, then this program's path.
+fn repro_prefix(skip: &[&str]) -> Vec<String> {
+    let mut env: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("STRAIT_") && !skip.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={}", shell_quote(&v)))
+        .collect();
+    env.sort();
+    env.push(shell_quote(&std::env::args().next().unwrap_or_else(|| "strait".into())));
+    env
+}
+
 fn shell_quote(s: &str) -> String {
     if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./,=:+@%".contains(c)) {
         s.to_owned()
@@ -197,15 +210,8 @@ fn shell_quote(s: &str) -> String {
 /// `STRAIT_*` environment that configures the engine.
 fn repro_command(a: &BenchArgs, transports: &[String]) -> String {
     let set_by_run = [strait_anatomy::kernel::NET_ENV, strait::bench::xdp::XDP_ENV];
-    let mut env: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("STRAIT_") && !set_by_run.contains(&k.as_str()))
-        .map(|(k, v)| format!("{k}={}", shell_quote(&v)))
-        .collect();
-    env.sort();
-    let exe = std::env::args().next().unwrap_or_else(|| "strait".into());
     let join = |v: &[u64]| v.iter().map(|&s| format_size(s)).collect::<Vec<_>>().join(",");
-    let mut parts = env;
-    parts.push(shell_quote(&exe));
+    let mut parts = repro_prefix(&set_by_run);
     parts.push("bench".into());
     parts.push(format!("--format {}", if a.format == Format::Json { "json" } else { "table" }));
     parts.push(format!("--warmup {}", a.warmup));
@@ -447,15 +453,8 @@ fn anatomy(a: AnatomyArgs) -> ExitCode {
 }
 
 fn anatomy_command(a: &AnatomyArgs) -> String {
-    let mut env: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("STRAIT_"))
-        .map(|(k, v)| format!("{k}={}", shell_quote(&v)))
-        .collect();
-    env.sort();
-    let exe = std::env::args().next().unwrap_or_else(|| "strait".into());
     let sizes = a.sizes.0.iter().map(|&s| format_size(s)).collect::<Vec<_>>().join(",");
-    let mut parts = env;
-    parts.push(shell_quote(&exe));
+    let mut parts = repro_prefix(&[]);
     parts.push("anatomy".into());
     parts.push(format!("--format {}", if a.format == Format::Json { "json" } else { "table" }));
     parts.push(format!("--sizes {sizes}"));

@@ -186,13 +186,7 @@ fn result_dir(out: &Path, kind: &str) -> Result<PathBuf, CliError> {
     Err(CliError::Usage(format!("{}: too many runs in one second", out.display())))
 }
 
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./,=:+@%".contains(c)) {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
+use crate::shell_quote;
 
 fn fmt_ns(ns: f64) -> String {
     if ns.abs() >= 1e6 {
@@ -551,14 +545,7 @@ fn bench_once(
 }
 
 fn check_command(a: &CheckArgs) -> String {
-    let mut env: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("STRAIT_"))
-        .map(|(k, v)| format!("{k}={}", shell_quote(&v)))
-        .collect();
-    env.sort();
-    let exe = std::env::args().next().unwrap_or_else(|| "strait".into());
-    let mut p = env;
-    p.push(shell_quote(&exe));
+    let mut p = crate::repro_prefix(&[]);
     p.push("model check".into());
     p.push(format!("--format {}", if a.format == Format::Json { "json" } else { "table" }));
     p.push(format!("--paths {}", a.paths.join(",")));

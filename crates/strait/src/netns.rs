@@ -1,11 +1,9 @@
 //! Two network namespaces joined by a veth pair, made for `strait bench
 //! --across-netns` and removed when dropped.
 
-use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::process::Command;
 
+use strait_sys::netns;
 use thiserror::Error;
 
 /// Why the namespaces could not be set up.
@@ -55,14 +53,14 @@ pub struct VethPair {
     pub raw: [End; 2],
 }
 
-fn ip(args: &[&str]) -> Result<(), NetnsError> {
-    let err = |why: String| NetnsError::Ip { args: args.join(" "), why };
-    let out = Command::new("ip").args(args).output().map_err(|e| err(e.to_string()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(err(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+impl From<netns::IpError> for NetnsError {
+    fn from(e: netns::IpError) -> NetnsError {
+        NetnsError::Ip { args: e.args, why: e.why }
     }
+}
+
+fn ip(args: &[&str]) -> Result<(), NetnsError> {
+    Ok(netns::ip(args)?)
 }
 
 impl VethPair {
@@ -85,16 +83,10 @@ impl VethPair {
         let pair = VethPair { ends: [end('a', 1), end('b', 2)], raw: [raw('a', 1), raw('b', 2)] };
         for e in &pair.ends {
             // A namespace left by a crashed run of the same name goes first.
-            let _ = ip(&["netns", "del", &e.ns]);
-        }
-        for e in &pair.ends {
-            ip(&["netns", "add", &e.ns])?;
+            netns::delete_namespace(&e.ns);
         }
         let [a, b] = &pair.ends;
-        ip(&[
-            "link", "add", &a.ifname, "netns", &a.ns, "type", "veth", "peer", "name", &b.ifname, "netns",
-            &b.ns,
-        ])?;
+        netns::add_veth_namespaces([&a.ns, &b.ns], [&a.ifname, &b.ifname])?;
         for e in &pair.ends {
             ip(&["-n", &e.ns, "link", "set", &e.ifname, "address", &e.mac, "up"])?;
             ip(&["-n", &e.ns, "addr", "add", &format!("{}/24", e.ip), "dev", &e.ifname])?;
@@ -102,10 +94,7 @@ impl VethPair {
             // Pin the neighbour so no ARP exchange lands inside a measurement.
         }
         let [ra, rb] = &pair.raw;
-        ip(&[
-            "link", "add", &ra.ifname, "netns", &ra.ns, "type", "veth", "peer", "name", &rb.ifname, "netns",
-            &rb.ns,
-        ])?;
+        netns::add_veth([&ra.ns, &rb.ns], [&ra.ifname, &rb.ifname])?;
         for e in &pair.raw {
             ip(&["-n", &e.ns, "link", "set", &e.ifname, "address", &e.mac, "up"])?;
         }
@@ -118,20 +107,14 @@ impl VethPair {
     /// now on live there; so do the processes it spawns).
     pub fn enter(&self, i: usize) -> Result<(), NetnsError> {
         let ns = &self.ends[i].ns;
-        let enter = |source| NetnsError::Enter { ns: ns.clone(), source };
-        let f = File::open(format!("/run/netns/{ns}")).map_err(enter)?;
-        // SAFETY: setns on a namespace fd we hold open; affects this thread only.
-        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(enter(io::Error::last_os_error()));
-        }
-        Ok(())
+        netns::enter(ns).map_err(|source| NetnsError::Enter { ns: ns.clone(), source })
     }
 }
 
 impl Drop for VethPair {
     fn drop(&mut self) {
         for e in &self.ends {
-            let _ = ip(&["netns", "del", &e.ns]);
+            netns::delete_namespace(&e.ns);
         }
     }
 }

@@ -8,24 +8,17 @@ use std::process::Stdio;
 use std::time::Duration;
 
 mod common;
-use common::{ensure, run_for, stat, strait_run};
+use common::{ensure, run_for, strait_run};
+use strait_testkit::stat;
 
 /// Debian's python3 (a python under root's home cannot run once the program has
 /// become another user).
 const PYTHON: &str = "/usr/bin/python3";
 
-fn is_root() -> bool {
-    // SAFETY: plain syscall.
-    unsafe { libc::geteuid() == 0 }
-}
+use strait_testkit::is_root;
 
 fn script(tag: &str, body: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("strait-identity-{tag}-{}.py", std::process::id()));
-    std::fs::write(&p, body).expect("write script");
-    let mut perm = std::fs::metadata(&p).expect("script").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
-    std::fs::set_permissions(&p, perm).expect("chmod");
-    p
+    strait_testkit::script("identity", tag, body)
 }
 
 fn free_port() -> u16 {

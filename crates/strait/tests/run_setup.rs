@@ -7,7 +7,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 mod common;
-use common::{ensure, run_for, stat, strait_run};
+use common::{ensure, run_for, strait_run};
+use strait_testkit::stat;
 
 const PYTHON: &str = "/usr/bin/python3";
 

@@ -87,15 +87,7 @@ impl Drop for Server {
     }
 }
 
-/// The `name N` counts of every strait stats line in `stderr`, summed.
-fn stat(stderr: &str, name: &str) -> usize {
-    let key = format!(" {name} ");
-    stderr
-        .lines()
-        .filter(|l| l.starts_with("strait-preload: pid "))
-        .filter_map(|l| l.split(key.as_str()).nth(1)?.split(' ').next()?.trim().parse::<usize>().ok())
-        .sum()
-}
+use strait_testkit::stat;
 
 fn has_stats(stderr: &str) -> bool {
     stderr.lines().any(|l| l.starts_with("strait-preload: pid "))

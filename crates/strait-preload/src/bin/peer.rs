@@ -1152,19 +1152,7 @@ fn steal(fd: c_int) -> bool {
         let wrong = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
         let mut req = [0u8; 16];
         req[..8].copy_from_slice(&0x3130_5145_5254_5253u64.to_le_bytes());
-        let mut cbuf = [0u64; 4];
-        let mut iov = libc::iovec { iov_base: req.as_mut_ptr().cast(), iov_len: 16 };
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(4) as _;
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<c_int>(), wrong);
-        libc::sendmsg(u, &msg, 0);
+        let _ = strait_sys::send_fds(u, &req, &[wrong], 0);
         // The connector answers when this process next enters the library; do that
         // from another thread while we wait here for an answer.
         let t = std::thread::spawn(move || {
@@ -1175,15 +1163,9 @@ fn steal(fd: c_int) -> bool {
         libc::poll(&mut p, 1, 3000);
         t.join().ok();
         let mut buf = [0u8; 64];
-        let mut cbuf = [0u64; 8];
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: 64 };
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-        let n = libc::recvmsg(u, &mut msg, libc::MSG_DONTWAIT);
-        let got = n > 0 && msg.msg_controllen > 0 && !libc::CMSG_FIRSTHDR(&msg).is_null();
+        // Stolen if any descriptor came (the connector answers with its hello's).
+        let got = strait_sys::recv_fds(u, &mut buf, libc::MSG_DONTWAIT, 12)
+            .is_ok_and(|m| m.len > 0 && (!m.fds.is_empty() || m.truncated));
         libc::close(u);
         libc::close(wrong);
         got

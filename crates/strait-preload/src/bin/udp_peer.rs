@@ -296,18 +296,19 @@ fn semantics_client(port: u16) {
     }
     expect_server(b"trunc");
     assert_eq!(send_to(fd, b"peek-me", port), 7);
-    expect_server(b"go-poll");
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(send_to(fd, b"polled", port), 6);
-    expect_server(b"go-select");
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(send_to(fd, b"selected", port), 8);
-    expect_server(b"go-epoll");
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(send_to(fd, b"epolled", port), 7);
-    expect_server(b"go-et");
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(send_to(fd, b"edge", port), 4);
+    // One datagram per way the server waits (poll, select, epoll, edge-triggered
+    // epoll): after its cue, and a moment later, so that it is really waiting.
+    let waits: [(&[u8], &[u8]); 4] = [
+        (b"go-poll", b"polled"),
+        (b"go-select", b"selected"),
+        (b"go-epoll", b"epolled"),
+        (b"go-et", b"edge"),
+    ];
+    for (cue, msg) in waits {
+        expect_server(cue);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(send_to(fd, msg, port), msg.len() as isize);
+    }
     expect_server(b"go-mmsg");
     let msgs = [&b"m1"[..], b"m22", b"m333"];
     let sa = sockaddr_in(port);
@@ -605,17 +606,7 @@ fn main() {
                 m if m.starts_with("many") => {
                     // Room for every datagram over the kernel too (root may exceed
                     // rmem_max).
-                    let size: c_int = 8 << 20;
-                    // SAFETY: a local int option.
-                    unsafe {
-                        libc::setsockopt(
-                            fd,
-                            libc::SOL_SOCKET,
-                            libc::SO_RCVBUFFORCE,
-                            (&size as *const c_int).cast(),
-                            std::mem::size_of::<c_int>() as libc::socklen_t,
-                        )
-                    };
+                    set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20);
                     many_server(fd, m[4..].parse().expect("count"))
                 }
                 "drops" => {
@@ -745,21 +736,24 @@ fn main() {
     std::io::stdout().flush().ok();
 }
 
+/// `setsockopt` of an int option; its result.
+fn set_int_option(fd: c_int, level: c_int, name: c_int, value: c_int) -> c_int {
+    // SAFETY: a local int option and its size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as libc::socklen_t,
+        )
+    }
+}
+
 /// A receiver that asks for IP_PKTINFO gets it with every datagram (strait then
 /// leaves its receiving side to the kernel).
 fn pktinfo_server(fd: c_int) {
-    let on: c_int = 1;
-    // SAFETY: a local int option.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_PKTINFO,
-            (&on as *const c_int).cast(),
-            std::mem::size_of::<c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0);
+    assert_eq!(set_int_option(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, 1), 0);
     println!("pktinfo on");
     std::io::stdout().flush().ok();
     for _ in 0..3 {

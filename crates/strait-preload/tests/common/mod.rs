@@ -9,36 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The preload library next to the peer binary. `cargo test` does not build a
-/// cdylib, so the first call builds it with the same cargo, profile and target dir.
+/// The preload library next to the peer binary, built on first use.
 pub fn lib(peer: &str) -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let peer = PathBuf::from(peer);
-            let profile_dir = peer.parent().expect("profile dir");
-            let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile name").to_string();
-            let target_dir = profile_dir.parent().expect("target dir");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut c = Command::new(cargo);
-            c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"])
-                .arg(target_dir);
-            match profile.as_str() {
-                "debug" => {}
-                "release" => {
-                    c.arg("--release");
-                }
-                p => {
-                    c.args(["--profile", p]);
-                }
-            }
-            let st = c.status().expect("run cargo build for libstrait_preload.so");
-            assert!(st.success(), "building libstrait_preload.so failed");
-            let p = profile_dir.join("libstrait_preload.so");
-            assert!(p.exists(), "{} missing after the build", p.display());
-            p
-        })
-        .clone()
+    strait_testkit::preload_lib_beside(peer)
 }
 
 pub fn cmd(peer: &str, preload: bool, args: &[&str]) -> Command {
@@ -93,6 +66,43 @@ pub fn spawn_lines(c: &mut Command) -> (Child, mpsc::Receiver<String>) {
     (child, rx)
 }
 
+/// A peer server, started and past the `PORT n` line it prints when it listens.
+pub struct Server {
+    pub child: Child,
+    pub lines: mpsc::Receiver<String>,
+    /// Its first line (kept for its output).
+    pub first: String,
+    pub port: String,
+}
+
+impl Server {
+    /// Starts `c` and waits (10 s at most) for its port.
+    pub fn start(c: &mut Command) -> Server {
+        let (child, lines) = spawn_lines(c);
+        let first = lines.recv_timeout(Duration::from_secs(10)).expect("server printed its port");
+        let port = first.trim().strip_prefix("PORT ").expect("PORT line").to_string();
+        Server { child, lines, first, port }
+    }
+
+    /// Waits for the server to end (killed at `deadline`) and collects its output.
+    pub fn finish(self, deadline: Instant) -> Out {
+        finish(self.child, self.lines, self.first, deadline)
+    }
+}
+
+/// Runs `server`, then the client `client` makes for the server's port, both to the
+/// end (killed at `deadline`); returns (server, client) output.
+pub fn server_and_client(
+    server: &mut Command,
+    client: impl FnOnce(&str) -> Command,
+    deadline: Instant,
+) -> (Out, Out) {
+    let s = Server::start(server);
+    let (c, crx) = spawn_lines(&mut client(&s.port));
+    let c = finish(c, crx, String::new(), deadline);
+    (s.finish(deadline), c)
+}
+
 /// Fails the test with both outputs unless the process succeeded.
 pub fn check(o: &Out, what: &str) {
     assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
@@ -100,15 +110,5 @@ pub fn check(o: &Out, what: &str) {
 
 /// Sum of counter `name` over the `strait-preload: pid ...` statistics lines.
 pub fn stat_sum(o: &Out, name: &str) -> usize {
-    stat(&o.stderr, name)
-}
-
-/// Sum of counter `name` over the statistics lines in `stderr`.
-pub fn stat(stderr: &str, name: &str) -> usize {
-    let key = format!(" {name} ");
-    stderr
-        .lines()
-        .filter(|l| l.starts_with("strait-preload: pid "))
-        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
-        .sum()
+    strait_testkit::stat(&o.stderr, name)
 }

@@ -73,17 +73,7 @@ pub fn raw_connect(name: &str) -> std::io::Result<OwnedFd> {
 }
 
 pub fn sealed_memfd(len: u64) -> OwnedFd {
-    // SAFETY: plain syscalls on a fresh fd.
-    unsafe {
-        let fd = libc::memfd_create(c"strait-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
-        assert!(fd >= 0);
-        assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0);
-        assert_eq!(
-            libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL),
-            0
-        );
-        OwnedFd::from_raw_fd(fd)
-    }
+    strait_sys::sealed_memfd(c"strait-shm", len as usize).expect("sealed memfd")
 }
 
 pub fn eventfd() -> OwnedFd {
@@ -95,51 +85,14 @@ pub fn eventfd() -> OwnedFd {
 }
 
 pub fn send_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> bool {
-    let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    // SAFETY: plain old data, then the CMSG macros inside a large enough buffer.
-    unsafe {
-        let mut msg: libc::msghdr = zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if !fds.is_empty() {
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) as _;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len());
-        }
-        libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) == data.len() as isize
-    }
+    strait_sys::send_fds(sock, data, fds, libc::MSG_NOSIGNAL).is_ok_and(|n| n == data.len())
 }
 
+/// One message and the descriptors it carried (room for 12); -1 and none on error.
 pub fn recv_fds(sock: RawFd, buf: &mut [u8]) -> (isize, Vec<OwnedFd>) {
-    let mut cbuf = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut fds = Vec::new();
-    // SAFETY: as in `send_fds`.
-    unsafe {
-        let mut msg: libc::msghdr = zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = size_of::<[u64; 8]>() as _;
-        let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
-        if n > 0 {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let k = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                    for i in 0..k {
-                        fds.push(OwnedFd::from_raw_fd(*libc::CMSG_DATA(c).cast::<RawFd>().add(i)));
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-        }
-        (n, fds)
+    match strait_sys::recv_fds(sock, buf, libc::MSG_CMSG_CLOEXEC, 12) {
+        Ok(m) => (m.len as isize, m.fds),
+        Err(_) => (-1, Vec::new()),
     }
 }
 
@@ -165,20 +118,9 @@ pub fn raw_hello_probe(
     hello[12..16].copy_from_slice(&ring_pages.to_le_bytes());
     hello[16..24].copy_from_slice(&probe.to_le_bytes());
     if memfd_len >= 8 {
-        // SAFETY: writes the header magic through a short-lived mapping of the memfd.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                memfd.as_raw_fd(),
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            std::ptr::write_volatile(p.cast::<u64>(), MAGIC);
-            libc::munmap(p, 4096);
-        }
+        let map = strait_sys::Mapping::shared(memfd.as_raw_fd(), 4096, 0).expect("mmap the memfd");
+        // SAFETY: the first 8 bytes of the mapping lie inside the memfd (`memfd_len >= 8`).
+        unsafe { std::ptr::write_volatile(map.ptr().cast::<u64>(), MAGIC) };
     }
     assert!(send_fds(sock.as_raw_fd(), &hello, &[memfd.as_raw_fd(), wake.as_raw_fd()]));
     (sock, memfd, wake)

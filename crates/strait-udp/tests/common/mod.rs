@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use strait_core::{
     Config, EndpointStats, EpId, MemoryRegion, OpKind, ReliableConfig, ReliableStats, Status, Worker,
 };
+use strait_sys::pattern;
 use strait_udp::netns::VethPair;
 use strait_udp::{Backend, UdpConfig, UdpDevice, UdpLink, UdpStats};
 use strait_wire::packet::{self, PacketHeader, PacketKind, FLAG_FIRST, FLAG_LAST, PACKET_HEADER_LEN};
@@ -38,18 +39,6 @@ pub const SIZES: &[usize] = &[
     1 << 20,
     4 << 20,
 ];
-
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 pub fn cfg(backend: Backend) -> UdpConfig {
     UdpConfig { backend, ..UdpConfig::default() }
@@ -365,3 +354,23 @@ pub fn hostile(rng: &mut Rng, class: usize, h: &PacketHeader) -> Vec<u8> {
 pub fn dropped(r: &ReliableStats) -> u64 {
     r.bad_checksum + r.bad_header + r.wrong_conn + r.out_of_window + r.duplicates
 }
+
+/// One `#[test]` per backend, `$uring` and `$mmsg`, each running `$run(backend,
+/// $args...)`: the tests that differ only in the backend are written once.
+// Not every test binary has per-backend tests.
+#[allow(unused_macros)]
+macro_rules! test_per_backend {
+    ($uring:ident, $mmsg:ident: $run:path $(, $arg:expr)*) => {
+        #[test]
+        fn $uring() {
+            $run(strait_udp::Backend::Uring $(, $arg)*);
+        }
+
+        #[test]
+        fn $mmsg() {
+            $run(strait_udp::Backend::Mmsg $(, $arg)*);
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use test_per_backend;

@@ -18,24 +18,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use strait_core::{Completion, Config, EpId, MemoryRegion, OpKind, Reliable, ReliableConfig, Status, Worker};
+use strait_sys::pattern;
 use strait_xdp::{Mac, XdpConfig, XdpLink};
 
 type W = Worker<Reliable<XdpLink>>;
 
 const STOP: u64 = u64::MAX;
 const DEADLINE: Duration = Duration::from_secs(20);
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn open(ifname: &str, peer: &str) -> Result<(W, EpId), String> {
     let peer: Mac = peer.parse().map_err(|e| format!("{e}"))?;

@@ -5,6 +5,7 @@
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use strait_sys::netns;
 use strait_xdp::Mac;
 
 /// Runs a command that must succeed; returns its output.
@@ -38,13 +39,8 @@ impl Pair {
         let subnet = subnet_base + n % 50;
         let ips = [format!("10.{subnet}.{}.1", id % 250), format!("10.{subnet}.{}.2", id % 250)];
         let p = Pair { ns, ifs, macs, ips };
-        for ns in &p.ns {
-            sh(&["ip", "netns", "add", ns]);
-        }
-        sh(&[
-            "ip", "link", "add", &p.ifs[0], "netns", &p.ns[0], "type", "veth", "peer", "name", &p.ifs[1],
-            "netns", &p.ns[1],
-        ]);
+        netns::add_veth_namespaces([&p.ns[0], &p.ns[1]], [&p.ifs[0], &p.ifs[1]])
+            .unwrap_or_else(|e| panic!("{e}"));
         for i in 0..2 {
             let m = p.macs[i].to_string();
             sh(&["ip", "-n", &p.ns[i], "link", "set", &p.ifs[i], "address", &m, "up"]);
@@ -81,7 +77,7 @@ impl Pair {
 impl Drop for Pair {
     fn drop(&mut self) {
         for ns in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            netns::delete_namespace(ns);
         }
     }
 }

@@ -9,33 +9,9 @@ use std::time::{Duration, Instant};
 
 pub const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
 
-/// `cargo test` does not build cdylibs: build libstrait_preload.so next to the strait
-/// binary with the same cargo, profile and target directory (once).
+/// libstrait_preload.so next to the strait binary, built on first use.
 pub fn preload_lib() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = PathBuf::from(STRAIT);
-            let profile_dir = exe.parent().expect("profile dir");
-            let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile").to_string();
-            let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-            c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"])
-                .arg(profile_dir.parent().expect("target dir"));
-            match profile.as_str() {
-                "debug" => {}
-                "release" => {
-                    c.arg("--release");
-                }
-                p => {
-                    c.args(["--profile", p]);
-                }
-            }
-            assert!(c.status().expect("cargo build").success(), "building libstrait_preload.so failed");
-            let p = profile_dir.join("libstrait_preload.so");
-            assert!(p.exists(), "{} missing", p.display());
-            p
-        })
-        .clone()
+    strait_testkit::preload_lib_beside(STRAIT)
 }
 
 pub fn strait_run(args: &[&str]) -> Command {
@@ -95,15 +71,4 @@ pub fn plain(prog: &str) -> Command {
     let mut c = Command::new(prog);
     c.env_remove("LD_PRELOAD");
     c
-}
-
-/// Sum of counter `name` over the `strait-preload: pid ...` statistics lines
-/// (`STRAIT_STATS=1`, `strait run --stats`) in `stderr`.
-pub fn stat(stderr: &str, name: &str) -> usize {
-    let key = format!(" {name} ");
-    stderr
-        .lines()
-        .filter(|l| l.starts_with("strait-preload: pid "))
-        .filter_map(|l| l.split(key.as_str()).nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
-        .sum()
 }

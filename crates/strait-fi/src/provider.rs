@@ -1,0 +1,917 @@
+//! The provider's state: a domain holds address vectors, completion queues and
+//! endpoints behind one lock (so every libfabric threading level is served, up to
+//! `FI_THREAD_SAFE`); an endpoint holds one outgoing connection per peer it sent
+//! to and one incoming connection per peer that sent to it, and the matching state
+//! across all of them.
+//!
+//! Connections are one-way: each side sends only on the connections it opened
+//! (lazily, on its first send to a peer) and receives only on those it accepted.
+//! Two endpoints that send to each other hold two connections, and no frame ever
+//! flows back on a connection, so nothing has to be arbitrated when both open at
+//! once, and a peer's frames reach the matcher in the order it sent them.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use strait_core::{Device, DeviceError, Notifier};
+use strait_shm::{ShmConfig, ShmDevice, ShmListener};
+use thiserror::Error;
+
+use crate::matching::{fi, Comp, InMsg, Matcher, Recv, UserBuf};
+use crate::proto::{self, First, Name, DATA, DATA_HDR, FIRST, FIRST_HDR, F_DATA, F_TAGGED, HELLO, HELLO_LEN, NAME_LEN};
+
+/// Largest message sent in one operation by `fi_inject`.
+pub const INJECT_SIZE: usize = 4096;
+
+/// How often an idle endpoint asks its peers whether they still live.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Frames taken from one connection per progress pass (then the next connection's
+/// turn).
+const RX_BUDGET: usize = 64;
+
+/// Why an operation was refused at once (as a negative `FI_E*` to the caller).
+#[derive(Debug, Error)]
+pub enum FiError {
+    /// A bad argument (unknown address, missing binding, bad length).
+    #[error("invalid argument: {0}")]
+    Invalid(&'static str),
+    /// The endpoint is not enabled, or already enabled.
+    #[error("endpoint state: {0}")]
+    State(&'static str),
+    /// Setting up the endpoint failed.
+    #[error("setup failed: {0}")]
+    Setup(String),
+    /// Nothing to cancel.
+    #[error("no such operation")]
+    NotFound,
+}
+
+impl FiError {
+    /// The (positive) `FI_E*` value.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FiError::Invalid(_) => fi::EINVAL,
+            FiError::State(_) => fi::EOPBADSTATE,
+            FiError::Setup(_) => fi::EIO,
+            FiError::NotFound => fi::ENOENT,
+        }
+    }
+}
+
+/// A domain: the unit of locking.
+#[derive(Default)]
+pub struct Domain {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    avs: Vec<Option<Av>>,
+    cqs: Vec<Option<Cq>>,
+    eps: Vec<Option<Ep>>,
+}
+
+fn slot<T>(v: &mut Vec<Option<T>>, x: T) -> usize {
+    if let Some(i) = v.iter().position(Option::is_none) {
+        v[i] = Some(x);
+        i
+    } else {
+        v.push(Some(x));
+        v.len() - 1
+    }
+}
+
+/// An address vector: fi_addr_t values are indices (valid for `FI_AV_MAP` and
+/// `FI_AV_TABLE` alike).
+#[derive(Default)]
+struct Av {
+    names: Vec<Option<Name>>,
+    by_id: HashMap<u64, u64>,
+}
+
+impl Av {
+    fn lookup_id(&self, id: u64) -> u64 {
+        self.by_id.get(&id).copied().unwrap_or(u64::MAX)
+    }
+}
+
+/// A completion queue.
+#[derive(Default)]
+struct Cq {
+    ok: VecDeque<Comp>,
+    err: VecDeque<Comp>,
+    eps: Vec<usize>,
+}
+
+impl Cq {
+    fn push(&mut self, c: Comp) {
+        if c.err != 0 {
+            self.err.push_back(c);
+        } else {
+            self.ok.push_back(c);
+        }
+    }
+}
+
+/// One message on its way out.
+struct TxMsg {
+    /// Application buffer (valid until completion), or a copy (inject).
+    src: Src,
+    len: usize,
+    sent: usize,
+    first_sent: bool,
+    first: First,
+    ctx: usize,
+    report: bool,
+    flags: u64,
+}
+
+enum Src {
+    User(usize),
+    Owned(Vec<u8>),
+}
+
+impl TxMsg {
+    /// The bytes `[at, at + n)` of the message.
+    fn bytes(&self, at: usize, n: usize) -> &[u8] {
+        match &self.src {
+            Src::Owned(v) => &v[at..at + n],
+            // SAFETY: the application gave a buffer of `len` bytes, readable until
+            // the send completes (libfabric's contract); `at + n <= len` (callers
+            // never ask past `len`).
+            Src::User(p) => unsafe { std::slice::from_raw_parts((*p as *const u8).add(at), n) },
+        }
+    }
+
+    fn comp(&self, err: i32) -> Comp {
+        let mut flags = fi::SEND | (self.flags & (fi::TAGGED | fi::MSG));
+        if self.first.flags & F_DATA != 0 {
+            flags |= fi::REMOTE_CQ_DATA;
+        }
+        Comp { ctx: self.ctx, flags, len: 0, buf: 0, data: 0, tag: 0, olen: 0, err, pad: 0 }
+    }
+}
+
+type BoxDev = Box<dyn Device + Send>;
+
+struct TxConn {
+    dev: BoxDev,
+    queue: VecDeque<TxMsg>,
+    failed: Option<i32>,
+}
+
+struct RxConn {
+    dev: BoxDev,
+    /// The peer's name, from its HELLO.
+    peer: Option<Name>,
+    cur: Option<InMsg>,
+    failed: bool,
+}
+
+struct Net {
+    name: Name,
+    notifier: Arc<Notifier>,
+    incoming: Arc<Mutex<Vec<ShmDevice>>>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+    shm_cfg: ShmConfig,
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.acceptor.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// An endpoint.
+#[derive(Default)]
+struct Ep {
+    directed: bool,
+    av: Option<usize>,
+    tx_cq: Option<usize>,
+    rx_cq: Option<usize>,
+    tx_selective: bool,
+    rx_selective: bool,
+    net: Option<Net>,
+    tx: HashMap<u64, TxConn>,
+    rx: Vec<RxConn>,
+    m: Matcher,
+    out: Vec<Comp>,
+    last_liveness: Option<Instant>,
+}
+
+/// Reads this host's boot id.
+fn boot_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
+        for (i, pair) in hex.chunks(2).take(16).enumerate() {
+            let v = std::str::from_utf8(pair).ok().and_then(|p| u8::from_str_radix(p, 16).ok());
+            id[i] = v.unwrap_or(0);
+        }
+    }
+    id
+}
+
+fn netns_inode() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0)
+}
+
+fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: writes at most 8 bytes into a local u64.
+    let r = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if r != 8 {
+        // No entropy syscall: pid and time still make a collision unlikely.
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64);
+        v = (std::process::id() as u64) << 40 ^ t.unwrap_or(0);
+    }
+    v
+}
+
+fn dev_errno(e: &DeviceError) -> i32 {
+    match e {
+        DeviceError::PeerGone(_) => fi::ECONNRESET,
+        DeviceError::Corrupt(_) => fi::EPROTO,
+        _ => fi::EIO,
+    }
+}
+
+impl Domain {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens an address vector.
+    pub fn av_open(&self) -> usize {
+        slot(&mut self.lock().avs, Av::default())
+    }
+
+    /// Closes an address vector.
+    pub fn av_close(&self, av: usize) {
+        if let Some(s) = self.lock().avs.get_mut(av) {
+            *s = None;
+        }
+    }
+
+    /// Inserts names; returns, per name, its fi_addr or `None` if it is not a
+    /// strait name.
+    pub fn av_insert(&self, av: usize, names: &[u8]) -> Vec<Option<u64>> {
+        let mut st = self.lock();
+        let Some(Some(a)) = st.avs.get_mut(av) else { return vec![None; names.len() / NAME_LEN] };
+        names
+            .chunks_exact(NAME_LEN)
+            .map(|b| {
+                let n = Name::decode(b).ok()?;
+                let i = a.names.len() as u64;
+                a.names.push(Some(n));
+                a.by_id.entry(n.id).or_insert(i);
+                Some(i)
+            })
+            .collect()
+    }
+
+    /// Removes addresses.
+    pub fn av_remove(&self, av: usize, addrs: &[u64]) -> Result<(), FiError> {
+        let mut st = self.lock();
+        let Some(Some(a)) = st.avs.get_mut(av) else { return Err(FiError::Invalid("address vector")) };
+        for &x in addrs {
+            if let Some(Some(n)) = a.names.get(x as usize).copied() {
+                a.names[x as usize] = None;
+                if a.by_id.get(&n.id) == Some(&x) {
+                    a.by_id.remove(&n.id);
+                }
+            } else {
+                return Err(FiError::Invalid("fi_addr not in the address vector"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The name behind an fi_addr.
+    pub fn av_lookup(&self, av: usize, addr: u64) -> Option<[u8; NAME_LEN]> {
+        let st = self.lock();
+        let a = st.avs.get(av)?.as_ref()?;
+        a.names.get(usize::try_from(addr).ok()?)?.map(|n| n.encode())
+    }
+
+    /// Opens a completion queue.
+    pub fn cq_open(&self) -> usize {
+        slot(&mut self.lock().cqs, Cq::default())
+    }
+
+    /// Closes a completion queue; refused while an endpoint is bound to it.
+    pub fn cq_close(&self, cq: usize) -> Result<(), FiError> {
+        let mut st = self.lock();
+        let bound = st.eps.iter().flatten().any(|e| e.tx_cq == Some(cq) || e.rx_cq == Some(cq));
+        if bound {
+            return Err(FiError::State("an endpoint is still bound to the completion queue"));
+        }
+        if let Some(s) = st.cqs.get_mut(cq) {
+            *s = None;
+        }
+        Ok(())
+    }
+
+    /// Drives every endpoint bound to `cq`, then takes up to `max` completions.
+    /// `Err(true)`: nothing, but errors wait; `Err(false)`: nothing.
+    pub fn cq_read(&self, cq: usize, max: usize, out: &mut Vec<Comp>) -> Result<(), bool> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let eps = match st.cqs.get(cq) {
+            Some(Some(q)) => q.eps.clone(),
+            _ => return Err(false),
+        };
+        for e in eps {
+            progress(st, e);
+        }
+        let Some(Some(q)) = st.cqs.get_mut(cq) else { return Err(false) };
+        while out.len() < max {
+            match q.ok.pop_front() {
+                Some(c) => out.push(c),
+                None => break,
+            }
+        }
+        if !out.is_empty() {
+            Ok(())
+        } else {
+            Err(!q.err.is_empty())
+        }
+    }
+
+    /// Takes one error completion.
+    pub fn cq_readerr(&self, cq: usize) -> Option<Comp> {
+        let mut st = self.lock();
+        st.cqs.get_mut(cq)?.as_mut()?.err.pop_front()
+    }
+
+    /// Opens an endpoint; without `directed` (`FI_DIRECTED_RECV`) receives ignore
+    /// their source address.
+    pub fn ep_open(&self, directed: bool) -> usize {
+        slot(&mut self.lock().eps, Ep { directed, ..Ep::default() })
+    }
+
+    /// Closes an endpoint: tells its peers (orderly shutdown of its connections).
+    pub fn ep_close(&self, ep: usize) {
+        let mut st = self.lock();
+        let Some(s) = st.eps.get_mut(ep) else { return };
+        if let Some(mut e) = s.take() {
+            // Whatever is still queued goes out if the rings have room now.
+            let deadline = Instant::now() + Duration::from_millis(200);
+            while e.tx.values().any(|c| !c.queue.is_empty() && c.failed.is_none()) && Instant::now() < deadline {
+                for c in e.tx.values_mut() {
+                    let mut sink = Vec::new();
+                    pump_tx(c, &mut sink);
+                }
+                std::thread::yield_now();
+            }
+            for c in e.tx.values_mut() {
+                c.dev.shutdown();
+            }
+            for c in e.rx.iter_mut() {
+                c.dev.shutdown();
+            }
+        }
+        for q in st.cqs.iter_mut().flatten() {
+            q.eps.retain(|&x| x != ep);
+        }
+    }
+
+    /// Binds a completion queue (`FI_TRANSMIT`, `FI_RECV`, `FI_SELECTIVE_COMPLETION`).
+    pub fn ep_bind_cq(&self, ep: usize, cq: usize, flags: u64) -> Result<(), FiError> {
+        const TRANSMIT: u64 = fi::SEND;
+        const RECV: u64 = fi::RECV;
+        const SELECTIVE: u64 = 1 << 59;
+        let mut st = self.lock();
+        if !matches!(st.cqs.get(cq), Some(Some(_))) {
+            return Err(FiError::Invalid("completion queue"));
+        }
+        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+        if e.net.is_some() {
+            return Err(FiError::State("endpoint already enabled"));
+        }
+        if flags & (TRANSMIT | RECV) == 0 {
+            return Err(FiError::Invalid("bind a CQ with FI_TRANSMIT and/or FI_RECV"));
+        }
+        if flags & TRANSMIT != 0 {
+            e.tx_cq = Some(cq);
+            e.tx_selective = flags & SELECTIVE != 0;
+        }
+        if flags & RECV != 0 {
+            e.rx_cq = Some(cq);
+            e.rx_selective = flags & SELECTIVE != 0;
+        }
+        if let Some(Some(q)) = st.cqs.get_mut(cq) {
+            if !q.eps.contains(&ep) {
+                q.eps.push(ep);
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds the address vector.
+    pub fn ep_bind_av(&self, ep: usize, av: usize) -> Result<(), FiError> {
+        let mut st = self.lock();
+        if !matches!(st.avs.get(av), Some(Some(_))) {
+            return Err(FiError::Invalid("address vector"));
+        }
+        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+        e.av = Some(av);
+        Ok(())
+    }
+
+    /// Enables the endpoint: binds its shm listener and starts accepting.
+    pub fn ep_enable(&self, ep: usize) -> Result<(), FiError> {
+        let mut st = self.lock();
+        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+        if e.net.is_some() {
+            return Ok(());
+        }
+        if e.av.is_none() || e.tx_cq.is_none() || e.rx_cq.is_none() {
+            return Err(FiError::State("bind an address vector and transmit and receive CQs first"));
+        }
+        let shm_cfg = ShmConfig::from_env().map_err(|e| FiError::Setup(e.to_string()))?;
+        let name = Name { boot_id: boot_id(), netns: netns_inode(), id: random_u64(), ip: Ipv4Addr::UNSPECIFIED, port: 0 };
+        let listener = ShmListener::bind_with(&name.shm_name(), &shm_cfg).map_err(|e| FiError::Setup(e.to_string()))?;
+        let notifier = Arc::new(Notifier::new().map_err(|e| FiError::Setup(e.to_string()))?);
+        let incoming = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        // Handshakes are served by a thread of their own, so that two endpoints that
+        // connect to each other at once (each inside a send) never wait on each other.
+        let acceptor = {
+            let (notifier, incoming, stop) = (notifier.clone(), incoming.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("strait-fi-accept".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        match listener.accept_timeout(&notifier, Some(Duration::from_millis(50))) {
+                            Ok(Some(d)) => incoming.lock().unwrap_or_else(|e| e.into_inner()).push(d),
+                            Ok(None) => {}
+                            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                        }
+                    }
+                })
+                .map_err(|e| FiError::Setup(e.to_string()))?
+        };
+        e.net = Some(Net { name, notifier, incoming, stop, acceptor: Some(acceptor), shm_cfg });
+        Ok(())
+    }
+
+    /// The endpoint's name.
+    pub fn ep_getname(&self, ep: usize) -> Result<[u8; NAME_LEN], FiError> {
+        let st = self.lock();
+        let Some(Some(e)) = st.eps.get(ep) else { return Err(FiError::Invalid("endpoint")) };
+        let net = e.net.as_ref().ok_or(FiError::State("endpoint not enabled"))?;
+        Ok(net.name.encode())
+    }
+
+    /// Posts a send of `len` bytes at `buf` (copied now when `FI_INJECT`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ep_send(
+        &self,
+        ep: usize,
+        buf: usize,
+        len: usize,
+        dest: u64,
+        tag: u64,
+        data: u64,
+        flags: u64,
+        ctx: usize,
+    ) -> Result<(), FiError> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+        if e.net.is_none() {
+            return Err(FiError::State("endpoint not enabled"));
+        }
+        if len as u64 > proto::MAX_MSG {
+            return Err(FiError::Invalid("message too long"));
+        }
+        if len > 0 && buf == 0 {
+            return Err(FiError::Invalid("null buffer"));
+        }
+        let inject = flags & fi::INJECT != 0;
+        if inject && len > INJECT_SIZE {
+            return Err(FiError::Invalid("inject larger than inject_size"));
+        }
+        let Some(av) = e.av.and_then(|a| st.avs.get(a)).and_then(Option::as_ref) else {
+            return Err(FiError::State("no address vector"));
+        };
+        let Some(peer) = av.names.get(dest as usize).copied().flatten() else {
+            return Err(FiError::Invalid("destination not in the address vector"));
+        };
+        let tagged = flags & fi::TAGGED != 0;
+        let mut mflags = if tagged { F_TAGGED } else { 0 };
+        if flags & fi::REMOTE_CQ_DATA != 0 {
+            mflags |= F_DATA;
+        }
+        let src = if inject {
+            // SAFETY: the application's buffer of `len` bytes is readable for the
+            // duration of this call (inject copies it before returning).
+            Src::Owned(unsafe { std::slice::from_raw_parts(buf as *const u8, len) }.to_vec())
+        } else {
+            Src::User(buf)
+        };
+        let report = !inject && (!e.tx_selective || flags & fi::COMPLETION != 0);
+        let msg = TxMsg {
+            src,
+            len,
+            sent: 0,
+            first_sent: false,
+            first: First { flags: mflags, tag, data: if mflags & F_DATA != 0 { data } else { 0 }, total: len as u64 },
+            ctx,
+            report,
+            flags: flags & (fi::TAGGED | fi::MSG),
+        };
+        if !e.tx.contains_key(&dest) {
+            match connect(e, &peer) {
+                Ok(c) => {
+                    e.tx.insert(dest, c);
+                }
+                Err(_) => {
+                    // An unreachable peer: the send fails through the CQ.
+                    let c = msg.comp(fi::EHOSTUNREACH);
+                    if let Some(Some(q)) = e.tx_cq.and_then(|q| st.cqs.get_mut(q)) {
+                        q.push(c);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let Some(conn) = e.tx.get_mut(&dest) else { return Err(FiError::Invalid("destination")) };
+        if let Some(err) = conn.failed {
+            if let Some(Some(q)) = e.tx_cq.and_then(|q| st.cqs.get_mut(q)) {
+                q.push(msg.comp(err));
+            }
+            return Ok(());
+        }
+        conn.queue.push_back(msg);
+        let mut done = Vec::new();
+        pump_tx(conn, &mut done);
+        if let Some(Some(q)) = e.tx_cq.and_then(|q| st.cqs.get_mut(q)) {
+            for c in done {
+                q.push(c);
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts a receive (or a peek/claim, by `flags`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ep_recv(
+        &self,
+        ep: usize,
+        buf: usize,
+        len: usize,
+        src: u64,
+        tag: u64,
+        ignore: u64,
+        flags: u64,
+        ctx: usize,
+    ) -> Result<(), FiError> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+        if e.net.is_none() {
+            return Err(FiError::State("endpoint not enabled"));
+        }
+        if len > 0 && buf == 0 && flags & fi::PEEK == 0 {
+            return Err(FiError::Invalid("null buffer"));
+        }
+        let src = if e.directed { src } else { fi::ADDR_UNSPEC };
+        if src != fi::ADDR_UNSPEC {
+            let known = e.av.and_then(|a| st.avs.get(a)).and_then(Option::as_ref).is_some_and(|a| {
+                a.names.get(src as usize).is_some_and(Option::is_some)
+            });
+            if !known {
+                return Err(FiError::Invalid("source not in the address vector"));
+            }
+        }
+        let tagged = flags & fi::TAGGED != 0;
+        let r = Recv {
+            buf: UserBuf { ptr: buf, cap: if buf == 0 { 0 } else { len } },
+            src,
+            tag: if tagged { tag } else { 0 },
+            ignore: if tagged { ignore } else { 0 },
+            tagged,
+            ctx,
+            report: !e.rx_selective || flags & fi::COMPLETION != 0,
+        };
+        let mut out = std::mem::take(&mut e.out);
+        if flags & fi::PEEK != 0 {
+            // Bring in what has arrived, so a probe sees it.
+            drop(out);
+            progress(st, ep);
+            let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+            out = std::mem::take(&mut e.out);
+            e.m.peek(r, flags & fi::CLAIM != 0, flags & fi::DISCARD != 0, &mut out);
+        } else if flags & fi::CLAIM != 0 {
+            if !e.m.claim(r, flags & fi::DISCARD != 0, &mut out) {
+                e.out = out;
+                return Err(FiError::Invalid("FI_CLAIM without a claimed message for this context"));
+            }
+        } else {
+            e.m.post(r, &mut out);
+        }
+        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+        if let Some(Some(q)) = e.rx_cq.and_then(|q| st.cqs.get_mut(q)) {
+            for c in out.drain(..) {
+                q.push(c);
+            }
+        }
+        e.out = out;
+        Ok(())
+    }
+
+    /// Cancels a posted receive.
+    pub fn ep_cancel(&self, ep: usize, ctx: usize) -> Result<(), FiError> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+        let mut out = Vec::new();
+        if !e.m.cancel(ctx, &mut out) {
+            return Err(FiError::NotFound);
+        }
+        if let Some(Some(q)) = e.rx_cq.and_then(|q| st.cqs.get_mut(q)) {
+            for c in out {
+                q.push(c);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens a connection to `peer` and queues the HELLO that names us.
+fn connect(e: &mut Ep, peer: &Name) -> Result<TxConn, FiError> {
+    let net = e.net.as_ref().ok_or(FiError::State("endpoint not enabled"))?;
+    if !net.name.same_host(peer) {
+        return Err(FiError::Setup("peer is on another host or network namespace".into()));
+    }
+    let dev = ShmDevice::connect(&peer.shm_name(), &net.shm_cfg, &net.notifier)
+        .map_err(|e| FiError::Setup(e.to_string()))?;
+    let mut dev: BoxDev = Box::new(dev);
+    let hello = net.name.encode();
+    let sent = dev
+        .send_frame(HELLO_LEN, &mut |w| {
+            w.write(0, &[HELLO, 0, 0, 0, 0, 0, 0, 0]);
+            w.write(8, &hello);
+        })
+        .map_err(|e| FiError::Setup(e.to_string()))?;
+    if !sent {
+        return Err(FiError::Setup("a fresh connection has no room for its hello".into()));
+    }
+    Ok(TxConn { dev, queue: VecDeque::new(), failed: None })
+}
+
+/// Writes as many frames of the queued messages as the connection takes;
+/// completions of finished sends go to `done`.
+fn pump_tx(c: &mut TxConn, done: &mut Vec<Comp>) -> usize {
+    if c.failed.is_some() {
+        return 0;
+    }
+    let max = c.dev.max_frame_len();
+    let mut frames = 0;
+    while let Some(m) = c.queue.front_mut() {
+        let res = if !m.first_sent {
+            let n = m.len.min(max - FIRST_HDR);
+            let hdr = m.first.encode();
+            let r = c.dev.send_frame(FIRST_HDR + n, &mut |w| {
+                w.write(0, &hdr);
+                w.write(FIRST_HDR, m.bytes(0, n));
+            });
+            if matches!(r, Ok(true)) {
+                m.first_sent = true;
+                m.sent = n;
+            }
+            r
+        } else {
+            let n = (m.len - m.sent).min(max - DATA_HDR);
+            let at = m.sent;
+            let r = c.dev.send_frame(DATA_HDR + n, &mut |w| {
+                w.write(0, &[DATA, 0, 0, 0, 0, 0, 0, 0]);
+                w.write(DATA_HDR, m.bytes(at, n));
+            });
+            if matches!(r, Ok(true)) {
+                m.sent += n;
+            }
+            r
+        };
+        match res {
+            Ok(true) => {
+                frames += 1;
+                if m.sent == m.len {
+                    if m.report {
+                        done.push(m.comp(0));
+                    }
+                    c.queue.pop_front();
+                }
+            }
+            Ok(false) => break,
+            Err(err) => {
+                fail_tx(c, dev_errno(&err), done);
+                return frames;
+            }
+        }
+    }
+    if frames > 0 {
+        if let Err(err) = c.dev.doorbell() {
+            fail_tx(c, dev_errno(&err), done);
+        }
+    }
+    frames
+}
+
+fn fail_tx(c: &mut TxConn, err: i32, done: &mut Vec<Comp>) {
+    c.failed = Some(err);
+    for m in c.queue.drain(..) {
+        done.push(m.comp(err));
+    }
+}
+
+/// One progress pass over an endpoint: accepts connections, sends what is queued,
+/// receives and matches what arrived, checks liveness now and then.
+fn progress(st: &mut State, ep: usize) {
+    let State { avs, cqs, eps } = st;
+    let Some(Some(e)) = eps.get_mut(ep) else { return };
+    let Some(net) = e.net.as_ref() else { return };
+    {
+        let mut inc = net.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        for d in inc.drain(..) {
+            e.rx.push(RxConn { dev: Box::new(d), peer: None, cur: None, failed: false });
+        }
+    }
+    let av = e.av.and_then(|a| avs.get(a)).and_then(Option::as_ref);
+    // Sends.
+    let mut tx_done = Vec::new();
+    for c in e.tx.values_mut() {
+        if !c.queue.is_empty() {
+            pump_tx(c, &mut tx_done);
+        }
+    }
+    // Receives.
+    let mut out = std::mem::take(&mut e.out);
+    let mut work = 0;
+    let mut gone = Vec::new();
+    for c in e.rx.iter_mut().filter(|c| !c.failed) {
+        let mut violation: Option<&'static str> = None;
+        for _ in 0..RX_BUDGET {
+            let RxConn { dev, peer, cur, .. } = c;
+            let m = &mut e.m;
+            let o = &mut out;
+            let r = dev.recv_frame(&mut |f| {
+                if violation.is_none() {
+                    if let Err(v) = on_frame(f, peer, cur, m, av, o) {
+                        violation = Some(v);
+                    }
+                }
+            });
+            match r {
+                Ok(true) => work += 1,
+                Ok(false) => break,
+                Err(err) => {
+                    gone.push((c.peer, dev_errno(&err)));
+                    c.failed = true;
+                    if let Some(m) = c.cur.take() {
+                        e.m.abort(&m, dev_errno(&err), &mut out);
+                    }
+                    break;
+                }
+            }
+            if violation.is_some() {
+                break;
+            }
+        }
+        if let Some(_why) = violation {
+            // A peer that breaks the protocol loses its connection.
+            c.failed = true;
+            c.dev.shutdown();
+            if let Some(m) = c.cur.take() {
+                e.m.abort(&m, fi::EPROTO, &mut out);
+            }
+            gone.push((c.peer, fi::EPROTO));
+        }
+    }
+    // Liveness: a peer that died without a word is found here.
+    let now = Instant::now();
+    if work == 0 && e.last_liveness.is_none_or(|t| now.duration_since(t) >= LIVENESS_INTERVAL) {
+        e.last_liveness = Some(now);
+        for c in e.rx.iter_mut().filter(|c| !c.failed) {
+            if let Err(err) = c.dev.check_peer() {
+                // Frames it wrote before it went are still taken on the next pass;
+                // here only what can no longer complete fails.
+                if c.cur.is_none() {
+                    c.failed = true;
+                    gone.push((c.peer, dev_errno(&err)));
+                }
+            }
+        }
+        for c in e.tx.values_mut() {
+            if c.failed.is_none() {
+                if let Err(err) = c.dev.check_peer() {
+                    fail_tx(c, dev_errno(&err), &mut tx_done);
+                }
+            }
+        }
+    }
+    for (peer, err) in gone {
+        if let (Some(p), Some(a)) = (peer, av) {
+            let src = a.lookup_id(p.id);
+            if src != u64::MAX {
+                e.m.fail_source(src, err, &mut out);
+            }
+        }
+    }
+    e.rx.retain(|c| !c.failed || c.cur.is_some());
+    if let Some(Some(q)) = e.rx_cq.and_then(|q| cqs.get_mut(q)) {
+        for c in out.drain(..) {
+            q.push(c);
+        }
+    }
+    e.out = out;
+    if let Some(Some(q)) = e.tx_cq.and_then(|q| cqs.get_mut(q)) {
+        for c in tx_done {
+            q.push(c);
+        }
+    }
+}
+
+/// Handles one frame from a peer; an `Err` is a protocol violation.
+fn on_frame(
+    f: &strait_core::RxFrame<'_>,
+    peer: &mut Option<Name>,
+    cur: &mut Option<InMsg>,
+    m: &mut Matcher,
+    av: Option<&Av>,
+    out: &mut Vec<Comp>,
+) -> Result<(), &'static str> {
+    let mut kind = [0u8; 1];
+    if !f.read(0, &mut kind) {
+        return Err("empty frame");
+    }
+    match kind[0] {
+        HELLO => {
+            if peer.is_some() || f.len() != HELLO_LEN {
+                return Err("unexpected or malformed hello");
+            }
+            let mut b = [0u8; NAME_LEN];
+            if !f.read(8, &mut b) {
+                return Err("short hello");
+            }
+            *peer = Some(Name::decode(&b).map_err(|_| "hello without a valid name")?);
+        }
+        FIRST => {
+            let Some(p) = peer else { return Err("message before hello") };
+            if cur.is_some() {
+                return Err("new message before the last one ended");
+            }
+            if f.len() < FIRST_HDR {
+                return Err("short first frame");
+            }
+            let mut h = [0u8; FIRST_HDR];
+            if !f.read(0, &mut h) {
+                return Err("short first frame");
+            }
+            let first = First::decode(&h, f.len()).map_err(|_| "bad message header")?;
+            let src = av.map_or(u64::MAX, |a| a.lookup_id(p.id));
+            let mut im = m.arrive(src, first);
+            let n = f.len() - FIRST_HDR;
+            if !m.deliver(&mut im, f, FIRST_HDR, n) {
+                return Err("frame shorter than its payload");
+            }
+            if im.got == first.total {
+                m.finish(&im, out);
+            } else {
+                *cur = Some(im);
+            }
+        }
+        DATA => {
+            let Some(im) = cur.as_mut() else { return Err("data frame outside a message") };
+            if f.len() < DATA_HDR {
+                return Err("short data frame");
+            }
+            let n = f.len() - DATA_HDR;
+            if n as u64 > im.first.total - im.got {
+                return Err("data past the end of the message");
+            }
+            if !m.deliver(im, f, DATA_HDR, n) {
+                return Err("frame shorter than its payload");
+            }
+            if im.got == im.first.total {
+                let done = *im;
+                *cur = None;
+                m.finish(&done, out);
+            }
+        }
+        _ => return Err("unknown frame kind"),
+    }
+    Ok(())
+}

@@ -219,10 +219,12 @@ impl Matcher {
     /// Posts a receive: takes the oldest matching unexpected message, or queues the
     /// receive. Completions go to `out`.
     pub fn post(&mut self, r: Recv, out: &mut Vec<Comp>) {
-        let pos = self
-            .unexp
-            .iter()
-            .position(|u| u.claimed.is_none() && u.attached.is_none() && !u.discard && r.matches(u.src, u.first.flags & F_TAGGED != 0, u.first.tag));
+        let pos = self.unexp.iter().position(|u| {
+            u.claimed.is_none()
+                && u.attached.is_none()
+                && !u.discard
+                && r.matches(u.src, u.first.flags & F_TAGGED != 0, u.first.tag)
+        });
         match pos {
             Some(i) => self.take_unexp(i, r, out),
             None => self.posted.push_back(r),
@@ -270,13 +272,25 @@ impl Matcher {
     /// reserved for a later `FI_CLAIM` receive with the same context; with `discard`
     /// it is dropped.
     pub fn peek(&mut self, r: Recv, claim: bool, discard: bool, out: &mut Vec<Comp>) {
-        let pos = self
-            .unexp
-            .iter()
-            .position(|u| u.claimed.is_none() && u.attached.is_none() && !u.discard && r.matches(u.src, u.first.flags & F_TAGGED != 0, u.first.tag));
+        let pos = self.unexp.iter().position(|u| {
+            u.claimed.is_none()
+                && u.attached.is_none()
+                && !u.discard
+                && r.matches(u.src, u.first.flags & F_TAGGED != 0, u.first.tag)
+        });
         let Some(i) = pos else {
             let flags = fi::RECV | if r.tagged { fi::TAGGED } else { fi::MSG };
-            out.push(Comp { ctx: r.ctx, flags, len: 0, buf: 0, data: 0, tag: r.tag, olen: 0, err: fi::ENOMSG, pad: 0 });
+            out.push(Comp {
+                ctx: r.ctx,
+                flags,
+                len: 0,
+                buf: 0,
+                data: 0,
+                tag: r.tag,
+                olen: 0,
+                err: fi::ENOMSG,
+                pad: 0,
+            });
             return;
         };
         let u = &mut self.unexp[i];
@@ -305,7 +319,17 @@ impl Matcher {
         };
         let Some(r) = r else { return false };
         let flags = fi::RECV | if r.tagged { fi::TAGGED } else { fi::MSG };
-        out.push(Comp { ctx, flags, len: 0, buf: 0, data: 0, tag: r.tag, olen: 0, err: fi::ECANCELED, pad: 0 });
+        out.push(Comp {
+            ctx,
+            flags,
+            len: 0,
+            buf: 0,
+            data: 0,
+            tag: r.tag,
+            olen: 0,
+            err: fi::ECANCELED,
+            pad: 0,
+        });
         true
     }
 

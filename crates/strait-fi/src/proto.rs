@@ -161,7 +161,13 @@ mod tests {
     use super::*;
 
     fn name() -> Name {
-        Name { boot_id: [7; 16], netns: 4026531840, id: 0xdead_beef, ip: Ipv4Addr::new(10, 0, 0, 1), port: 4242 }
+        Name {
+            boot_id: [7; 16],
+            netns: 4026531840,
+            id: 0xdead_beef,
+            ip: Ipv4Addr::new(10, 0, 0, 1),
+            port: 4242,
+        }
     }
 
     #[test]

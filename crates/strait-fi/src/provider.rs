@@ -22,7 +22,9 @@ use strait_shm::{ShmConfig, ShmDevice, ShmListener};
 use thiserror::Error;
 
 use crate::matching::{fi, Comp, InMsg, Matcher, Recv, UserBuf};
-use crate::proto::{self, First, Name, DATA, DATA_HDR, FIRST, FIRST_HDR, F_DATA, F_TAGGED, HELLO, HELLO_LEN, NAME_LEN};
+use crate::proto::{
+    self, First, Name, DATA, DATA_HDR, FIRST, FIRST_HDR, F_DATA, F_TAGGED, HELLO, HELLO_LEN, NAME_LEN,
+};
 
 /// Largest message sent in one operation by `fi_inject`.
 pub const INJECT_SIZE: usize = 4096;
@@ -232,7 +234,8 @@ fn random_u64() -> u64 {
     let r = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
     if r != 8 {
         // No entropy syscall: pid and time still make a collision unlikely.
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64);
+        let t =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64);
         v = (std::process::id() as u64) << 40 ^ t.unwrap_or(0);
     }
     v
@@ -367,7 +370,9 @@ impl Domain {
         if let Some(mut e) = s.take() {
             // Whatever is still queued goes out if the rings have room now.
             let deadline = Instant::now() + Duration::from_millis(200);
-            while e.tx.values().any(|c| !c.queue.is_empty() && c.failed.is_none()) && Instant::now() < deadline {
+            while e.tx.values().any(|c| !c.queue.is_empty() && c.failed.is_none())
+                && Instant::now() < deadline
+            {
                 for c in e.tx.values_mut() {
                     let mut sink = Vec::new();
                     pump_tx(c, &mut sink);
@@ -440,8 +445,15 @@ impl Domain {
             return Err(FiError::State("bind an address vector and transmit and receive CQs first"));
         }
         let shm_cfg = ShmConfig::from_env().map_err(|e| FiError::Setup(e.to_string()))?;
-        let name = Name { boot_id: boot_id(), netns: netns_inode(), id: random_u64(), ip: Ipv4Addr::UNSPECIFIED, port: 0 };
-        let listener = ShmListener::bind_with(&name.shm_name(), &shm_cfg).map_err(|e| FiError::Setup(e.to_string()))?;
+        let name = Name {
+            boot_id: boot_id(),
+            netns: netns_inode(),
+            id: random_u64(),
+            ip: Ipv4Addr::UNSPECIFIED,
+            port: 0,
+        };
+        let listener =
+            ShmListener::bind_with(&name.shm_name(), &shm_cfg).map_err(|e| FiError::Setup(e.to_string()))?;
         let notifier = Arc::new(Notifier::new().map_err(|e| FiError::Setup(e.to_string()))?);
         let incoming = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -527,7 +539,12 @@ impl Domain {
             len,
             sent: 0,
             first_sent: false,
-            first: First { flags: mflags, tag, data: if mflags & F_DATA != 0 { data } else { 0 }, total: len as u64 },
+            first: First {
+                flags: mflags,
+                tag,
+                data: if mflags & F_DATA != 0 { data } else { 0 },
+                total: len as u64,
+            },
             ctx,
             report,
             flags: flags & (fi::TAGGED | fi::MSG),
@@ -589,9 +606,10 @@ impl Domain {
         }
         let src = if e.directed { src } else { fi::ADDR_UNSPEC };
         if src != fi::ADDR_UNSPEC {
-            let known = e.av.and_then(|a| st.avs.get(a)).and_then(Option::as_ref).is_some_and(|a| {
-                a.names.get(src as usize).is_some_and(Option::is_some)
-            });
+            let known =
+                e.av.and_then(|a| st.avs.get(a))
+                    .and_then(Option::as_ref)
+                    .is_some_and(|a| a.names.get(src as usize).is_some_and(Option::is_some));
             if !known {
                 return Err(FiError::Invalid("source not in the address vector"));
             }

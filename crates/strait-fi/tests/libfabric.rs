@@ -1,0 +1,270 @@
+//! The provider driven by real libfabric programs: `fi_info`, `fi_pingpong`, and
+//! Open MPI (`--mca pml cm --mca mtl ofi`) running tests/mpi_check.c. Every program
+//! runs in its own process group under a time limit: a hang fails the test (and the
+//! whole group is killed).
+//!
+//! Needs Debian's libfabric-bin, libfabric-dev, openmpi-bin and libopenmpi-dev
+//! (scripts/install-deps installs them); the namespace tests need root.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn have(bin: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {bin}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Asserts that `bin` (from Debian's package `pkg`) is installed; tests never
+/// install anything.
+fn ensure(bin: &str, pkg: &str) {
+    assert!(have(bin), "{bin} is missing: run scripts/install-deps (it installs {pkg}) before the tests");
+}
+
+/// A directory holding `libstrait-fi.so` (libfabric loads `*-fi.so` from
+/// `FI_PROVIDER_PATH`), linked to the library cargo built with this test.
+fn provider_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test binary path");
+        let deps = exe.parent().expect("deps dir");
+        let lib = [deps.join("libstrait_fi.so"), deps.join("../libstrait_fi.so")]
+            .into_iter()
+            .find(|p| p.exists())
+            .expect("libstrait_fi.so next to the test binary (cargo builds the cdylib with the tests)");
+        let dir = std::env::temp_dir().join(format!("strait-fi-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let link = dir.join("libstrait-fi.so");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(lib.canonicalize().expect("canonical path"), &link).expect("symlink");
+        dir
+    })
+}
+
+/// A private temp directory for one test.
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = provider_dir().join(tag);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// Runs `c` in a new process group for at most `limit`; on expiry the whole group
+/// is killed and `None` returned.
+fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
+    use std::io::Read;
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().ok()?;
+    let pgid = child.id() as i32;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().ok()? {
+            break st;
+        }
+        if Instant::now() > end {
+            // SAFETY: signals the process group this function created.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The group's other members (MPI ranks) must not outlive the test either.
+    // SAFETY: as above; ESRCH when the group is already empty.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    Some(Output { status, stdout: out.join().ok()?, stderr: err.join().ok()? })
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn fi_command(prog: &str) -> Command {
+    let mut c = Command::new(prog);
+    c.env("FI_PROVIDER_PATH", provider_dir()).env_remove("FI_PROVIDER").env_remove("LD_PRELOAD");
+    c
+}
+
+#[test]
+fn fi_info_lists_the_provider_and_refuses_what_it_lacks() {
+    ensure("fi_info", "libfabric-bin");
+    let o =
+        run_for(fi_command("fi_info").args(["-p", "strait"]), Duration::from_secs(30)).expect("fi_info hung");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("provider: strait") && t.contains("FI_EP_RDM"), "{t}");
+    let o =
+        run_for(fi_command("fi_info").args(["-p", "strait", "-v"]), Duration::from_secs(30)).expect("hung");
+    let t = text(&o);
+    for cap in
+        ["FI_MSG", "FI_TAGGED", "FI_DIRECTED_RECV", "FI_LOCAL_COMM", "FI_REMOTE_COMM", "FI_THREAD_SAFE"]
+    {
+        assert!(t.contains(cap), "{cap} missing:\n{t}");
+    }
+    // What it does not do, it does not claim: RMA, atomics, connected endpoints.
+    for (flag, val) in [("-c", "FI_RMA"), ("-c", "FI_ATOMIC"), ("-e", "msg"), ("-e", "dgram")] {
+        let o = run_for(fi_command("fi_info").args(["-p", "strait", flag, val]), Duration::from_secs(30))
+            .expect("hung");
+        assert!(!text(&o).contains("provider: strait"), "strait claimed {flag} {val}:\n{}", text(&o));
+    }
+}
+
+static PORT: AtomicU32 = AtomicU32::new(0);
+
+/// A control port for fi_pingpong, distinct per test in this process.
+fn ctrl_port() -> String {
+    (47700 + (std::process::id() % 500) * 4 + PORT.fetch_add(1, Ordering::Relaxed)).to_string()
+}
+
+/// fi_pingpong server and client, each optionally wrapped (e.g. `ip netns exec`).
+fn pingpong(extra: &[&str], server_wrap: &[&str], client_wrap: &[&str], server_addr: &str, want: &str) {
+    ensure("fi_pingpong", "libfabric-bin");
+    let port = ctrl_port();
+    let mk = |wrap: &[&str]| {
+        let mut c = if wrap.is_empty() {
+            fi_command("fi_pingpong")
+        } else {
+            let mut c = fi_command(wrap[0]);
+            c.args(&wrap[1..]).arg("fi_pingpong");
+            c
+        };
+        c.args(["-p", "strait", "-e", "rdm", "-v", "-I", "50"]).args(extra);
+        c
+    };
+    let mut server = mk(server_wrap);
+    server.args(["-B", &port]);
+    let srv = std::thread::spawn(move || run_for(&mut server, Duration::from_secs(60)));
+    // The client retries its control connection only briefly: give the server a moment.
+    std::thread::sleep(Duration::from_millis(700));
+    let mut client = mk(client_wrap);
+    client.args(["-P", &port, server_addr]);
+    let c = run_for(&mut client, Duration::from_secs(60)).expect("fi_pingpong client hung");
+    let s = srv.join().expect("server thread").expect("fi_pingpong server hung");
+    assert!(c.status.success(), "client failed:\n{}\nserver:\n{}", text(&c), text(&s));
+    assert!(s.status.success(), "server failed:\n{}", text(&s));
+    // The largest size ran (every size before it did too), with data verification.
+    let out = String::from_utf8_lossy(&c.stdout);
+    assert!(out.lines().any(|l| l.starts_with(want)), "no {want:?} line:\n{out}");
+}
+
+#[test]
+fn fi_pingpong_rdm_msg_on_one_host() {
+    pingpong(&[], &[], &[], "127.0.0.1", "1m ");
+}
+
+#[test]
+fn fi_pingpong_rdm_tagged_on_one_host() {
+    pingpong(&["-m", "tagged"], &[], &[], "127.0.0.1", "1m ");
+}
+
+#[test]
+fn fi_pingpong_rdm_large_sizes_on_one_host() {
+    pingpong(&["-S", "4194305"], &[], &[], "127.0.0.1", "4m ");
+}
+
+/// Compiles tests/mpi_check.c with mpicc into a temp dir.
+fn mpi_check_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        ensure("mpicc", "libopenmpi-dev");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi_check.c");
+        let bin = temp_dir("mpi").join("mpi_check");
+        let o =
+            run_for(Command::new("mpicc").args(["-O2", "-o"]).arg(&bin).arg(&src), Duration::from_secs(120))
+                .expect("mpicc hung");
+        assert!(o.status.success(), "mpicc failed:\n{}", text(&o));
+        bin
+    })
+}
+
+fn mpirun(np: usize, extra: &[&str]) -> Command {
+    ensure("mpirun", "openmpi-bin");
+    let mut c = fi_command("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()])
+        .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "strait"])
+        .args(["--mca", "mtl_base_verbose", "100", "-x", "FI_PROVIDER_PATH"])
+        .args(extra);
+    c
+}
+
+fn check_mpi(o: &Output, want: &[&str]) {
+    let t = text(o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("mtl:ofi:provider: strait"), "Open MPI did not select the strait provider:\n{t}");
+    for w in want {
+        assert!(t.contains(w), "missing {w:?}:\n{t}");
+    }
+}
+
+#[test]
+fn open_mpi_two_ranks_point_to_point_on_one_host() {
+    let bin = mpi_check_binary();
+    let o = run_for(mpirun(2, &[]).arg(bin).arg("p2p"), Duration::from_secs(180)).expect("mpirun hung");
+    check_mpi(&o, &["pingpong ok", "probe/any ok", "cancel ok", "nonblocking ok", "all ok"]);
+}
+
+#[test]
+fn open_mpi_four_ranks_everything_on_one_host() {
+    let bin = mpi_check_binary();
+    let o = run_for(mpirun(4, &[]).arg(bin).arg("all"), Duration::from_secs(300)).expect("mpirun hung");
+    check_mpi(
+        &o,
+        &["pingpong ok", "probe/any ok", "cancel ok", "nonblocking ok", "collectives ok", "all ok"],
+    );
+}
+
+#[test]
+fn open_mpi_a_killed_rank_ends_the_job_in_bounded_time() {
+    let bin = mpi_check_binary();
+    let tag = format!("hang-{}", std::process::id());
+    // A private copy, so the ranks are found by this exact path and nothing else.
+    let mine = temp_dir(&tag).join("mpi_check_hang");
+    std::fs::copy(bin, &mine).expect("copy binary");
+    let mut c = mpirun(4, &[]);
+    c.arg(&mine).arg("hang");
+    let path = mine.to_string_lossy().to_string();
+    let killer = std::thread::spawn(move || {
+        // Wait until all four ranks run, then kill one of them.
+        let end = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < end {
+            let o = Command::new("pgrep").args(["-f", &format!("^{path} hang")]).output();
+            let pids: Vec<i32> = o
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect()
+                })
+                .unwrap_or_default();
+            if pids.len() == 4 {
+                std::thread::sleep(Duration::from_secs(2));
+                // SAFETY: signals one MPI rank this test started (found by its private path).
+                unsafe { libc::kill(pids[2], libc::SIGKILL) };
+                return Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the four ranks never started");
+    });
+    let o = run_for(&mut c, Duration::from_secs(120)).expect("the job hung after a rank was killed");
+    let killed_at = killer.join().expect("killer");
+    let took = killed_at.elapsed();
+    assert!(!o.status.success(), "the job succeeded although a rank was killed:\n{}", text(&o));
+    assert!(took < Duration::from_secs(60), "the job took {took:?} to end after the kill");
+}

@@ -53,7 +53,9 @@ pub extern "C" fn fi_prov_ini() -> *mut c_void {
 
 #[no_mangle]
 extern "C" fn sfi_domain_open() -> *mut c_void {
-    Box::into_raw(Box::new(Arc::new(Domain::default()))).cast()
+    let d = Arc::new(Domain::default());
+    crate::provider::start_ticker(&d);
+    Box::into_raw(Box::new(d)).cast()
 }
 
 #[no_mangle]

@@ -11,14 +11,16 @@
 //! once, and a peer's frames reach the matcher in the order it sent them.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use strait_core::{Device, DeviceError, Notifier};
+use strait_core::{Device, DeviceError, Notifier, ReliableConfig};
 use strait_shm::{ShmConfig, ShmDevice, ShmListener};
+use strait_udp::{UdpConfig, UdpLink};
 use thiserror::Error;
 
 use crate::matching::{fi, Comp, InMsg, Matcher, Recv, UserBuf};
@@ -69,6 +71,43 @@ impl FiError {
 #[derive(Default)]
 pub struct Domain {
     state: Mutex<State>,
+    /// When the application last drove progress (ns since `EPOCH`).
+    last_progress: AtomicU64,
+    /// Some connection uses the udp device (which must retransmit and acknowledge
+    /// even while the application is busy elsewhere).
+    lossy: Arc<AtomicBool>,
+}
+
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+fn now_ns() -> u64 {
+    EPOCH.elapsed().as_nanos() as u64
+}
+
+/// How long the application may leave a domain with udp connections without
+/// progress before the domain's ticker thread drives it.
+const TICK: Duration = Duration::from_millis(1);
+
+/// Starts the thread that keeps a domain's lossy connections alive while the
+/// application does not call in (it computes, or blocks in something else): it
+/// ends with the domain.
+pub fn start_ticker(dom: &Arc<Domain>) {
+    let w = Arc::downgrade(dom);
+    let _ = std::thread::Builder::new().name("strait-fi-tick".into()).spawn(move || loop {
+        let lossy = match w.upgrade() {
+            Some(d) => d.lossy.load(Ordering::Relaxed),
+            None => return,
+        };
+        std::thread::sleep(if lossy { TICK } else { TICK * 20 });
+        let Some(d) = w.upgrade() else { return };
+        if lossy && now_ns().saturating_sub(d.last_progress.load(Ordering::Relaxed)) >= TICK.as_nanos() as u64
+        {
+            let mut st = d.lock();
+            for ep in 0..st.eps.len() {
+                progress(&mut st, ep);
+            }
+        }
+    });
 }
 
 #[derive(Default)]
@@ -163,6 +202,8 @@ type BoxDev = Box<dyn Device + Send>;
 
 struct TxConn {
     dev: BoxDev,
+    /// Our name, until the first frame (a HELLO) is out.
+    hello: Option<[u8; NAME_LEN]>,
     queue: VecDeque<TxMsg>,
     failed: Option<i32>,
 }
@@ -178,10 +219,106 @@ struct RxConn {
 struct Net {
     name: Name,
     notifier: Arc<Notifier>,
-    incoming: Arc<Mutex<Vec<ShmDevice>>>,
+    incoming: Arc<Mutex<Vec<BoxDev>>>,
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
     shm_cfg: ShmConfig,
+    udp: Option<UdpSetup>,
+}
+
+/// Settings of the udp device (peers on other hosts or namespaces).
+#[derive(Clone)]
+struct UdpSetup {
+    udp: UdpConfig,
+    rel: ReliableConfig,
+}
+
+/// The udp device's settings: `STRAIT_UDP_*` as everywhere, except that the
+/// backend defaults to sendmmsg/recvmmsg: io_uring's completion work interrupts the
+/// application's own blocking system calls (a libfabric program's `read` of its
+/// control socket returned `EINTR`), which a library inside someone else's
+/// program must not cause. `STRAIT_UDP_BACKEND=uring` still asks for it.
+fn udp_config() -> Result<UdpConfig, FiError> {
+    let mut c = UdpConfig::from_env().map_err(|e| FiError::Setup(e.to_string()))?;
+    if std::env::var_os("STRAIT_UDP_BACKEND").is_none() {
+        c.backend = strait_udp::Backend::Mmsg;
+    }
+    Ok(c)
+}
+
+/// How long a peer may take over the udp device's TCP bootstrap exchange.
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The IPv4 address to advertise to peers elsewhere: `STRAIT_FI_IP`, else the
+/// first address of an interface that is up and not loopback.
+fn local_ip() -> Option<Ipv4Addr> {
+    if let Ok(v) = std::env::var("STRAIT_FI_IP") {
+        return v.trim().parse().ok();
+    }
+    let mut ifa: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `ifa` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifa) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = ifa;
+    while !p.is_null() {
+        // SAFETY: `p` walks the list getifaddrs returned, which lives until freeifaddrs.
+        let a = unsafe { &*p };
+        let up = a.ifa_flags & libc::IFF_UP as u32 != 0 && a.ifa_flags & libc::IFF_LOOPBACK as u32 == 0;
+        // SAFETY: `ifa_addr` is null or points at a sockaddr of its family.
+        if up && !a.ifa_addr.is_null() && i32::from(unsafe { (*a.ifa_addr).sa_family }) == libc::AF_INET {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let sin = unsafe { &*a.ifa_addr.cast::<libc::sockaddr_in>() };
+            found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            break;
+        }
+        p = a.ifa_next;
+    }
+    // SAFETY: frees the list getifaddrs allocated, once.
+    unsafe { libc::freeifaddrs(ifa) };
+    found
+}
+
+/// The accepting half of the udp bootstrap: reads the connector's name and UDP
+/// port, answers with a fresh UDP socket's port, and makes the device.
+fn udp_accept(mut s: TcpStream, setup: &UdpSetup) -> Result<BoxDev, String> {
+    s.set_read_timeout(Some(BOOTSTRAP_TIMEOUT)).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(BOOTSTRAP_TIMEOUT)).map_err(|e| e.to_string())?;
+    let mut b = [0u8; NAME_LEN + 2];
+    s.read_exact(&mut b).map_err(|e| e.to_string())?;
+    Name::decode(&b[..NAME_LEN]).map_err(|e| e.to_string())?;
+    let port = u16::from_le_bytes([b[NAME_LEN], b[NAME_LEN + 1]]);
+    let peer_ip = s.peer_addr().map_err(|e| e.to_string())?.ip();
+    let local_ip = s.local_addr().map_err(|e| e.to_string())?.ip();
+    let sock = UdpSocket::bind(SocketAddr::new(local_ip, 0)).map_err(|e| e.to_string())?;
+    sock.connect(SocketAddr::new(peer_ip, port)).map_err(|e| e.to_string())?;
+    let mine = sock.local_addr().map_err(|e| e.to_string())?.port();
+    s.write_all(&mine.to_le_bytes()).map_err(|e| e.to_string())?;
+    let link = UdpLink::from_socket(sock, &setup.udp).map_err(|e| e.to_string())?;
+    Ok(Box::new(link.reliable(setup.rel.clone())))
+}
+
+/// The connecting half of the udp bootstrap.
+fn udp_connect(me: &Name, peer: &Name, setup: &UdpSetup) -> Result<BoxDev, String> {
+    if peer.ip.is_unspecified() || peer.port == 0 {
+        return Err("the peer has no address for other hosts (see STRAIT_FI_IP)".into());
+    }
+    let to = SocketAddr::new(IpAddr::V4(peer.ip), peer.port);
+    let mut s = TcpStream::connect_timeout(&to, BOOTSTRAP_TIMEOUT).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(BOOTSTRAP_TIMEOUT)).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(BOOTSTRAP_TIMEOUT)).map_err(|e| e.to_string())?;
+    let local_ip = s.local_addr().map_err(|e| e.to_string())?.ip();
+    let sock = UdpSocket::bind(SocketAddr::new(local_ip, 0)).map_err(|e| e.to_string())?;
+    let mut b = [0u8; NAME_LEN + 2];
+    b[..NAME_LEN].copy_from_slice(&me.encode());
+    b[NAME_LEN..].copy_from_slice(&sock.local_addr().map_err(|e| e.to_string())?.port().to_le_bytes());
+    s.write_all(&b).map_err(|e| e.to_string())?;
+    let mut p = [0u8; 2];
+    s.read_exact(&mut p).map_err(|e| e.to_string())?;
+    sock.connect(SocketAddr::new(IpAddr::V4(peer.ip), u16::from_le_bytes(p))).map_err(|e| e.to_string())?;
+    let link = UdpLink::from_socket(sock, &setup.udp).map_err(|e| e.to_string())?;
+    Ok(Box::new(link.reliable(setup.rel.clone())))
 }
 
 impl Drop for Net {
@@ -241,7 +378,16 @@ fn random_u64() -> u64 {
     v
 }
 
+/// Says why, on stderr, when `STRAIT_FI_DEBUG` is set.
+fn debug(what: &str, why: &dyn std::fmt::Display) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("STRAIT_FI_DEBUG").is_some()) {
+        eprintln!("strait-fi[{}]: {what}: {why}", std::process::id());
+    }
+}
+
 fn dev_errno(e: &DeviceError) -> i32 {
+    debug("device", e);
     match e {
         DeviceError::PeerGone(_) => fi::ECONNRESET,
         DeviceError::Corrupt(_) => fi::EPROTO,
@@ -252,6 +398,11 @@ fn dev_errno(e: &DeviceError) -> i32 {
 impl Domain {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The application drove progress now.
+    fn touched(&self) {
+        self.last_progress.store(now_ns(), Ordering::Relaxed);
     }
 
     /// Opens an address vector.
@@ -328,6 +479,7 @@ impl Domain {
     /// Drives every endpoint bound to `cq`, then takes up to `max` completions.
     /// `Err(true)`: nothing, but errors wait; `Err(false)`: nothing.
     pub fn cq_read(&self, cq: usize, max: usize, out: &mut Vec<Comp>) -> Result<(), bool> {
+        self.touched();
         let mut st = self.lock();
         let st = &mut *st;
         let eps = match st.cqs.get(cq) {
@@ -368,13 +520,17 @@ impl Domain {
         let mut st = self.lock();
         let Some(s) = st.eps.get_mut(ep) else { return };
         if let Some(mut e) = s.take() {
-            // Whatever is still queued goes out if the rings have room now.
-            let deadline = Instant::now() + Duration::from_millis(200);
-            while e.tx.values().any(|c| !c.queue.is_empty() && c.failed.is_none())
+            // Whatever is still queued goes out if the peer takes it soon.
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while e.tx.values().any(|c| (!c.queue.is_empty() || c.hello.is_some()) && c.failed.is_none())
                 && Instant::now() < deadline
             {
-                for c in e.tx.values_mut() {
+                for c in e.tx.values_mut().filter(|c| c.failed.is_none()) {
                     let mut sink = Vec::new();
+                    if c.dev.recv_frame(&mut |_| {}).is_err() {
+                        c.failed = Some(fi::ECONNRESET);
+                        continue;
+                    }
                     pump_tx(c, &mut sink);
                 }
                 std::thread::yield_now();
@@ -384,6 +540,15 @@ impl Domain {
             }
             for c in e.rx.iter_mut() {
                 c.dev.shutdown();
+            }
+            // A lossy device delivers what it accepted (retransmitting) for a while.
+            let mut devs: Vec<&mut BoxDev> =
+                e.tx.values_mut().map(|c| &mut c.dev).chain(e.rx.iter_mut().map(|c| &mut c.dev)).collect();
+            while !devs.is_empty() && Instant::now() < deadline + Duration::from_millis(500) {
+                devs.retain_mut(|d| d.drain());
+                if !devs.is_empty() {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
             }
         }
         for q in st.cqs.iter_mut().flatten() {
@@ -445,7 +610,7 @@ impl Domain {
             return Err(FiError::State("bind an address vector and transmit and receive CQs first"));
         }
         let shm_cfg = ShmConfig::from_env().map_err(|e| FiError::Setup(e.to_string()))?;
-        let name = Name {
+        let mut name = Name {
             boot_id: boot_id(),
             netns: netns_inode(),
             id: random_u64(),
@@ -454,6 +619,22 @@ impl Domain {
         };
         let listener =
             ShmListener::bind_with(&name.shm_name(), &shm_cfg).map_err(|e| FiError::Setup(e.to_string()))?;
+        // Peers on other hosts (or namespaces) reach us over the udp device, set up
+        // through a TCP bootstrap port; without an address only this host can.
+        let setup = UdpSetup {
+            udp: udp_config()?,
+            rel: ReliableConfig::from_env().map_err(|e| FiError::Setup(e.to_string()))?,
+        };
+        let mut boot = None;
+        if let Some(ip) = local_ip() {
+            if let Ok(l) = TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), 0)) {
+                if let (Ok(a), Ok(())) = (l.local_addr(), l.set_nonblocking(true)) {
+                    name.ip = ip;
+                    name.port = a.port();
+                    boot = Some(l);
+                }
+            }
+        }
         let notifier = Arc::new(Notifier::new().map_err(|e| FiError::Setup(e.to_string()))?);
         let incoming = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -461,20 +642,33 @@ impl Domain {
         // connect to each other at once (each inside a send) never wait on each other.
         let acceptor = {
             let (notifier, incoming, stop) = (notifier.clone(), incoming.clone(), stop.clone());
+            let lossy = self.lossy.clone();
+            let setup = setup.clone();
             std::thread::Builder::new()
                 .name("strait-fi-accept".into())
                 .spawn(move || {
+                    let push = |d: BoxDev| incoming.lock().unwrap_or_else(|e| e.into_inner()).push(d);
                     while !stop.load(Ordering::Acquire) {
-                        match listener.accept_timeout(&notifier, Some(Duration::from_millis(50))) {
-                            Ok(Some(d)) => incoming.lock().unwrap_or_else(|e| e.into_inner()).push(d),
+                        match listener.accept_timeout(&notifier, Some(Duration::from_millis(20))) {
+                            Ok(Some(d)) => push(Box::new(d)),
                             Ok(None) => {}
                             Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                        }
+                        if let Some(l) = &boot {
+                            while let Ok((s, _)) = l.accept() {
+                                // A failed bootstrap costs the connector its connection only.
+                                if let Ok(d) = udp_accept(s, &setup) {
+                                    lossy.store(true, Ordering::Relaxed);
+                                    push(d);
+                                }
+                            }
                         }
                     }
                 })
                 .map_err(|e| FiError::Setup(e.to_string()))?
         };
-        e.net = Some(Net { name, notifier, incoming, stop, acceptor: Some(acceptor), shm_cfg });
+        e.net =
+            Some(Net { name, notifier, incoming, stop, acceptor: Some(acceptor), shm_cfg, udp: Some(setup) });
         Ok(())
     }
 
@@ -552,6 +746,9 @@ impl Domain {
         if !e.tx.contains_key(&dest) {
             match connect(e, &peer) {
                 Ok(c) => {
+                    if !e.net.as_ref().is_some_and(|n| n.name.same_host(&peer)) {
+                        self.lossy.store(true, Ordering::Relaxed);
+                    }
                     e.tx.insert(dest, c);
                 }
                 Err(_) => {
@@ -669,25 +866,19 @@ impl Domain {
 }
 
 /// Opens a connection to `peer` and queues the HELLO that names us.
+/// Opens a connection to `peer`: the shm device on this host and network
+/// namespace, the udp device otherwise. Its first frame will be a HELLO naming us.
 fn connect(e: &mut Ep, peer: &Name) -> Result<TxConn, FiError> {
     let net = e.net.as_ref().ok_or(FiError::State("endpoint not enabled"))?;
-    if !net.name.same_host(peer) {
-        return Err(FiError::Setup("peer is on another host or network namespace".into()));
-    }
-    let dev = ShmDevice::connect(&peer.shm_name(), &net.shm_cfg, &net.notifier)
-        .map_err(|e| FiError::Setup(e.to_string()))?;
-    let mut dev: BoxDev = Box::new(dev);
-    let hello = net.name.encode();
-    let sent = dev
-        .send_frame(HELLO_LEN, &mut |w| {
-            w.write(0, &[HELLO, 0, 0, 0, 0, 0, 0, 0]);
-            w.write(8, &hello);
-        })
-        .map_err(|e| FiError::Setup(e.to_string()))?;
-    if !sent {
-        return Err(FiError::Setup("a fresh connection has no room for its hello".into()));
-    }
-    Ok(TxConn { dev, queue: VecDeque::new(), failed: None })
+    let dev: BoxDev = if net.name.same_host(peer) {
+        let d = ShmDevice::connect(&peer.shm_name(), &net.shm_cfg, &net.notifier)
+            .map_err(|e| FiError::Setup(e.to_string()))?;
+        Box::new(d)
+    } else {
+        let setup = net.udp.as_ref().ok_or(FiError::Setup("no udp device".into()))?;
+        udp_connect(&net.name, peer, setup).map_err(FiError::Setup)?
+    };
+    Ok(TxConn { dev, hello: Some(net.name.encode()), queue: VecDeque::new(), failed: None })
 }
 
 /// Writes as many frames of the queued messages as the connection takes;
@@ -698,6 +889,24 @@ fn pump_tx(c: &mut TxConn, done: &mut Vec<Comp>) -> usize {
     }
     let max = c.dev.max_frame_len();
     let mut frames = 0;
+    if let Some(hello) = c.hello {
+        let r = c.dev.send_frame(HELLO_LEN, &mut |w| {
+            w.write(0, &[HELLO, 0, 0, 0, 0, 0, 0, 0]);
+            w.write(8, &hello);
+        });
+        match r {
+            Ok(true) => {
+                c.hello = None;
+                frames += 1;
+            }
+            // Not set up yet (the udp device's handshake), or no room.
+            Ok(false) => return 0,
+            Err(err) => {
+                fail_tx(c, dev_errno(&err), done);
+                return 0;
+            }
+        }
+    }
     while let Some(m) = c.queue.front_mut() {
         let res = if !m.first_sent {
             let n = m.len.min(max - FIRST_HDR);
@@ -764,14 +973,31 @@ fn progress(st: &mut State, ep: usize) {
     {
         let mut inc = net.incoming.lock().unwrap_or_else(|e| e.into_inner());
         for d in inc.drain(..) {
-            e.rx.push(RxConn { dev: Box::new(d), peer: None, cur: None, failed: false });
+            e.rx.push(RxConn { dev: d, peer: None, cur: None, failed: false });
         }
     }
     let av = e.av.and_then(|a| avs.get(a)).and_then(Option::as_ref);
     // Sends.
     let mut tx_done = Vec::new();
     for c in e.tx.values_mut() {
-        if !c.queue.is_empty() {
+        if c.failed.is_some() {
+            continue;
+        }
+        // Nothing comes back on a connection we opened, except what the device
+        // itself exchanges (the udp device's handshake and acknowledgements); a
+        // frame is a protocol violation.
+        let mut stray = false;
+        match c.dev.recv_frame(&mut |_| stray = true) {
+            Err(err) => fail_tx(c, dev_errno(&err), &mut tx_done),
+            Ok(_) if stray => fail_tx(c, fi::EPROTO, &mut tx_done),
+            // What the device queued in answer (acknowledgements, a handshake) goes out.
+            Ok(_) => {
+                if let Err(err) = c.dev.doorbell() {
+                    fail_tx(c, dev_errno(&err), &mut tx_done);
+                }
+            }
+        }
+        if !c.queue.is_empty() || c.hello.is_some() {
             pump_tx(c, &mut tx_done);
         }
     }
@@ -808,7 +1034,18 @@ fn progress(st: &mut State, ep: usize) {
                 break;
             }
         }
-        if let Some(_why) = violation {
+        // Acknowledgements the device queued while receiving go out now.
+        if !c.failed {
+            if let Err(err) = c.dev.doorbell() {
+                gone.push((c.peer, dev_errno(&err)));
+                c.failed = true;
+                if let Some(m) = c.cur.take() {
+                    e.m.abort(&m, dev_errno(&err), &mut out);
+                }
+            }
+        }
+        if let Some(why) = violation {
+            debug("protocol violation", &why);
             // A peer that breaks the protocol loses its connection.
             c.failed = true;
             c.dev.shutdown();

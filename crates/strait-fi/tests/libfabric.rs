@@ -268,3 +268,26 @@ fn open_mpi_a_killed_rank_ends_the_job_in_bounded_time() {
     assert!(!o.status.success(), "the job succeeded although a rank was killed:\n{}", text(&o));
     assert!(took < Duration::from_secs(60), "the job took {took:?} to end after the kill");
 }
+
+/// fi_pingpong between two network namespaces joined by a veth pair: the
+/// provider picks the udp device (the peer's boot id matches, its namespace does not).
+fn pingpong_across_namespaces(extra: &[&str], want: &str) {
+    ensure("ip", "iproute2");
+    let pair = strait_udp::netns::VethPair::create().expect("veth pair (needs root)");
+    let server_ip = pair.v4[0].to_string();
+    let wrap = |i: usize| vec!["ip".to_string(), "netns".into(), "exec".into(), pair.ns[i].clone()];
+    let (w0, w1) = (wrap(0), wrap(1));
+    let w0: Vec<&str> = w0.iter().map(String::as_str).collect();
+    let w1: Vec<&str> = w1.iter().map(String::as_str).collect();
+    pingpong(extra, &w0, &w1, &server_ip, want);
+}
+
+#[test]
+fn fi_pingpong_rdm_msg_across_namespaces() {
+    pingpong_across_namespaces(&[], "1m ");
+}
+
+#[test]
+fn fi_pingpong_rdm_tagged_across_namespaces() {
+    pingpong_across_namespaces(&["-m", "tagged", "-S", "4194305"], "4m ");
+}

@@ -291,3 +291,36 @@ fn fi_pingpong_rdm_msg_across_namespaces() {
 fn fi_pingpong_rdm_tagged_across_namespaces() {
     pingpong_across_namespaces(&["-m", "tagged", "-S", "4194305"], "4m ");
 }
+
+#[test]
+fn open_mpi_four_ranks_everything_across_namespaces() {
+    ensure("ip", "iproute2");
+    let bin = mpi_check_binary();
+    let pair = strait_udp::netns::VethPair::create().expect("veth pair (needs root)");
+    let dir = temp_dir(&format!("mpi-ns-{}", pair.ns[0]));
+    // mpirun starts its daemons through this "rsh": it enters the namespace named
+    // as the host.
+    let agent = dir.join("ns-agent.sh");
+    std::fs::write(&agent, "#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" sh -c \"$*\"\n")
+        .expect("agent");
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("{} slots=2\n{} slots=2\n", pair.ns[0], pair.ns[1])).expect("hostfile");
+    let mut c = fi_command("ip");
+    c.args(["netns", "exec", &pair.ns[0], "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .args(["--map-by", "node", "--hostfile"])
+        .arg(&hosts)
+        .args(["--mca", "plm_rsh_agent"])
+        .arg(&agent)
+        .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "strait"])
+        .args(["--mca", "mtl_base_verbose", "100", "-x", "FI_PROVIDER_PATH", "-x", "PATH"])
+        .arg(bin)
+        .arg("all");
+    let o = run_for(&mut c, Duration::from_secs(300)).expect("mpirun across namespaces hung");
+    // Ranks 0 and 2 run in one namespace, 1 and 3 in the other (--map-by node): the
+    // ping-pong between 0 and 1 and every collective cross the veth pair.
+    check_mpi(
+        &o,
+        &["pingpong ok", "probe/any ok", "cancel ok", "nonblocking ok", "collectives ok", "all ok"],
+    );
+}

@@ -1170,3 +1170,106 @@ fn on_frame(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matching::Recv;
+    use strait_core::RxFrame;
+
+    fn name(id: u64) -> Name {
+        Name { boot_id: [1; 16], netns: 2, id, ip: Ipv4Addr::UNSPECIFIED, port: 0 }
+    }
+
+    fn hello(id: u64) -> Vec<u8> {
+        let mut f = vec![HELLO, 0, 0, 0, 0, 0, 0, 0];
+        f.extend_from_slice(&name(id).encode());
+        f
+    }
+
+    fn first(tag: u64, total: u64, payload: &[u8]) -> Vec<u8> {
+        let mut f = First { flags: F_TAGGED, tag, data: 0, total }.encode().to_vec();
+        f.extend_from_slice(payload);
+        f
+    }
+
+    struct Conn {
+        peer: Option<Name>,
+        cur: Option<InMsg>,
+    }
+
+    fn feed(c: &mut Conn, m: &mut Matcher, out: &mut Vec<Comp>, frame: &[u8]) -> Result<(), &'static str> {
+        // SAFETY: `frame` is a live slice of its length.
+        let f = unsafe { RxFrame::from_raw(frame.as_ptr(), frame.len()) };
+        on_frame(&f, &mut c.peer, &mut c.cur, m, None, out)
+    }
+
+    #[test]
+    fn protocol_violations_are_refused() {
+        let (mut m, mut out) = (Matcher::default(), Vec::new());
+        let mut c = Conn { peer: None, cur: None };
+        assert!(feed(&mut c, &mut m, &mut out, &first(1, 3, b"abc")).is_err(), "message before hello");
+        assert!(feed(&mut c, &mut m, &mut out, &[]).is_err());
+        assert!(feed(&mut c, &mut m, &mut out, &hello(5)).is_ok());
+        assert!(feed(&mut c, &mut m, &mut out, &hello(5)).is_err(), "second hello");
+        assert!(feed(&mut c, &mut m, &mut out, &first(1, 2, b"abc")).is_err(), "payload past total");
+        assert!(feed(&mut c, &mut m, &mut out, &first(1, proto::MAX_MSG + 1, b"")).is_err(), "too long");
+        assert!(feed(&mut c, &mut m, &mut out, &[DATA, 0, 0, 0, 0, 0, 0, 0, 1]).is_err(), "data outside");
+        assert!(feed(&mut c, &mut m, &mut out, &first(1, 10, b"abc")).is_ok());
+        assert!(feed(&mut c, &mut m, &mut out, &first(1, 10, b"abc")).is_err(), "new message mid-message");
+        let mut d = vec![DATA, 0, 0, 0, 0, 0, 0, 0];
+        d.extend_from_slice(&[7; 8]);
+        assert!(feed(&mut c, &mut m, &mut out, &d).is_err(), "data past the end");
+        assert!(feed(&mut c, &mut m, &mut out, &[9, 0, 0]).is_err(), "unknown kind");
+    }
+
+    /// Random frames from a hostile peer: never a panic, never a byte outside the
+    /// posted buffer (guard bytes around it stay intact).
+    #[test]
+    fn random_frames_never_write_outside_the_posted_buffer() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut mem = vec![0xeeu8; 64 + 100 + 64];
+        for round in 0..2000 {
+            let (mut m, mut out) = (Matcher::default(), Vec::new());
+            let mut c = Conn { peer: None, cur: None };
+            let ptr = mem[64..].as_mut_ptr() as usize;
+            let r = Recv {
+                buf: UserBuf { ptr, cap: 100 },
+                src: fi::ADDR_UNSPEC,
+                tag: 0,
+                ignore: u64::MAX,
+                tagged: true,
+                ctx: 1,
+                report: true,
+            };
+            m.post(r, &mut out);
+            if round % 2 == 0 {
+                let _ = feed(&mut c, &mut m, &mut out, &hello(3));
+            }
+            for _ in 0..20 {
+                let len = (rnd() % 300) as usize;
+                let mut f: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+                if !f.is_empty() {
+                    f[0] = [HELLO, FIRST, DATA, 0][(rnd() % 4) as usize];
+                }
+                if f.len() >= FIRST_HDR && f[0] == FIRST && rnd() % 2 == 0 {
+                    // Plausible headers too, to get past the first checks.
+                    let total = (f.len() - FIRST_HDR) as u64 + rnd() % 400;
+                    f[1] = F_TAGGED;
+                    f[24..32].copy_from_slice(&total.to_le_bytes());
+                }
+                if feed(&mut c, &mut m, &mut out, &f).is_err() {
+                    break;
+                }
+            }
+            assert!(mem[..64].iter().all(|&b| b == 0xee), "guard before the buffer written (round {round})");
+            assert!(mem[164..].iter().all(|&b| b == 0xee), "guard after the buffer written (round {round})");
+        }
+    }
+}

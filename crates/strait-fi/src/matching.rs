@@ -70,7 +70,7 @@ pub mod fi {
 /// A completion in the shape the C side converts to the CQ's format
 /// (`struct sfi_comp` in shim.c).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Comp {
     /// The operation's context pointer.
     pub ctx: usize,

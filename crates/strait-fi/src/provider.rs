@@ -13,7 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -202,6 +202,8 @@ type BoxDev = Box<dyn Device + Send>;
 
 struct TxConn {
     dev: BoxDev,
+    /// The udp device: answers (acknowledgements) come back on it.
+    lossy: bool,
     /// Our name, until the first frame (a HELLO) is out.
     hello: Option<[u8; NAME_LEN]>,
     queue: VecDeque<TxMsg>,
@@ -210,6 +212,8 @@ struct TxConn {
 
 struct RxConn {
     dev: BoxDev,
+    /// The udp device (acknowledges and retransmits on its own schedule).
+    lossy: bool,
     /// The peer's name, from its HELLO.
     peer: Option<Name>,
     cur: Option<InMsg>,
@@ -219,7 +223,9 @@ struct RxConn {
 struct Net {
     name: Name,
     notifier: Arc<Notifier>,
-    incoming: Arc<Mutex<Vec<BoxDev>>>,
+    /// Connections the acceptor thread finished (device, lossy), and how many.
+    incoming: Arc<Mutex<Vec<(BoxDev, bool)>>>,
+    pending: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
     shm_cfg: ShmConfig,
@@ -345,6 +351,7 @@ struct Ep {
     m: Matcher,
     out: Vec<Comp>,
     last_liveness: Option<Instant>,
+    idle_passes: u32,
 }
 
 /// Reads this host's boot id.
@@ -478,26 +485,30 @@ impl Domain {
 
     /// Drives every endpoint bound to `cq`, then takes up to `max` completions.
     /// `Err(true)`: nothing, but errors wait; `Err(false)`: nothing.
-    pub fn cq_read(&self, cq: usize, max: usize, out: &mut Vec<Comp>) -> Result<(), bool> {
+    pub fn cq_read(&self, cq: usize, out: &mut [Comp]) -> Result<usize, bool> {
         self.touched();
         let mut st = self.lock();
         let st = &mut *st;
-        let eps = match st.cqs.get(cq) {
-            Some(Some(q)) => q.eps.clone(),
+        let n = match st.cqs.get(cq) {
+            Some(Some(q)) => q.eps.len(),
             _ => return Err(false),
         };
-        for e in eps {
+        for i in 0..n {
+            let Some(Some(q)) = st.cqs.get(cq) else { return Err(false) };
+            let Some(&e) = q.eps.get(i) else { break };
             progress(st, e);
         }
         let Some(Some(q)) = st.cqs.get_mut(cq) else { return Err(false) };
-        while out.len() < max {
+        let mut k = 0;
+        while k < out.len() {
             match q.ok.pop_front() {
-                Some(c) => out.push(c),
+                Some(c) => out[k] = c,
                 None => break,
             }
+            k += 1;
         }
-        if !out.is_empty() {
-            Ok(())
+        if k > 0 {
+            Ok(k)
         } else {
             Err(!q.err.is_empty())
         }
@@ -637,20 +648,25 @@ impl Domain {
         }
         let notifier = Arc::new(Notifier::new().map_err(|e| FiError::Setup(e.to_string()))?);
         let incoming = Arc::new(Mutex::new(Vec::new()));
+        let pending = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         // Handshakes are served by a thread of their own, so that two endpoints that
         // connect to each other at once (each inside a send) never wait on each other.
         let acceptor = {
             let (notifier, incoming, stop) = (notifier.clone(), incoming.clone(), stop.clone());
+            let pending = pending.clone();
             let lossy = self.lossy.clone();
             let setup = setup.clone();
             std::thread::Builder::new()
                 .name("strait-fi-accept".into())
                 .spawn(move || {
-                    let push = |d: BoxDev| incoming.lock().unwrap_or_else(|e| e.into_inner()).push(d);
+                    let push = |d: BoxDev, lossy: bool| {
+                        incoming.lock().unwrap_or_else(|e| e.into_inner()).push((d, lossy));
+                        pending.fetch_add(1, Ordering::Release);
+                    };
                     while !stop.load(Ordering::Acquire) {
                         match listener.accept_timeout(&notifier, Some(Duration::from_millis(20))) {
-                            Ok(Some(d)) => push(Box::new(d)),
+                            Ok(Some(d)) => push(Box::new(d), false),
                             Ok(None) => {}
                             Err(_) => std::thread::sleep(Duration::from_millis(10)),
                         }
@@ -659,7 +675,7 @@ impl Domain {
                                 // A failed bootstrap costs the connector its connection only.
                                 if let Ok(d) = udp_accept(s, &setup) {
                                     lossy.store(true, Ordering::Relaxed);
-                                    push(d);
+                                    push(d, true);
                                 }
                             }
                         }
@@ -667,8 +683,16 @@ impl Domain {
                 })
                 .map_err(|e| FiError::Setup(e.to_string()))?
         };
-        e.net =
-            Some(Net { name, notifier, incoming, stop, acceptor: Some(acceptor), shm_cfg, udp: Some(setup) });
+        e.net = Some(Net {
+            name,
+            notifier,
+            incoming,
+            pending,
+            stop,
+            acceptor: Some(acceptor),
+            shm_cfg,
+            udp: Some(setup),
+        });
         Ok(())
     }
 
@@ -720,13 +744,9 @@ impl Domain {
         if flags & fi::REMOTE_CQ_DATA != 0 {
             mflags |= F_DATA;
         }
-        let src = if inject {
-            // SAFETY: the application's buffer of `len` bytes is readable for the
-            // duration of this call (inject copies it before returning).
-            Src::Owned(unsafe { std::slice::from_raw_parts(buf as *const u8, len) }.to_vec())
-        } else {
-            Src::User(buf)
-        };
+        // An inject is sent from the application's buffer if it goes out now, and
+        // copied below only if it has to wait.
+        let src = Src::User(buf);
         let report = !inject && (!e.tx_selective || flags & fi::COMPLETION != 0);
         let msg = TxMsg {
             src,
@@ -771,6 +791,14 @@ impl Domain {
         conn.queue.push_back(msg);
         let mut done = Vec::new();
         pump_tx(conn, &mut done);
+        // Messages leave in order: if any is still queued, the last, ours, is.
+        if inject {
+            if let Some(m) = conn.queue.back_mut() {
+                // SAFETY: the application's buffer of `len` bytes is readable for the
+                // duration of this call; the copy keeps the message after it.
+                m.src = Src::Owned(unsafe { std::slice::from_raw_parts(buf as *const u8, len) }.to_vec());
+            }
+        }
         if let Some(Some(q)) = e.tx_cq.and_then(|q| st.cqs.get_mut(q)) {
             for c in done {
                 q.push(c);
@@ -870,7 +898,8 @@ impl Domain {
 /// namespace, the udp device otherwise. Its first frame will be a HELLO naming us.
 fn connect(e: &mut Ep, peer: &Name) -> Result<TxConn, FiError> {
     let net = e.net.as_ref().ok_or(FiError::State("endpoint not enabled"))?;
-    let dev: BoxDev = if net.name.same_host(peer) {
+    let lossy = !net.name.same_host(peer);
+    let dev: BoxDev = if !lossy {
         let d = ShmDevice::connect(&peer.shm_name(), &net.shm_cfg, &net.notifier)
             .map_err(|e| FiError::Setup(e.to_string()))?;
         Box::new(d)
@@ -878,7 +907,7 @@ fn connect(e: &mut Ep, peer: &Name) -> Result<TxConn, FiError> {
         let setup = net.udp.as_ref().ok_or(FiError::Setup("no udp device".into()))?;
         udp_connect(&net.name, peer, setup).map_err(FiError::Setup)?
     };
-    Ok(TxConn { dev, hello: Some(net.name.encode()), queue: VecDeque::new(), failed: None })
+    Ok(TxConn { dev, lossy, hello: Some(net.name.encode()), queue: VecDeque::new(), failed: None })
 }
 
 /// Writes as many frames of the queued messages as the connection takes;
@@ -970,10 +999,11 @@ fn progress(st: &mut State, ep: usize) {
     let State { avs, cqs, eps } = st;
     let Some(Some(e)) = eps.get_mut(ep) else { return };
     let Some(net) = e.net.as_ref() else { return };
-    {
+    if net.pending.load(Ordering::Acquire) > 0 {
         let mut inc = net.incoming.lock().unwrap_or_else(|e| e.into_inner());
-        for d in inc.drain(..) {
-            e.rx.push(RxConn { dev: d, peer: None, cur: None, failed: false });
+        net.pending.store(0, Ordering::Release);
+        for (dev, lossy) in inc.drain(..) {
+            e.rx.push(RxConn { dev, lossy, peer: None, cur: None, failed: false });
         }
     }
     let av = e.av.and_then(|a| avs.get(a)).and_then(Option::as_ref);
@@ -981,6 +1011,13 @@ fn progress(st: &mut State, ep: usize) {
     let mut tx_done = Vec::new();
     for c in e.tx.values_mut() {
         if c.failed.is_some() {
+            continue;
+        }
+        if !c.lossy {
+            // The shm device needs no pass of its own on a connection we only send on.
+            if !c.queue.is_empty() || c.hello.is_some() {
+                pump_tx(c, &mut tx_done);
+            }
             continue;
         }
         // Nothing comes back on a connection we opened, except what the device
@@ -1007,6 +1044,7 @@ fn progress(st: &mut State, ep: usize) {
     let mut gone = Vec::new();
     for c in e.rx.iter_mut().filter(|c| !c.failed) {
         let mut violation: Option<&'static str> = None;
+        let mut got = 0;
         for _ in 0..RX_BUDGET {
             let RxConn { dev, peer, cur, .. } = c;
             let m = &mut e.m;
@@ -1019,7 +1057,7 @@ fn progress(st: &mut State, ep: usize) {
                 }
             });
             match r {
-                Ok(true) => work += 1,
+                Ok(true) => got += 1,
                 Ok(false) => break,
                 Err(err) => {
                     gone.push((c.peer, dev_errno(&err)));
@@ -1034,8 +1072,10 @@ fn progress(st: &mut State, ep: usize) {
                 break;
             }
         }
-        // Acknowledgements the device queued while receiving go out now.
-        if !c.failed {
+        work += got;
+        // Acknowledgements the device queued while receiving go out now (the shm
+        // device hands consumed ring space back).
+        if !c.failed && (c.lossy || got > 0) {
             if let Err(err) = c.dev.doorbell() {
                 gone.push((c.peer, dev_errno(&err)));
                 c.failed = true;
@@ -1056,9 +1096,18 @@ fn progress(st: &mut State, ep: usize) {
         }
     }
     // Liveness: a peer that died without a word is found here.
-    let now = Instant::now();
-    if work == 0 && e.last_liveness.is_none_or(|t| now.duration_since(t) >= LIVENESS_INTERVAL) {
-        e.last_liveness = Some(now);
+    if work == 0 {
+        e.idle_passes = e.idle_passes.wrapping_add(1);
+    }
+    let check = work == 0 && e.idle_passes % 256 == 0 && {
+        let now = Instant::now();
+        let due = e.last_liveness.is_none_or(|t| now.duration_since(t) >= LIVENESS_INTERVAL);
+        if due {
+            e.last_liveness = Some(now);
+        }
+        due
+    };
+    if check {
         for c in e.rx.iter_mut().filter(|c| !c.failed) {
             if let Err(err) = c.dev.check_peer() {
                 // Frames it wrote before it went are still taken on the next pass;

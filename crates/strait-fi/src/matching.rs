@@ -129,9 +129,35 @@ impl Recv {
     }
 }
 
+/// Where a rendezvous message waits: which connection, the sender's address and
+/// its sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rndv {
+    /// The receiving connection's id.
+    pub conn: u64,
+    /// Address of the message in the sender's memory.
+    pub addr: u64,
+    /// The sender's sequence number (echoed in the FIN).
+    pub seq: u64,
+}
+
+/// A rendezvous message to read now: into `recv`, or (`None`) to drop (discarded),
+/// answering the sender either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pull {
+    /// The receive it goes to.
+    pub recv: Option<Recv>,
+    /// Its header.
+    pub first: First,
+    /// Where it is.
+    pub rndv: Rndv,
+}
+
 /// An unexpected message (arrived before a matching receive).
 #[derive(Debug)]
 struct Unexp {
+    /// A rendezvous message (its bytes are still in the sender's memory).
+    rndv: Option<Rndv>,
     id: u64,
     src: u64,
     first: First,
@@ -173,6 +199,7 @@ pub struct Matcher {
     posted: VecDeque<Recv>,
     unexp: VecDeque<Unexp>,
     next_id: u64,
+    pulls: Vec<Pull>,
 }
 
 fn comp_of(first: &First, r: &Recv, len: u64, olen: u64, err: i32) -> Comp {
@@ -184,7 +211,7 @@ fn comp_of(first: &First, r: &Recv, len: u64, olen: u64, err: i32) -> Comp {
 }
 
 /// The completion of a receive that got a whole message of `total` bytes.
-fn finished(first: &First, r: &Recv, total: u64) -> Comp {
+pub fn finished(first: &First, r: &Recv, total: u64) -> Comp {
     let cap = r.buf.cap as u64;
     if total > cap {
         comp_of(first, r, cap, total - cap, fi::ETRUNC)
@@ -231,7 +258,51 @@ impl Matcher {
         }
     }
 
+    /// Rendezvous messages matched since the last call: the caller reads them.
+    pub fn take_pulls(&mut self) -> Vec<Pull> {
+        std::mem::take(&mut self.pulls)
+    }
+
+    /// True if rendezvous messages wait to be read.
+    pub fn has_pulls(&self) -> bool {
+        !self.pulls.is_empty()
+    }
+
+    /// A rendezvous message from `src` arrived: matched now (a pull), or kept as
+    /// unexpected.
+    pub fn arrive_rndv(&mut self, src: u64, first: First, rndv: Rndv) {
+        let tagged = first.flags & F_TAGGED != 0;
+        if let Some(i) = self.posted.iter().position(|r| r.matches(src, tagged, first.tag)) {
+            if let Some(r) = self.posted.remove(i) {
+                self.pulls.push(Pull { recv: Some(r), first, rndv });
+                return;
+            }
+        }
+        let id = self.new_unexp(src, first);
+        if let Some(u) = self.unexp.back_mut() {
+            if u.id == id {
+                u.rndv = Some(rndv);
+                u.done = true;
+            }
+        }
+    }
+
+    /// Drops unexpected message `i`; a rendezvous one is answered (as read).
+    fn drop_unexp(&mut self, i: usize) {
+        if let Some(u) = self.unexp.remove(i) {
+            if let Some(rndv) = u.rndv {
+                self.pulls.push(Pull { recv: None, first: u.first, rndv });
+            }
+        }
+    }
+
     fn take_unexp(&mut self, i: usize, r: Recv, out: &mut Vec<Comp>) {
+        if let Some(rndv) = self.unexp[i].rndv {
+            let first = self.unexp[i].first;
+            self.unexp.remove(i);
+            self.pulls.push(Pull { recv: Some(r), first, rndv });
+            return;
+        }
         if self.unexp[i].done {
             let Some(u) = self.unexp.remove(i) else { return };
             write_user(r.buf, 0, &u.bytes);
@@ -254,7 +325,7 @@ impl Matcher {
             let u = &mut self.unexp[i];
             let c = comp_of(&u.first, &r, 0, 0, 0);
             if u.done {
-                self.unexp.remove(i);
+                self.drop_unexp(i);
             } else {
                 u.discard = true;
             }
@@ -299,7 +370,7 @@ impl Matcher {
             u.claimed = Some(r.ctx);
         } else if discard {
             if u.done {
-                self.unexp.remove(i);
+                self.drop_unexp(i);
             } else {
                 u.discard = true;
             }
@@ -364,6 +435,7 @@ impl Matcher {
         let id = self.next_id;
         self.next_id += 1;
         self.unexp.push_back(Unexp {
+            rndv: None,
             id,
             src,
             first,
@@ -521,6 +593,29 @@ mod tests {
         feed(&mut m, 4, 2, b"drop", &mut out);
         m.peek(recv(&mut b, fi::ADDR_UNSPEC, 2, 0, 11), false, true, &mut out);
         assert_eq!(m.unexpected_len(), 0);
+    }
+
+    #[test]
+    fn rendezvous_messages_become_pulls_in_order_and_discards_are_answered() {
+        let mut m = Matcher::default();
+        let mut out = Vec::new();
+        let rv = |seq| Rndv { conn: 1, addr: 0x1000, seq };
+        m.arrive_rndv(2, first(4, 1 << 20), rv(0));
+        m.arrive_rndv(2, first(5, 1 << 20), rv(1));
+        assert!(!m.has_pulls());
+        let mut b = [0u8; 8];
+        m.post(recv(&mut b, fi::ADDR_UNSPEC, 5, 0, 1), &mut out);
+        let p = m.take_pulls();
+        assert_eq!((p.len(), p[0].rndv.seq, p[0].recv.map(|r| r.ctx)), (1, 1, Some(1)));
+        m.peek(recv(&mut b, fi::ADDR_UNSPEC, 4, 0, 2), false, true, &mut out);
+        let p = m.take_pulls();
+        assert_eq!((p.len(), p[0].rndv.seq, p[0].recv), (1, 0, None));
+        assert_eq!(m.unexpected_len(), 0);
+        // A receive posted first gets the message at arrival.
+        m.post(recv(&mut b, 2, 7, 0, 3), &mut out);
+        m.arrive_rndv(2, first(7, 10), rv(2));
+        assert_eq!(m.take_pulls().len(), 1);
+        assert!(out.iter().all(|c| c.err == 0));
     }
 
     #[test]

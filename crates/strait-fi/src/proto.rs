@@ -97,6 +97,17 @@ pub const FIRST: u8 = 2;
 /// A continuation frame: more payload of the message in progress.
 pub const DATA: u8 = 3;
 
+/// A large message on the shm device: its header, and where the receiver reads it
+/// from in the sender's memory (one `process_vm_readv`).
+pub const RTS: u8 = 4;
+/// The receiver is done reading a rendezvous message (sent back on the same
+/// connection).
+pub const FIN: u8 = 5;
+/// Bytes of an RTS frame: a FIRST header, the address, the sequence number.
+pub const RTS_LEN: usize = FIRST_HDR + 16;
+/// Bytes of a FIN frame.
+pub const FIN_LEN: usize = 16;
+
 /// Header bytes of a HELLO frame (followed by the sender's name).
 pub const HELLO_LEN: usize = 8 + NAME_LEN;
 /// Header bytes of a FIRST frame.

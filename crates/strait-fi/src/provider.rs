@@ -23,9 +23,10 @@ use strait_shm::{ShmConfig, ShmDevice, ShmListener};
 use strait_udp::{UdpConfig, UdpLink};
 use thiserror::Error;
 
-use crate::matching::{fi, Comp, InMsg, Matcher, Recv, UserBuf};
+use crate::matching::{fi, finished, Comp, InMsg, Matcher, Pull, Recv, Rndv, UserBuf};
 use crate::proto::{
-    self, First, Name, DATA, DATA_HDR, FIRST, FIRST_HDR, F_DATA, F_TAGGED, HELLO, HELLO_LEN, NAME_LEN,
+    self, First, Name, DATA, DATA_HDR, FIN, FIN_LEN, FIRST, FIRST_HDR, F_DATA, F_TAGGED, HELLO, HELLO_LEN,
+    NAME_LEN, RTS, RTS_LEN,
 };
 
 /// Largest message sent in one operation by `fi_inject`.
@@ -33,6 +34,11 @@ pub const INJECT_SIZE: usize = 4096;
 
 /// How often an idle endpoint asks its peers whether they still live.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Messages at least this long go by rendezvous on the shm device when the peer can
+/// be read with `process_vm_readv`: one copy, by the receiver, straight from the
+/// sender's buffer into the posted one.
+const RNDV_MIN: usize = 64 << 10;
 
 /// Frames taken from one connection per progress pass (then the next connection's
 /// turn).
@@ -202,6 +208,11 @@ type BoxDev = Box<dyn Device + Send>;
 
 struct TxConn {
     dev: BoxDev,
+    /// Rendezvous sends the receiver has not read yet, by sequence number.
+    waiting: HashMap<u64, TxMsg>,
+    next_seq: u64,
+    /// Large messages may go by rendezvous (shm, with remote reads).
+    rndv: bool,
     /// The udp device: answers (acknowledgements) come back on it.
     lossy: bool,
     /// Our name, until the first frame (a HELLO) is out.
@@ -212,6 +223,10 @@ struct TxConn {
 
 struct RxConn {
     dev: BoxDev,
+    /// Unique within the endpoint (rendezvous messages name their connection).
+    id: u64,
+    /// FINs (sequence number, status) not sent yet.
+    fins: VecDeque<(u64, u8)>,
     /// The udp device (acknowledges and retransmits on its own schedule).
     lossy: bool,
     /// The peer's name, from its HELLO.
@@ -350,6 +365,7 @@ struct Ep {
     rx: Vec<RxConn>,
     m: Matcher,
     out: Vec<Comp>,
+    next_conn: u64,
     last_liveness: Option<Instant>,
     idle_passes: u32,
 }
@@ -866,6 +882,8 @@ impl Domain {
             e.m.post(r, &mut out);
         }
         let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+        // A rendezvous message it matched (or discarded) is read (answered) now.
+        run_pulls(e, &mut out);
         if let Some(Some(q)) = e.rx_cq.and_then(|q| st.cqs.get_mut(q)) {
             for c in out.drain(..) {
                 q.push(c);
@@ -907,7 +925,118 @@ fn connect(e: &mut Ep, peer: &Name) -> Result<TxConn, FiError> {
         let setup = net.udp.as_ref().ok_or(FiError::Setup("no udp device".into()))?;
         udp_connect(&net.name, peer, setup).map_err(FiError::Setup)?
     };
-    Ok(TxConn { dev, lossy, hello: Some(net.name.encode()), queue: VecDeque::new(), failed: None })
+    let rndv = !lossy && dev.supports_remote_read();
+    Ok(TxConn {
+        dev,
+        waiting: HashMap::new(),
+        next_seq: 0,
+        rndv,
+        lossy,
+        hello: Some(net.name.encode()),
+        queue: VecDeque::new(),
+        failed: None,
+    })
+}
+
+/// Reads the FINs the receiver sent back for rendezvous messages.
+fn take_fins(c: &mut TxConn, done: &mut Vec<Comp>) {
+    for _ in 0..RX_BUDGET {
+        let mut fin: Option<(u64, u8)> = None;
+        let mut bad = false;
+        let r = c.dev.recv_frame(&mut |f| {
+            let mut b = [0u8; FIN_LEN];
+            if f.len() == FIN_LEN && f.read(0, &mut b) && b[0] == FIN {
+                let mut q = [0u8; 8];
+                q.copy_from_slice(&b[8..16]);
+                fin = Some((u64::from_le_bytes(q), b[1]));
+            } else {
+                bad = true;
+            }
+        });
+        match r {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(err) => {
+                fail_tx(c, dev_errno(&err), done);
+                return;
+            }
+        }
+        match fin.and_then(|(seq, st)| c.waiting.remove(&seq).map(|m| (m, st))) {
+            Some((m, 0)) if m.report => done.push(m.comp(0)),
+            Some((_, 0)) => {}
+            Some((m, _)) => done.push(m.comp(fi::EIO)),
+            None if bad || fin.is_some() => {
+                debug("protocol violation", &"a FIN that answers nothing");
+                fail_tx(c, fi::EPROTO, done);
+                return;
+            }
+            None => {}
+        }
+    }
+}
+
+/// Reads the rendezvous messages matched since the last call, straight into their
+/// receive buffers, and queues the FIN that releases each sender's buffer.
+fn run_pulls(e: &mut Ep, out: &mut Vec<Comp>) {
+    if !e.m.has_pulls() {
+        return;
+    }
+    for Pull { recv, first, rndv } in e.m.take_pulls() {
+        let Some(c) = e.rx.iter_mut().find(|c| c.id == rndv.conn && !c.failed) else {
+            if let Some(r) = recv {
+                out.push(Comp { olen: 0, len: 0, err: fi::ECONNRESET, ..finished(&first, &r, first.total) });
+            }
+            continue;
+        };
+        let mut status = 0u8;
+        if let Some(r) = recv {
+            let n = (first.total as usize).min(r.buf.cap);
+            let res = if n == 0 {
+                Ok(())
+            } else {
+                // SAFETY: the application posted `r.buf` as writable for `cap` bytes
+                // until the receive completes; `n <= cap`. The source is the peer's
+                // memory, read by the kernel from the process SO_PEERCRED named.
+                unsafe { c.dev.remote_read(rndv.addr, r.buf.ptr as *mut u8, n) }
+            };
+            match res {
+                Ok(()) => {
+                    let comp = finished(&first, &r, first.total);
+                    if r.report || comp.err != 0 {
+                        out.push(comp);
+                    }
+                }
+                Err(err) => {
+                    debug("rendezvous read", &err);
+                    status = 1;
+                    out.push(Comp { olen: 0, len: 0, err: fi::EIO, ..finished(&first, &r, first.total) });
+                }
+            }
+        }
+        c.fins.push_back((rndv.seq, status));
+        push_fins(c);
+    }
+}
+
+/// Sends queued FINs (back on a connection we receive on).
+fn push_fins(c: &mut RxConn) {
+    let mut sent = false;
+    while let Some(&(seq, status)) = c.fins.front() {
+        let r = c.dev.send_frame(FIN_LEN, &mut |w| {
+            w.write(0, &[FIN, status, 0, 0, 0, 0, 0, 0]);
+            w.write(8, &seq.to_le_bytes());
+        });
+        match r {
+            Ok(true) => {
+                c.fins.pop_front();
+                sent = true;
+            }
+            _ => break,
+        }
+    }
+    if sent {
+        let _ = c.dev.doorbell();
+    }
 }
 
 /// Writes as many frames of the queued messages as the connection takes;
@@ -937,6 +1066,33 @@ fn pump_tx(c: &mut TxConn, done: &mut Vec<Comp>) -> usize {
         }
     }
     while let Some(m) = c.queue.front_mut() {
+        if !m.first_sent && c.rndv && m.len >= RNDV_MIN && matches!(m.src, Src::User(_)) {
+            let Src::User(addr) = m.src else { break };
+            let seq = c.next_seq;
+            let hdr = m.first.encode();
+            let r = c.dev.send_frame(RTS_LEN, &mut |w| {
+                let mut h = hdr;
+                h[0] = RTS;
+                w.write(0, &h);
+                w.write(FIRST_HDR, &(addr as u64).to_le_bytes());
+                w.write(FIRST_HDR + 8, &seq.to_le_bytes());
+            });
+            match r {
+                Ok(true) => {
+                    frames += 1;
+                    c.next_seq += 1;
+                    if let Some(m) = c.queue.pop_front() {
+                        c.waiting.insert(seq, m);
+                    }
+                    continue;
+                }
+                Ok(false) => break,
+                Err(err) => {
+                    fail_tx(c, dev_errno(&err), done);
+                    return frames;
+                }
+            }
+        }
         let res = if !m.first_sent {
             let n = m.len.min(max - FIRST_HDR);
             let hdr = m.first.encode();
@@ -988,6 +1144,9 @@ fn pump_tx(c: &mut TxConn, done: &mut Vec<Comp>) -> usize {
 
 fn fail_tx(c: &mut TxConn, err: i32, done: &mut Vec<Comp>) {
     c.failed = Some(err);
+    for (_, m) in c.waiting.drain() {
+        done.push(m.comp(err));
+    }
     for m in c.queue.drain(..) {
         done.push(m.comp(err));
     }
@@ -1003,7 +1162,9 @@ fn progress(st: &mut State, ep: usize) {
         let mut inc = net.incoming.lock().unwrap_or_else(|e| e.into_inner());
         net.pending.store(0, Ordering::Release);
         for (dev, lossy) in inc.drain(..) {
-            e.rx.push(RxConn { dev, lossy, peer: None, cur: None, failed: false });
+            e.next_conn += 1;
+            let id = e.next_conn;
+            e.rx.push(RxConn { dev, id, fins: VecDeque::new(), lossy, peer: None, cur: None, failed: false });
         }
     }
     let av = e.av.and_then(|a| avs.get(a)).and_then(Option::as_ref);
@@ -1014,7 +1175,11 @@ fn progress(st: &mut State, ep: usize) {
             continue;
         }
         if !c.lossy {
-            // The shm device needs no pass of its own on a connection we only send on.
+            // The shm device needs no pass of its own on a connection we only send
+            // on, except to hear that rendezvous messages were read.
+            if !c.waiting.is_empty() {
+                take_fins(c, &mut tx_done);
+            }
             if !c.queue.is_empty() || c.hello.is_some() {
                 pump_tx(c, &mut tx_done);
             }
@@ -1046,12 +1211,13 @@ fn progress(st: &mut State, ep: usize) {
         let mut violation: Option<&'static str> = None;
         let mut got = 0;
         for _ in 0..RX_BUDGET {
-            let RxConn { dev, peer, cur, .. } = c;
+            let RxConn { dev, peer, cur, id, .. } = c;
+            let id = *id;
             let m = &mut e.m;
             let o = &mut out;
             let r = dev.recv_frame(&mut |f| {
                 if violation.is_none() {
-                    if let Err(v) = on_frame(f, peer, cur, m, av, o) {
+                    if let Err(v) = on_frame(f, id, peer, cur, m, av, o) {
                         violation = Some(v);
                     }
                 }
@@ -1094,6 +1260,10 @@ fn progress(st: &mut State, ep: usize) {
             }
             gone.push((c.peer, fi::EPROTO));
         }
+    }
+    run_pulls(e, &mut out);
+    for c in e.rx.iter_mut().filter(|c| !c.fins.is_empty() && !c.failed) {
+        push_fins(c);
     }
     // Liveness: a peer that died without a word is found here.
     if work == 0 {
@@ -1149,8 +1319,10 @@ fn progress(st: &mut State, ep: usize) {
 }
 
 /// Handles one frame from a peer; an `Err` is a protocol violation.
+#[allow(clippy::too_many_arguments)]
 fn on_frame(
     f: &strait_core::RxFrame<'_>,
+    conn: u64,
     peer: &mut Option<Name>,
     cur: &mut Option<InMsg>,
     m: &mut Matcher,
@@ -1196,6 +1368,27 @@ fn on_frame(
             } else {
                 *cur = Some(im);
             }
+        }
+        RTS => {
+            let Some(p) = peer else { return Err("message before hello") };
+            if cur.is_some() {
+                return Err("new message before the last one ended");
+            }
+            let mut h = [0u8; RTS_LEN];
+            if f.len() != RTS_LEN || !f.read(0, &mut h) {
+                return Err("malformed rendezvous frame");
+            }
+            let mut hdr = [0u8; FIRST_HDR];
+            hdr.copy_from_slice(&h[..FIRST_HDR]);
+            // The whole message is announced, none of it carried.
+            let first = First::decode(&hdr, FIRST_HDR).map_err(|_| "bad message header")?;
+            let u = |i: usize| {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(&h[i..i + 8]);
+                u64::from_le_bytes(a)
+            };
+            let src = av.map_or(u64::MAX, |a| a.lookup_id(p.id));
+            m.arrive_rndv(src, first, Rndv { conn, addr: u(FIRST_HDR), seq: u(FIRST_HDR + 8) });
         }
         DATA => {
             let Some(im) = cur.as_mut() else { return Err("data frame outside a message") };
@@ -1250,7 +1443,7 @@ mod tests {
     fn feed(c: &mut Conn, m: &mut Matcher, out: &mut Vec<Comp>, frame: &[u8]) -> Result<(), &'static str> {
         // SAFETY: `frame` is a live slice of its length.
         let f = unsafe { RxFrame::from_raw(frame.as_ptr(), frame.len()) };
-        on_frame(&f, &mut c.peer, &mut c.cur, m, None, out)
+        on_frame(&f, 1, &mut c.peer, &mut c.cur, m, None, out)
     }
 
     #[test]
@@ -1270,6 +1463,15 @@ mod tests {
         d.extend_from_slice(&[7; 8]);
         assert!(feed(&mut c, &mut m, &mut out, &d).is_err(), "data past the end");
         assert!(feed(&mut c, &mut m, &mut out, &[9, 0, 0]).is_err(), "unknown kind");
+        let mut c = Conn { peer: None, cur: None };
+        assert!(feed(&mut c, &mut m, &mut out, &hello(6)).is_ok());
+        let mut rts = first(1, 1 << 20, b"");
+        rts[0] = RTS;
+        assert!(feed(&mut c, &mut m, &mut out, &rts).is_err(), "short rendezvous frame");
+        rts.extend_from_slice(&[0; 16]);
+        assert!(feed(&mut c, &mut m, &mut out, &rts).is_ok());
+        rts[24..32].copy_from_slice(&(proto::MAX_MSG + 1).to_le_bytes());
+        assert!(feed(&mut c, &mut m, &mut out, &rts).is_err(), "rendezvous too long");
     }
 
     /// Random frames from a hostile peer: never a panic, never a byte outside the

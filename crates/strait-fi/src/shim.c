@@ -78,6 +78,8 @@ extern ssize_t sfi_ep_cancel(void *ep, void *ctx);
 #define SFI_INJECT_SIZE 4096
 #define SFI_QUEUE 4096
 #define SFI_MAX_MSG ((size_t)1 << 32)
+/* How long an empty CQ is polled before each further poll yields the core. */
+#define SFI_SPIN_NS 10000ULL
 
 static struct fi_provider sfi_prov;
 
@@ -284,6 +286,7 @@ struct sfi_cq {
 	void *rs;
 	enum fi_cq_format format;
 	unsigned idle;
+	uint64_t idle_since;
 };
 struct sfi_ep {
 	struct fid_ep ep;
@@ -599,11 +602,18 @@ static ssize_t sfi_cq_read_op(struct fid_cq *cq, void *buf, size_t count)
 		for (ssize_t i = 0; i < n; i++)
 			sfi_cq_store(q->format, (char *)buf + (size_t)i * sz, &comps[i]);
 	} else if (n == -FI_EAGAIN) {
-		/* Manual progress is driven by this call: a caller that polls an empty
-		 * queue in a loop gives its core away now and then, so that ranks that
-		 * outnumber the cores do not starve the peer they wait for. */
-		if (++q->idle >= 64) {
-			q->idle = 32;
+		/* Manual progress is driven by this call: a caller that has polled an
+		 * empty queue for SFI_SPIN_NS gives its core away on every further empty
+		 * read, so that ranks that outnumber the cores do not starve the peer they
+		 * wait for (a count of reads would be a time that depends on the devices:
+		 * a pass over udp connections costs system calls). */
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		uint64_t t = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
+		if (!q->idle) {
+			q->idle = 1;
+			q->idle_since = t;
+		} else if (t - q->idle_since >= SFI_SPIN_NS) {
 			sched_yield();
 		}
 	}

@@ -132,7 +132,25 @@ static PORT: AtomicU32 = AtomicU32::new(0);
 
 /// A control port for fi_pingpong, distinct per test in this process.
 fn ctrl_port() -> String {
-    (47700 + (std::process::id() % 500) * 4 + PORT.fetch_add(1, Ordering::Relaxed)).to_string()
+    (47000 + (std::process::id() % 100) * 16 + PORT.fetch_add(1, Ordering::Relaxed)).to_string()
+}
+
+/// Waits (up to 20 s) until a TCP socket listens on `port` (in the namespace
+/// `wrap` enters, if any).
+fn wait_listening(wrap: &[&str], port: &str) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end {
+        let mut c = Command::new(if wrap.is_empty() { "ss" } else { wrap[0] });
+        if !wrap.is_empty() {
+            c.args(&wrap[1..]).arg("ss");
+        }
+        let o = c.args(["-Hltn", &format!("sport = :{port}")]).output();
+        if o.is_ok_and(|o| !o.stdout.is_empty()) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("fi_pingpong's server never listened on port {port}");
 }
 
 /// fi_pingpong server and client, each optionally wrapped (e.g. `ip netns exec`).
@@ -153,8 +171,8 @@ fn pingpong(extra: &[&str], server_wrap: &[&str], client_wrap: &[&str], server_a
     let mut server = mk(server_wrap);
     server.args(["-B", &port]);
     let srv = std::thread::spawn(move || run_for(&mut server, Duration::from_secs(60)));
-    // The client retries its control connection only briefly: give the server a moment.
-    std::thread::sleep(Duration::from_millis(700));
+    // The client does not retry its control connection: wait until the server listens.
+    wait_listening(server_wrap, &port);
     let mut client = mk(client_wrap);
     client.args(["-P", &port, server_addr]);
     let c = run_for(&mut client, Duration::from_secs(60)).expect("fi_pingpong client hung");

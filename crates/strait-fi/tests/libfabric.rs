@@ -241,6 +241,13 @@ fn open_mpi_two_ranks_point_to_point_on_one_host() {
 }
 
 #[test]
+fn open_mpi_thread_multiple_four_threads_per_rank() {
+    let bin = mpi_check_binary();
+    let o = run_for(mpirun(2, &[]).arg(bin).arg("threads"), Duration::from_secs(180)).expect("mpirun hung");
+    check_mpi(&o, &["threads ok", "all ok"]);
+}
+
+#[test]
 fn open_mpi_four_ranks_everything_on_one_host() {
     let bin = mpi_check_binary();
     let o = run_for(mpirun(4, &[]).arg(bin).arg("all"), Duration::from_secs(300)).expect("mpirun hung");

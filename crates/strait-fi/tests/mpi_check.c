@@ -2,6 +2,7 @@
  * mpicc). Every payload is checked; the first failure aborts with a message.
  * Usage: mpi_check [all|pingpong|bench] [iterations] */
 #include <mpi.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,8 +228,60 @@ static void bench(int iters)
 	free(b);
 }
 
+/* MPI_THREAD_MULTIPLE: 4 threads per rank, each a ping-pong with the same thread
+ * of the other rank on its own tag, every payload checked. */
+#define NTHREADS 4
+static void *thread_pingpong(void *arg)
+{
+	int t = (int)(intptr_t)arg, peer = 1 - rank;
+	unsigned char b[3000];
+	for (int i = 0; i < 300; i++) {
+		size_t n = (size_t)(i * 37 + t * 101) % sizeof(b);
+		int seed = t * 1000 + i;
+		if (rank == 0) {
+			fill(b, n, seed);
+			MPI_Send(b, (int)n, MPI_BYTE, peer, 50 + t, MPI_COMM_WORLD);
+			MPI_Recv(b, (int)sizeof(b), MPI_BYTE, peer, 50 + t, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			verify(b, n, seed + 1, "thread pong");
+		} else {
+			MPI_Recv(b, (int)sizeof(b), MPI_BYTE, peer, 50 + t, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			verify(b, n, seed, "thread ping");
+			fill(b, n, seed + 1);
+			MPI_Send(b, (int)n, MPI_BYTE, peer, 50 + t, MPI_COMM_WORLD);
+		}
+	}
+	return NULL;
+}
+
+static void threads(void)
+{
+	pthread_t th[NTHREADS];
+	if (rank < 2) {
+		for (int t = 0; t < NTHREADS; t++)
+			CHECK(pthread_create(&th[t], NULL, thread_pingpong, (void *)(intptr_t)t) == 0, "pthread_create");
+		for (int t = 0; t < NTHREADS; t++)
+			pthread_join(th[t], NULL);
+	}
+	MPI_Barrier(MPI_COMM_WORLD);
+	if (rank == 0)
+		printf("threads ok\n");
+}
+
 int main(int argc, char **argv)
 {
+	const char *mode = argc > 1 ? argv[1] : "all";
+	if (!strcmp(mode, "threads")) {
+		int provided;
+		MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+		MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+		MPI_Comm_size(MPI_COMM_WORLD, &size);
+		CHECK(provided == MPI_THREAD_MULTIPLE, "MPI_THREAD_MULTIPLE not provided (%d)", provided);
+		threads();
+		if (rank == 0)
+			printf("all ok\n");
+		MPI_Finalize();
+		return 0;
+	}
 	MPI_Init(&argc, &argv);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &size);

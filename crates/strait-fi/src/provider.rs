@@ -35,6 +35,27 @@ pub const INJECT_SIZE: usize = 4096;
 /// How often an idle endpoint asks its peers whether they still live.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
 
+/// A hasher for the provider's own u64 keys (fi_addr indices, endpoint ids): one
+/// multiplication instead of SipHash on the path of every message.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// Messages at least this long go by rendezvous on the shm device when the peer can
 /// be read with `process_vm_readv`: one copy, by the receiver, straight from the
 /// sender's buffer into the posted one.
@@ -138,7 +159,7 @@ fn slot<T>(v: &mut Vec<Option<T>>, x: T) -> usize {
 #[derive(Default)]
 struct Av {
     names: Vec<Option<Name>>,
-    by_id: HashMap<u64, u64>,
+    by_id: IdMap<u64>,
 }
 
 impl Av {
@@ -209,10 +230,13 @@ type BoxDev = Box<dyn Device + Send>;
 struct TxConn {
     dev: BoxDev,
     /// Rendezvous sends the receiver has not read yet, by sequence number.
-    waiting: HashMap<u64, TxMsg>,
+    waiting: IdMap<TxMsg>,
     next_seq: u64,
-    /// Large messages may go by rendezvous (shm, with remote reads).
+    /// Large messages may go by rendezvous (shm, and the receiver said it can
+    /// read this process: `process_vm_readv` permission need not be symmetric).
     rndv: bool,
+    /// The receiver's answer arrived (or never will: udp).
+    rndv_known: bool,
     /// The udp device: answers (acknowledgements) come back on it.
     lossy: bool,
     /// Our name, until the first frame (a HELLO) is out.
@@ -361,7 +385,7 @@ struct Ep {
     tx_selective: bool,
     rx_selective: bool,
     net: Option<Net>,
-    tx: HashMap<u64, TxConn>,
+    tx: IdMap<TxConn>,
     rx: Vec<RxConn>,
     m: Matcher,
     out: Vec<Comp>,
@@ -925,18 +949,30 @@ fn connect(e: &mut Ep, peer: &Name) -> Result<TxConn, FiError> {
         let setup = net.udp.as_ref().ok_or(FiError::Setup("no udp device".into()))?;
         udp_connect(&net.name, peer, setup).map_err(FiError::Setup)?
     };
-    let rndv = !lossy && dev.supports_remote_read();
     Ok(TxConn {
         dev,
-        waiting: HashMap::new(),
+        // Until the receiver says it can read us, messages are copied.
+        rndv: false,
+        rndv_known: lossy,
+        waiting: IdMap::default(),
         next_seq: 0,
-        rndv,
         lossy,
         hello: Some(net.name.encode()),
         queue: VecDeque::new(),
         failed: None,
     })
 }
+
+/// `STRAIT_FI_RNDV=0` turns the single-copy rendezvous off (every message is
+/// copied through the ring).
+fn rndv_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("STRAIT_FI_RNDV").map_or(true, |v| v.trim() != "0"))
+}
+
+/// The sequence number of the FIN a receiver sends first: status 0 if it can read
+/// the sender's memory (rendezvous allowed), 1 if not.
+const CAN_READ: u64 = u64::MAX;
 
 /// Reads the FINs the receiver sent back for rendezvous messages.
 fn take_fins(c: &mut TxConn, done: &mut Vec<Comp>) {
@@ -960,6 +996,11 @@ fn take_fins(c: &mut TxConn, done: &mut Vec<Comp>) {
                 fail_tx(c, dev_errno(&err), done);
                 return;
             }
+        }
+        if let Some((CAN_READ, st)) = fin {
+            c.rndv = st == 0 && c.dev.supports_remote_read();
+            c.rndv_known = true;
+            continue;
         }
         match fin.and_then(|(seq, st)| c.waiting.remove(&seq).map(|m| (m, st))) {
             Some((m, 0)) if m.report => done.push(m.comp(0)),
@@ -1164,7 +1205,12 @@ fn progress(st: &mut State, ep: usize) {
         for (dev, lossy) in inc.drain(..) {
             e.next_conn += 1;
             let id = e.next_conn;
-            e.rx.push(RxConn { dev, id, fins: VecDeque::new(), lossy, peer: None, cur: None, failed: false });
+            // Tell the sender whether we can read its memory (its rendezvous needs it).
+            let mut fins = VecDeque::new();
+            if !lossy {
+                fins.push_back((CAN_READ, u8::from(!dev.supports_remote_read() || !rndv_enabled())));
+            }
+            e.rx.push(RxConn { dev, id, fins, lossy, peer: None, cur: None, failed: false });
         }
     }
     let av = e.av.and_then(|a| avs.get(a)).and_then(Option::as_ref);
@@ -1177,7 +1223,7 @@ fn progress(st: &mut State, ep: usize) {
         if !c.lossy {
             // The shm device needs no pass of its own on a connection we only send
             // on, except to hear that rendezvous messages were read.
-            if !c.waiting.is_empty() {
+            if !c.waiting.is_empty() || !c.rndv_known {
                 take_fins(c, &mut tx_done);
             }
             if !c.queue.is_empty() || c.hello.is_some() {

@@ -155,6 +155,17 @@ fn wait_listening(wrap: &[&str], port: &str) {
 
 /// fi_pingpong server and client, each optionally wrapped (e.g. `ip netns exec`).
 fn pingpong(extra: &[&str], server_wrap: &[&str], client_wrap: &[&str], server_addr: &str, want: &str) {
+    pingpong_env(extra, server_wrap, client_wrap, server_addr, want, &[]);
+}
+
+fn pingpong_env(
+    extra: &[&str],
+    server_wrap: &[&str],
+    client_wrap: &[&str],
+    server_addr: &str,
+    want: &str,
+    env: &[(&str, &str)],
+) {
     ensure("fi_pingpong", "libfabric-bin");
     let port = ctrl_port();
     let mk = |wrap: &[&str]| {
@@ -166,6 +177,7 @@ fn pingpong(extra: &[&str], server_wrap: &[&str], client_wrap: &[&str], server_a
             c
         };
         c.args(["-p", "strait", "-e", "rdm", "-v", "-I", "50"]).args(extra);
+        c.envs(env.iter().copied());
         c
     };
     let mut server = mk(server_wrap);
@@ -196,7 +208,14 @@ fn fi_pingpong_rdm_tagged_on_one_host() {
 
 #[test]
 fn fi_pingpong_rdm_large_sizes_on_one_host() {
-    pingpong(&["-S", "4194305"], &[], &[], "127.0.0.1", "4m ");
+    // Single-copy rendezvous (process_vm_readv) for every size from 64 KiB.
+    pingpong(&["-S", "all"], &[], &[], "127.0.0.1", "6m ");
+}
+
+#[test]
+fn fi_pingpong_rdm_large_sizes_copied_on_one_host() {
+    // The same sizes through the ring, as when the receiver may not read the sender.
+    pingpong_env(&["-S", "all"], &[], &[], "127.0.0.1", "6m ", &[("STRAIT_FI_RNDV", "0")]);
 }
 
 /// Compiles tests/mpi_check.c with mpicc into a temp dir.

@@ -180,17 +180,16 @@ extern "C" fn sfi_cq_close(cq: *mut c_void) -> i32 {
 #[no_mangle]
 extern "C" fn sfi_cq_read(cq: *mut c_void, out: *mut Comp, count: usize) -> isize {
     let Some(h) = handle(cq) else { return -(fi::EINVAL as isize) };
-    let mut buf = [Comp::default(); 64];
-    let n = count.min(buf.len());
-    match h.dom.cq_read(h.id, &mut buf[..n]) {
-        Ok(k) => {
-            if out.is_null() {
-                return -(fi::EINVAL as isize);
-            }
-            // SAFETY: shim.c passes an array of `count` entries; `k <= count`.
-            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), out, k) };
-            k as isize
-        }
+    if out.is_null() {
+        return -(fi::EINVAL as isize);
+    }
+    let mut sink = |i: usize, c: Comp| {
+        // SAFETY: shim.c passes an array of `count` entries; cq_read hands out at
+        // most `count` (`i < count`).
+        unsafe { out.add(i).write(c) };
+    };
+    match h.dom.cq_read(h.id, count, &mut sink) {
+        Ok(k) => k as isize,
         Err(true) => -(fi::EAVAIL as isize),
         Err(false) => -(fi::EAGAIN as isize),
     }

@@ -447,9 +447,11 @@ impl Domain {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The application drove progress now.
+    /// The application drove progress now (noted only where the ticker looks).
     fn touched(&self) {
-        self.last_progress.store(now_ns(), Ordering::Relaxed);
+        if self.lossy.load(Ordering::Relaxed) {
+            self.last_progress.store(now_ns(), Ordering::Relaxed);
+        }
     }
 
     /// Opens an address vector.
@@ -525,7 +527,7 @@ impl Domain {
 
     /// Drives every endpoint bound to `cq`, then takes up to `max` completions.
     /// `Err(true)`: nothing, but errors wait; `Err(false)`: nothing.
-    pub fn cq_read(&self, cq: usize, out: &mut [Comp]) -> Result<usize, bool> {
+    pub fn cq_read(&self, cq: usize, max: usize, sink: &mut dyn FnMut(usize, Comp)) -> Result<usize, bool> {
         self.touched();
         let mut st = self.lock();
         let st = &mut *st;
@@ -540,9 +542,9 @@ impl Domain {
         }
         let Some(Some(q)) = st.cqs.get_mut(cq) else { return Err(false) };
         let mut k = 0;
-        while k < out.len() {
+        while k < max {
             match q.ok.pop_front() {
-                Some(c) => out[k] = c,
+                Some(c) => sink(k, c),
                 None => break,
             }
             k += 1;

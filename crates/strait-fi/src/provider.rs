@@ -291,6 +291,9 @@ fn udp_config() -> Result<UdpConfig, FiError> {
     Ok(c)
 }
 
+/// Bootstrap exchanges an endpoint serves at once.
+const MAX_BOOTSTRAPS: usize = 8;
+
 /// How long a peer may take over the udp device's TCP bootstrap exchange.
 const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -702,23 +705,39 @@ impl Domain {
             std::thread::Builder::new()
                 .name("strait-fi-accept".into())
                 .spawn(move || {
-                    let push = |d: BoxDev, lossy: bool| {
+                    let push = move |d: BoxDev, lossy: bool| {
                         incoming.lock().unwrap_or_else(|e| e.into_inner()).push((d, lossy));
                         pending.fetch_add(1, Ordering::Release);
                     };
+                    let bootstraps = Arc::new(AtomicUsize::new(0));
                     while !stop.load(Ordering::Acquire) {
                         match listener.accept_timeout(&notifier, Some(Duration::from_millis(20))) {
                             Ok(Some(d)) => push(Box::new(d), false),
                             Ok(None) => {}
                             Err(_) => std::thread::sleep(Duration::from_millis(10)),
                         }
-                        if let Some(l) = &boot {
-                            while let Ok((s, _)) = l.accept() {
-                                // A failed bootstrap costs the connector its connection only.
-                                if let Ok(d) = udp_accept(s, &setup) {
-                                    lossy.store(true, Ordering::Relaxed);
-                                    push(d, true);
-                                }
+                        let Some(l) = &boot else { continue };
+                        while let Ok((s, _)) = l.accept() {
+                            // Each bootstrap on a thread of its own (a silent connector
+                            // holds only that one, for BOOTSTRAP_TIMEOUT), at most
+                            // MAX_BOOTSTRAPS at once: beyond, connections are closed.
+                            if bootstraps.load(Ordering::Acquire) >= MAX_BOOTSTRAPS {
+                                continue;
+                            }
+                            bootstraps.fetch_add(1, Ordering::AcqRel);
+                            let (setup, lossy, push, n) =
+                                (setup.clone(), lossy.clone(), push.clone(), bootstraps.clone());
+                            let spawned =
+                                std::thread::Builder::new().name("strait-fi-boot".into()).spawn(move || {
+                                    // A failed bootstrap costs the connector its connection only.
+                                    if let Ok(d) = udp_accept(s, &setup) {
+                                        lossy.store(true, Ordering::Relaxed);
+                                        push(d, true);
+                                    }
+                                    n.fetch_sub(1, Ordering::AcqRel);
+                                });
+                            if spawned.is_err() {
+                                bootstraps.fetch_sub(1, Ordering::AcqRel);
                             }
                         }
                     }

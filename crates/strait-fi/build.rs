@@ -3,7 +3,6 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=src/shim.c");
-    println!("cargo:rerun-if-changed=src/shim.h");
     if !std::path::Path::new("/usr/include/rdma/providers/fi_prov.h").exists() {
         panic!("libfabric's headers are missing: run scripts/install-deps (it installs libfabric-dev)");
     }

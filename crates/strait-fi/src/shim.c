@@ -597,8 +597,10 @@ static ssize_t sfi_cq_read_op(struct fid_cq *cq, void *buf, size_t count)
 	if (count && !buf)
 		return -FI_EINVAL;
 	ssize_t n = sfi_cq_read(q->rs, comps, count);
+	/* FI_THREAD_SAFE: several threads may read one CQ; the idle clock is a hint,
+	 * kept in relaxed atomics. */
 	if (n > 0) {
-		q->idle = 0;
+		__atomic_store_n(&q->idle, 0, __ATOMIC_RELAXED);
 		for (ssize_t i = 0; i < n; i++)
 			sfi_cq_store(q->format, (char *)buf + (size_t)i * sz, &comps[i]);
 	} else if (n == -FI_EAGAIN) {
@@ -610,10 +612,10 @@ static ssize_t sfi_cq_read_op(struct fid_cq *cq, void *buf, size_t count)
 		struct timespec now;
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		uint64_t t = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
-		if (!q->idle) {
-			q->idle = 1;
-			q->idle_since = t;
-		} else if (t - q->idle_since >= SFI_SPIN_NS) {
+		if (!__atomic_load_n(&q->idle, __ATOMIC_RELAXED)) {
+			__atomic_store_n(&q->idle_since, t, __ATOMIC_RELAXED);
+			__atomic_store_n(&q->idle, 1, __ATOMIC_RELAXED);
+		} else if (t - __atomic_load_n(&q->idle_since, __ATOMIC_RELAXED) >= SFI_SPIN_NS) {
 			sched_yield();
 		}
 	}

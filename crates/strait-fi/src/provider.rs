@@ -1371,7 +1371,9 @@ fn progress(st: &mut State, ep: usize) {
             }
         }
     }
-    e.rx.retain(|c| !c.failed || c.cur.is_some());
+    if e.rx.iter().any(|c| c.failed && c.cur.is_none()) {
+        e.rx.retain(|c| !c.failed || c.cur.is_some());
+    }
     if let Some(Some(q)) = e.rx_cq.and_then(|q| cqs.get_mut(q)) {
         for c in out.drain(..) {
             q.push(c);

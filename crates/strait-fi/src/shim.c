@@ -609,14 +609,18 @@ static ssize_t sfi_cq_read_op(struct fid_cq *cq, void *buf, size_t count)
 		 * read, so that ranks that outnumber the cores do not starve the peer they
 		 * wait for (a count of reads would be a time that depends on the devices:
 		 * a pass over udp connections costs system calls). */
-		struct timespec now;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		uint64_t t = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
-		if (!__atomic_load_n(&q->idle, __ATOMIC_RELAXED)) {
-			__atomic_store_n(&q->idle_since, t, __ATOMIC_RELAXED);
-			__atomic_store_n(&q->idle, 1, __ATOMIC_RELAXED);
-		} else if (t - __atomic_load_n(&q->idle_since, __ATOMIC_RELAXED) >= SFI_SPIN_NS) {
-			sched_yield();
+		unsigned idle = __atomic_add_fetch(&q->idle, 1, __ATOMIC_RELAXED);
+		/* The clock is read on the 1st and then every 8th empty poll only. */
+		if (idle == 1 || idle % 8 == 0) {
+			struct timespec now;
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			uint64_t t = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
+			if (idle == 1)
+				__atomic_store_n(&q->idle_since, t, __ATOMIC_RELAXED);
+			else if (t - __atomic_load_n(&q->idle_since, __ATOMIC_RELAXED) >= SFI_SPIN_NS) {
+				__atomic_store_n(&q->idle, 7, __ATOMIC_RELAXED); /* yield on every 8th poll now */
+				sched_yield();
+			}
 		}
 	}
 	return n;

@@ -352,7 +352,9 @@ fn open_mpi_four_ranks_everything_across_namespaces() {
     std::fs::write(&hosts, format!("{} slots=2\n{} slots=2\n", pair.ns[0], pair.ns[1])).expect("hostfile");
     let mut c = fi_command("ip");
     c.args(["netns", "exec", &pair.ns[0], "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"])
-        .args(["--map-by", "node", "--hostfile"])
+        // Each namespace is a "node" whose one core-binding would put every rank on
+        // core 0.
+        .args(["--map-by", "node", "--bind-to", "none", "--hostfile"])
         .arg(&hosts)
         .args(["--mca", "plm_rsh_agent"])
         .arg(&agent)

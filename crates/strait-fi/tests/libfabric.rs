@@ -9,7 +9,6 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -128,18 +127,19 @@ fn fi_info_lists_the_provider_and_refuses_what_it_lacks() {
     }
 }
 
-static PORT: AtomicU32 = AtomicU32::new(0);
-
-/// A control port for fi_pingpong, distinct per test in this process.
+/// A control port for fi_pingpong: one the kernel just handed out as free (a fixed
+/// range collided with ports of earlier runs still in TIME_WAIT, which fi_pingpong's
+/// server cannot bind).
 fn ctrl_port() -> String {
-    (47000 + (std::process::id() % 100) * 16 + PORT.fetch_add(1, Ordering::Relaxed)).to_string()
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address").port().to_string()
 }
 
 /// Waits (up to 20 s) until a TCP socket listens on `port` (in the namespace
 /// `wrap` enters, if any).
-fn wait_listening(wrap: &[&str], port: &str) {
+fn wait_listening(wrap: &[&str], port: &str, server_ended: impl Fn() -> bool) {
     let end = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < end {
+    while Instant::now() < end && !server_ended() {
         let mut c = Command::new(if wrap.is_empty() { "ss" } else { wrap[0] });
         if !wrap.is_empty() {
             c.args(&wrap[1..]).arg("ss");
@@ -150,7 +150,9 @@ fn wait_listening(wrap: &[&str], port: &str) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("fi_pingpong's server never listened on port {port}");
+    if !server_ended() {
+        panic!("fi_pingpong's server never listened on port {port}");
+    }
 }
 
 /// fi_pingpong server and client, each optionally wrapped (e.g. `ip netns exec`).
@@ -183,8 +185,13 @@ fn pingpong_env(
     let mut server = mk(server_wrap);
     server.args(["-B", &port]);
     let srv = std::thread::spawn(move || run_for(&mut server, Duration::from_secs(60)));
-    // The client does not retry its control connection: wait until the server listens.
-    wait_listening(server_wrap, &port);
+    // The client does not retry its control connection: wait until the server listens
+    // (or ends: its output then says why, below).
+    wait_listening(server_wrap, &port, || srv.is_finished());
+    if srv.is_finished() {
+        let s = srv.join().expect("server thread").expect("fi_pingpong server hung");
+        panic!("fi_pingpong's server ended before listening:\n{}", text(&s));
+    }
     let mut client = mk(client_wrap);
     client.args(["-P", &port, server_addr]);
     let c = run_for(&mut client, Duration::from_secs(60)).expect("fi_pingpong client hung");

@@ -197,6 +197,7 @@ impl Peer {
             .arg(raw.len().to_string())
             .args(&pending.peer_args)
             .envs(launcher.env.iter().map(|(k, v)| (k, v)))
+            .envs(spec.peer_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -263,6 +264,7 @@ impl Peer {
     ) -> Result<Batch> {
         let sz = size as usize;
         self.transport.prepare(sz)?;
+        self.transport.count_syscalls(counter.is_some());
         let cmd = match kind {
             Kind::Latency => PeerCommand::Latency { size, iters: n, count_syscalls: counter.is_some() },
             Kind::Bandwidth => PeerCommand::Stream { size, count: n, count_syscalls: counter.is_some() },
@@ -281,13 +283,18 @@ impl Peer {
         // On failure the peer may be stuck mid-batch: it is killed when the Peer drops.
         r?;
         let reply = self.reply()?;
-        let own_syscalls = match (counter, s0, s1) {
+        let mut own_syscalls = match (counter, s0, s1) {
             (Some(c), Some(a), Some(b)) => Some(c.delta(a, b)),
             _ => None,
         };
+        let mut own_cpu = c1.saturating_sub(c0);
+        if let Some(h) = self.transport.helper_cost() {
+            own_cpu = h.cpu_ns;
+            own_syscalls = h.syscalls.filter(|_| counter.is_some());
+        }
         Ok(Batch {
             ticks: t1.wrapping_sub(t0),
-            cpu_ns: c1.saturating_sub(c0) + reply.cpu_ns,
+            cpu_ns: own_cpu + reply.cpu_ns,
             syscalls: own_syscalls.zip(reply.syscalls).map(|(a, b)| a + b),
             bytes: match kind {
                 Kind::Latency => 2 * size * n,

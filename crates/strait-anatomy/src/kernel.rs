@@ -218,49 +218,61 @@ impl TransportSpec for KernelTcp {
     }
 
     fn listen(&self) -> Result<Pending> {
-        let (driver, _) = bench_addrs()?;
-        let l = TcpListener::bind((driver, 0)).map_err(|e| BenchError::io("tcp: bind", e))?;
-        let port = l.local_addr().map_err(|e| BenchError::io("tcp: local_addr", e))?.port();
-        Ok(Pending {
-            peer_args: vec![port.to_string()],
-            peer_fds: Vec::new(),
-            finish: Box::new(move || {
-                l.set_nonblocking(true).map_err(|e| BenchError::io("tcp: nonblocking", e))?;
-                let deadline = Instant::now() + SETUP_TIMEOUT;
-                let s = loop {
-                    match l.accept() {
-                        Ok((s, _)) => break s,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            if Instant::now() > deadline {
-                                return Err(BenchError::Timeout(SETUP_TIMEOUT, "the tcp peer to connect"));
-                            }
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                        Err(e) => return Err(BenchError::io("tcp: accept", e)),
-                    }
-                };
-                tcp_link(s)
-            }),
-        })
+        tcp_listen("kernel-tcp")
     }
 
     fn connect(&self, args: &[String], _fds: Vec<OwnedFd>) -> Result<Box<dyn Transport>> {
-        let port: u16 = args
-            .first()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| BenchError::Protocol("tcp peer needs a port argument".into()))?;
-        let (driver, _) = bench_addrs()?;
-        let s = TcpStream::connect((driver, port)).map_err(|e| BenchError::io("tcp: connect", e))?;
-        tcp_link(s)
+        tcp_connect("kernel-tcp", args)
     }
 }
 
-fn tcp_link(s: TcpStream) -> Result<Box<dyn Transport>> {
-    s.set_nonblocking(false).map_err(|e| BenchError::io("tcp: blocking", e))?;
-    s.set_nodelay(true).map_err(|e| BenchError::io("tcp: TCP_NODELAY", e))?;
-    s.set_read_timeout(Some(DATA_TIMEOUT)).map_err(|e| BenchError::io("tcp: SO_RCVTIMEO", e))?;
+/// The driver's end of a TCP transport named `name` (kernel-tcp, or strait-run,
+/// whose ends make the same socket calls under the preload library): listens on
+/// the driver's address; the peer's argument is the port.
+pub fn tcp_listen(name: &'static str) -> Result<Pending> {
+    let (driver, _) = bench_addrs()?;
+    let l = TcpListener::bind((driver, 0)).map_err(|e| BenchError::io(format!("{name}: bind"), e))?;
+    let port = l.local_addr().map_err(|e| BenchError::io(format!("{name}: local_addr"), e))?.port();
+    Ok(Pending {
+        peer_args: vec![port.to_string()],
+        peer_fds: Vec::new(),
+        finish: Box::new(move || {
+            l.set_nonblocking(true).map_err(|e| BenchError::io(format!("{name}: nonblocking"), e))?;
+            let deadline = Instant::now() + SETUP_TIMEOUT;
+            let s = loop {
+                match l.accept() {
+                    Ok((s, _)) => break s,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            return Err(BenchError::Timeout(SETUP_TIMEOUT, "the tcp peer to connect"));
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => return Err(BenchError::io(format!("{name}: accept"), e)),
+                }
+            };
+            tcp_link(name, s)
+        }),
+    })
+}
+
+/// The peer's end of a TCP transport named `name`: connects to the port in `args`.
+pub fn tcp_connect(name: &'static str, args: &[String]) -> Result<Box<dyn Transport>> {
+    let port: u16 = args
+        .first()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| BenchError::Protocol(format!("{name} peer needs a port argument")))?;
+    let (driver, _) = bench_addrs()?;
+    let s = TcpStream::connect((driver, port)).map_err(|e| BenchError::io(format!("{name}: connect"), e))?;
+    tcp_link(name, s)
+}
+
+fn tcp_link(name: &'static str, s: TcpStream) -> Result<Box<dyn Transport>> {
+    s.set_nonblocking(false).map_err(|e| BenchError::io(format!("{name}: blocking"), e))?;
+    s.set_nodelay(true).map_err(|e| BenchError::io(format!("{name}: TCP_NODELAY"), e))?;
+    s.set_read_timeout(Some(DATA_TIMEOUT)).map_err(|e| BenchError::io(format!("{name}: SO_RCVTIMEO"), e))?;
     let rx = dup(&s, "tcp socket")?;
-    Ok(Box::new(StreamLink::new("kernel-tcp", rx, OwnedFd::from(s))?))
+    Ok(Box::new(StreamLink::new(name, rx, OwnedFd::from(s))?))
 }
 
 /// A connected `AF_UNIX` `SOCK_STREAM` socket pair.

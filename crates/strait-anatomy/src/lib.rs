@@ -30,7 +30,7 @@ pub mod transport;
 pub use clock::{Clock, ClockSource};
 pub use harness::{BenchConfig, Peer, PeerLauncher, Progress};
 pub use report::{BenchReport, Kind, MachineInfo, ResultRow, TransportInfo};
-pub use transport::{BenchError, Pending, Support, Transport, TransportSpec};
+pub use transport::{BenchError, HelperCost, Pending, Support, Transport, TransportSpec};
 
 /// The transports this crate implements: the kernel paths and the physical floor.
 pub fn builtin_specs() -> Vec<&'static dyn TransportSpec> {

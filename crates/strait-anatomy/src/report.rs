@@ -173,6 +173,10 @@ pub struct TransportInfo {
     pub description: String,
     /// True if it busy-polls (its CPU per message includes spinning).
     pub busy_poll: bool,
+    /// What the transport chose on this host for settings left to it, and why (e.g.
+    /// the shm device's rendezvous path from its calibration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<String>,
 }
 
 /// A whole run: what `--format json` prints and `bench.json` holds.
@@ -405,6 +409,11 @@ pub fn render_table(report: &BenchReport) -> String {
             polling.join(", ")
         );
     }
+    for t in &report.transports {
+        if let Some(s) = &t.settings {
+            let _ = writeln!(out, "{}: {s}", t.name);
+        }
+    }
     for n in notes {
         let _ = writeln!(out, "{n}");
     }
@@ -619,8 +628,12 @@ mod tests {
         let mut skipped = ResultRow::empty("kernel-udp", Kind::Latency, 1 << 20);
         skipped.note = Some("skipped: too big".into());
         results.push(skipped);
-        let transports =
-            vec![TransportInfo { name: "spin-floor".into(), description: "floor".into(), busy_poll: true }];
+        let transports = vec![TransportInfo {
+            name: "spin-floor".into(),
+            description: "floor".into(),
+            busy_poll: true,
+            settings: None,
+        }];
         BenchReport { machine, results, transports }
     }
 

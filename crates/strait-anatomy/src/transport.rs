@@ -124,6 +124,18 @@ pub trait TransportSpec: Sync {
         false
     }
 
+    /// What this transport chose on this host for settings left to it, and why, for
+    /// the report (`None`: nothing chosen).
+    fn settings(&self) -> Option<String> {
+        None
+    }
+
+    /// Extra environment for this transport's peer process (e.g. `LD_PRELOAD` for
+    /// `strait-run`), on top of the launcher's.
+    fn peer_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Driver side, before the peer is spawned: create listening resources.
     fn listen(&self) -> Result<Pending>;
 
@@ -184,6 +196,31 @@ pub trait Transport {
 
     /// Peer, between batches: lets the transport's protocol make progress.
     fn idle(&mut self) {}
+
+    /// Driver, before each batch: whether the batch's system calls are being
+    /// counted. A transport whose driver end lives in a helper process (see
+    /// [`Transport::helper_cost`]) passes it on; others ignore it.
+    fn count_syscalls(&mut self, on: bool) {
+        let _ = on;
+    }
+
+    /// Driver, after each batch: the cost of the batch when the driver's end of the
+    /// transport lives in a helper process (as `strait-run`'s must, under the
+    /// preload library, which the driver process is not). It replaces the driver
+    /// process's own CPU time and system calls, which were only spent waiting for
+    /// the helper. `None`: the end lives in this process.
+    fn helper_cost(&mut self) -> Option<HelperCost> {
+        None
+    }
+}
+
+/// What a batch cost in a helper process that holds the driver's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HelperCost {
+    /// Process CPU time of the helper during the batch, in ns.
+    pub cpu_ns: u64,
+    /// System calls the helper made during the batch, if counted.
+    pub syscalls: Option<u64>,
 }
 
 /// Grows `buf` to at least `size` bytes, touching every page.

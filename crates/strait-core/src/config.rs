@@ -7,16 +7,17 @@ use thiserror::Error;
 /// How a rendezvous (large) message's bytes move once the receiver has matched it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RndvMode {
-    /// The measured-faster choice: today [`RndvMode::Copy`] on every device.
+    /// The faster of the two on this device and host, as measured: the device says
+    /// ([`crate::Device::prefers_remote_read`]); devices that do not measure keep
+    /// [`RndvMode::Copy`].
     ///
-    /// Measured on the shm device (2-core EPYC VM, `strait bench`, interleaved
-    /// runs; docs/PERFORMANCE.md): the pipelined copy streamed 1 MiB messages at
-    /// ~14 GB/s against ~9 GB/s for `process_vm_readv`, and 256 KiB one-way latency
-    /// was ~20 us against ~26 us. The copy path uses both cores at once (the sender
-    /// copies chunk k+1 into the cache-resident ring while the receiver copies chunk k
-    /// out), whereas a remote read pins the sender's pages and copies on the
-    /// receiver's core alone. Choose [`RndvMode::RemoteRead`] when the sender's CPU is
-    /// worth more than bandwidth (it is idle during a remote read).
+    /// Neither wins everywhere. On the shm device, a 2-core AMD EPYC VM streamed
+    /// 1 MiB messages at ~14 GB/s with the pipelined copy against ~9 GB/s with
+    /// `process_vm_readv` (the copy path uses both cores at once: the sender copies
+    /// chunk k+1 into the cache-resident ring while the receiver copies chunk k out);
+    /// a 2-core Intel Xeon VM reached 10.3 GB/s with the remote read against 7.1 with
+    /// the copy (docs/PERFORMANCE.md). So the shm device times both on the host
+    /// (`strait_shm::calibrate`, cached per boot) and picks.
     Auto,
     /// The receiver copies straight from the sender's buffer (one copy; on shm this is
     /// `process_vm_readv`).
@@ -37,9 +38,13 @@ pub struct Config {
     /// Credits per endpoint: how many eager/RTS messages may be outstanding at the
     /// receiver before it returns credits. `STRAIT_CREDITS`, default 64.
     pub credits: u16,
-    /// How long a blocking wait spins before it sleeps; zero never spins.
+    /// How long a blocking wait spins before it sleeps, at most; zero never spins.
     /// `STRAIT_SPIN_US` (microseconds), default 100.
     pub spin: Duration,
+    /// Whether the spin adapts below [`Config::spin`] (see [`crate::spin`]): it
+    /// stops while spins do not pay or the machine is crowded. True by default; an
+    /// explicit `STRAIT_SPIN_US` makes the budget fixed (that is what was asked).
+    pub spin_adaptive: bool,
     /// Rendezvous data movement. `STRAIT_RNDV_MODE` = `auto` | `remote-read` | `copy`.
     pub rndv_mode: RndvMode,
     /// Chunk size for pipelined (copy-mode) transfers. `STRAIT_CHUNK_SIZE`, default
@@ -58,6 +63,7 @@ impl Default for Config {
             eager_threshold: 32768,
             credits: 64,
             spin: Duration::from_micros(100),
+            spin_adaptive: true,
             rndv_mode: RndvMode::Auto,
             chunk_size: 131072,
             pipeline_threshold: 65536,
@@ -117,6 +123,7 @@ impl Config {
         }
         if let Some(v) = env_num("STRAIT_SPIN_US")? {
             c.spin = Duration::from_micros(v);
+            c.spin_adaptive = false;
         }
         if let Ok(v) = std::env::var("STRAIT_RNDV_MODE") {
             c.rndv_mode = match v.trim() {

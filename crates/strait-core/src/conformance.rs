@@ -41,7 +41,10 @@
 //!   `disarm_sleep` does not;
 //! * a peer's shutdown or drop is reported by `check_peer` as
 //!   [`DeviceError::PeerGone`] only after every frame it sent was delivered, later
-//!   sends fail the same way, and [`Device::event_fd`] (if any) polls readable.
+//!   sends fail the same way, and a worker cannot fall asleep on the connection:
+//!   [`Device::event_fd`] (if any) polls readable, or, for a device that says its
+//!   fd is not level-triggered on a close ([`Harness::event_fd_readable_after_close`]),
+//!   `arm_sleep` refuses.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
@@ -81,6 +84,14 @@ pub trait Harness {
     fn expected_credits_hint(&self) -> Option<u16> {
         None
     }
+
+    /// Whether [`Device::event_fd`] stays readable once the peer's close was
+    /// reported (a hang-up is level-triggered: shm's liveness socket). A datagram
+    /// device's fd is readable while the peer's close is in flight and not after it
+    /// was received; such a device must refuse to sleep instead (checked for all).
+    fn event_fd_readable_after_close(&self) -> bool {
+        true
+    }
 }
 
 /// The harness of `Box<D>` for the harness of `D`: the boxed device must pass the
@@ -102,6 +113,10 @@ impl<H: Harness> Harness for Boxed<H> {
 
     fn expected_credits_hint(&self) -> Option<u16> {
         self.0.expected_credits_hint()
+    }
+
+    fn event_fd_readable_after_close(&self) -> bool {
+        self.0.event_fd_readable_after_close()
     }
 }
 
@@ -511,13 +526,22 @@ fn peer_gone_after_frames<H: Harness>(h: H, drop_it: bool) {
     r.expect_frames(1, &frames);
     let res = r.try_send(false, &[1, 2, 3]);
     assert!(matches!(res, Err(DeviceError::PeerGone(_))), "sending to a closed peer gave {res:?}");
-    if let Some(fd) = r.b.event_fd() {
+    // A worker must not go to sleep on a connection whose peer is gone: either
+    // arm_sleep refuses, or the fd it sleeps on stays readable.
+    let sleeps = r.b.arm_sleep();
+    if matches!(sleeps, Ok(true)) {
+        r.b.disarm_sleep();
+    }
+    let level = r.h.event_fd_readable_after_close();
+    assert!(level || !matches!(sleeps, Ok(true)), "arm_sleep lets a worker sleep on a closed peer");
+    if let Some(fd) = r.b.event_fd().filter(|_| level) {
         assert!(readable(fd, Duration::from_secs(5)), "event_fd is not readable after the peer closed");
     }
 }
 
 /// After the peer's `shutdown`, every frame it sent arrives, then `check_peer`
-/// reports `PeerGone`; sends fail the same way; `event_fd` (if any) is readable.
+/// reports `PeerGone`; sends fail the same way; a worker cannot fall asleep on it
+/// (`event_fd`, if any, stays readable, or `arm_sleep` refuses).
 pub fn peer_shutdown_is_reported_after_its_frames<H: Harness>(h: H) {
     peer_gone_after_frames(h, false)
 }

@@ -228,6 +228,14 @@ pub trait Device {
         false
     }
 
+    /// Under [`RndvMode::Auto`](crate::RndvMode::Auto): true if a remote read is the
+    /// faster way to move a rendezvous message on this device and host (measured,
+    /// not assumed: the shm device calibrates it). The default, false, keeps the
+    /// pipelined copy.
+    fn prefers_remote_read(&self) -> bool {
+        false
+    }
+
     /// Copies `len` bytes at `remote_addr` in the peer's address space to `dst`
     /// (single-copy transfer).
     ///
@@ -309,6 +317,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn supports_remote_read(&self) -> bool {
         (**self).supports_remote_read()
+    }
+    fn prefers_remote_read(&self) -> bool {
+        (**self).prefers_remote_read()
     }
     unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.

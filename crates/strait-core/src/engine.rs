@@ -702,8 +702,11 @@ impl<D: Device> Endpoint<D> {
     fn start_rndv_recv(&mut self, s: RndvStart, cq: &mut VecDeque<Completion>) {
         let accept = (s.msg_len as usize).min(s.recv.buf.len);
         let use_read = match self.st.mode {
-            // See `RndvMode::Auto` for why the copy path is the default.
-            RndvMode::Copy | RndvMode::Auto => false,
+            RndvMode::Copy => false,
+            // What the device measured faster on this host (see `RndvMode::Auto`).
+            RndvMode::Auto => {
+                self.st.remote_read_ok && self.dev.supports_remote_read() && self.dev.prefers_remote_read()
+            }
             RndvMode::RemoteRead => self.st.remote_read_ok && self.dev.supports_remote_read(),
         };
         if use_read {

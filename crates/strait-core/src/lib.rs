@@ -4,6 +4,7 @@ pub mod api;
 pub mod config;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod congestion;
 pub mod device;
 mod engine;
 pub mod link;
@@ -12,6 +13,7 @@ pub mod notifier;
 pub mod region;
 pub mod reliable;
 pub mod secret;
+pub mod spin;
 pub mod worker;
 
 pub use api::{Completion, EpId, OpKind, PostError, Status, WaitError};
@@ -22,4 +24,5 @@ pub use notifier::Notifier;
 pub use region::{MemoryRegion, RegionBusy};
 pub use reliable::{PacketAuth, PacketKey, Reliable, ReliableConfig, ReliableStats};
 pub use secret::{load_secret_file, secret_from_env, SecretError, SECRET_ENV};
+pub use spin::{Crowding, SpinPolicy};
 pub use worker::{EndpointStats, Worker};

@@ -61,6 +61,7 @@ use strait_wire::packet::{
 };
 
 use crate::config::{env_num, ConfigError};
+use crate::congestion::{Congestion, Cubic};
 use crate::device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
 use crate::link::{Link, LinkError, LinkStats};
 
@@ -103,6 +104,9 @@ pub struct ReliableConfig {
     /// Authenticate every packet with these keys (the peer's `tx` is our `rx`);
     /// `None`: CRC only. Set by the caller (never from the environment).
     pub auth: Option<PacketAuth>,
+    /// Congestion control ([`crate::congestion`]). `STRAIT_REL_CC` = `cubic`
+    /// (default) | `off`.
+    pub congestion: Congestion,
 }
 
 /// The keys of an authenticated connection, one per direction (so a packet
@@ -130,6 +134,7 @@ impl Default for ReliableConfig {
             payload_crc: false,
             nonce: None,
             auth: None,
+            congestion: Congestion::Cubic,
         }
     }
 }
@@ -199,6 +204,15 @@ impl ReliableConfig {
                 }
             };
         }
+        if let Ok(v) = std::env::var("STRAIT_REL_CC") {
+            c.congestion = match v.trim() {
+                "cubic" => Congestion::Cubic,
+                "off" => Congestion::Off,
+                _ => {
+                    return Err(ConfigError { var: "STRAIT_REL_CC", value: v, why: "expected cubic or off" })
+                }
+            };
+        }
         Ok(c)
     }
 }
@@ -240,6 +254,12 @@ pub struct ReliableStats {
     pub out_of_window: u64,
     /// Round-trip time estimate, nanoseconds (0 until measured).
     pub srtt_ns: u64,
+    /// Congestion window, packets (0 with congestion control off).
+    pub cwnd: u32,
+    /// Congestion window reductions for losses (one per recovery episode).
+    pub cc_reductions: u64,
+    /// Congestion window restarts after retransmission timeouts.
+    pub cc_timeouts: u64,
     /// Link counters.
     pub link: LinkStats,
 }
@@ -347,6 +367,11 @@ struct Conn {
     /// 6298 5.3), so a receiver that is busy but keeps acknowledging does not
     /// draw spurious timeouts for the packets it has not reached yet.
     progress_ns: u64,
+    /// The congestion window's state (`None`: congestion control off).
+    cc: Option<Cubic>,
+    /// During a loss recovery episode: the first sequence number sent after the
+    /// loss; the episode ends once it is acknowledged (one reduction per episode).
+    recovery_until: Option<u32>,
     /// Slots to give back to the link.
     release: Vec<u32>,
     /// A stranger's data packet to answer with a RESET (its source id).
@@ -377,8 +402,23 @@ struct Conn {
 }
 
 impl Conn {
+    /// Packets that may be unacknowledged: the window, the peer's window and the
+    /// congestion window, whichever is smallest.
     fn data_window(&self) -> usize {
-        self.cfg.window.min(self.peer_window).max(1) as usize
+        let w = self.cfg.window.min(self.peer_window);
+        let w = self.cc.as_ref().map_or(w, |cc| w.min(cc.window()));
+        w.max(1) as usize
+    }
+
+    /// A loss was found at `now`: the first of a recovery episode reduces the
+    /// congestion window.
+    fn on_loss(&mut self, now: u64) {
+        if self.recovery_until.is_none() {
+            if let Some(cc) = &mut self.cc {
+                cc.on_loss(now);
+            }
+            self.recovery_until = Some(self.snd_next);
+        }
     }
 
     fn sack_bits(&self) -> u64 {
@@ -472,9 +512,13 @@ impl Conn {
             self.rstats.out_of_window += 1;
             return false;
         }
+        let mut delivered = 0usize;
         if acked > 0 {
             let mut clean = true;
             for p in self.inflight.drain(..acked) {
+                if !p.sacked {
+                    delivered += 1;
+                }
                 if let Some(slot) = p.slot {
                     self.release.push(slot);
                 }
@@ -506,6 +550,7 @@ impl Conn {
                 if let Some(p) = self.inflight.get_mut(idx) {
                     if !p.sacked {
                         p.sacked = true;
+                        delivered += 1;
                         if p.retx == 0 {
                             self.rack_sent_ns = self.rack_sent_ns.max(p.sent_ns);
                         }
@@ -519,6 +564,14 @@ impl Conn {
             if let Some(top) = highest {
                 self.sacked_above = self.sacked_above.max(top + 1);
                 self.fast_retransmit(now);
+            }
+        }
+        if self.recovery_until.is_some_and(|r| !seq_lt(self.snd_una, r)) {
+            self.recovery_until = None;
+        }
+        if self.recovery_until.is_none() {
+            if let Some(cc) = &mut self.cc {
+                cc.on_ack(delivered, now, self.srtt_ns);
             }
         }
         true
@@ -544,6 +597,7 @@ impl Conn {
         let rtt = self.srtt_ns.max(self.cfg.rto_min_ns / 4);
         let newest = self.rack_sent_ns;
         let mut next_due: Option<u64> = None;
+        let mut lost = false;
         // Newest first, each to the front: the queue ends up oldest first.
         for p in self.inflight.iter_mut().take(self.sacked_above).rev() {
             if p.sacked || p.queued || p.sent_ns == 0 {
@@ -555,9 +609,13 @@ impl Conn {
                 p.retx += 1;
                 self.resend.push_front(p.seq);
                 self.rstats.fast_retransmits += 1;
+                lost = true;
             } else {
                 next_due = Some(next_due.map_or(due, |d| d.min(due)));
             }
+        }
+        if lost {
+            self.on_loss(now);
         }
         next_due
     }
@@ -876,6 +934,11 @@ impl<L: Link> Reliable<L> {
             sacked_above: 0,
             rack_sent_ns: 0,
             progress_ns: 0,
+            cc: match cfg.congestion {
+                Congestion::Cubic => Some(Cubic::new()),
+                Congestion::Off => None,
+            },
+            recovery_until: None,
             release: Vec::new(),
             reset_to: None,
             syn_now: false,
@@ -918,6 +981,30 @@ impl<L: Link> Reliable<L> {
         self.c.established
     }
 
+    /// Drives the handshake of two ends of one connection until both are
+    /// established, calling `step` between passes to let time pass (advance a
+    /// virtual clock, or sleep); at most `passes` passes. True if they made it.
+    /// For tests and harnesses that hold both ends (the conformance suites).
+    ///
+    /// # Panics
+    /// If a frame arrives during the handshake (nothing was sent), or a pass fails.
+    pub fn handshake(a: &mut Self, b: &mut Self, passes: usize, mut step: impl FnMut(&Self, &Self)) -> bool {
+        for _ in 0..passes {
+            if a.is_established() && b.is_established() {
+                return true;
+            }
+            for d in [&mut *a, &mut *b] {
+                while d
+                    .recv_frame(&mut |_| panic!("a frame arrived during the handshake"))
+                    .expect("handshake")
+                {}
+                d.doorbell().expect("handshake doorbell");
+            }
+            step(a, b);
+        }
+        a.is_established() && b.is_established()
+    }
+
     /// Why the connection ended, if it did.
     pub fn failure(&self) -> Option<&str> {
         self.c.dead.as_deref()
@@ -937,6 +1024,10 @@ impl<L: Link> Reliable<L> {
     pub fn rstats(&self) -> ReliableStats {
         let mut s = self.c.rstats;
         s.srtt_ns = self.c.srtt_ns;
+        if let Some(cc) = &self.c.cc {
+            s.cwnd = cc.window();
+            (s.cc_reductions, s.cc_timeouts) = cc.events();
+        }
         s.link = self.link.stats();
         s
     }
@@ -1176,6 +1267,10 @@ impl<L: Link> Reliable<L> {
         }
         if expired {
             self.c.backoff = (self.c.backoff + 1).min(16);
+            if let Some(cc) = &mut self.c.cc {
+                cc.on_timeout();
+            }
+            self.c.recovery_until = Some(self.c.snd_next);
         }
         self.c.fast_retransmit(now);
         if !self.c.peer_fin

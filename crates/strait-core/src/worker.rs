@@ -13,6 +13,7 @@ use crate::device::{Device, DeviceStats};
 use crate::engine::{complete_send, Endpoint, EpState, PostedRecv};
 use crate::notifier::Notifier;
 use crate::region::{Buf, MemoryRegion, RECV, SEND};
+use crate::spin::{SpinPolicy, WaitOutcome};
 
 /// Per-endpoint protocol counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -71,13 +72,19 @@ pub struct Worker<D: Device> {
     /// Devices of closed endpoints that still deliver what they accepted (lossy
     /// links retransmit until the peer acknowledges).
     closing: Vec<D>,
+    /// How long the next wait spins (see [`crate::spin`]).
+    spin: SpinPolicy,
+    /// When the machine's load was last sampled for the spin policy.
+    load_sampled: Option<Instant>,
 }
+
+/// How often an adaptive waiter samples the machine's load (three system calls).
+const LOAD_SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 impl<D: Device> Worker<D> {
     /// Creates a worker.
     pub fn new(cfg: Config) -> io::Result<Self> {
         Ok(Worker {
-            cfg,
             notifier: Notifier::new()?,
             eps: Vec::new(),
             cq: VecDeque::with_capacity(1024),
@@ -85,7 +92,20 @@ impl<D: Device> Worker<D> {
             last_liveness: Instant::now(),
             pollfds: Vec::new(),
             closing: Vec::new(),
+            spin: if cfg.spin_adaptive {
+                SpinPolicy::adaptive(cfg.spin)
+            } else {
+                SpinPolicy::fixed(cfg.spin)
+            },
+            load_sampled: None,
+            cfg,
         })
+    }
+
+    /// The spin budget the next [`Worker::wait`] will use (adaptive unless a budget
+    /// was configured explicitly: [`crate::spin`]).
+    pub fn spin_budget(&self) -> Duration {
+        self.spin.budget()
     }
 
     /// The settings in force.
@@ -252,17 +272,28 @@ impl<D: Device> Worker<D> {
         !self.cq.is_empty() || self.eps.iter().flatten().any(|e| e.st.failed.is_none() && e.st.outstanding())
     }
 
-    /// Waits for the next completion: polls for up to the configured spin budget,
-    /// then sleeps on the worker's eventfd (and every peer's liveness fd) until a peer
+    /// Waits for the next completion: polls for up to the spin budget (the
+    /// configured one, or less while spinning does not pay: [`crate::spin`]), then
+    /// sleeps on the worker's eventfd (and every peer's liveness fd) until a peer
     /// rings, a peer dies, or `timeout` expires. Returns [`WaitError::Idle`] at once if
     /// nothing is outstanding.
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Completion, WaitError> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
-        let spin_until = start + self.cfg.spin;
+        if self.cfg.spin_adaptive
+            && self.load_sampled.is_none_or(|t| start.duration_since(t) >= LOAD_SAMPLE_EVERY)
+        {
+            self.load_sampled = Some(start);
+            if let Some(l) = crate::spin::sample_load() {
+                self.spin.sample(l);
+            }
+        }
+        let spin_until = start + self.spin.budget();
+        let mut slept = false;
         let mut n: u32 = 0;
         loop {
             if let Some(c) = self.poll() {
+                self.spin.record(WaitOutcome { waited: start.elapsed(), slept });
                 return Ok(c);
             }
             if !self.has_outstanding() {
@@ -282,6 +313,7 @@ impl<D: Device> Worker<D> {
             if now < spin_until {
                 continue;
             }
+            slept = true;
             self.sleep(deadline)?;
         }
     }

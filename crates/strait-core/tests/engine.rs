@@ -461,17 +461,24 @@ fn bad_ranges_are_rejected_without_side_effects() {
     assert!(!wa.has_outstanding());
 }
 
-#[test]
-fn blocking_wait_sleeps_and_is_woken_across_threads() {
-    let cfg = Config { spin: std::time::Duration::ZERO, ..cfg_small() };
+/// Two workers over a loopback pair, each device ringing the other worker's eventfd
+/// (so blocking waits sleep and wake as over a real device).
+fn waking_pair(cfg: Config) -> (W, EpId, W, EpId) {
+    use std::os::fd::AsRawFd;
     let (mut a, mut b) = LoopbackDevice::pair(1 << 16);
     let mut wa = Worker::new(cfg.clone()).unwrap();
     let mut wb = Worker::new(cfg).unwrap();
-    use std::os::fd::AsRawFd;
     a.set_wake_fd(wa.notifier().as_raw_fd());
     b.set_wake_fd(wb.notifier().as_raw_fd());
     let ea = wa.attach(a);
     let eb = wb.attach(b);
+    (wa, ea, wb, eb)
+}
+
+#[test]
+fn blocking_wait_sleeps_and_is_woken_across_threads() {
+    let cfg = Config { spin: std::time::Duration::ZERO, ..cfg_small() };
+    let (mut wa, ea, mut wb, eb) = waking_pair(cfg);
     let t = std::thread::spawn(move || {
         let mut inbox = MemoryRegion::new(8).unwrap();
         for i in 0..200u64 {
@@ -494,6 +501,57 @@ fn blocking_wait_sleeps_and_is_woken_across_threads() {
         assert_eq!(mr.bytes().unwrap(), &i.to_le_bytes());
     }
     t.join().unwrap();
+}
+
+/// A waiter whose peer answers only after 3 ms stops spinning (each spin was
+/// wasted); once the peer answers at once again, spinning comes back. Counted by the
+/// worker's budget, not by timing the waits.
+#[test]
+fn a_waiter_stops_spinning_for_a_slow_peer_and_resumes_for_a_fast_one() {
+    use std::time::Duration;
+    let cfg = Config { spin: Duration::from_micros(200), ..cfg_small() };
+    assert!(cfg.spin_adaptive);
+    let (mut wa, ea, mut wb, eb) = waking_pair(cfg);
+    // The peer echoes 30 messages after 3 ms each, then 200 at once.
+    let t = std::thread::spawn(move || {
+        let mut inbox = MemoryRegion::new(8).unwrap();
+        for i in 0..230u64 {
+            wb.post_recv(eb, &mut inbox, 0..8, 0, 0, i).unwrap();
+            let c = wb.wait(Some(Duration::from_secs(5))).unwrap();
+            assert_eq!(c.status, Status::Ok);
+            if i < 30 {
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            wb.post_send(eb, &inbox, 0..8, 0, i).unwrap();
+            while wb.wait(Some(Duration::from_secs(5))).unwrap().op != OpKind::Send {}
+        }
+    });
+    let mut mr = MemoryRegion::new(8).unwrap();
+    let mut budget_after_slow = None;
+    let mut crowded_free = true;
+    for i in 0..230u64 {
+        if i == 30 {
+            budget_after_slow = Some(wa.spin_budget());
+        }
+        wa.post_send(ea, &mr, 0..8, 0, i).unwrap();
+        wa.post_recv(ea, &mut mr, 0..8, 0, 0, i).unwrap();
+        let mut got = 0;
+        while got < 2 {
+            assert_eq!(wa.wait(Some(Duration::from_secs(5))).unwrap().status, Status::Ok);
+            got += 1;
+        }
+        crowded_free &= strait_core::spin::sample_load().is_none_or(|l| l.runnable <= l.cores);
+    }
+    t.join().unwrap();
+    assert_eq!(budget_after_slow, Some(Duration::ZERO), "still spinning for a peer that answers in 3 ms");
+    // Unless the machine was crowded meanwhile (then the budget is zero for that).
+    if crowded_free {
+        assert_eq!(
+            wa.spin_budget(),
+            Duration::from_micros(200),
+            "spinning did not come back for a fast peer"
+        );
+    }
 }
 
 /// A peer that ignores credits and sends unmatched messages without end is stopped

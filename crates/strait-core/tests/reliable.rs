@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::rc::Rc;
 
+use strait_core::congestion::Congestion;
 use strait_core::reliable::{PacketAuth, PacketKey, Reliable, ReliableConfig};
 use strait_core::{Config, EpId, Link, LinkError, LinkStats, MemoryRegion, OpKind, SlotPool, Status, Worker};
 
@@ -539,7 +540,15 @@ fn close_delivers_everything_then_drains() {
     let mut inbox2 = MemoryRegion::new(16).expect("region");
     wb.post_recv(eb, &mut inbox2, 0..16, 0, 0, 0).expect("recv");
     wa.post_send(ea, &small, 0..16, 2, 0).expect("send");
-    while wa.poll().is_some() {}
+    // Close once the device took the message: close cancels what it has not (the
+    // congestion window may still hold it back behind the large transfer).
+    run(
+        &net,
+        &mut wa,
+        &mut wb,
+        5_000_000_000,
+        |wa, _| matches!(wa.poll(), Some(c) if c.op == OpKind::Send && c.status == Status::Ok),
+    );
     wa.close(ea);
     let mut got = Vec::new();
     run(&net, &mut wa, &mut wb, 5_000_000_000, |_, wb| {
@@ -585,7 +594,9 @@ fn bare_send(d: &mut Reliable<TestLink>, len: usize) {
 #[test]
 fn an_acknowledgement_leaves_while_a_stream_still_arrives() {
     use strait_core::Device;
-    let (net, mut a, mut b) = bare_pair(rel_cfg);
+    // The acknowledgement mechanism with a full window: no congestion window (whose
+    // slow start would hold the frames back).
+    let (net, mut a, mut b) = bare_pair(|n| ReliableConfig { congestion: Congestion::Off, ..rel_cfg(n) });
     // Nine frames of 42 packets, within the default window of 512.
     for _ in 0..9 {
         bare_send(&mut a, 60_000);
@@ -610,7 +621,13 @@ fn an_acknowledgement_leaves_while_a_stream_still_arrives() {
 #[test]
 fn the_retransmission_timer_restarts_when_acknowledgements_progress() {
     use strait_core::Device;
-    let cfg = |nonce| ReliableConfig { rto_min_ns: 5_000_000, rto_initial_ns: 5_000_000, ..rel_cfg(nonce) };
+    // Two frames at once, past the initial congestion window: the timer alone here.
+    let cfg = |nonce| ReliableConfig {
+        rto_min_ns: 5_000_000,
+        rto_initial_ns: 5_000_000,
+        congestion: Congestion::Off,
+        ..rel_cfg(nonce)
+    };
     let (net, mut a, mut b) = bare_pair(cfg);
     let tick = |ms: f64| net.clock.set(net.clock.get() + (ms * 1e6) as u64);
     // A short round trip first, so that the timeout is the 5 ms floor.

@@ -44,11 +44,15 @@
 //! (the "vault"), from which `exec` takes a copy with `MSG_PEEK` to hand the mapping
 //! to the new program (see `exec.rs`).
 
-use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::{c_int, c_void};
+
+use strait_shm::area::MappedArea;
+use strait_shm::ring::{announce_sleep, peer_needs_wake};
+use strait_shm::stream::ByteRing;
 
 use crate::real;
 
@@ -171,6 +175,8 @@ pub struct Shm {
     base: *mut u8,
     len: usize,
     pub(crate) ring: usize,
+    /// The data areas of the two directions.
+    areas: [MappedArea; 2],
 }
 
 // SAFETY: the pointer is into a shared mapping owned by this value; every word both
@@ -197,7 +203,16 @@ impl Shm {
     /// Maps a memfd of `HDR + 2 * ring` bytes.
     pub fn map(fd: c_int, ring: usize) -> Option<Shm> {
         let len = HDR + 2 * ring;
-        Some(Shm { base: map_shared(fd, len)?, len, ring })
+        let base = map_shared(fd, len)?;
+        // SAFETY: both data areas lie inside the mapping (after the header page, so
+        // page-aligned), which this value owns and unmaps only when dropped.
+        let areas = [0, 1].map(|d| unsafe { MappedArea::new(base.add(HDR + d * ring), ring) });
+        Some(Shm { base, len, ring, areas })
+    }
+
+    /// The byte ring of direction `d` (0: connector to acceptor).
+    pub(crate) fn ring(&self, d: usize) -> ByteRing<'_, MappedArea> {
+        ByteRing::new(self.word(ctl(d) + TAIL), self.word(ctl(d) + HEAD), &self.areas[d])
     }
 
     pub(crate) fn word(&self, off: usize) -> &AtomicU64 {
@@ -223,8 +238,7 @@ impl Shm {
     }
 
     pub(crate) fn data(&self, d: usize) -> *mut u8 {
-        // SAFETY: both data areas lie inside the mapping.
-        unsafe { self.base.add(HDR + d * self.ring) }
+        self.areas[d].base()
     }
 }
 
@@ -455,26 +469,24 @@ impl Conn {
 
     /// Bytes waiting to be read, or `Err` if the peer broke the ring.
     fn avail(&self) -> Result<(u64, u64), IoErr> {
-        let d = self.rx();
-        let tail = self.w(d, TAIL).load(Ordering::Acquire);
-        let head = self.w(d, HEAD).load(Ordering::Relaxed);
-        if tail < head || tail - head > self.shm.ring as u64 {
-            self.peer_dead.store(true, Ordering::Relaxed);
-            return Err(IoErr::Reset);
+        match self.shm.ring(self.rx()).readable() {
+            Ok(s) => Ok((s.pos, s.len)),
+            Err(_) => {
+                self.peer_dead.store(true, Ordering::Relaxed);
+                Err(IoErr::Reset)
+            }
         }
-        Ok((head, tail - head))
     }
 
     /// Free bytes in our transmit ring.
     fn room(&self) -> Result<(u64, u64), IoErr> {
-        let d = self.tx();
-        let tail = self.w(d, TAIL).load(Ordering::Relaxed);
-        let head = self.w(d, HEAD).load(Ordering::Acquire);
-        if tail < head || tail - head > self.shm.ring as u64 {
-            self.peer_dead.store(true, Ordering::Relaxed);
-            return Err(IoErr::Reset);
+        match self.shm.ring(self.tx()).writable() {
+            Ok(s) => Ok((s.pos, s.len)),
+            Err(_) => {
+                self.peer_dead.store(true, Ordering::Relaxed);
+                Err(IoErr::Reset)
+            }
         }
-        Ok((tail, self.shm.ring as u64 - (tail - head)))
     }
 
     fn rx_eof(&self) -> bool {
@@ -500,8 +512,7 @@ impl Conn {
     }
 
     fn wake_if(&self, flag: &AtomicU64) {
-        fence(Ordering::SeqCst);
-        if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0 {
+        if peer_needs_wake(flag) {
             self.ring_bell();
         }
     }
@@ -625,12 +636,11 @@ impl Conn {
     /// room (`tx`); the peer rings our eventfd when it changes either.
     pub fn announce(&self, rx: bool, tx: bool) {
         if rx {
-            self.w(self.rx(), RSLEEP).store(1, Ordering::Relaxed);
+            announce_sleep(self.w(self.rx(), RSLEEP));
         }
         if tx {
-            self.w(self.tx(), WSLEEP).store(1, Ordering::Relaxed);
+            announce_sleep(self.w(self.tx(), WSLEEP));
         }
-        fence(Ordering::SeqCst);
     }
 
     /// Blocks until `ready()` or `deadline`, spinning first; false on timeout.
@@ -799,7 +809,7 @@ impl Conn {
                 if peek {
                     return Ok(take);
                 }
-                self.w(self.rx(), HEAD).store(head + take as u64, Ordering::Release);
+                self.shm.ring(self.rx()).consume_to(head + take as u64);
                 drop(lock);
                 self.wake_if(self.w(self.rx(), WSLEEP));
                 if let Some(b) = self.remote.get() {
@@ -838,20 +848,16 @@ impl Conn {
         }
     }
 
-    /// Walks `len` bytes of direction `d`'s ring from position `pos` alongside the
-    /// caller's segments (pointer, length) from byte `skip` of them: `f(ring
-    /// address, caller address, bytes)` for each piece, which never wraps.
+    /// Walks `len` bytes of the caller's segments (pointer, length) from byte `skip`
+    /// of them: `f(ring position, caller address, bytes)` for each piece, the ring
+    /// positions from `pos` on (the ring splits a piece at its end).
     fn walk<P: Address>(
-        &self,
-        d: usize,
         pos: u64,
         segs: &[(P, usize)],
         skip: usize,
         len: usize,
-        mut f: impl FnMut(*mut u8, usize, usize),
+        mut f: impl FnMut(u64, usize, usize),
     ) {
-        let ring = self.shm.ring;
-        let base = self.shm.data(d);
         let (mut pos, mut skip, mut left) = (pos, skip, len);
         for &(p, l) in segs {
             if left == 0 {
@@ -861,27 +867,21 @@ impl Conn {
                 skip -= l;
                 continue;
             }
-            let p = p.address();
-            let mut at = skip;
+            let n = (l - skip).min(left);
+            f(pos, p.address() + skip, n);
             skip = 0;
-            while at < l && left > 0 {
-                let off = (pos % ring as u64) as usize;
-                let n = (l - at).min(left).min(ring - off);
-                // SAFETY: `off + n <= ring`: inside the data area of direction `d`.
-                f(unsafe { base.add(off) }, p + at, n);
-                at += n;
-                left -= n;
-                pos += n as u64;
-            }
+            left -= n;
+            pos += n as u64;
         }
     }
 
     fn copy_out(&self, head: u64, skip: usize, len: usize, iov: &[(*mut u8, usize)]) {
-        self.walk(self.rx(), head, iov, skip, len, |ring, user, n| {
-            // SAFETY: `n` bytes of our receive ring and of the caller's buffer (within
-            // its segment). The source may change under us (hostile peer): we only
-            // copy bytes.
-            unsafe { std::ptr::copy_nonoverlapping(ring, user as *mut u8, n) }
+        let ring = self.shm.ring(self.rx());
+        Self::walk(head, iov, skip, len, |pos, user, n| {
+            // SAFETY: `n` bytes of the caller's buffer, within one of its segments
+            // (the read or recv call's contract makes them ours to write).
+            let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, n) };
+            ring.read_at(pos, dst);
         });
     }
 
@@ -929,7 +929,7 @@ impl Conn {
             }
             let chunk = (room as usize).min(want - sent);
             self.copy_in(tail, iov, sent, chunk);
-            self.w(self.tx(), TAIL).store(tail + chunk as u64, Ordering::Release);
+            self.shm.ring(self.tx()).publish_to(tail + chunk as u64);
             drop(lock);
             self.wake_if(self.w(self.tx(), RSLEEP));
             if let Some(b) = self.remote.get() {
@@ -1065,7 +1065,7 @@ impl Conn {
                     skip = MSG_HDR as u64;
                 } else {
                     head += MSG_HDR as u64;
-                    self.w(self.rx(), HEAD).store(head, Ordering::Release);
+                    self.shm.ring(self.rx()).consume_to(head);
                     self.w(self.rx(), MSG_LEFT).store(left, Ordering::Relaxed);
                 }
                 n -= MSG_HDR as u64;
@@ -1076,7 +1076,7 @@ impl Conn {
                 if peek {
                     return Ok(take);
                 }
-                self.w(self.rx(), HEAD).store(head + take as u64, Ordering::Release);
+                self.shm.ring(self.rx()).consume_to(head + take as u64);
                 self.w(self.rx(), MSG_LEFT).store(left - take as u64, Ordering::Relaxed);
                 drop(lock);
                 self.wake_if(self.w(self.rx(), WSLEEP));
@@ -1248,7 +1248,7 @@ impl Conn {
             let n = (room as usize).min(need - done);
             self.copy_in(tail, &parts, done, n);
             done += n;
-            self.w(self.tx(), TAIL).store(tail + n as u64, Ordering::Release);
+            self.shm.ring(self.tx()).publish_to(tail + n as u64);
             if done < need {
                 held = Some(lock);
             } else {
@@ -1264,10 +1264,12 @@ impl Conn {
     /// Copies `len` bytes of `parts`, from byte `skip` of them, into our transmit
     /// ring at `tail`.
     fn copy_in(&self, tail: u64, parts: &[(*const u8, usize)], skip: usize, len: usize) {
-        self.walk(self.tx(), tail, parts, skip, len, |ring, user, n| {
-            // SAFETY: `n` bytes of the caller's data (within its segment) into our
-            // transmit ring, which the ring protocol gives to the producer there.
-            unsafe { std::ptr::copy_nonoverlapping(user as *const u8, ring, n) }
+        let ring = self.shm.ring(self.tx());
+        Self::walk(tail, parts, skip, len, |pos, user, n| {
+            // SAFETY: `n` bytes of the caller's data, within one of its segments (the
+            // write or send call's contract makes them readable).
+            let src = unsafe { std::slice::from_raw_parts(user as *const u8, n) };
+            ring.write_at(pos, src);
         });
     }
 

@@ -53,6 +53,7 @@ use crate::conn::{
 };
 use crate::discover::{close_all, key_of, sock_key, Key};
 use crate::real;
+use strait_shm::stream::pieces;
 
 const MSG_MAGIC: u64 = 0x3230_5652_5454_5253; // "SRTTRV02"
 /// Bytes of a discovery datagram: 48 of fields, then a 16-byte tag (zero without a
@@ -1481,20 +1482,19 @@ impl Bridge {
                             self.w(rx, HEAD).store(tail + n as u64, Ordering::Release);
                             return;
                         }
-                        let head = self.w(rx, HEAD).load(Ordering::Acquire);
-                        if tail < head || tail - head + n as u64 > ring {
+                        let ring_rx = self.shm.ring(rx);
+                        if !matches!(ring_rx.writable(), Ok(w) if w.len >= n as u64) {
                             // More than the credit we gave: a broken peer.
                             broke = true;
                             return;
                         }
                         let base = self.shm.data(rx);
                         let mut done = 0usize;
-                        while done < n {
-                            let off = ((tail + done as u64) % ring) as usize;
-                            let m = (n - done).min(self.shm.ring - off);
+                        for (off, m) in pieces(tail, n, self.shm.ring) {
                             // SAFETY: `off + m <= ring` inside the data area of the
                             // direction we produce; the consumer does not read beyond
-                            // the tail we publish after the copy.
+                            // the tail we publish after the copy. Straight from the
+                            // frame into the ring, no copy in between.
                             let ok = unsafe { f.read_raw(1 + done, base.add(off), m) };
                             if !ok {
                                 broke = true;
@@ -1502,7 +1502,7 @@ impl Bridge {
                             }
                             done += m;
                         }
-                        self.w(rx, TAIL).store(tail + n as u64, Ordering::Release);
+                        ring_rx.publish_to(tail + n as u64);
                         woke_reader = true;
                     }
                     F_CREDIT => {
@@ -1542,15 +1542,15 @@ impl Bridge {
             self.wake_app(self.w(rx, RSLEEP));
         }
         // Departures: as much as the peer's ring has room for.
+        let ring_tx = self.shm.ring(tx);
         loop {
-            let head = self.w(tx, HEAD).load(Ordering::Relaxed);
-            let tail = self.w(tx, TAIL).load(Ordering::Acquire);
-            if tail < head || tail - head > ring {
+            let Ok(waiting) = ring_tx.readable() else {
                 self.fail(st);
                 return true;
-            }
+            };
+            let head = waiting.pos;
             let credit = (st.peer_consumed + ring).saturating_sub(head);
-            let n = (tail - head).min(credit).min(self.max_data as u64) as usize;
+            let n = waiting.len.min(credit).min(self.max_data as u64) as usize;
             if n == 0 {
                 break;
             }
@@ -1558,12 +1558,11 @@ impl Bridge {
             let sent = st.dev.send_frame(1 + n, &mut |w| {
                 w.write(0, &[F_DATA]);
                 let mut done = 0usize;
-                while done < n {
-                    let off = ((head + done as u64) % ring) as usize;
-                    let m = (n - done).min(self.shm.ring - off);
+                for (off, m) in pieces(head, n, self.shm.ring) {
                     // SAFETY: `off + m <= ring` inside the data area the program
-                    // produces; bytes below its published tail are not written again
-                    // until we advance the head.
+                    // produces (a mapping only this process and its forks hold);
+                    // bytes below its published tail are not written again until we
+                    // advance the head.
                     let src = unsafe { std::slice::from_raw_parts(base.add(off), m) };
                     w.write(1 + done, src);
                     done += m;
@@ -1571,7 +1570,7 @@ impl Bridge {
             });
             match sent {
                 Ok(true) => {
-                    self.w(tx, HEAD).store(head + n as u64, Ordering::Release);
+                    ring_tx.consume_to(head + n as u64);
                     self.wake_app(self.w(tx, WSLEEP));
                 }
                 Ok(false) => break,

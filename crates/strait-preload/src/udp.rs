@@ -52,6 +52,8 @@ use crate::discover::{
 use crate::real;
 use crate::table::FdTable;
 use crate::trust::{self, Proto};
+use strait_shm::area::MappedArea;
+use strait_shm::dgram::{DgramRing, Pushed};
 
 const MAGIC: u64 = 0x3130_5044_5554_5253; // "SRTUDP01"
 const VERSION: u32 = 1;
@@ -64,9 +66,6 @@ const TAIL: usize = 512;
 const RSLEEP: usize = 640;
 const HEAD: usize = 768;
 
-const REC: usize = 8;
-const KIND_DATA: u64 = 0;
-const KIND_WRAP: u64 = 1;
 const HELLO_LEN: usize = 56;
 const REPLY_MAGIC: u64 = 0x3130_5950_4552_5253; // "SRREPY01"
 
@@ -108,10 +107,6 @@ fn ring_size() -> usize {
     Settings::get().ring.max(128 << 10)
 }
 
-fn pad8(n: usize) -> usize {
-    (n + 7) & !7
-}
-
 fn now_ns() -> u64 {
     static BASE: OnceLock<Instant> = OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
@@ -124,6 +119,8 @@ struct Map {
     base: *mut u8,
     len: usize,
     ring: usize,
+    /// The ring's data area.
+    area: MappedArea,
 }
 
 // SAFETY: the pointer is into a shared mapping owned by this value; every word both
@@ -135,7 +132,16 @@ unsafe impl Sync for Map {}
 impl Map {
     fn open(fd: c_int, ring: usize) -> Option<Map> {
         let len = HDR + ring;
-        Some(Map { base: crate::conn::map_shared(fd, len)?, len, ring })
+        let base = crate::conn::map_shared(fd, len)?;
+        // SAFETY: the data area follows the header page inside the mapping (so it is
+        // page-aligned), which this value owns and unmaps only when dropped.
+        let area = unsafe { MappedArea::new(base.add(HDR), ring) };
+        Some(Map { base, len, ring, area })
+    }
+
+    /// The channel's datagram ring.
+    fn dgram(&self) -> DgramRing<'_, MappedArea> {
+        DgramRing::new(self.word(TAIL), self.word(HEAD), &self.area)
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
@@ -147,25 +153,6 @@ impl Map {
     fn header_ok(&self) -> bool {
         self.word(0).load(Ordering::Relaxed) == MAGIC
             && self.word(8).load(Ordering::Relaxed) == VERSION as u64 | ((self.ring as u64) << 32)
-    }
-
-    fn data(&self) -> *mut u8 {
-        // SAFETY: the data area follows the header page inside the mapping.
-        unsafe { self.base.add(HDR) }
-    }
-
-    /// Record header at ring offset `off` (8-aligned, `off + 8 <= ring`).
-    fn rec_word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off.is_multiple_of(8) && off + REC <= self.ring);
-        // SAFETY: an 8-aligned word inside the data area.
-        unsafe { &*self.data().add(off).cast::<AtomicU64>() }
-    }
-
-    /// Bytes in the ring, or `None` if the positions are broken (hostile peer).
-    fn used(&self) -> Option<(u64, u64)> {
-        let tail = self.word(TAIL).load(Ordering::Acquire);
-        let head = self.word(HEAD).load(Ordering::Acquire);
-        (tail >= head && tail - head <= self.ring as u64 && head.is_multiple_of(8)).then_some((head, tail))
     }
 }
 
@@ -195,97 +182,53 @@ struct Got {
 
 impl InChan {
     fn has_data(&self) -> bool {
-        !self.dead.load(Ordering::Relaxed) && matches!(self.map.used(), Some((h, t)) if t != h)
+        !self.dead.load(Ordering::Relaxed) && self.map.dgram().has_data() == Ok(true)
     }
 
     fn tail(&self) -> u64 {
-        self.map.word(TAIL).load(Ordering::Relaxed)
+        self.map.dgram().tail()
     }
 
     /// Length of the next datagram, if any.
     fn next_len(&self) -> Option<usize> {
-        loop {
-            let (head, tail) = self.map.used()?;
-            if head == tail {
-                return None;
+        match self.map.dgram().next_len() {
+            Ok(n) => n,
+            Err(_) => {
+                self.dead.store(true, Ordering::Relaxed);
+                None
             }
-            let off = (head % self.map.ring as u64) as usize;
-            let w = self.map.rec_word(off).load(Ordering::Relaxed);
-            if w >> 32 == KIND_WRAP {
-                // Skip the wrap record (a consumer may race us: the CAS settles it).
-                let _ = self.map.word(HEAD).compare_exchange(
-                    head,
-                    head + (self.map.ring - off) as u64,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                );
-                continue;
-            }
-            return Some((w & 0xffff_ffff) as usize);
         }
     }
 
     /// Takes (or, with `peek`, copies without taking) the next datagram into `iov`.
     /// `Err` if the ring is broken.
     fn take(&self, iov: &[(*mut u8, usize)], peek: bool) -> Result<Option<Got>, ()> {
-        let ring = self.map.ring;
-        loop {
-            let Some((head, tail)) = self.map.used() else {
-                self.dead.store(true, Ordering::Relaxed);
-                return Err(());
-            };
-            if head == tail {
-                return Ok(None);
-            }
-            let off = (head % ring as u64) as usize;
-            let w = self.map.rec_word(off).load(Ordering::Relaxed);
-            let kind = w >> 32;
-            let len = (w & 0xffff_ffff) as usize;
-            if kind == KIND_WRAP {
-                if tail - head < (ring - off) as u64 {
-                    self.dead.store(true, Ordering::Relaxed);
-                    return Err(());
-                }
-                let _ = self.map.word(HEAD).compare_exchange(
-                    head,
-                    head + (ring - off) as u64,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                );
-                continue;
-            }
-            let rec = REC + pad8(len);
-            if kind != KIND_DATA || off + rec > ring || (tail - head) < rec as u64 {
-                self.dead.store(true, Ordering::Relaxed);
-                return Err(());
-            }
-            // Copy out, then claim the record; a consumer that lost the race
-            // (another thread or process took it) throws its copy away.
-            let mut src = off + REC;
+        let got = self.map.dgram().take(peek, |area, mut src, len| {
             let mut left = len;
             for &(p, l) in iov {
                 if left == 0 {
                     break;
                 }
                 let n = l.min(left);
-                // SAFETY: `src + n <= off + REC + len <= ring` inside the data area;
-                // `p` has room for `l >= n` bytes. The source may change under us
-                // (hostile peer or a racing consumer): we only copy bytes.
-                unsafe { std::ptr::copy_nonoverlapping(self.map.data().add(src), p, n) };
+                // SAFETY: the caller's segment has room for `l >= n` bytes (the recv
+                // call's contract).
+                let dst = unsafe { std::slice::from_raw_parts_mut(p, n) };
+                DgramRing::load(area, src, dst);
                 src += n;
                 left -= n;
             }
-            if peek {
-                return Ok(Some(Got { len, src: self.src }));
+        });
+        match got {
+            Ok(Some(len)) => {
+                if !peek {
+                    RECEIVED.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Some(Got { len, src: self.src }))
             }
-            if self
-                .map
-                .word(HEAD)
-                .compare_exchange(head, head + rec as u64, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                RECEIVED.fetch_add(1, Ordering::Relaxed);
-                return Ok(Some(Got { len, src: self.src }));
+            Ok(None) => Ok(None),
+            Err(_) => {
+                self.dead.store(true, Ordering::Relaxed);
+                Err(())
             }
         }
     }
@@ -430,21 +373,26 @@ impl OutChan {
         if self.map.word(RSLEEP).load(Ordering::Relaxed) != 0 && self.receiver_gone() {
             return Push::Dead;
         }
-        let ring = self.map.ring;
-        let rec = REC + pad8(len);
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let tail = self.map.word(TAIL).load(Ordering::Relaxed);
-        let off = (tail % ring as u64) as usize;
-        let waste = if ring - off < rec { ring - off } else { 0 };
+        let ring = self.map.dgram();
+        let fill = |area: &MappedArea, mut dst: usize| {
+            for &(p, l) in iov {
+                // SAFETY: the caller's segment holds `l` bytes (the send call's
+                // contract).
+                let src = unsafe { std::slice::from_raw_parts(p, l) };
+                DgramRing::store(area, dst, src);
+                dst += l;
+            }
+        };
         let mut yielded = false;
         loop {
-            let head = self.map.word(HEAD).load(Ordering::Acquire);
-            if head > tail || tail - head > ring as u64 {
-                self.dead.store(true, Ordering::Relaxed);
-                return Push::Dead;
-            }
-            if (tail - head) as usize + waste + rec <= ring {
-                break;
+            match ring.push(len, fill) {
+                Ok(Pushed::Sent) => break,
+                Err(_) => {
+                    self.dead.store(true, Ordering::Relaxed);
+                    return Push::Dead;
+                }
+                Ok(Pushed::Full) => {}
             }
             // Full. A receiver sharing our core gets it once (else a sender that
             // never blocks would keep it from ever draining).
@@ -464,20 +412,6 @@ impl OutChan {
             DROPPED.fetch_add(1, Ordering::Relaxed);
             return Push::Dropped;
         }
-        if waste > 0 {
-            self.map.rec_word(off).store(KIND_WRAP << 32, Ordering::Relaxed);
-        }
-        let at = (off + waste) % ring;
-        let mut dst = at + REC;
-        for &(p, l) in iov {
-            // SAFETY: `dst + l <= at + REC + len <= ring` inside the data area, which
-            // the ring gives to the producer (past the consumer's head); `p` holds `l`
-            // bytes of the caller's buffer.
-            unsafe { std::ptr::copy_nonoverlapping(p, self.map.data().add(dst), l) };
-            dst += l;
-        }
-        self.map.rec_word(at).store(len as u64 | (KIND_DATA << 32), Ordering::Relaxed);
-        self.map.word(TAIL).store(tail + (waste + rec) as u64, Ordering::Release);
         drop(_g);
         SENT.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
@@ -979,7 +913,7 @@ impl UdpSock {
         }
         let Some(ch) = self.channel(fd, dest) else { return kernel() };
         let mut r = ch.push(iov, len);
-        if matches!(r, Push::Dead) && ch.map.used().is_some() && ch.offer_again(fd, dest) {
+        if matches!(r, Push::Dead) && ch.map.dgram().has_data().is_ok() && ch.offer_again(fd, dest) {
             r = ch.push(iov, len);
         }
         match r {

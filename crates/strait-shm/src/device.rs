@@ -12,7 +12,9 @@ use strait_core::notifier::notify_fd;
 use strait_core::{ConfigError, Notifier};
 use thiserror::Error;
 
-use crate::ring::{self, AtomicU64, Consumer, Producer, RingMemory};
+use crate::area::{ByteArea, MappedArea};
+use crate::calibrate::{self, RndvChoice};
+use crate::ring::{self, AtomicU64, Consumer, Producer};
 use crate::sys::{self, Mapping};
 
 const MAGIC: u64 = 0x3130_4d48_5354_5253; // "SRTSHM01"
@@ -567,39 +569,6 @@ enum Side {
     Acceptor,
 }
 
-/// The ring data area inside the mapping.
-struct RingData {
-    base: *mut u8,
-    size: usize,
-}
-
-impl RingMemory for RingData {
-    fn size(&self) -> usize {
-        self.size
-    }
-    #[inline]
-    fn header(&self, offset: usize) -> &AtomicU64 {
-        assert!(
-            offset.is_multiple_of(ring::CELL) && offset < self.size,
-            "header offset {offset} off the cell grid"
-        );
-        // SAFETY: cell offsets inside the data area are 8-byte aligned (the area starts
-        // on a page) and in bounds (asserted); both processes access header words only
-        // atomically.
-        unsafe { &*self.base.add(offset).cast::<AtomicU64>() }
-    }
-    unsafe fn store(&self, offset: usize, src: &[u8]) {
-        // SAFETY: the caller keeps the range inside the data area (trait contract).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(offset), src.len()) }
-    }
-    unsafe fn load(&self, offset: usize, dst: &mut [u8]) {
-        // SAFETY: as above; the bytes are only copied, so a concurrent hostile write
-        // yields garbage that the ring's validation rejects, never undefined reads of
-        // Rust objects.
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(offset), dst.as_mut_ptr(), dst.len()) }
-    }
-}
-
 /// One end of an shm connection: a [`Device`] for [`strait_core::Worker::attach`].
 pub struct ShmDevice {
     map: Mapping,
@@ -611,10 +580,13 @@ pub struct ShmDevice {
     /// its pid could have been reused.
     pidfd: Option<OwnedFd>,
     remote_read_ok: bool,
+    /// Remote reads measured faster than the pipelined copy on this host
+    /// ([`calibrate`]), and possible for this peer.
+    prefer_remote_read: bool,
     tx: Producer,
     rx: Consumer,
-    tx_data: RingData,
-    rx_data: RingData,
+    tx_data: MappedArea,
+    rx_data: MappedArea,
     tx_ring: usize,
     rx_ring: usize,
     tx_blocked: Option<usize>,
@@ -641,7 +613,7 @@ impl std::fmt::Debug for ShmDevice {
             .field("peer_pid", &self.peer_pid)
             .field("peer_uid", &self.peer_uid)
             .field("remote_read", &self.remote_read_ok)
-            .field("ring_bytes", &self.tx_data.size)
+            .field("ring_bytes", &self.tx_data.size())
             .field("stats", &self.stats)
             .finish()
     }
@@ -746,11 +718,10 @@ impl ShmDevice {
             Side::Connector => (0, 1),
             Side::Acceptor => (1, 0),
         };
-        // SAFETY: both data areas lie inside the mapping (HEADER_BYTES + 2 rings).
-        let data = |k: usize| RingData {
-            base: unsafe { map.ptr.add(HEADER_BYTES + k * ring_bytes) },
-            size: ring_bytes,
-        };
+        // SAFETY: both data areas lie inside the mapping (HEADER_BYTES + 2 rings),
+        // page-aligned, and the device keeps the mapping as long as its areas.
+        let data =
+            |k: usize| unsafe { MappedArea::new(map.ptr.add(HEADER_BYTES + k * ring_bytes), ring_bytes) };
         let remote_read_ok = match peer_pid {
             Some(pid) => {
                 let mut v = 0u64;
@@ -760,6 +731,8 @@ impl ShmDevice {
             }
             None => false,
         };
+        // Measured once per host (cached), and only where it could matter.
+        let prefer_remote_read = remote_read_ok && calibrate::calibration().choice == RndvChoice::RemoteRead;
         Ok(ShmDevice {
             tx_data: data(tx_ring),
             rx_data: data(rx_ring),
@@ -770,6 +743,7 @@ impl ShmDevice {
             peer_uid: cred.uid,
             pidfd,
             remote_read_ok,
+            prefer_remote_read,
             tx: Producer::new(ring_bytes),
             rx: Consumer::new(ring_bytes),
             tx_ring,
@@ -910,7 +884,7 @@ impl Device for ShmDevice {
             Err(e) => return Err(self.corrupt(e.0)),
         };
         // SAFETY: the slot is inside the tx data area and reserved for us until commit.
-        let mut w = unsafe { FrameWriter::from_raw(self.tx_data.base.add(slot.offset), len) };
+        let mut w = unsafe { FrameWriter::from_raw(self.tx_data.base().add(slot.offset), len) };
         fill(&mut w);
         // Stamped before the commit store, so the peer's "found" stamp follows it.
         strait_probe::probe!(strait_probe::Stage::DevFilled);
@@ -947,7 +921,7 @@ impl Device for ShmDevice {
         }
         // SAFETY: the validated slot lies inside the rx data area; the peer will not
         // reuse it before we release it (and if it does anyway, RxFrame only copies).
-        let f = unsafe { RxFrame::from_raw(self.rx_data.base.add(slot.offset), slot.len) };
+        let f = unsafe { RxFrame::from_raw(self.rx_data.base().add(slot.offset), slot.len) };
         handle(&f);
         self.rx.release(slot);
         self.stats.frames_received += 1;
@@ -1007,6 +981,10 @@ impl Device for ShmDevice {
 
     fn supports_remote_read(&self) -> bool {
         self.remote_read_ok
+    }
+
+    fn prefers_remote_read(&self) -> bool {
+        self.prefer_remote_read && self.remote_read_ok
     }
 
     unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {

@@ -51,7 +51,12 @@
 //! # let _ = ep; Ok(()) }
 //! ```
 
+pub mod area;
+#[cfg(not(loom))]
+pub mod calibrate;
+pub mod dgram;
 pub mod ring;
+pub mod stream;
 
 #[cfg(not(loom))]
 mod device;

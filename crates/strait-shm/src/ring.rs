@@ -50,25 +50,19 @@ const KIND_PAD: u64 = 0x5350; // "SP"
 #[error("{0}")]
 pub struct Corrupt(pub String);
 
-/// The memory a ring's frames live in.
-pub trait RingMemory {
-    /// Size of the data area in bytes: a power of two, at least four [`CELL`]s.
-    fn size(&self) -> usize;
+pub use crate::area::{ByteArea, WordArea};
+
+/// The memory a ring's frames live in: a [`WordArea`] whose size is a power of two
+/// of at least four [`CELL`]s; frame headers are the words at cell offsets.
+pub trait RingMemory: WordArea {
     /// The header word at a cell-aligned `offset` (below `size()`).
-    fn header(&self, offset: usize) -> &AtomicU64;
-    /// Copies `src` to `offset`.
-    ///
-    /// # Safety
-    /// `offset + src.len() <= size()`, and the ring protocol must give the caller
-    /// exclusive use of those bytes (the producer, before it publishes them).
-    unsafe fn store(&self, offset: usize, src: &[u8]);
-    /// Copies bytes at `offset` into `dst`.
-    ///
-    /// # Safety
-    /// `offset + dst.len() <= size()`; the bytes may be concurrently written by a
-    /// hostile peer, so the implementation must only copy them.
-    unsafe fn load(&self, offset: usize, dst: &mut [u8]);
+    #[inline]
+    fn header(&self, offset: usize) -> &AtomicU64 {
+        self.word(offset)
+    }
 }
+
+impl<T: WordArea + ?Sized> RingMemory for T {}
 
 /// A frame reserved by the producer or found by the consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,12 +318,14 @@ mod tests {
             self.0.as_ptr() as *mut u8
         }
     }
-    impl RingMemory for Mem {
+    impl WordArea for Mem {
+        fn word(&self, offset: usize) -> &AtomicU64 {
+            &self.0[offset / 8]
+        }
+    }
+    impl ByteArea for Mem {
         fn size(&self) -> usize {
             self.0.len() * 8
-        }
-        fn header(&self, offset: usize) -> &AtomicU64 {
-            &self.0[offset / 8]
         }
         unsafe fn store(&self, offset: usize, src: &[u8]) {
             // SAFETY: single-threaded test; bounds per the trait contract.

@@ -14,39 +14,15 @@
 //!   catch the broken variant, or it proves nothing).
 #![cfg(loom)]
 
+mod loom_mem;
+use loom_mem::LoomMem;
+
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use strait_shm::ring::{announce_sleep, peer_needs_wake, withdraw_sleep, Consumer, Producer, RingMemory};
-
-/// The data area as 8-byte words.
-struct LoomMem(Vec<AtomicU64>);
-
-impl LoomMem {
-    fn new(size: usize) -> Self {
-        LoomMem((0..size / 8).map(|_| AtomicU64::new(0)).collect())
-    }
-}
-
-impl RingMemory for LoomMem {
-    fn size(&self) -> usize {
-        self.0.len() * 8
-    }
-    fn header(&self, offset: usize) -> &AtomicU64 {
-        &self.0[offset / 8]
-    }
-    unsafe fn store(&self, offset: usize, src: &[u8]) {
-        assert!(offset % 8 == 0 && src.len() % 8 == 0, "model payloads are whole words");
-        for (i, w) in src.chunks(8).enumerate() {
-            self.0[offset / 8 + i].store(u64::from_le_bytes(w.try_into().unwrap()), Ordering::Relaxed);
-        }
-    }
-    unsafe fn load(&self, offset: usize, dst: &mut [u8]) {
-        for (i, w) in dst.chunks_mut(8).enumerate() {
-            w.copy_from_slice(&self.0[offset / 8 + i].load(Ordering::Relaxed).to_le_bytes());
-        }
-    }
-}
+use strait_shm::ring::{
+    announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, Consumer, Producer, RingMemory,
+};
 
 struct Shared {
     mem: LoomMem,
@@ -175,7 +151,7 @@ fn consumer_wakeup(fenced: bool) {
                 sp.consumer_sleeps.swap(0, Ordering::Relaxed) != 0
             }
         });
-        let mut c = Consumer::new(256);
+        let c = Consumer::new(256);
         let slept = if fenced {
             announce_sleep(&s.consumer_sleeps);
             let data = c.has_data(&s.mem);

@@ -200,6 +200,9 @@ struct Dir {
     rng: SimRng,
     /// When the bottleneck finishes serializing what it has accepted.
     busy_until: u64,
+    /// A bottleneck shared with other directions ([`SimNet::share_bottleneck`]):
+    /// its index in `NetInner::shared`; `None`: this direction's own.
+    shared: Option<usize>,
     /// Partitions: `[from, until)` windows of virtual time.
     partitions: Vec<(u64, u64)>,
     /// Datagrams that arrived, waiting for the receiving link's `recv`.
@@ -256,6 +259,8 @@ struct NetInner {
     woken_flag: Vec<bool>,
     /// Draws for things that are not per direction (connection nonces).
     rng: SimRng,
+    /// Busy-until times of bottlenecks shared by several directions.
+    shared: Vec<u64>,
     tracer: Option<Tracer>,
 }
 
@@ -293,7 +298,11 @@ impl NetInner {
         }
         let mut ready = now;
         if p.bandwidth_bps > 0 {
-            let start = now.max(d.busy_until);
+            let busy = match d.shared {
+                Some(i) => &mut self.shared[i],
+                None => &mut d.busy_until,
+            };
+            let start = now.max(*busy);
             let backlog = ((start - now) as u128 * p.bandwidth_bps as u128 / 8_000_000_000) as u64;
             if p.queue_bytes > 0 && backlog + len > p.queue_bytes as u64 {
                 d.stats.queue_drops += 1;
@@ -301,8 +310,8 @@ impl NetInner {
                 return;
             }
             let ser = (len as u128 * 8_000_000_000).div_ceil(p.bandwidth_bps as u128) as u64;
-            d.busy_until = start + ser;
-            ready = d.busy_until;
+            *busy = start + ser;
+            ready = *busy;
         }
         let base = ready + p.latency_ns;
         let copies = if d.rng.chance(p.duplicate) {
@@ -444,6 +453,7 @@ impl SimNet {
                 woken: Vec::new(),
                 woken_flag: Vec::new(),
                 rng: SimRng::new(mix(&[seed, u64::MAX])),
+                shared: Vec::new(),
                 tracer: None,
             })),
         }
@@ -497,6 +507,7 @@ impl SimNet {
                 params,
                 rng: SimRng::new(mix(&[seed, id])),
                 busy_until: 0,
+                shared: None,
                 partitions: Vec::new(),
                 rx: VecDeque::new(),
                 rx_capacity: cfg.rx_capacity,
@@ -544,6 +555,22 @@ impl SimNet {
     pub fn set_params(&self, dir: DirId, params: LinkParams) {
         assert!(params.is_valid(), "link probabilities must lie in [0, 1]");
         self.inner.borrow_mut().dirs[dir.0 as usize].params = params;
+    }
+
+    /// Makes `dirs` share one bottleneck (one serialization queue): datagrams of
+    /// all of them wait behind each other, as flows through one router port do.
+    /// The bottleneck's rate and queue are each direction's `bandwidth_bps` and
+    /// `queue_bytes` (give them the same ones).
+    ///
+    /// # Panics
+    /// If a direction does not exist.
+    pub fn share_bottleneck(&self, dirs: &[DirId]) {
+        let mut n = self.inner.borrow_mut();
+        let i = n.shared.len();
+        n.shared.push(0);
+        for d in dirs {
+            n.dirs[d.0 as usize].shared = Some(i);
+        }
     }
 
     /// The parameters of one direction.

@@ -34,20 +34,10 @@ impl Harness for SimHarness {
 
     fn pair(&mut self) -> Pair<Reliable<SimLink>> {
         let (mut a, mut b) = self.net.reliable_pair(0, 1, LinkParams::default(), &self.link, &self.rel);
-        for _ in 0..10_000 {
-            if a.is_established() && b.is_established() {
-                return Pair { a, b, wake: None };
-            }
-            for d in [&mut a, &mut b] {
-                while d
-                    .recv_frame(&mut |_| panic!("a frame arrived during the handshake"))
-                    .expect("handshake")
-                {}
-                d.doorbell().expect("handshake doorbell");
-            }
-            self.step(&[&a, &b]);
+        if !Reliable::handshake(&mut a, &mut b, 10_000, |a, b| self.step(&[a, b])) {
+            panic!("the reliable pair never established: {} / {}", a.describe(), b.describe());
         }
-        panic!("the reliable pair never established: {} / {}", a.describe(), b.describe());
+        Pair { a, b, wake: None }
     }
 
     fn advance(&mut self, devs: &[&Reliable<SimLink>]) {

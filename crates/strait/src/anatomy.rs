@@ -181,6 +181,17 @@ enum Cmd {
     Quit,
 }
 
+/// The engine settings of both ends: the environment's, with the rendezvous path
+/// pinned to the pipelined copy unless `STRAIT_RNDV_MODE` says otherwise (the stage
+/// map dissects that path; `auto` would follow the host's calibration).
+fn engine_config() -> Result<Config, AnatomyError> {
+    let mut cfg = Config::from_env().map_err(|e| AnatomyError::Setup(format!("config: {e}")))?;
+    if std::env::var_os("STRAIT_RNDV_MODE").is_none() {
+        cfg.rndv_mode = strait_core::RndvMode::Copy;
+    }
+    Ok(cfg)
+}
+
 /// The answering end's loop: one batch of pongs per command, its probe log back.
 fn pong_thread(
     name: String,
@@ -188,8 +199,7 @@ fn pong_thread(
     replies: mpsc::Sender<Result<Vec<Stamp>, String>>,
 ) -> Result<(), AnatomyError> {
     let _ = pin(1);
-    let cfg = Config::from_env().map_err(|e| AnatomyError::Setup(format!("config: {e}")))?;
-    let w = Worker::new(cfg).map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
+    let w = Worker::new(engine_config()?).map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
     let dev = ShmDevice::connect(&name, &ShmConfig::default(), w.notifier())
         .map_err(|e| AnatomyError::Setup(format!("connect: {e}")))?;
     let mut end = End::new(w, dev)?;
@@ -284,8 +294,7 @@ pub fn run(
     let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
     let old_cpus = if two_cores { pin(0) } else { None };
     let result = (|| {
-        let w = Worker::new(Config::from_env().map_err(|e| AnatomyError::Setup(format!("config: {e}")))?)
-            .map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
+        let w = Worker::new(engine_config()?).map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
         let dev = listener.accept(w.notifier()).map_err(|e| AnatomyError::Setup(format!("accept: {e}")))?;
         let mut end = End::new(w, dev)?;
         let mut data = Vec::new();

@@ -19,3 +19,4 @@ pub use strait_shm;
 pub mod anatomy;
 pub mod bench;
 pub mod netns;
+pub mod preload;

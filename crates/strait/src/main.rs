@@ -40,6 +40,10 @@ enum Cmd {
     /// The analytical model: fit per-layer costs, check predictions against
     /// measurements, predict what-if machines (docs/MODEL.md).
     Model(model::ModelArgs),
+    /// Internal: the driver's end of the `strait-run` benchmark transport, under
+    /// the preload library.
+    #[command(name = "__bench-run-end", hide = true)]
+    BenchRunEnd,
     /// Internal: the peer process of one benchmark transport.
     #[command(name = "__bench-peer", hide = true)]
     BenchPeer {
@@ -162,6 +166,7 @@ fn main() -> ExitCode {
         Cmd::Model(args) => return model::run(args),
         Cmd::Bench(args) => bench(args),
         Cmd::BenchPeer { transport, nfds, args } => peer(&transport, nfds, &args),
+        Cmd::BenchRunEnd => strait::bench::run::helper_main(),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -406,6 +411,7 @@ fn bench(a: BenchArgs) -> Result<(), BenchError> {
             name: s.name().to_owned(),
             description: s.description().to_owned(),
             busy_poll: s.polls(),
+            settings: s.settings(),
         })
         .collect();
     let report = BenchReport { machine, results, transports };

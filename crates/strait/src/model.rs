@@ -317,6 +317,18 @@ fn describe_model(m: &FittedModel) -> String {
     let mut s = String::new();
     if let Some(shm) = &m.shm {
         let _ = writeln!(s, "strait-shm:");
+        // The runs' rendezvous path, and what `auto` takes on this host.
+        let _ = writeln!(
+            s,
+            "  rendezvous measured and modelled: {} ({}); this host's {}",
+            std::env::var("STRAIT_RNDV_MODE").unwrap_or_else(|_| "copy".into()),
+            if std::env::var_os("STRAIT_RNDV_MODE").is_some() {
+                "STRAIT_RNDV_MODE"
+            } else {
+                "pinned by strait model"
+            },
+            strait_shm::calibrate::calibration().describe()
+        );
         let e = &shm.eager;
         let _ = writeln!(
             s,
@@ -513,6 +525,11 @@ fn bench_once(
         .arg(out);
     if coarse {
         cmd.env("STRAIT_PIPELINE_THRESHOLD", format!("{}M", COARSE_THRESHOLD >> 20));
+    }
+    // The model's rendezvous equations describe the pipelined copy through the ring:
+    // measure that path, whatever the host's calibration would pick for `auto`.
+    if std::env::var_os("STRAIT_RNDV_MODE").is_none() {
+        cmd.env("STRAIT_RNDV_MODE", "copy");
     }
     let before = cpu_ticks();
     let o = cmd.output().map_err(|e| CliError::Measure(format!("strait bench: {e}")))?;

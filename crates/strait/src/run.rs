@@ -9,10 +9,6 @@ use std::process::{Command, ExitCode};
 
 use clap::Args;
 
-/// File name of the preload library (built by `cargo build --release` next to the
-/// `strait` binary).
-pub const PRELOAD_LIB: &str = "libstrait_preload.so";
-
 /// Checks a `--peers` list: addresses or address/prefix, comma-separated.
 fn parse_peers(v: &str) -> Result<String, String> {
     for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -82,25 +78,9 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-fn find_lib(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
-    let candidate =
-        explicit.or_else(|| std::env::var_os("STRAIT_PRELOAD_LIB").map(PathBuf::from)).or_else(|| {
-            let exe = std::env::current_exe().ok()?;
-            Some(exe.parent()?.join(PRELOAD_LIB))
-        });
-    match candidate {
-        Some(p) if p.is_file() => p.canonicalize().map_err(|e| format!("{}: {e}", p.display())),
-        Some(p) => Err(format!(
-            "{} not found (build it with `cargo build --release`, or pass --preload PATH)",
-            p.display()
-        )),
-        None => Err(format!("cannot locate {PRELOAD_LIB}: pass --preload PATH")),
-    }
-}
-
 /// Replaces this process with the command (returns only on failure).
 pub fn run(a: RunArgs) -> ExitCode {
-    let lib = match find_lib(a.preload) {
+    let lib = match strait::preload::find_lib(a.preload) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("strait run: {e}");

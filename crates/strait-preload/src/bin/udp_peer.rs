@@ -419,6 +419,77 @@ fn many_server(fd: c_int, total: usize) {
     println!("many server ok {got} from {} sources", last.len());
 }
 
+// ------------------------------------------------------------------ shared
+
+/// Datagrams the `shared` client sends.
+const SHARED_COUNT: u32 = 100_000;
+/// Threads of the `shared` server receiving on one socket.
+const SHARED_THREADS: usize = 4;
+/// Bytes of a `shared` datagram: its number, then the number's low byte repeated.
+const SHARED_LEN: usize = 40;
+
+/// `shared` server: four threads take datagrams from one socket at once (as a
+/// multi-threaded server or processes sharing a socket do). Each datagram must
+/// arrive whole and once; a thread's datagrams in order. Stops a while after the
+/// client's `END`.
+fn shared_server(s: UdpSocket) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let end = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..SHARED_THREADS)
+        .map(|_| {
+            let s = s.try_clone().expect("clone");
+            let end = end.clone();
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_millis(300))).expect("timeout");
+                let mut got = Vec::new();
+                let mut buf = [0u8; 64];
+                let give_up = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < give_up {
+                    match s.recv_from(&mut buf) {
+                        Ok((3, _)) if &buf[..3] == b"END" => end.store(true, Ordering::Relaxed),
+                        Ok((n, _)) => {
+                            assert_eq!(n, SHARED_LEN, "datagram cut or merged");
+                            let seq = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
+                            assert!(seq < SHARED_COUNT, "datagram number {seq} torn");
+                            assert!(buf[4..n].iter().all(|&b| b == seq as u8), "datagram {seq} torn");
+                            assert!(got.last().is_none_or(|&l| seq > l), "datagram {seq} after {got:?}");
+                            got.push(seq);
+                        }
+                        Err(_) if end.load(Ordering::Relaxed) => break,
+                        Err(_) => {}
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let mut all: Vec<u32> = threads.into_iter().flat_map(|t| t.join().expect("receiver thread")).collect();
+    let got = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), got, "a datagram was taken twice");
+    println!("shared server ok {got}");
+}
+
+/// `shared` client: sends the datagrams as fast as it can (a full ring drops, and
+/// the library counts it), then `END` three times.
+fn shared_client(port: u16) {
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let to: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut d = [0u8; SHARED_LEN];
+    for seq in 0..SHARED_COUNT {
+        d[..4].copy_from_slice(&seq.to_le_bytes());
+        d[4..].fill(seq as u8);
+        s.send_to(&d, to).expect("send");
+    }
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(100));
+        s.send_to(b"END", to).expect("send");
+    }
+    println!("shared client ok {SHARED_COUNT}");
+}
+
 // ------------------------------------------------------------------ closeall
 
 /// Rounds of the `closeall` echo; both ends sweep their descriptors after the first.
@@ -519,6 +590,11 @@ fn main() {
             let mode = a.get(2).cloned().unwrap_or_default();
             if mode == "fork" {
                 return fork_server(s);
+            }
+            if mode == "shared" {
+                println!("PORT {port}");
+                std::io::stdout().flush().ok();
+                return shared_server(s);
             }
             println!("PORT {port}");
             std::io::stdout().flush().ok();
@@ -639,6 +715,7 @@ fn main() {
                         assert_eq!(send_to(fd, b"where to?", port), 9);
                     }
                 }
+                "shared" => shared_client(port),
                 "fork" => {
                     let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
                     let to: SocketAddr = ([127, 0, 0, 1], port).into();

@@ -6,15 +6,18 @@
 use strait_anatomy::{BenchError, TransportSpec};
 
 pub mod native;
+pub mod run;
 pub mod shm;
 pub mod udp;
 pub mod xdp;
 
 /// Every transport `strait bench` knows, in report order: strait's native path
-/// first, then the kernel paths, then the physical floor.
+/// and the path `strait run` gives unchanged programs first, then the kernel paths,
+/// then the physical floor.
 pub fn specs() -> Vec<&'static dyn TransportSpec> {
     let mut v: Vec<&'static dyn TransportSpec> = Vec::new();
     v.push(&shm::StraitShm);
+    v.push(&run::StraitRun);
     v.extend(strait_anatomy::builtin_specs());
     v
 }

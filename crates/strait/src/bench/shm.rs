@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use strait_anatomy::transport::Result;
 use strait_anatomy::{BenchError, Pending, Transport, TransportSpec};
-use strait_core::{Config, Worker};
+use strait_core::{Config, RndvMode, Worker};
 use strait_shm::{ShmConfig, ShmDevice, ShmListener};
 
 use super::native::NativeLink;
@@ -33,6 +33,14 @@ impl TransportSpec for StraitShm {
 
     fn polls(&self) -> bool {
         true
+    }
+
+    fn settings(&self) -> Option<String> {
+        match Config::from_env() {
+            Ok(c) if c.rndv_mode == RndvMode::Auto => Some(strait_shm::calibrate::calibration().describe()),
+            Ok(c) => Some(format!("rendezvous = {:?} (STRAIT_RNDV_MODE)", c.rndv_mode)),
+            Err(_) => None,
+        }
     }
 
     fn listen(&self) -> Result<Pending> {

@@ -1,0 +1,532 @@
+//! Which rendezvous data path is faster on this host, measured rather than assumed.
+//!
+//! A large message on the shm device moves one of two ways once the receiver has
+//! matched it: the pipelined copy (the sender copies chunk k+1 into the ring while
+//! the receiver copies chunk k out: two copies, two cores) or a remote read (the
+//! receiver copies straight out of the sender's buffer with `process_vm_readv`: one
+//! copy, one core). Which wins depends on the machine: on a 2-core AMD EPYC VM the
+//! copy streamed 1 MiB at ~14 GB/s against ~9 GB/s; on a 2-core Intel Xeon VM the
+//! remote read reached 10.3 GB/s against 7.1 (docs/PERFORMANCE.md). A constant is
+//! wrong on one of them, so [`RndvMode::Auto`](strait_core::RndvMode::Auto) follows
+//! a short measurement of both paths on this host:
+//!
+//! * the copy path: two threads, a 4-slot ring of 128 KiB chunks between them, 1 MiB
+//!   messages from a source buffer to a destination buffer, as the engine pipelines;
+//! * the remote read: `process_vm_readv` of the same 1 MiB messages (from this
+//!   process, which costs what reading a peer costs: the kernel pins the source
+//!   pages and copies on the reader's core).
+//!
+//! In both the message was last written by the other thread, as a sender's buffer
+//! is. Each is timed three times over 16 MiB and the best run counts (the others saw
+//! interference); a measurement taken while the machine was busy (load average
+//! above cores less one half) is cached for ten minutes only. The remote read is chosen when it is at least 5% faster (the copy
+//! path leaves the sender's core free for nothing, but it needs no ptrace permission
+//! and keeps working across users). About 10-30 ms, once per host: the result is
+//! cached in `$XDG_CACHE_HOME/strait/calibration` (else `~/.cache/strait/`), keyed by
+//! the boot id, the CPU model and the kernel release, and used only if the file and
+//! its folder belong to this user and nobody else can write them (a planted file
+//! must not steer the choice). `STRAIT_CALIBRATE=off` skips the measurement (the
+//! copy path, as before); `=copy` or `=remote-read` sets the outcome without
+//! measuring (deterministic runs); `=fresh` measures again. `STRAIT_RNDV_MODE` other
+//! than `auto` bypasses all of this.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// The rendezvous data path chosen for [`RndvMode::Auto`](strait_core::RndvMode::Auto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RndvChoice {
+    /// The pipelined two-core copy through the ring.
+    Copy,
+    /// The receiver's single copy out of the sender's memory.
+    RemoteRead,
+}
+
+impl RndvChoice {
+    /// As written in the cache and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            RndvChoice::Copy => "copy",
+            RndvChoice::RemoteRead => "remote-read",
+        }
+    }
+}
+
+/// Where a [`Calibration`] came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Measured by this process.
+    Measured,
+    /// Read from the cache file.
+    Cached(PathBuf),
+    /// `STRAIT_CALIBRATE=off`: no measurement.
+    Off,
+    /// `STRAIT_CALIBRATE=copy` or `=remote-read`: the choice given, not measured
+    /// (deterministic runs and tests).
+    Forced,
+}
+
+/// The result of the calibration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    /// The path `auto` takes.
+    pub choice: RndvChoice,
+    /// Best measured pipelined-copy bandwidth, GB/s (0 if not measured).
+    pub copy_gbps: f64,
+    /// Best measured remote-read bandwidth, GB/s (0 if not measured or refused).
+    pub remote_read_gbps: f64,
+    /// Where it came from.
+    pub source: Source,
+}
+
+impl Calibration {
+    /// One line for reports: what was chosen and why.
+    pub fn describe(&self) -> String {
+        match &self.source {
+            Source::Off => "rendezvous auto = copy (STRAIT_CALIBRATE=off)".into(),
+            Source::Forced => format!("rendezvous auto = {} (STRAIT_CALIBRATE)", self.choice.name()),
+            s => format!(
+                "rendezvous auto = {} (measured on this host: copy {:.1} GB/s, remote read {:.1} GB/s; {})",
+                self.choice.name(),
+                self.copy_gbps,
+                self.remote_read_gbps,
+                match s {
+                    Source::Cached(p) => format!("cached in {}", p.display()),
+                    _ => "measured now".into(),
+                }
+            ),
+        }
+    }
+}
+
+/// The remote read must beat the copy by this factor to be chosen.
+const MARGIN: f64 = 1.05;
+
+/// The choice for measured bandwidths (GB/s; 0 = could not run).
+pub fn decide(copy_gbps: f64, remote_read_gbps: f64) -> RndvChoice {
+    if remote_read_gbps > 0.0 && remote_read_gbps >= copy_gbps * MARGIN {
+        RndvChoice::RemoteRead
+    } else {
+        RndvChoice::Copy
+    }
+}
+
+/// This host's calibration: from the cache if valid, else measured (and cached).
+/// Never fails: whatever goes wrong leaves the copy path.
+pub fn calibration() -> &'static Calibration {
+    static C: OnceLock<Calibration> = OnceLock::new();
+    C.get_or_init(|| {
+        let mode = std::env::var("STRAIT_CALIBRATE").unwrap_or_default();
+        let fixed = |choice, source| Calibration { choice, copy_gbps: 0.0, remote_read_gbps: 0.0, source };
+        match mode.as_str() {
+            "off" => return fixed(RndvChoice::Copy, Source::Off),
+            "copy" => return fixed(RndvChoice::Copy, Source::Forced),
+            "remote-read" => return fixed(RndvChoice::RemoteRead, Source::Forced),
+            _ => {}
+        }
+        let key = host_key();
+        let path = cache_path();
+        if mode != "fresh" {
+            if let Some(c) = path.as_deref().and_then(|p| load(p, &key)) {
+                return c;
+            }
+        }
+        // One process measures at a time (two measuring at once on a small host
+        // would halve each other's numbers): the others wait for its result.
+        let _lock = path.as_deref().and_then(MeasureLock::take);
+        if mode != "fresh" {
+            if let Some(c) = path.as_deref().and_then(|p| load(p, &key)) {
+                return c;
+            }
+        }
+        let keep = quiet();
+        let (copy_gbps, remote_read_gbps) = measure();
+        let c = Calibration {
+            choice: decide(copy_gbps, remote_read_gbps),
+            copy_gbps,
+            remote_read_gbps,
+            source: Source::Measured,
+        };
+        if let Some(p) = path {
+            let _ = store(&p, &key, &c, keep && quiet());
+        }
+        c
+    })
+}
+
+/// What the cache is valid for: the boot (a new VM or host is a new boot), the CPU
+/// model and the kernel.
+fn host_key() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.to_owned()))
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{}|{}|{}", boot.trim(), cpu.split(':').nth(1).unwrap_or("").trim(), kernel.trim())
+}
+
+fn cache_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("strait").join("calibration"))
+}
+
+/// True if `p` belongs to this user and nobody else may write it.
+fn private(p: &Path) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(p)
+        .is_ok_and(|m| m.uid() == me && m.mode() & 0o022 == 0 && !m.file_type().is_symlink())
+}
+
+/// The cached calibration at `p`, if the file and its folder are private and it was
+/// made on this host.
+fn load(p: &Path, key: &str) -> Option<Calibration> {
+    if !private(p) || !p.parent().is_some_and(private) {
+        return None;
+    }
+    let text = std::fs::read_to_string(p).ok()?;
+    let mut fields = std::collections::HashMap::new();
+    for line in text.lines() {
+        let (k, v) = line.split_once('=')?;
+        fields.insert(k, v);
+    }
+    if fields.get("host").copied() != Some(key) {
+        return None;
+    }
+    let choice = match *fields.get("choice")? {
+        "copy" => RndvChoice::Copy,
+        "remote-read" => RndvChoice::RemoteRead,
+        _ => return None,
+    };
+    let num =
+        |k: &str| fields.get(k).and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0);
+    let (copy_gbps, remote_read_gbps) = (num("copy_gbps")?, num("remote_read_gbps")?);
+    // The file must agree with the rule, or it was not written by it.
+    if decide(copy_gbps, remote_read_gbps) != choice {
+        return None;
+    }
+    // A measurement from a busy machine serves for a while only, then is taken again.
+    let at = fields.get("at").and_then(|v| v.parse::<u64>().ok())?;
+    match *fields.get("quiet")? {
+        "1" => {}
+        "0" if unix_now().saturating_sub(at) <= BUSY_VALID_S => {}
+        _ => return None,
+    }
+    Some(Calibration { choice, copy_gbps, remote_read_gbps, source: Source::Cached(p.to_owned()) })
+}
+
+/// An exclusive lock on `calibration.lock` beside the cache, held while measuring;
+/// released when the file closes (drop).
+struct MeasureLock {
+    _file: std::fs::File,
+}
+
+impl MeasureLock {
+    /// Waits up to 2 s for the lock (a measurement takes well under that); `None` if
+    /// there is no private folder to lock in, or the wait ran out (then measure
+    /// anyway: never block a connection for long).
+    fn take(cache: &Path) -> Option<MeasureLock> {
+        use std::os::fd::AsRawFd;
+        let dir = cache.parent()?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).ok()?;
+        if !private(dir) {
+            return None;
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(dir.join("calibration.lock"))
+            .ok()?;
+        let end = Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(MeasureLock { _file: f });
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+/// How long a measurement taken on a busy machine is used, seconds.
+const BUSY_VALID_S: u64 = 600;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Writes the cache (folder 0700, file 0600, replaced atomically); `quiet`: the
+/// machine was quiet while measuring (else the entry expires after
+/// [`BUSY_VALID_S`]).
+fn store(p: &Path, key: &str, c: &Calibration, quiet: bool) -> std::io::Result<()> {
+    let dir = p.parent().ok_or_else(|| std::io::Error::other("no folder"))?;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    if !private(dir) {
+        return Err(std::io::Error::other("cache folder not private"));
+    }
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let tmp =
+        dir.join(format!(".calibration.{}.{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    writeln!(
+        f,
+        "host={key}\nchoice={}\ncopy_gbps={:.3}\nremote_read_gbps={:.3}\nquiet={}\nat={}",
+        c.choice.name(),
+        c.copy_gbps,
+        c.remote_read_gbps,
+        u8::from(quiet),
+        unix_now()
+    )?;
+    drop(f);
+    std::fs::rename(&tmp, p).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Bytes of one measured message, and of one measured run.
+const MSG: usize = 1 << 20;
+const RUN: usize = 16 << 20;
+const CHUNK: usize = 128 << 10;
+const SLOTS: usize = 4;
+
+/// Best of three runs of each path, GB/s.
+fn measure() -> (f64, f64) {
+    let mut src = vec![0u8; MSG];
+    let mut dst = vec![0u8; MSG];
+    let best = |f: &mut dyn FnMut() -> Option<f64>| (0..3).filter_map(|_| f()).fold(0.0f64, f64::max);
+    let copy = best(&mut || copy_run(&mut src, &mut dst));
+    let remote = best(&mut || remote_read_run(&mut src, &mut dst));
+    (copy, remote)
+}
+
+/// True if the machine looked idle enough for a measurement worth keeping: fewer
+/// runnable threads on average over the last minute than cores less one half (the
+/// copy path needs two cores; on a busy host both paths measure low, the copy
+/// lower, and that must not be cached for the rest of the boot).
+fn quiet() -> bool {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    load.is_some_and(|l| l < cores - 0.5)
+}
+
+fn gbps(bytes: usize, secs: f64) -> Option<f64> {
+    (secs > 0.0).then(|| bytes as f64 / secs / 1e9)
+}
+
+/// Writes the message as an application would before sending it (its lines then sit
+/// dirty in the writing core's cache, as a sender's buffer does).
+fn fill(buf: &mut [u8], round: usize) {
+    buf.fill(round as u8 | 1);
+}
+
+/// The pipelined copy: a producer thread (which wrote the message) copies chunks
+/// into a ring of [`SLOTS`] slots, the consumer (this thread) copies them out.
+fn copy_run(src: &mut [u8], dst: &mut [u8]) -> Option<f64> {
+    let mut ring = vec![0u8; SLOTS * CHUNK];
+    let ring_ptr = ring.as_mut_ptr() as usize;
+    let chunks = RUN / CHUNK;
+    let per_msg = MSG / CHUNK;
+    let produced = AtomicU64::new(0);
+    let consumed = AtomicU64::new(0);
+    let started = AtomicU64::new(0);
+    let mut t = None;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            fill(src, 0);
+            started.store(1, Ordering::Release);
+            for i in 0..chunks {
+                while (i as u64) >= consumed.load(Ordering::Acquire) + SLOTS as u64 {
+                    std::hint::spin_loop();
+                }
+                let from = &src[(i % per_msg) * CHUNK..][..CHUNK];
+                // SAFETY: slot `i % SLOTS` lies inside `ring`, which outlives the
+                // scope; the consumer is done with it (consumed > i - SLOTS), and
+                // only this thread writes it until it publishes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        from.as_ptr(),
+                        (ring_ptr as *mut u8).add((i % SLOTS) * CHUNK),
+                        CHUNK,
+                    )
+                };
+                produced.store(i as u64 + 1, Ordering::Release);
+            }
+        });
+        while started.load(Ordering::Acquire) == 0 {
+            std::hint::spin_loop();
+        }
+        t = Some(Instant::now());
+        for i in 0..chunks {
+            while produced.load(Ordering::Acquire) <= i as u64 {
+                std::hint::spin_loop();
+            }
+            let to = &mut dst[(i % per_msg) * CHUNK..][..CHUNK];
+            // SAFETY: the producer published slot `i % SLOTS` (Acquire above) and
+            // does not touch it again until we hand it back.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (ring_ptr as *const u8).add((i % SLOTS) * CHUNK),
+                    to.as_mut_ptr(),
+                    CHUNK,
+                )
+            };
+            consumed.store(i as u64 + 1, Ordering::Release);
+        }
+    });
+    drop(ring);
+    gbps(RUN, t?.elapsed().as_secs_f64())
+}
+
+/// The remote read: another thread writes each message (as the sender's program
+/// does), then this thread reads it whole with `process_vm_readv` (from this
+/// process: the kernel pins the pages and copies on the reader's core, as for a
+/// peer); only the reads are timed.
+fn remote_read_run(src: &mut [u8], dst: &mut [u8]) -> Option<f64> {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let addr = src.as_ptr() as u64;
+    let mut secs = 0.0;
+    for round in 0..RUN / MSG {
+        std::thread::scope(|s| {
+            s.spawn(|| fill(src, round));
+        });
+        let t = Instant::now();
+        // SAFETY: `dst` is valid for `MSG` bytes and `addr` is `src`, our own readable
+        // memory, not borrowed mutably meanwhile (the writer thread has ended).
+        unsafe { crate::sys::vm_read(me, addr, dst.as_mut_ptr(), MSG) }.ok()?;
+        secs += t.elapsed().as_secs_f64();
+    }
+    gbps(RUN, secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_remote_read_needs_a_clear_margin() {
+        assert_eq!(decide(7.1, 10.3), RndvChoice::RemoteRead);
+        assert_eq!(decide(14.0, 9.0), RndvChoice::Copy);
+        assert_eq!(decide(10.0, 10.4), RndvChoice::Copy);
+        assert_eq!(decide(10.0, 0.0), RndvChoice::Copy);
+        assert_eq!(decide(0.0, 0.0), RndvChoice::Copy);
+    }
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("strait-cal-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_cache_round_trips_only_for_its_host() {
+        let d = dir("rt");
+        let p = d.join("calibration");
+        let c = Calibration {
+            choice: RndvChoice::RemoteRead,
+            copy_gbps: 7.1,
+            remote_read_gbps: 10.3,
+            source: Source::Measured,
+        };
+        store(&p, "host-a", &c, true).unwrap();
+        let back = load(&p, "host-a").expect("valid cache");
+        assert_eq!(
+            (back.choice, back.copy_gbps, back.remote_read_gbps),
+            (c.choice, c.copy_gbps, c.remote_read_gbps)
+        );
+        assert_eq!(back.source, Source::Cached(p.clone()));
+        assert!(load(&p, "host-b").is_none(), "a cache from another host was used");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_cache_anyone_could_have_written_is_ignored() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dir("perm");
+        let p = d.join("calibration");
+        let c = Calibration {
+            choice: RndvChoice::Copy,
+            copy_gbps: 9.0,
+            remote_read_gbps: 1.0,
+            source: Source::Measured,
+        };
+        store(&p, "h", &c, true).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(load(&p, "h").is_none(), "a world-writable cache was trusted");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(load(&p, "h").is_none(), "a cache in a world-writable folder was trusted");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(load(&p, "h").is_some());
+        // A file that contradicts the rule (say, edited to force remote reads) is not
+        // taken.
+        std::fs::write(
+            &p,
+            "host=h\nchoice=remote-read\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=1\nat=0\n",
+        )
+        .unwrap();
+        assert!(load(&p, "h").is_none(), "a cache contradicting its own numbers was trusted");
+        std::fs::write(&p, "garbage").unwrap();
+        assert!(load(&p, "h").is_none());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_measurement_from_a_busy_machine_expires() {
+        let d = dir("busy");
+        let p = d.join("calibration");
+        let c = Calibration {
+            choice: RndvChoice::Copy,
+            copy_gbps: 9.0,
+            remote_read_gbps: 1.0,
+            source: Source::Measured,
+        };
+        store(&p, "h", &c, false).unwrap();
+        assert!(load(&p, "h").is_some(), "a fresh busy measurement serves");
+        let old = unix_now() - BUSY_VALID_S - 1;
+        std::fs::write(
+            &p,
+            format!("host=h\nchoice=copy\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=0\nat={old}\n"),
+        )
+        .unwrap();
+        assert!(load(&p, "h").is_none(), "an old busy measurement was still used");
+        std::fs::write(
+            &p,
+            format!("host=h\nchoice=copy\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=1\nat={old}\n"),
+        )
+        .unwrap();
+        assert!(load(&p, "h").is_some(), "a quiet measurement serves for the whole boot");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn both_paths_measure_and_move_the_bytes() {
+        let mut src = vec![0u8; MSG];
+        let mut dst = vec![0u8; MSG];
+        assert!(copy_run(&mut src, &mut dst).is_some_and(|g| g > 0.0));
+        assert!(dst.iter().all(|&b| b == 1), "the measured copy path did not move the bytes");
+        dst.fill(0);
+        if let Some(g) = remote_read_run(&mut src, &mut dst) {
+            assert!(g > 0.0);
+            assert_eq!(dst, src, "the measured remote read did not move the bytes");
+            assert!(dst.iter().all(|&b| b == (RUN / MSG - 1) as u8 | 1), "not the last message");
+        }
+    }
+}

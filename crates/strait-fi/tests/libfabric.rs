@@ -37,8 +37,11 @@ fn provider_dir() -> &'static Path {
             .into_iter()
             .find(|p| p.exists())
             .expect("libstrait_fi.so next to the test binary (cargo builds the cdylib with the tests)");
-        let dir = std::env::temp_dir().join(format!("strait-fi-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        // In the build's output (not /tmp): runs reuse it instead of leaving a
+        // directory each.
+        let dir = deps.join("../strait-fi-test");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("test dir");
         let link = dir.join("libstrait-fi.so");
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(lib.canonicalize().expect("canonical path"), &link).expect("symlink");
@@ -46,7 +49,7 @@ fn provider_dir() -> &'static Path {
     })
 }
 
-/// A private temp directory for one test.
+/// A directory for one test's files (under the provider's directory).
 fn temp_dir(tag: &str) -> PathBuf {
     let d = provider_dir().join(tag);
     std::fs::create_dir_all(&d).expect("temp dir");

@@ -44,6 +44,11 @@ pub struct Crowding {
 }
 
 impl Crowding {
+    /// Not crowded, no sample yet.
+    pub const fn new() -> Self {
+        Crowding { crowded: false, over: 0 }
+    }
+
     /// Takes a load sample: crowded once two samples in a row saw more runnable
     /// threads than cores (one can catch a passing kernel thread), uncrowded at the
     /// first that does not. Two spinning ends on two cores are not crowded: the

@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use libc::{c_int, c_void};
 
+use strait_core::spin::{Crowding, SpinPolicy, WaitOutcome};
 use strait_shm::area::MappedArea;
 use strait_shm::ring::{announce_sleep, peer_needs_wake};
 use strait_shm::stream::ByteRing;
@@ -124,7 +125,11 @@ pub struct PendingC {
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
     pub ring: usize,
+    /// How long a blocked call spins before it sleeps, at most.
     pub spin: Duration,
+    /// The spin adapts below [`Settings::spin`] (`STRAIT_SPIN_US` unset): see
+    /// [`spin_policy`].
+    pub spin_adaptive: bool,
     pub attach_timeout: Duration,
     pub announce_wait: Duration,
     pub enabled: bool,
@@ -158,6 +163,7 @@ impl Settings {
             Settings {
                 ring,
                 spin: Duration::from_micros(env_u64("STRAIT_SPIN_US").unwrap_or(20)),
+                spin_adaptive: env_u64("STRAIT_SPIN_US").is_none(),
                 attach_timeout: Duration::from_millis(env_u64("STRAIT_ATTACH_TIMEOUT_MS").unwrap_or(1000)),
                 announce_wait: Duration::from_millis(env_u64("STRAIT_ANNOUNCE_WAIT_MS").unwrap_or(200)),
                 enabled: std::env::var("STRAIT_DISABLE").map(|v| v.is_empty() || v == "0").unwrap_or(true),
@@ -169,6 +175,45 @@ impl Settings {
         })
     }
 }
+
+/// A new waiter's spin policy (strait-core's [`SpinPolicy`]): adaptive unless
+/// `STRAIT_SPIN_US` fixed the budget.
+pub(crate) fn spin_policy() -> SpinPolicy {
+    let s = Settings::get();
+    if s.spin_adaptive {
+        SpinPolicy::adaptive(s.spin)
+    } else {
+        SpinPolicy::fixed(s.spin)
+    }
+}
+
+/// How often the process samples the machine's load for the spin policies.
+const LOAD_SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// True while the machine looks crowded (more runnable threads than cores): waiters
+/// then sleep at once. One sample per [`LOAD_SAMPLE_EVERY`] for the whole process
+/// (reading `/proc/loadavg`; where that fails, as in a chroot or a sandbox, the
+/// machine never counts as crowded).
+pub(crate) fn crowded() -> bool {
+    static STATE: Mutex<(Option<Instant>, Crowding)> = Mutex::new((None, Crowding::new()));
+    let Ok(mut st) = STATE.try_lock() else {
+        // Another thread is sampling; its verdict of a moment ago stands.
+        return CROWDED.load(Ordering::Relaxed);
+    };
+    let now = Instant::now();
+    let (at, c) = &mut *st;
+    if at.is_none_or(|t| now.duration_since(t) >= LOAD_SAMPLE_EVERY) {
+        *at = Some(now);
+        if let Some(l) = strait_core::spin::sample_load() {
+            c.sample(l);
+        }
+        CROWDED.store(c.crowded(), Ordering::Relaxed);
+    }
+    c.crowded()
+}
+
+/// The last verdict of [`crowded`].
+static CROWDED: AtomicBool = AtomicBool::new(false);
 
 /// A shared mapping (unmapped on drop).
 pub struct Shm {
@@ -327,6 +372,8 @@ pub struct Conn {
     /// liveness socket's other end, pinned at the first rendezvous. Never a pid
     /// read from shared memory.
     rv_peer: std::sync::OnceLock<Option<libc::pid_t>>,
+    /// How long this connection's blocked calls spin before they sleep.
+    spin: Mutex<SpinPolicy>,
 }
 
 enum Waited {
@@ -431,6 +478,7 @@ impl Conn {
             mode: std::sync::OnceLock::new(),
             rv_posted: AtomicUsize::new(0),
             rv_peer: std::sync::OnceLock::new(),
+            spin: Mutex::new(spin_policy()),
         }
     }
 
@@ -643,10 +691,12 @@ impl Conn {
         }
     }
 
-    /// Blocks until `ready()` or `deadline`, spinning first; false on timeout.
+    /// Blocks until `ready()` or `deadline`, spinning first (as long as spinning
+    /// pays: [`spin_policy`]); false on timeout.
     fn wait(&self, fd: c_int, rx: bool, ready: &dyn Fn(&Conn) -> bool) -> Waited {
-        let s = Settings::get();
-        let spin_end = Instant::now() + s.spin;
+        let start = Instant::now();
+        let budget = self.spin.lock().unwrap_or_else(|e| e.into_inner()).budget_when(crowded());
+        let spin_end = start + budget;
         let mut spins = 0u32;
         // The clock every 16 turns: the turn is what a waiting reader's latency is
         // made of.
@@ -654,6 +704,7 @@ impl Conn {
             spins = spins.wrapping_add(1);
             self.pump_remote();
             if ready(self) {
+                self.learn(start, false);
                 return Waited::Ready;
             }
             std::hint::spin_loop();
@@ -664,6 +715,7 @@ impl Conn {
         loop {
             self.announce(rx, !rx);
             if ready(self) {
+                self.learn(start, true);
                 return Waited::Ready;
             }
             let mut ms = 100; // safety net against a wake-up taken by another waiter
@@ -694,6 +746,12 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Tells the spin policy how a wait that began at `start` ended.
+    fn learn(&self, start: Instant, slept: bool) {
+        let o = WaitOutcome { waited: start.elapsed(), slept };
+        self.spin.lock().unwrap_or_else(|e| e.into_inner()).record(o);
     }
 
     /// Connector only: waits (bounded) until the acceptor attached or gave up,

@@ -53,6 +53,7 @@ use crate::discover::{
 use crate::real;
 use crate::table::FdTable;
 use crate::trust::{self, Proto};
+use strait_core::spin::{SpinPolicy, WaitOutcome};
 use strait_shm::area::MappedArea;
 use strait_shm::dgram::{DgramRing, Pushed};
 
@@ -492,6 +493,8 @@ pub struct UdpSock {
     rr: AtomicUsize,
     next_check: AtomicU64,
     last_gc: AtomicU64,
+    /// How long this socket's blocked receives spin before they sleep.
+    spin: Mutex<SpinPolicy>,
     /// Receives so far: every [`FAIR`]th looks at the kernel socket and the marker
     /// first, so a steady shared-memory stream starves neither kernel senders nor
     /// new strait senders.
@@ -518,6 +521,7 @@ impl UdpSock {
             rr: AtomicUsize::new(0),
             next_check: AtomicU64::new(0),
             last_gc: AtomicU64::new(0),
+            spin: Mutex::new(crate::conn::spin_policy()),
             receives: AtomicUsize::new(0),
             kernel_rx: AtomicBool::new(false),
             kernel_tx: AtomicBool::new(false),
@@ -744,7 +748,13 @@ impl UdpSock {
             return give(g, deliver);
         }
         let spin_start = Instant::now();
-        let spin_end = spin_start + Settings::get().spin;
+        let budget = self.spin.lock().unwrap_or_else(|e| e.into_inner()).budget_when(crate::conn::crowded());
+        let spin_end = spin_start + budget;
+        // Tells the socket's spin policy how this receive's wait ended.
+        let learn = |slept: bool| {
+            let o = WaitOutcome { waited: spin_start.elapsed(), slept };
+            self.spin.lock().unwrap_or_else(|e| e.into_inner()).record(o);
+        };
         let mut yield_at = spin_start + YIELD_EVERY;
         // Look at the kernel socket and the marker at once when they were not looked at
         // for a while (or for a non-blocking call, whose miss must be real).
@@ -756,11 +766,15 @@ impl UdpSock {
                 if marker_ready {
                     self.pump();
                     if let Some(g) = self.take_shm(iov, peek) {
+                        learn(false);
                         return give(g, deliver);
                     }
                 }
                 if kernel_ready || nonblock {
                     if let Some(r) = try_kernel(kernel) {
+                        if !nonblock {
+                            learn(false);
+                        }
                         return r;
                     }
                 }
@@ -783,6 +797,7 @@ impl UdpSock {
             }
             std::hint::spin_loop();
             if let Some(g) = self.take_shm(iov, peek) {
+                learn(false);
                 return give(g, deliver);
             }
         }
@@ -791,6 +806,7 @@ impl UdpSock {
         loop {
             self.announce();
             if let Some(g) = self.take_shm(iov, peek) {
+                learn(true);
                 return give(g, deliver);
             }
             let mut ms = 100;
@@ -820,10 +836,12 @@ impl UdpSock {
                 self.pump();
             }
             if let Some(g) = self.take_shm(iov, peek) {
+                learn(true);
                 return give(g, deliver);
             }
             if p[0].revents != 0 {
                 if let Some(r) = try_kernel(kernel) {
+                    learn(true);
                     return r;
                 }
             }

@@ -51,7 +51,8 @@ impl Harness for XdpHarness {
         let p = Pair::new("xc", 0x5c, 180);
         let (la, lb) = (open(&p, 0), open(&p, 1));
         let slots = la.tx_slots().expect("an xdp link has send slots");
-        self.window = Some(self.rel.window.clamp(2, 32768).min(slots.saturating_sub(16).clamp(2, 32768) as u32));
+        self.window =
+            Some(self.rel.window.clamp(2, 32768).min(slots.saturating_sub(16).clamp(2, 32768) as u32));
         let (mut a, mut b) = (Reliable::new(la, self.rel.clone()), Reliable::new(lb, self.rel.clone()));
         let pause = |_: &XdpDevice, _: &XdpDevice| std::thread::sleep(Duration::from_micros(100));
         if !XdpDevice::handshake(&mut a, &mut b, 20_000, pause) {

@@ -235,29 +235,7 @@ pub fn uname() -> (String, String) {
     (field(&u.release), field(&u.nodename))
 }
 
-/// Pins the calling thread to `cpu` (best effort: a failure only costs noise) and
-/// returns the CPU set it had, for [`unpin`].
-pub fn pin(cpu: usize) -> Option<libc::cpu_set_t> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills
-    // `old`, CPU_SET writes inside `set`, and sched_setaffinity(0, ..) reads it for
-    // the calling thread only.
-    unsafe {
-        let mut old: libc::cpu_set_t = std::mem::zeroed();
-        let got = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) == 0;
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        got.then_some(old)
-    }
-}
-
-/// Gives the calling thread back the CPU set [`pin`] returned.
-pub fn unpin(old: Option<libc::cpu_set_t>) {
-    if let Some(set) = old {
-        // SAFETY: `set` is a CPU set the kernel filled in; the call only reads it.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    }
-}
+pub use strait_sys::cpu::{pin, unpin};
 
 #[cfg(test)]
 mod tests {

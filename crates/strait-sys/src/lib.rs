@@ -1,7 +1,7 @@
 //! strait's system helpers: the few system-call wrappers every layer needs, written
 //! once: shared and anonymous mappings ([`mmap`]), sealed memfds ([`memfd`]),
 //! descriptor passing ([`scm`]), random ids ([`random`]), the cached process id
-//! ([`pid`]), network namespaces and veth pairs ([`netns`]) and test payloads
+//! ([`pid`]), pinning a thread to a CPU ([`cpu`]), network namespaces and veth pairs ([`netns`]) and test payloads
 //! ([`pattern`]). This crate sits below every other strait crate and depends on
 //! none of them.
 //!
@@ -13,6 +13,7 @@
 //! `sendmsg`/`recvmsg` to use, so the preload passes its `real::` ones. [`netns`]
 //! (which runs `ip`) is for benchmarks and tests only.
 
+pub mod cpu;
 pub mod memfd;
 pub mod mmap;
 pub mod netns;

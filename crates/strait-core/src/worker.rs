@@ -13,7 +13,7 @@ use crate::device::{Device, DeviceStats};
 use crate::engine::{complete_send, Endpoint, EpState, PostedRecv};
 use crate::notifier::Notifier;
 use crate::region::{Buf, MemoryRegion, RECV, SEND};
-use crate::spin::{SpinPolicy, WaitOutcome};
+use crate::spin::{Crowding, SpinPolicy, WaitOutcome};
 
 /// Per-endpoint protocol counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +74,8 @@ pub struct Worker<D: Device> {
     closing: Vec<D>,
     /// How long the next wait spins (see [`crate::spin`]).
     spin: SpinPolicy,
+    /// The machine's load, as this worker sampled it.
+    crowding: Crowding,
     /// When the machine's load was last sampled for the spin policy.
     load_sampled: Option<Instant>,
 }
@@ -97,6 +99,7 @@ impl<D: Device> Worker<D> {
             } else {
                 SpinPolicy::fixed(cfg.spin)
             },
+            crowding: Crowding::new(),
             load_sampled: None,
             cfg,
         })
@@ -105,7 +108,11 @@ impl<D: Device> Worker<D> {
     /// The spin budget the next [`Worker::wait`] will use (adaptive unless a budget
     /// was configured explicitly: [`crate::spin`]).
     pub fn spin_budget(&self) -> Duration {
-        self.spin.budget()
+        if self.cfg.spin_adaptive && self.crowding.crowded() {
+            Duration::ZERO
+        } else {
+            self.spin.budget()
+        }
     }
 
     /// The settings in force.
@@ -280,15 +287,19 @@ impl<D: Device> Worker<D> {
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Completion, WaitError> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
+        // A completion already there: no wait, and nothing for the spin policy to learn.
+        if let Some(c) = self.poll() {
+            return Ok(c);
+        }
         if self.cfg.spin_adaptive
             && self.load_sampled.is_none_or(|t| start.duration_since(t) >= LOAD_SAMPLE_EVERY)
         {
             self.load_sampled = Some(start);
             if let Some(l) = crate::spin::sample_load() {
-                self.spin.sample(l);
+                self.crowding.sample(l);
             }
         }
-        let spin_until = start + self.spin.budget();
+        let spin_until = start + self.spin.next_budget(self.crowding.crowded());
         let mut slept = false;
         let mut n: u32 = 0;
         loop {

@@ -45,7 +45,7 @@
 //! to the new program (see `exec.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use libc::{c_int, c_void};
@@ -193,22 +193,25 @@ const LOAD_SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// True while the machine looks crowded (more runnable threads than cores): waiters
 /// then sleep at once. One sample per [`LOAD_SAMPLE_EVERY`] for the whole process
 /// (reading `/proc/loadavg`; where that fails, as in a chroot or a sandbox, the
-/// machine never counts as crowded).
-pub(crate) fn crowded() -> bool {
-    static STATE: Mutex<(Option<Instant>, Crowding)> = Mutex::new((None, Crowding::new()));
-    let Ok(mut st) = STATE.try_lock() else {
-        // Another thread is sampling; its verdict of a moment ago stands.
+/// machine never counts as crowded). `now` is the waiter's clock reading; between
+/// samples this is two relaxed loads.
+pub(crate) fn crowded(now: Instant) -> bool {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    static NEXT_MS: AtomicU64 = AtomicU64::new(0);
+    static STATE: Mutex<Crowding> = Mutex::new(Crowding::new());
+    let ms = now.saturating_duration_since(*BASE.get_or_init(Instant::now)).as_millis() as u64;
+    if ms < NEXT_MS.load(Ordering::Relaxed) {
+        return CROWDED.load(Ordering::Relaxed);
+    }
+    // One thread samples; the others keep the verdict of a moment ago.
+    let Ok(mut c) = STATE.try_lock() else {
         return CROWDED.load(Ordering::Relaxed);
     };
-    let now = Instant::now();
-    let (at, c) = &mut *st;
-    if at.is_none_or(|t| now.duration_since(t) >= LOAD_SAMPLE_EVERY) {
-        *at = Some(now);
-        if let Some(l) = strait_core::spin::sample_load() {
-            c.sample(l);
-        }
-        CROWDED.store(c.crowded(), Ordering::Relaxed);
+    NEXT_MS.store(ms + LOAD_SAMPLE_EVERY.as_millis() as u64, Ordering::Relaxed);
+    if let Some(l) = strait_core::spin::sample_load() {
+        c.sample(l);
     }
+    CROWDED.store(c.crowded(), Ordering::Relaxed);
     c.crowded()
 }
 
@@ -373,7 +376,7 @@ pub struct Conn {
     /// read from shared memory.
     rv_peer: std::sync::OnceLock<Option<libc::pid_t>>,
     /// How long this connection's blocked calls spin before they sleep.
-    spin: Mutex<SpinPolicy>,
+    spin: SpinPolicy,
 }
 
 enum Waited {
@@ -478,7 +481,7 @@ impl Conn {
             mode: std::sync::OnceLock::new(),
             rv_posted: AtomicUsize::new(0),
             rv_peer: std::sync::OnceLock::new(),
-            spin: Mutex::new(spin_policy()),
+            spin: spin_policy(),
         }
     }
 
@@ -695,7 +698,7 @@ impl Conn {
     /// pays: [`spin_policy`]); false on timeout.
     fn wait(&self, fd: c_int, rx: bool, ready: &dyn Fn(&Conn) -> bool) -> Waited {
         let start = Instant::now();
-        let budget = self.spin.lock().unwrap_or_else(|e| e.into_inner()).budget_when(crowded());
+        let budget = self.spin.next_budget(crowded(start));
         let spin_end = start + budget;
         let mut spins = 0u32;
         // The clock every 16 turns: the turn is what a waiting reader's latency is
@@ -750,8 +753,7 @@ impl Conn {
 
     /// Tells the spin policy how a wait that began at `start` ended.
     fn learn(&self, start: Instant, slept: bool) {
-        let o = WaitOutcome { waited: start.elapsed(), slept };
-        self.spin.lock().unwrap_or_else(|e| e.into_inner()).record(o);
+        self.spin.record(WaitOutcome { waited: start.elapsed(), slept });
     }
 
     /// Connector only: waits (bounded) until the acceptor attached or gave up,

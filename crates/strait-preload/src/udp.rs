@@ -494,7 +494,7 @@ pub struct UdpSock {
     next_check: AtomicU64,
     last_gc: AtomicU64,
     /// How long this socket's blocked receives spin before they sleep.
-    spin: Mutex<SpinPolicy>,
+    spin: SpinPolicy,
     /// Receives so far: every [`FAIR`]th looks at the kernel socket and the marker
     /// first, so a steady shared-memory stream starves neither kernel senders nor
     /// new strait senders.
@@ -521,7 +521,7 @@ impl UdpSock {
             rr: AtomicUsize::new(0),
             next_check: AtomicU64::new(0),
             last_gc: AtomicU64::new(0),
-            spin: Mutex::new(crate::conn::spin_policy()),
+            spin: crate::conn::spin_policy(),
             receives: AtomicUsize::new(0),
             kernel_rx: AtomicBool::new(false),
             kernel_tx: AtomicBool::new(false),
@@ -748,12 +748,11 @@ impl UdpSock {
             return give(g, deliver);
         }
         let spin_start = Instant::now();
-        let budget = self.spin.lock().unwrap_or_else(|e| e.into_inner()).budget_when(crate::conn::crowded());
+        let budget = self.spin.next_budget(crate::conn::crowded(spin_start));
         let spin_end = spin_start + budget;
         // Tells the socket's spin policy how this receive's wait ended.
         let learn = |slept: bool| {
-            let o = WaitOutcome { waited: spin_start.elapsed(), slept };
-            self.spin.lock().unwrap_or_else(|e| e.into_inner()).record(o);
+            self.spin.record(WaitOutcome { waited: spin_start.elapsed(), slept });
         };
         let mut yield_at = spin_start + YIELD_EVERY;
         // Look at the kernel socket and the marker at once when they were not looked at

@@ -45,6 +45,7 @@ pub struct Span {
 
 impl Span {
     /// The position just past the span.
+    #[inline]
     pub fn end(&self) -> u64 {
         self.pos + self.len
     }
@@ -61,6 +62,8 @@ pub struct Pieces {
 
 impl Iterator for Pieces {
     type Item = (usize, usize);
+    // Inline across crates: the copy loops of `strait run`'s every read and write.
+    #[inline]
     fn next(&mut self) -> Option<(usize, usize)> {
         if self.left == 0 {
             return None;
@@ -77,6 +80,7 @@ impl Iterator for Pieces {
 ///
 /// # Panics
 /// If `size` is 0.
+#[inline]
 pub fn pieces(pos: u64, len: usize, size: usize) -> Pieces {
     assert!(size > 0, "a ring has a data area");
     Pieces { pos, left: len, size }
@@ -94,14 +98,19 @@ impl<'a, M: ByteArea + ?Sized> ByteRing<'a, M> {
         self.mem.size()
     }
 
+    #[inline]
     fn check(&self, head: u64, tail: u64) -> Result<(), Corrupt> {
         if tail < head || tail - head > self.mem.size() as u64 {
-            return Err(Corrupt(format!(
-                "byte ring positions head {head} tail {tail} are impossible (ring of {} bytes)",
-                self.mem.size()
-            )));
+            return Err(Self::corrupt(head, tail, self.mem.size()));
         }
         Ok(())
+    }
+
+    /// The error for impossible positions (kept out of the hot path).
+    #[cold]
+    #[inline(never)]
+    fn corrupt(head: u64, tail: u64, size: usize) -> Corrupt {
+        Corrupt(format!("byte ring positions head {head} tail {tail} are impossible (ring of {size} bytes)"))
     }
 
     /// Consumer: the bytes waiting to be read (from the head).

@@ -31,7 +31,11 @@ const FLOOR: Duration = Duration::from_micros(2);
 /// spinning pays).
 #[derive(Debug)]
 pub struct SpinPolicy {
+    /// The budget spins start from and return to when they pay.
     max_ns: u64,
+    /// How far the budget may grow for answers that keep coming a little later than
+    /// `max_ns` (a large write waiting for ring space): at most this.
+    ceiling_ns: u64,
     budget_ns: AtomicU64,
     adaptive: bool,
     /// Waits since the budget fell to zero: every [`PROBE_EVERY`]th spins the whole
@@ -103,9 +107,17 @@ pub struct Load {
 impl SpinPolicy {
     /// A policy that spins at most `max`, starting there and adapting.
     pub fn adaptive(max: Duration) -> Self {
-        let max_ns = max.as_nanos() as u64;
+        Self::adaptive_up_to(max, max)
+    }
+
+    /// A policy that starts at `base` and adapts: down to zero when spins are
+    /// wasted, up to `ceiling` when the answers keep coming just after `base` (each
+    /// of those waits would otherwise sleep and pay a wake-up).
+    pub fn adaptive_up_to(base: Duration, ceiling: Duration) -> Self {
+        let max_ns = base.as_nanos() as u64;
         SpinPolicy {
             max_ns,
+            ceiling_ns: (ceiling.as_nanos() as u64).max(max_ns),
             budget_ns: AtomicU64::new(max_ns),
             adaptive: true,
             since_probe: AtomicU32::new(0),
@@ -117,6 +129,7 @@ impl SpinPolicy {
         let max_ns = budget.as_nanos() as u64;
         SpinPolicy {
             max_ns,
+            ceiling_ns: max_ns,
             budget_ns: AtomicU64::new(max_ns),
             adaptive: false,
             since_probe: AtomicU32::new(0),
@@ -148,15 +161,20 @@ impl SpinPolicy {
 
     /// Learns from one finished wait (not from one that timed out or was
     /// interrupted: those say nothing about the peer): a spin that caught the answer
-    /// (a probe's too) restores the maximum; a sleep after which the answer still
-    /// came within the maximum restores it too; a longer one halves the budget.
+    /// (a probe's too) keeps the budget, at least the base; a sleep after which the
+    /// answer still came within the base restores the base; one within the ceiling
+    /// grows the budget to cover such a wait (half as long again, at most the
+    /// ceiling); a longer one halves the budget.
     pub fn record(&self, o: WaitOutcome) {
         if !self.adaptive {
             return;
         }
         let b = self.budget_ns.load(Ordering::Relaxed);
-        let next = if !o.slept || o.waited.as_nanos() as u64 <= self.max_ns {
-            self.max_ns
+        let waited = o.waited.as_nanos() as u64;
+        let next = if !o.slept || waited <= self.max_ns {
+            b.max(self.max_ns)
+        } else if waited <= self.ceiling_ns {
+            (waited + waited / 2).clamp(self.max_ns, self.ceiling_ns).max(b)
         } else if b / 2 < FLOOR.as_nanos() as u64 {
             0
         } else {
@@ -245,6 +263,24 @@ mod tests {
         assert_eq!(p.next_budget(c.crowded()), Duration::ZERO, "crowded: sleep at once");
         c.sample(Load { runnable: 2, cores: 2 });
         assert_eq!(p.next_budget(c.crowded()), MAX, "two spinners on two cores are not crowded");
+    }
+
+    #[test]
+    fn answers_just_after_the_base_grow_the_budget_up_to_the_ceiling() {
+        let (base, ceiling) = (Duration::from_micros(20), Duration::from_micros(200));
+        let p = SpinPolicy::adaptive_up_to(base, ceiling);
+        // A large write waits ~60 us for ring space each time (wake-up included).
+        p.record(slept(60));
+        assert_eq!(p.budget(), Duration::from_micros(90));
+        p.record(WaitOutcome { waited: Duration::from_micros(50), slept: false });
+        assert_eq!(p.budget(), Duration::from_micros(90), "a spin that paid keeps the grown budget");
+        p.record(slept(150));
+        assert_eq!(p.budget(), ceiling);
+        // Far slower answers still drive it down.
+        for _ in 0..12 {
+            p.record(slept(5000));
+        }
+        assert_eq!(p.budget(), Duration::ZERO);
     }
 
     #[test]

@@ -181,11 +181,17 @@ impl Settings {
 pub(crate) fn spin_policy() -> SpinPolicy {
     let s = Settings::get();
     if s.spin_adaptive {
-        SpinPolicy::adaptive(s.spin)
+        // Up to ten times the base for answers that keep coming just after it (a
+        // large write waiting for ring space): each would otherwise pay a sleep and
+        // a wake-up on both sides.
+        SpinPolicy::adaptive_up_to(s.spin, s.spin * SPIN_CEILING_FACTOR)
     } else {
         SpinPolicy::fixed(s.spin)
     }
 }
+
+/// The adaptive spin may grow to this many times `STRAIT_SPIN_US`'s default.
+const SPIN_CEILING_FACTOR: u32 = 10;
 
 /// How often the process samples the machine's load for the spin policies.
 const LOAD_SAMPLE_EVERY: Duration = Duration::from_millis(100);

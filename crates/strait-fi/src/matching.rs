@@ -210,6 +210,13 @@ fn comp_of(first: &First, r: &Recv, len: u64, olen: u64, err: i32) -> Comp {
     Comp { ctx: r.ctx, flags, len, buf: r.buf.ptr, data: first.data, tag: first.tag, olen, err, pad: 0 }
 }
 
+/// The error completion of receive `r` that got no message (`err`: no message for
+/// a peek, canceled, peer gone).
+fn failed(r: &Recv, err: i32) -> Comp {
+    let flags = fi::RECV | if r.tagged { fi::TAGGED } else { fi::MSG };
+    Comp { ctx: r.ctx, flags, len: 0, buf: 0, data: 0, tag: r.tag, olen: 0, err, pad: 0 }
+}
+
 /// The completion of a receive that got a whole message of `total` bytes.
 pub fn finished(first: &First, r: &Recv, total: u64) -> Comp {
     let cap = r.buf.cap as u64;
@@ -350,18 +357,7 @@ impl Matcher {
                 && r.matches(u.src, u.first.flags & F_TAGGED != 0, u.first.tag)
         });
         let Some(i) = pos else {
-            let flags = fi::RECV | if r.tagged { fi::TAGGED } else { fi::MSG };
-            out.push(Comp {
-                ctx: r.ctx,
-                flags,
-                len: 0,
-                buf: 0,
-                data: 0,
-                tag: r.tag,
-                olen: 0,
-                err: fi::ENOMSG,
-                pad: 0,
-            });
+            out.push(failed(&r, fi::ENOMSG));
             return;
         };
         let u = &mut self.unexp[i];
@@ -389,18 +385,7 @@ impl Matcher {
             None
         };
         let Some(r) = r else { return false };
-        let flags = fi::RECV | if r.tagged { fi::TAGGED } else { fi::MSG };
-        out.push(Comp {
-            ctx,
-            flags,
-            len: 0,
-            buf: 0,
-            data: 0,
-            tag: r.tag,
-            olen: 0,
-            err: fi::ECANCELED,
-            pad: 0,
-        });
+        out.push(failed(&r, fi::ECANCELED));
         true
     }
 
@@ -411,8 +396,7 @@ impl Matcher {
             if r.src != src {
                 return true;
             }
-            let flags = fi::RECV | if r.tagged { fi::TAGGED } else { fi::MSG };
-            out.push(Comp { ctx: r.ctx, flags, len: 0, buf: 0, data: 0, tag: r.tag, olen: 0, err, pad: 0 });
+            out.push(failed(r, err));
             false
         });
     }

@@ -6,25 +6,12 @@
 //! Needs Debian's libfabric-bin, libfabric-dev, openmpi-bin and libopenmpi-dev
 //! (scripts/install-deps installs them); the namespace tests need root.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn have(bin: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {bin}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Asserts that `bin` (from Debian's package `pkg`) is installed; tests never
-/// install anything.
-fn ensure(bin: &str, pkg: &str) {
-    assert!(have(bin), "{bin} is missing: run scripts/install-deps (it installs {pkg}) before the tests");
-}
+use strait_testkit::{ensure, run_for_group};
 
 /// A directory holding `libstrait-fi.so` (libfabric loads `*-fi.so` from
 /// `FI_PROVIDER_PATH`), linked to the library cargo built with this test.
@@ -56,42 +43,6 @@ fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-/// Runs `c` in a new process group for at most `limit`; on expiry the whole group
-/// is killed and `None` returned.
-fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
-    use std::io::Read;
-    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().ok()?;
-    let pgid = child.id() as i32;
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
-    let end = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().ok()? {
-            break st;
-        }
-        if Instant::now() > end {
-            // SAFETY: signals the process group this function created.
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // The group's other members (MPI ranks) must not outlive the test either.
-    // SAFETY: as above; ESRCH when the group is already empty.
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
-    Some(Output { status, stdout: out.join().ok()?, stderr: err.join().ok()? })
-}
-
 fn text(o: &Output) -> String {
     format!(
         "stdout:\n{}\nstderr:\n{}",
@@ -109,13 +60,13 @@ fn fi_command(prog: &str) -> Command {
 #[test]
 fn fi_info_lists_the_provider_and_refuses_what_it_lacks() {
     ensure("fi_info", "libfabric-bin");
-    let o =
-        run_for(fi_command("fi_info").args(["-p", "strait"]), Duration::from_secs(30)).expect("fi_info hung");
+    let o = run_for_group(fi_command("fi_info").args(["-p", "strait"]), Duration::from_secs(30))
+        .expect("fi_info hung");
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(t.contains("provider: strait") && t.contains("FI_EP_RDM"), "{t}");
-    let o =
-        run_for(fi_command("fi_info").args(["-p", "strait", "-v"]), Duration::from_secs(30)).expect("hung");
+    let o = run_for_group(fi_command("fi_info").args(["-p", "strait", "-v"]), Duration::from_secs(30))
+        .expect("hung");
     let t = text(&o);
     for cap in
         ["FI_MSG", "FI_TAGGED", "FI_DIRECTED_RECV", "FI_LOCAL_COMM", "FI_REMOTE_COMM", "FI_THREAD_SAFE"]
@@ -124,8 +75,9 @@ fn fi_info_lists_the_provider_and_refuses_what_it_lacks() {
     }
     // What it does not do, it does not claim: RMA, atomics, connected endpoints.
     for (flag, val) in [("-c", "FI_RMA"), ("-c", "FI_ATOMIC"), ("-e", "msg"), ("-e", "dgram")] {
-        let o = run_for(fi_command("fi_info").args(["-p", "strait", flag, val]), Duration::from_secs(30))
-            .expect("hung");
+        let o =
+            run_for_group(fi_command("fi_info").args(["-p", "strait", flag, val]), Duration::from_secs(30))
+                .expect("hung");
         assert!(!text(&o).contains("provider: strait"), "strait claimed {flag} {val}:\n{}", text(&o));
     }
 }
@@ -187,7 +139,7 @@ fn pingpong_env(
     };
     let mut server = mk(server_wrap);
     server.args(["-B", &port]);
-    let srv = std::thread::spawn(move || run_for(&mut server, Duration::from_secs(60)));
+    let srv = std::thread::spawn(move || run_for_group(&mut server, Duration::from_secs(60)));
     // The client does not retry its control connection: wait until the server listens
     // (or ends: its output then says why, below).
     wait_listening(server_wrap, &port, || srv.is_finished());
@@ -197,7 +149,7 @@ fn pingpong_env(
     }
     let mut client = mk(client_wrap);
     client.args(["-P", &port, server_addr]);
-    let c = run_for(&mut client, Duration::from_secs(60)).expect("fi_pingpong client hung");
+    let c = run_for_group(&mut client, Duration::from_secs(60)).expect("fi_pingpong client hung");
     let s = srv.join().expect("server thread").expect("fi_pingpong server hung");
     assert!(c.status.success(), "client failed:\n{}\nserver:\n{}", text(&c), text(&s));
     assert!(s.status.success(), "server failed:\n{}", text(&s));
@@ -235,9 +187,11 @@ fn mpi_check_binary() -> &'static Path {
         ensure("mpicc", "libopenmpi-dev");
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi_check.c");
         let bin = temp_dir("mpi").join("mpi_check");
-        let o =
-            run_for(Command::new("mpicc").args(["-O2", "-o"]).arg(&bin).arg(&src), Duration::from_secs(120))
-                .expect("mpicc hung");
+        let o = run_for_group(
+            Command::new("mpicc").args(["-O2", "-o"]).arg(&bin).arg(&src),
+            Duration::from_secs(120),
+        )
+        .expect("mpicc hung");
         assert!(o.status.success(), "mpicc failed:\n{}", text(&o));
         bin
     })
@@ -265,21 +219,22 @@ fn check_mpi(o: &Output, want: &[&str]) {
 #[test]
 fn open_mpi_two_ranks_point_to_point_on_one_host() {
     let bin = mpi_check_binary();
-    let o = run_for(mpirun(2, &[]).arg(bin).arg("p2p"), Duration::from_secs(180)).expect("mpirun hung");
+    let o = run_for_group(mpirun(2, &[]).arg(bin).arg("p2p"), Duration::from_secs(180)).expect("mpirun hung");
     check_mpi(&o, &["pingpong ok", "probe/any ok", "cancel ok", "nonblocking ok", "all ok"]);
 }
 
 #[test]
 fn open_mpi_thread_multiple_four_threads_per_rank() {
     let bin = mpi_check_binary();
-    let o = run_for(mpirun(2, &[]).arg(bin).arg("threads"), Duration::from_secs(180)).expect("mpirun hung");
+    let o =
+        run_for_group(mpirun(2, &[]).arg(bin).arg("threads"), Duration::from_secs(180)).expect("mpirun hung");
     check_mpi(&o, &["threads ok", "all ok"]);
 }
 
 #[test]
 fn open_mpi_four_ranks_everything_on_one_host() {
     let bin = mpi_check_binary();
-    let o = run_for(mpirun(4, &[]).arg(bin).arg("all"), Duration::from_secs(300)).expect("mpirun hung");
+    let o = run_for_group(mpirun(4, &[]).arg(bin).arg("all"), Duration::from_secs(300)).expect("mpirun hung");
     check_mpi(
         &o,
         &["pingpong ok", "probe/any ok", "cancel ok", "nonblocking ok", "collectives ok", "all ok"],
@@ -316,7 +271,7 @@ fn open_mpi_a_killed_rank_ends_the_job_in_bounded_time() {
         }
         panic!("the four ranks never started");
     });
-    let o = run_for(&mut c, Duration::from_secs(120)).expect("the job hung after a rank was killed");
+    let o = run_for_group(&mut c, Duration::from_secs(120)).expect("the job hung after a rank was killed");
     let killed_at = killer.join().expect("killer");
     let took = killed_at.elapsed();
     assert!(!o.status.success(), "the job succeeded although a rank was killed:\n{}", text(&o));
@@ -375,7 +330,7 @@ fn open_mpi_four_ranks_everything_across_namespaces() {
         .args(["--mca", "mtl_base_verbose", "100", "-x", "FI_PROVIDER_PATH", "-x", "PATH"])
         .arg(bin)
         .arg("all");
-    let o = run_for(&mut c, Duration::from_secs(300)).expect("mpirun across namespaces hung");
+    let o = run_for_group(&mut c, Duration::from_secs(300)).expect("mpirun across namespaces hung");
     // Ranks 0 and 2 run in one namespace, 1 and 3 in the other (--map-by node): the
     // ping-pong between 0 and 1 and every collective cross the veth pair.
     check_mpi(

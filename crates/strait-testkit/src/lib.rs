@@ -2,7 +2,8 @@
 //! what the process tests of `strait-preload` and `strait` both need.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// `libstrait_preload.so` beside `exe` (a binary of the test's build, e.g. a peer or
 /// `strait`). `cargo test` does not build cdylibs, so the first call in a test binary
@@ -61,6 +62,75 @@ pub fn script(prefix: &str, tag: &str, body: &str) -> PathBuf {
     std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
     std::fs::set_permissions(&p, perm).expect("chmod");
     p
+}
+
+/// True if `bin` is on the PATH.
+pub fn have(bin: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {bin}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Asserts that `bin` (from Debian's package `pkg`) is installed. Tests never install
+/// anything: `scripts/install-deps`, which the test command runs first, does it once
+/// (two tests installing at once fought over the dpkg lock).
+pub fn ensure(bin: &str, pkg: &str) {
+    assert!(have(bin), "{bin} is missing: run scripts/install-deps (it installs {pkg}) before the tests");
+}
+
+/// Runs a command with a time limit (killed when it expires), reading its output
+/// while it runs; `None` if it could not start or ran past the limit.
+pub fn run_for(c: &mut Command, limit: Duration) -> Option<Output> {
+    run_limited(c, limit, false)
+}
+
+/// As [`run_for`], with the command in a process group of its own that is killed
+/// whole when it ends or runs past the limit: what it started (MPI ranks, daemons)
+/// does not outlive the test.
+pub fn run_for_group(c: &mut Command, limit: Duration) -> Option<Output> {
+    use std::os::unix::process::CommandExt;
+    run_limited(c.process_group(0), limit, true)
+}
+
+fn run_limited(c: &mut Command, limit: Duration, group: bool) -> Option<Output> {
+    use std::io::Read;
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().ok()?;
+    let pgid = child.id() as i32;
+    let kill_group = || {
+        if group {
+            // SAFETY: signals the process group made for this command (ESRCH once
+            // it is empty).
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+    };
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().ok()? {
+            break st;
+        }
+        if Instant::now() > end {
+            kill_group();
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    kill_group();
+    Some(Output { status, stdout: out.join().ok()?, stderr: err.join().ok()? })
 }
 
 #[cfg(test)]

@@ -136,6 +136,11 @@ impl SpinPolicy {
         }
     }
 
+    /// True if the budget adapts (a fixed one needs no load samples).
+    pub fn is_adaptive(&self) -> bool {
+        self.adaptive
+    }
+
     /// The current budget, without counting a wait: for reports and tests.
     pub fn budget(&self) -> Duration {
         Duration::from_nanos(self.budget_ns.load(Ordering::Relaxed))

@@ -704,7 +704,7 @@ impl Conn {
     /// pays: [`spin_policy`]); false on timeout.
     fn wait(&self, fd: c_int, rx: bool, ready: &dyn Fn(&Conn) -> bool) -> Waited {
         let start = Instant::now();
-        let budget = self.spin.next_budget(crowded(start));
+        let budget = self.spin.next_budget(self.spin.is_adaptive() && crowded(start));
         let spin_end = start + budget;
         let mut spins = 0u32;
         // The clock every 16 turns: the turn is what a waiting reader's latency is

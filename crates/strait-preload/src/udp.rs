@@ -748,7 +748,7 @@ impl UdpSock {
             return give(g, deliver);
         }
         let spin_start = Instant::now();
-        let budget = self.spin.next_budget(crate::conn::crowded(spin_start));
+        let budget = self.spin.next_budget(self.spin.is_adaptive() && crate::conn::crowded(spin_start));
         let spin_end = spin_start + budget;
         // Tells the socket's spin policy how this receive's wait ended.
         let learn = |slept: bool| {

@@ -22,7 +22,11 @@ fn transports() -> Vec<&'static str> {
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn turn() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    // The default transports include strait-run, which needs the interposer beside
+    // `strait`; `cargo test` does not build cdylibs, so a clean checkout has none.
+    strait_testkit::preload_lib_beside(env!("CARGO_BIN_EXE_strait"));
+    guard
 }
 
 fn num(v: &Value, k: &str) -> Option<f64> {

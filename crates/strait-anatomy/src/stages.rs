@@ -202,6 +202,116 @@ pub fn walk(a: &[Stamp], b: &[Stamp]) -> Vec<OneWay> {
     }
 }
 
+/// Which end of one direction a milestone is taken on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The end that sends this message.
+    Sender,
+    /// The end that receives it (and sends the reply).
+    Receiver,
+}
+
+/// The stages of `strait run`'s TCP path (the interposer over the byte rings), one
+/// direction, in path order: the interval between milestones `k` and `k + 1` of
+/// [`RUN_CHAIN`] is stage `k`.
+///
+/// | # | from → to | stage | layer |
+/// |---|---|---|---|
+/// | 0 | S application calls `write` → S interposer entered | interposer entry | OS overhead |
+/// | 1 | → S connection found | descriptor look-up | protocol send |
+/// | 2 | → S tail published | ring copy in + publish | copy |
+/// | 3 | → R bytes found | ring transfer + reader's spin or wake-up | device/wire |
+/// | 4 | → R bytes copied out, space handed back | ring copy out + consume | copy |
+/// | 5 | → R interposer returns from `read` | read return (writer wake check) | protocol receive |
+/// | 6 | → R application has the bytes | interposer exit | OS overhead |
+/// | 7 | → R application calls `write` (the reply) | application turnaround | user |
+///
+/// The doorbell (an eventfd write, only when the reader announced that it sleeps)
+/// follows the publication inside stage 3, so it is reported beside the chain.
+pub const RUN_STAGES: [StageDef; 8] = [
+    StageDef { name: "interposer entry", layer: "OS overhead" },
+    StageDef { name: "descriptor look-up", layer: "protocol send" },
+    StageDef { name: "ring copy in + publish", layer: "copy" },
+    StageDef { name: "ring transfer + reader's spin or wake-up", layer: "device/wire" },
+    StageDef { name: "ring copy out + consume", layer: "copy" },
+    StageDef { name: "read return (writer wake check)", layer: "protocol receive" },
+    StageDef { name: "interposer exit", layer: "OS overhead" },
+    StageDef { name: "application turnaround", layer: "user" },
+];
+
+/// The milestones of [`RUN_STAGES`]' chain: the last is the first of the reply's.
+pub const RUN_CHAIN: [(Side, Stage); 9] = [
+    (Side::Sender, Stage::AppSend),
+    (Side::Sender, Stage::WriteEnter),
+    (Side::Sender, Stage::WriteLookup),
+    (Side::Sender, Stage::RingPublished),
+    (Side::Receiver, Stage::RingFound),
+    (Side::Receiver, Stage::RingConsumed),
+    (Side::Receiver, Stage::ReadReturn),
+    (Side::Receiver, Stage::AppRecvd),
+    (Side::Receiver, Stage::AppSend),
+];
+
+impl Walk<'_> {
+    /// One direction of `chain` from the sender's first milestone at `at`; leaves `at`
+    /// at the receiver's last milestone (the reply's first). The doorbell is looked
+    /// for after milestone `doorbell_after`, up to the sender's next milestone of
+    /// the chain or next bytes found (its own read).
+    fn one_way_chain(
+        &mut self,
+        at: &mut At,
+        chain: &[(Side, Stage)],
+        doorbell_after: usize,
+    ) -> Option<OneWay> {
+        let s = at.end;
+        let r = if s == End::A { End::B } else { End::A };
+        let mut w =
+            OneWay { from: s, stages: Vec::with_capacity(chain.len()), doorbell: None, rendezvous: false };
+        for (k, &(side, stage)) in chain.iter().enumerate().skip(1) {
+            let e = if side == Side::Sender { s } else { r };
+            self.step(at, e, stage, k - 1, &mut w)?;
+            if k == doorbell_after && e == s {
+                let log = self.cur(s).log;
+                let stop = |x: &Stamp| x.stage == Stage::RingFound || chain.iter().any(|m| m.1 == x.stage);
+                let after = &log[at.idx + 1..];
+                let end = after.iter().position(stop).unwrap_or(after.len());
+                if let Some(b) = after[..end].iter().position(|x| x.stage == Stage::DoorbellBegin) {
+                    if let Some(e) = after[b + 1..end].iter().find(|x| x.stage == Stage::DoorbellEnd) {
+                        w.doorbell = Some(e.tsc - after[b].tsc);
+                    }
+                }
+            }
+        }
+        Some(w)
+    }
+}
+
+/// Walks the logs of end A (the pinging end) and end B along `chain` (such as
+/// [`RUN_CHAIN`]), direction after direction, from A's first milestone; `doorbell_after`
+/// is the index of the milestone after which the sender's doorbell stamps are looked
+/// for. Where a milestone is missing the walk resumes at A's next first milestone,
+/// as [`walk`] does.
+pub fn walk_chain(a: &[Stamp], b: &[Stamp], chain: &[(Side, Stage)], doorbell_after: usize) -> Vec<OneWay> {
+    let mut out = Vec::new();
+    let Some(&(_, first)) = chain.first() else { return out };
+    let mut w = Walk { a: Cursor { log: a, next: 0 }, b: Cursor { log: b, next: 0 } };
+    let mut from = 0;
+    loop {
+        w.a.next = from;
+        let Some((idx, t)) = w.a.find(first, 0) else { return out };
+        w.b.next = b.partition_point(|s| s.tsc < t);
+        let mut at = At { end: End::A, idx, t };
+        while let Some(ow) = w.one_way_chain(&mut at, chain, doorbell_after) {
+            out.push(ow);
+        }
+        from =
+            idx + 1 + a[idx + 1..].iter().position(|s| s.stage == first && s.tsc > at.t).unwrap_or(a.len());
+        if from >= a.len() {
+            return out;
+        }
+    }
+}
+
 /// Per-stage statistics over many one-way paths, in nanoseconds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StageStats {
@@ -263,7 +373,8 @@ pub fn summarize(paths: &[OneWay], ticks_per_ns: f64, probe_ticks: f64) -> Optio
     let kept: Vec<&OneWay> = paths.iter().zip(&totals).filter(|(_, t)| **t <= cut).map(|(p, _)| p).collect();
     let nk = kept.len().max(1) as f64;
     let mut stages = Vec::new();
-    for k in 0..STAGES.len() {
+    let n_stages = paths.iter().flat_map(|p| p.stages.iter().map(|s| s.0 + 1)).max().unwrap_or(0);
+    for k in 0..n_stages {
         let mut all: Vec<f64> = paths
             .iter()
             .flat_map(|p| p.stages.iter().filter(|s| s.0 == k).map(|&(_, t, n)| corr(t, n)))
@@ -386,6 +497,52 @@ mod tests {
         // RecvPost probe.
         let inner: Vec<u32> = p[1].stages.iter().map(|s| s.2).collect();
         assert_eq!(inner, vec![0, 0, 0, 0, 0, 0, 2, 1]);
+    }
+
+    /// One `strait run` round trip A→B→A (B's reader slept: A rang the doorbell),
+    /// then A's next write, with A's own read stamps between.
+    #[test]
+    fn run_chain_telescopes_and_finds_the_doorbell() {
+        use Stage::*;
+        let a = vec![
+            st(100, AppSend),
+            st(105, WriteEnter),
+            st(110, WriteLookup),
+            st(130, RingPublished),
+            st(131, DoorbellBegin),
+            st(140, DoorbellEnd),
+            // A's own read of the reply: its bytes found, consumed, returned.
+            st(400, RingFound),
+            st(410, RingConsumed),
+            st(412, ReadReturn),
+            st(415, AppRecvd),
+            st(420, AppSend),
+            st(425, WriteEnter),
+        ];
+        let b = vec![
+            st(90, ReadReturn), // a read of the batch before
+            st(200, RingFound),
+            st(210, RingConsumed),
+            st(214, ReadReturn),
+            st(218, AppRecvd),
+            st(230, AppSend),
+            st(235, WriteEnter),
+            st(240, WriteLookup),
+            st(260, RingPublished),
+        ];
+        let p = walk_chain(&a, &b, &RUN_CHAIN, 3);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert_eq!(p[0].total_ticks(), 130, "A's write to B's reply");
+        assert_eq!(p[1].total_ticks(), 190, "B's reply to A's next write");
+        let ks: Vec<usize> = p[0].stages.iter().map(|s| s.0).collect();
+        assert_eq!(ks, (0..8).collect::<Vec<_>>());
+        assert_eq!(p[0].stages[3].1, 70, "publish to found");
+        assert_eq!(p[0].doorbell, Some(9));
+        assert_eq!(p[0].stages[3].2, 0, "cross-end interval: no inner probe counted");
+        assert_eq!(p[1].doorbell, None, "B's reader did not sleep");
+        let s = summarize(&p, 1.0, 0.0).expect("summary");
+        assert_eq!(s.stages.len(), 8);
+        assert!((s.corrected_ns - s.raw_ns).abs() < 1e-9);
     }
 
     #[test]

@@ -570,7 +570,9 @@ impl Conn {
 
     fn wake_if(&self, flag: &AtomicU64) {
         if peer_needs_wake(flag) {
+            strait_probe::probe!(strait_probe::Stage::DoorbellBegin);
             self.ring_bell();
+            strait_probe::probe!(strait_probe::Stage::DoorbellEnd);
         }
     }
 
@@ -870,6 +872,7 @@ impl Conn {
             let lock = self.step_lock(self.rx(), RLOCK)?;
             let (head, n) = self.avail()?;
             if n > 0 {
+                strait_probe::probe!(strait_probe::Stage::RingFound);
                 let take = (n as usize).min(want - got);
                 self.copy_out(head, got, take, iov);
                 if peek {
@@ -877,6 +880,7 @@ impl Conn {
                 }
                 self.shm.ring(self.rx()).consume_to(head + take as u64);
                 drop(lock);
+                strait_probe::probe!(strait_probe::Stage::RingConsumed);
                 self.wake_if(self.w(self.rx(), WSLEEP));
                 if let Some(b) = self.remote.get() {
                     b.after_read();
@@ -997,6 +1001,7 @@ impl Conn {
             self.copy_in(tail, iov, sent, chunk);
             self.shm.ring(self.tx()).publish_to(tail + chunk as u64);
             drop(lock);
+            strait_probe::probe!(strait_probe::Stage::RingPublished);
             self.wake_if(self.w(self.tx(), RSLEEP));
             if let Some(b) = self.remote.get() {
                 b.push_inline();

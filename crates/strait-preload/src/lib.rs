@@ -20,6 +20,7 @@ mod exec;
 mod local;
 mod pass;
 mod poll;
+pub mod probes;
 mod real;
 mod remote;
 mod stats;
@@ -154,6 +155,7 @@ fn do_recv(c: &Conn, fd: c_int, iov: &[(*mut u8, usize)], flags: c_int) -> ssize
 }
 
 fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
+    strait_probe::probe!(strait_probe::Stage::WriteLookup);
     io_result(c.send(fd, iov, flags & libc::MSG_DONTWAIT != 0), flags & libc::MSG_NOSIGNAL == 0)
 }
 
@@ -485,7 +487,7 @@ pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut sockl
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::read(fd, buf, n) };
-    guard(real, || match accel(fd) {
+    let r = guard(real, || match accel(fd) {
         Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], 0),
         None => match udp::lookup(fd) {
             // SAFETY: forwarded arguments.
@@ -494,7 +496,9 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
             }),
             None => real(),
         },
-    })
+    });
+    strait_probe::probe!(strait_probe::Stage::ReadReturn);
+    r
 }
 
 /// # Safety
@@ -513,6 +517,7 @@ pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, bufl
 /// As for libc's `write`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    strait_probe::probe!(strait_probe::Stage::WriteEnter);
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::write(fd, buf, n) };
     guard(real, || match accel(fd) {

@@ -54,13 +54,31 @@ pub enum Stage {
     CqPushRecv,
     /// `Worker::poll` is returning a receive completion to the application.
     PollRecv,
+    /// `strait run` path (the interposer): the application is about to call
+    /// `write` (stamped by the measuring program, through the library's log).
+    AppSend,
+    /// The interposer's `write` was entered.
+    WriteEnter,
+    /// The interposer found the descriptor's accelerated connection (table look-up
+    /// and the checks of a settled connection done).
+    WriteLookup,
+    /// The bytes are in the byte ring and its new tail is published.
+    RingPublished,
+    /// A reader found bytes in its byte ring (after spinning or a wake-up).
+    RingFound,
+    /// The reader copied the bytes out and handed the space back.
+    RingConsumed,
+    /// The interposer's `read` is returning to the application.
+    ReadReturn,
+    /// The application's `read` returned (stamped by the measuring program).
+    AppRecvd,
     /// Test and calibration stamps.
     Mark,
 }
 
 impl Stage {
     /// Every stage, in numbering order.
-    pub const ALL: [Stage; 13] = [
+    pub const ALL: [Stage; 21] = [
         Stage::SendPost,
         Stage::RecvPost,
         Stage::TxMsg,
@@ -73,6 +91,14 @@ impl Stage {
         Stage::CopyDone,
         Stage::CqPushRecv,
         Stage::PollRecv,
+        Stage::AppSend,
+        Stage::WriteEnter,
+        Stage::WriteLookup,
+        Stage::RingPublished,
+        Stage::RingFound,
+        Stage::RingConsumed,
+        Stage::ReadReturn,
+        Stage::AppRecvd,
         Stage::Mark,
     ];
 

@@ -10,16 +10,30 @@ use std::time::{Duration, Instant};
 /// builds it with the same cargo, profile and target directory as `exe`.
 pub fn preload_lib_beside(exe: &str) -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| build_preload(Path::new(exe))).clone()
+    BUILT.get_or_init(|| build_preload(Path::new(exe), false)).clone()
 }
 
-fn build_preload(exe: &Path) -> PathBuf {
+/// `libstrait_preload.so` with its stage probes compiled in (for `strait anatomy
+/// --transports strait-run`), built on first use with the cargo and profile of
+/// `exe` into the `probes` directory of its target directory: a cdylib's file name
+/// does not change with its features, so the plain library beside `exe` is left as
+/// it is.
+pub fn preload_lib_with_probes(exe: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| build_preload(Path::new(exe), true)).clone()
+}
+
+fn build_preload(exe: &Path, probes: bool) -> PathBuf {
     let profile_dir = exe.parent().expect("profile dir");
     let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile name").to_string();
     let target_dir = profile_dir.parent().expect("target dir");
+    let target_dir = if probes { target_dir.join("probes") } else { target_dir.to_path_buf() };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut c = Command::new(cargo);
-    c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"]).arg(target_dir);
+    c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"]).arg(&target_dir);
+    if probes {
+        c.args(["--features", "probes"]);
+    }
     match profile.as_str() {
         "debug" => {}
         "release" => {
@@ -31,7 +45,7 @@ fn build_preload(exe: &Path) -> PathBuf {
     }
     let st = c.status().expect("run cargo build for libstrait_preload.so");
     assert!(st.success(), "building libstrait_preload.so failed");
-    let p = profile_dir.join("libstrait_preload.so");
+    let p = target_dir.join(&profile).join("libstrait_preload.so");
     assert!(p.exists(), "{} missing after the build", p.display());
     p
 }

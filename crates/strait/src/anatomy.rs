@@ -232,20 +232,20 @@ fn pong_thread(
 }
 
 /// Raw results of one size.
-struct SizeData {
-    size: u64,
-    paths: Vec<OneWay>,
+pub(crate) struct SizeData {
+    pub(crate) size: u64,
+    pub(crate) paths: Vec<OneWay>,
     /// Round-trip periods of the unprobed batches, ticks.
-    periods: Vec<f64>,
+    pub(crate) periods: Vec<f64>,
     /// Round-trip periods of the probed batches, ticks.
-    periods_probed: Vec<f64>,
+    pub(crate) periods_probed: Vec<f64>,
     /// Round-trip periods of the batches with doubled probes, ticks.
-    periods_double: Vec<f64>,
-    dropped: u64,
+    pub(crate) periods_double: Vec<f64>,
+    pub(crate) dropped: u64,
 }
 
 /// Round-trip periods, this end's stamps, the other end's stamps, stamps dropped.
-type BatchResult = (Vec<f64>, Vec<Stamp>, Vec<Stamp>, u64);
+pub(crate) type BatchResult = (Vec<f64>, Vec<Stamp>, Vec<Stamp>, u64);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Probes {
@@ -317,76 +317,93 @@ pub fn run(
     let mut runs = Vec::new();
     let mut notes = Vec::new();
     for d in data {
-        // What one probe costs on this path: the one-way time with probes on minus
-        // with them off, per probe on the path (probes overlap the work around them,
-        // so this is less than a back-to-back probe costs).
-        let per_path = stages::probes_per_path(&d.paths);
-        let growth = |more: &[f64], less: &[f64]| match (stages::kept_mean(more), stages::kept_mean(less)) {
-            (Some(m), Some(l)) if per_path > 0.0 => Some(((m - l) / 2.0 / per_path).max(0.0)),
-            _ => None,
-        };
-        let in_situ = growth(&d.periods_probed, &d.periods).unwrap_or(cost.on_ticks);
-        // Independently of the unprobed runs: what one more probe at every point
-        // costs (a second, back-to-back stamp: an upper estimate).
-        let doubled = growth(&d.periods_double, &d.periods_probed).unwrap_or(cost.on_ticks);
-        let Some(s) = stages::summarize(&d.paths, tpn, in_situ) else {
-            notes.push(format!("{TRANSPORT} {} B: no complete probed path was recorded", d.size));
-            continue;
-        };
-        if d.dropped > 0 {
-            notes.push(format!("{TRANSPORT} {} B: {} probe stamps dropped (log full)", d.size, d.dropped));
+        match report_size(TRANSPORT, &STAGES, &d, cost.on_ticks, tpn, cfg.tolerance, &mut notes) {
+            Some(r) => runs.push(r),
+            None => notes.push(format!("{TRANSPORT} {} B: no complete probed path was recorded", d.size)),
         }
-        let one_way: Vec<f64> = d.periods.iter().map(|p| p / 2.0 / tpn).collect();
-        let measured = stages::kept_mean(&one_way).unwrap_or(f64::NAN);
-        let mut rows: Vec<StageRow> = s
-            .stages
-            .iter()
-            .filter_map(|st| {
-                let def = STAGES.get(st.stage?)?;
-                Some(StageRow {
-                    name: def.name.into(),
-                    layer: def.layer.into(),
-                    ns: st.mean_ns,
-                    p50_ns: st.p50_ns,
-                    p99_ns: st.p99_ns,
-                    cycles: st.mean_ns * tpn,
-                    on_critical_path: true,
-                    raw_ns: None,
-                })
-            })
-            .collect();
-        if let Some(db) = &s.doorbell {
-            rows.push(StageRow {
-                name: stages::DOORBELL.name.into(),
-                layer: stages::DOORBELL.layer.into(),
-                ns: db.mean_ns,
-                p50_ns: db.p50_ns,
-                p99_ns: db.p99_ns,
-                cycles: db.mean_ns * tpn,
-                on_critical_path: false,
-                raw_ns: None,
-            });
-        }
-        let deviation = (s.corrected_ns - measured) / measured;
-        let independent = stages::summarize(&d.paths, tpn, doubled).map_or(f64::NAN, |x| x.corrected_ns);
-        runs.push(AnatomyRun {
-            transport: TRANSPORT.into(),
-            size_bytes: d.size,
-            measured_one_way_ns: measured,
-            stage_sum_ns: s.corrected_ns,
-            total_p50_ns: s.p50_ns,
-            probed_one_way_ns: s.raw_ns,
-            probe_overhead_ns: s.probe_ns,
-            probe_cost_ns: in_situ / tpn,
-            probe_cost_doubled_ns: Some(doubled / tpn),
-            deviation_doubled: Some((independent - measured) / measured),
-            deviation,
-            within_tolerance: strait_anatomy::anatomy::agrees(s.corrected_ns, measured, cfg.tolerance),
-            samples: s.paths,
-            stages: rows,
-        });
     }
     Ok((runs, notes))
+}
+
+/// One size's report row from its paths and batches: the stage means (probe cost
+/// calibrated in situ: probed minus unprobed round trips per probe on the path, with
+/// `fallback_probe_ticks` when that cannot be computed), the doorbell beside the
+/// chain, and the check against the unprobed one-way time. `None` without a single
+/// complete path. `defs` names the stages of the walked chain.
+pub(crate) fn report_size(
+    transport: &str,
+    defs: &[stages::StageDef],
+    d: &SizeData,
+    fallback_probe_ticks: f64,
+    tpn: f64,
+    tolerance: f64,
+    notes: &mut Vec<String>,
+) -> Option<AnatomyRun> {
+    // What one probe costs on this path: the one-way time with probes on minus
+    // with them off, per probe on the path (probes overlap the work around them,
+    // so this is less than a back-to-back probe costs).
+    let per_path = stages::probes_per_path(&d.paths);
+    let growth = |more: &[f64], less: &[f64]| match (stages::kept_mean(more), stages::kept_mean(less)) {
+        (Some(m), Some(l)) if per_path > 0.0 => Some(((m - l) / 2.0 / per_path).max(0.0)),
+        _ => None,
+    };
+    let in_situ = growth(&d.periods_probed, &d.periods).unwrap_or(fallback_probe_ticks);
+    // Independently of the unprobed runs: what one more probe at every point
+    // costs (a second, back-to-back stamp: an upper estimate).
+    let doubled = growth(&d.periods_double, &d.periods_probed).unwrap_or(fallback_probe_ticks);
+    let s = stages::summarize(&d.paths, tpn, in_situ)?;
+    if d.dropped > 0 {
+        notes.push(format!("{transport} {} B: {} probe stamps dropped (log full)", d.size, d.dropped));
+    }
+    let one_way: Vec<f64> = d.periods.iter().map(|p| p / 2.0 / tpn).collect();
+    let measured = stages::kept_mean(&one_way).unwrap_or(f64::NAN);
+    let mut rows: Vec<StageRow> = s
+        .stages
+        .iter()
+        .filter_map(|st| {
+            let def = defs.get(st.stage?)?;
+            Some(StageRow {
+                name: def.name.into(),
+                layer: def.layer.into(),
+                ns: st.mean_ns,
+                p50_ns: st.p50_ns,
+                p99_ns: st.p99_ns,
+                cycles: st.mean_ns * tpn,
+                on_critical_path: true,
+                raw_ns: None,
+            })
+        })
+        .collect();
+    if let Some(db) = &s.doorbell {
+        rows.push(StageRow {
+            name: stages::DOORBELL.name.into(),
+            layer: stages::DOORBELL.layer.into(),
+            ns: db.mean_ns,
+            p50_ns: db.p50_ns,
+            p99_ns: db.p99_ns,
+            cycles: db.mean_ns * tpn,
+            on_critical_path: false,
+            raw_ns: None,
+        });
+    }
+    let deviation = (s.corrected_ns - measured) / measured;
+    let independent = stages::summarize(&d.paths, tpn, doubled).map_or(f64::NAN, |x| x.corrected_ns);
+    Some(AnatomyRun {
+        transport: transport.into(),
+        size_bytes: d.size,
+        measured_one_way_ns: measured,
+        stage_sum_ns: s.corrected_ns,
+        total_p50_ns: s.p50_ns,
+        probed_one_way_ns: s.raw_ns,
+        probe_overhead_ns: s.probe_ns,
+        probe_cost_ns: in_situ / tpn,
+        probe_cost_doubled_ns: Some(doubled / tpn),
+        deviation_doubled: Some((independent - measured) / measured),
+        deviation,
+        within_tolerance: strait_anatomy::anatomy::agrees(s.corrected_ns, measured, tolerance),
+        samples: s.paths,
+        stages: rows,
+    })
 }
 
 fn measure_size(

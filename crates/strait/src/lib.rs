@@ -20,3 +20,4 @@ pub mod anatomy;
 pub mod bench;
 pub mod netns;
 pub mod preload;
+pub mod run_anatomy;

@@ -44,6 +44,9 @@ enum Cmd {
     /// the preload library.
     #[command(name = "__bench-run-end", hide = true)]
     BenchRunEnd,
+    /// Both ends of `strait anatomy`'s strait-run ping-pong, under the preload library.
+    #[command(name = "__anatomy-run-end", hide = true)]
+    AnatomyRunEnd,
     /// Internal: the peer process of one benchmark transport.
     #[command(name = "__bench-peer", hide = true)]
     BenchPeer {
@@ -149,19 +152,27 @@ struct AnatomyArgs {
     /// Largest accepted deviation of the stage sum from the measured one-way latency.
     #[arg(long, default_value_t = 0.10)]
     tolerance: f64,
-    /// Paths to dissect, comma-separated: strait-shm, kernel-udp, kernel-tcp. The
-    /// kernel paths need root (tracefs) and run only sizes up to 32K.
+    /// Paths to dissect, comma-separated: strait-shm, strait-run, kernel-udp,
+    /// kernel-tcp. The kernel paths need root (tracefs) and run only sizes up to
+    /// 32K; strait-run needs libstrait_preload.so built with its probes (`cargo
+    /// build --release -p strait-preload --features probes`), found as `strait run`
+    /// finds it (--preload, STRAIT_PRELOAD_LIB, beside strait).
     #[arg(long, value_delimiter = ',', default_value = "strait-shm,kernel-udp,kernel-tcp")]
     transports: Vec<String>,
     /// Directory under which anatomy-<UTC timestamp>/ is created.
     #[arg(long, default_value = "results")]
     out: PathBuf,
+    /// The preload library for the strait-run path (default: STRAIT_PRELOAD_LIB,
+    /// else libstrait_preload.so beside strait).
+    #[arg(long)]
+    preload: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Anatomy(args) => return anatomy(args),
+        Cmd::AnatomyRunEnd => return strait::run_anatomy::child_main(),
         Cmd::Run(args) => return run::run(args),
         Cmd::Model(args) => return model::run(args),
         Cmd::Bench(args) => bench(args),
@@ -462,6 +473,9 @@ fn anatomy_command(a: &AnatomyArgs) -> String {
     parts.push(format!("--tolerance {}", a.tolerance));
     parts.push(format!("--transports {}", a.transports.join(",")));
     parts.push(format!("--out {}", shell_quote(&a.out.to_string_lossy())));
+    if let Some(p) = &a.preload {
+        parts.push(format!("--preload {}", shell_quote(&p.to_string_lossy())));
+    }
     parts.join(" ")
 }
 
@@ -496,7 +510,7 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
             eprint!("\rstrait anatomy: {} {}   ", anat::TRANSPORT, format_size(size));
         }
     };
-    const KNOWN: [&str; 3] = [anat::TRANSPORT, "kernel-udp", "kernel-tcp"];
+    const KNOWN: [&str; 4] = [anat::TRANSPORT, strait::run_anatomy::TRANSPORT, "kernel-udp", "kernel-tcp"];
     if let Some(bad) = a.transports.iter().find(|t| !KNOWN.contains(&t.as_str())) {
         return Err(BenchError::UnknownTransport { name: bad.clone(), known: KNOWN.join(", ") });
     }
@@ -525,6 +539,26 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
             Vec::new()
         }
     };
+    if want(strait::run_anatomy::TRANSPORT) {
+        let name = strait::run_anatomy::TRANSPORT;
+        if std::io::stderr().is_terminal() {
+            eprint!("\rstrait anatomy: {name}            ");
+        }
+        let r = strait::preload::find_lib(a.preload.clone())
+            .map_err(strait::anatomy::AnatomyError::Setup)
+            .and_then(|lib| strait::run_anatomy::run(&cfg, &clock, &lib));
+        match r {
+            Ok((r, n)) => {
+                runs.extend(r);
+                notes.extend(n);
+            }
+            Err(e) => {
+                eprintln!("strait anatomy: {name}: {e}");
+                notes.push(format!("{name}: not measured: {e}"));
+                complete = false;
+            }
+        }
+    }
     let kcfg = kanatomy::KernelConfig {
         sizes: a.sizes.0.iter().copied().filter(|&s| s <= KERNEL_MAX_SIZE).collect(),
         iters: a.iters,

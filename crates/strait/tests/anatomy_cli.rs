@@ -239,3 +239,79 @@ fn unprivileged_run_reports_and_exits_3() {
     assert!(stdout.contains("kernel-udp: not measured"), "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The path users run: a ping-pong of plain `write`/`read` calls between two
+/// processes under the preload library (built with its probes), dissected into the
+/// interposer's stages.
+#[test]
+fn strait_run_anatomy_stages_and_check() {
+    let lib = strait_testkit::preload_lib_with_probes(env!("CARGO_BIN_EXE_strait"));
+    let _turn = turn();
+    let out = tmp_dir("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["anatomy", "--format", "json", "--sizes", "8,4K", "--iters", "1000", "--warmup", "200"])
+        .args(["--transports", "strait-run", "--preload"])
+        .arg(&lib)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
+    let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(text(&doc["machine"], "command").contains("--preload"), "{doc}");
+    let runs = doc["runs"].as_array().expect("runs");
+    let sizes: Vec<u64> = runs.iter().map(|r| r["size_bytes"].as_u64().expect("size")).collect();
+    assert_eq!(sizes, vec![8, 4096], "{doc}");
+    let chain = [
+        "interposer entry",
+        "descriptor look-up",
+        "ring copy in + publish",
+        "ring transfer + reader's spin or wake-up",
+        "ring copy out + consume",
+        "read return (writer wake check)",
+        "interposer exit",
+        "application turnaround",
+    ];
+    let tol = num(&doc, "tolerance");
+    let floor = num(&doc, "tolerance_floor_ns");
+    for r in runs {
+        assert_eq!(text(r, "transport"), "strait-run");
+        assert!(r["samples"].as_u64().unwrap_or(0) >= 300, "too few paths walked: {r}");
+        let stages = r["stages"].as_array().expect("stages");
+        let critical: Vec<&Value> = stages.iter().filter(|s| s["on_critical_path"] == true).collect();
+        let names: Vec<&str> = critical.iter().map(|s| text(s, "name")).collect();
+        assert_eq!(names, chain, "{r}");
+        let sum = num(r, "stage_sum_ns");
+        let measured = num(r, "measured_one_way_ns");
+        let total: f64 = critical.iter().map(|s| num(s, "ns")).sum();
+        assert!((total - sum).abs() < 1e-6 * sum.max(1.0), "stages add to {total}, sum says {sum}");
+        assert!(critical.iter().all(|s| num(s, "ns") >= 0.0), "{r}");
+        // The bytes cross between the processes somewhere: the transfer is never free.
+        assert!(num(critical[3], "ns") > 0.0, "{r}");
+        assert!(measured > 0.0 && num(r, "probed_one_way_ns") >= sum, "{r}");
+        let dev = (sum - measured) / measured;
+        assert!((num(r, "deviation") - dev).abs() < 1e-9);
+        let agrees = dev.abs() <= tol || (sum - measured).abs() <= floor;
+        assert_eq!(r["within_tolerance"].as_bool(), Some(agrees));
+    }
+}
+
+/// A library without its probes is refused with the command that builds one, and
+/// the run ends as incomplete (exit 3) instead of reporting empty stages.
+#[test]
+fn strait_run_anatomy_without_probes_says_how_to_build() {
+    let lib = strait_testkit::preload_lib_beside(env!("CARGO_BIN_EXE_strait"));
+    let _turn = turn();
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["anatomy", "--format", "json", "--sizes", "8", "--iters", "100", "--warmup", "10"])
+        .args(["--transports", "strait-run", "--preload"])
+        .arg(&lib)
+        .arg("--out")
+        .arg(tmp_dir("run-plain"))
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("--features probes"), "{stderr}");
+}

@@ -23,6 +23,12 @@ pub trait ByteArea {
     /// `offset + dst.len() <= size()`; the bytes may be concurrently written by a
     /// hostile peer, so the implementation must only copy them.
     unsafe fn load(&self, offset: usize, dst: &mut [u8]);
+    /// Hints that the bytes at `offset` will be read soon (no effect by default; a
+    /// shared mapping asks the CPU to fetch their cache line). Never faults.
+    #[inline]
+    fn prefetch(&self, offset: usize) {
+        let _ = offset;
+    }
 }
 
 /// A data area whose 8-aligned words can also be used atomically (ring headers).
@@ -84,6 +90,19 @@ impl ByteArea for MappedArea {
         // yields garbage that the ring's validation rejects, never undefined reads of
         // Rust objects.
         unsafe { std::ptr::copy_nonoverlapping(self.base.add(offset), dst.as_mut_ptr(), dst.len()) }
+    }
+    #[inline]
+    fn prefetch(&self, offset: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if offset < self.size {
+            // SAFETY: SSE is part of x86-64's baseline; a prefetch is a hint that never
+            // faults nor changes memory, whatever the address.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                    self.base.wrapping_add(offset).cast::<i8>(),
+                )
+            };
+        }
     }
 }
 

@@ -131,6 +131,27 @@ impl<'a, M: ByteArea + ?Sized> ByteRing<'a, M> {
         Ok(Span { pos: tail, len: self.mem.size() as u64 - (tail - head) })
     }
 
+    /// Producer: the room there is to write by a head the producer read earlier
+    /// (`head_seen`), without reading the consumer's head now. Heads only grow, so
+    /// the room is there (perhaps more). Keeping off the consumer's line lets the
+    /// consumer's next head store stay in its own cache; when the room is not enough,
+    /// use [`ByteRing::writable`].
+    #[inline]
+    pub fn writable_from(&self, head_seen: u64) -> Result<Span, Corrupt> {
+        let tail = self.tail.load(Ordering::Relaxed);
+        self.check(head_seen, tail)?;
+        Ok(Span { pos: tail, len: self.mem.size() as u64 - (tail - head_seen) })
+    }
+
+    /// Consumer: hints that the bytes at the head are read next, so that a reader
+    /// waiting for them fetches their cache line alongside the tail's instead of
+    /// after it (the tail and the data are two lines written by the other core).
+    #[inline]
+    pub fn prefetch_head(&self) {
+        let head = self.head.load(Ordering::Relaxed);
+        self.mem.prefetch((head % self.mem.size() as u64) as usize);
+    }
+
     /// Copies the bytes at position `pos` into `dst` (the consumer, from a span that
     /// [`ByteRing::readable`] returned).
     ///
@@ -212,6 +233,30 @@ mod tests {
             got.extend_from_slice(&out);
         }
         assert_eq!(got, stream);
+    }
+
+    #[test]
+    fn room_by_an_old_head_is_never_more_than_there_is() {
+        let mut buf = vec![0u64; 2]; // 16 bytes
+        let area = ring_over(&mut buf);
+        let (tail, head) = (AtomicU64::new(0), AtomicU64::new(0));
+        let r = ByteRing::new(&tail, &head, &area);
+        let mut seen = 0u64;
+        for step in 0..200u64 {
+            let fresh = r.writable().unwrap();
+            match r.writable_from(seen) {
+                Ok(old) => assert!(old.pos == fresh.pos && old.len <= fresh.len, "step {step}"),
+                // A head so old that the tail ran past it: only the fresh read says.
+                Err(_) => assert!(fresh.pos - seen > 16),
+            }
+            let n = (fresh.len).min(step % 5 + 1);
+            r.publish_to(fresh.pos + n);
+            if step % 3 == 0 {
+                seen = head.load(Ordering::Relaxed);
+            }
+            let s = r.readable().unwrap();
+            r.consume_to(s.pos + s.len.min(step % 4 + 1));
+        }
     }
 
     #[test]

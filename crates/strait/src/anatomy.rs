@@ -384,6 +384,7 @@ pub fn run(
             within_tolerance: strait_anatomy::anatomy::agrees(s.corrected_ns, measured, cfg.tolerance),
             samples: s.paths,
             stages: rows,
+            wake_modes: None,
         });
     }
     Ok((runs, notes))

@@ -276,8 +276,9 @@ pub fn render_table(r: &AnatomyReport) -> String {
         if runs.iter().any(|x| x.wake_modes.is_some()) {
             row(&mut out, "receiver woken, traced / plain", &|x| match &x.wake_modes {
                 Some(w) => match w.woken_plain {
-                    Some(p) => format!("{:.0}/{:.0}%", w.woken_traced * 100.0, p * 100.0),
-                    None => format!("{:.0}/-%", w.woken_traced * 100.0),
+                    Some(p) => format!("{:.0}%/{:.0}%", w.woken_traced * 100.0, p * 100.0),
+                    // The untraced batches' mix is known only when the modes were told apart.
+                    None => format!("{:.0}%/-", w.woken_traced * 100.0),
                 },
                 None => "-".into(),
             });

@@ -88,6 +88,47 @@ pub struct AnatomyRun {
     pub samples: usize,
     /// The stages in path order.
     pub stages: Vec<StageRow>,
+    /// The kernel paths' wake-up modes (absent elsewhere, and in documents written
+    /// before they were reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_modes: Option<WakeModes>,
+}
+
+/// How often the receiver of a kernel path was asleep when the data arrived. The
+/// kernel path is bimodal: a sleeping receiver adds a `sched_wakeup`, an IPI and a
+/// switch-in (tens of µs on a VM), a running one none. Traced and untraced batches
+/// can catch the two in different proportions, so the check compares like with like
+/// when the modes are separable (`mode_aware`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WakeModes {
+    /// Share of the traced one-way paths whose receiver was woken.
+    pub woken_traced: f64,
+    /// Estimated share in the untraced batches (their round trips classified by
+    /// time, see `modes`); `None` when the modes could not be told apart by time.
+    pub woken_plain: Option<f64>,
+    /// The stage sum and the measured time were compared mode by mode (reweighted
+    /// to the untraced batches' mix); false: as for a unimodal path.
+    pub mode_aware: bool,
+    /// The modes compared, by wake-ups per round trip (empty unless `mode_aware`).
+    pub modes: Vec<WakeMode>,
+}
+
+/// One wake-up mode of a kernel path: round trips with the same number of
+/// wake-ups (0, 1 or 2: one per direction).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WakeMode {
+    /// Receivers woken per round trip.
+    pub wakeups_per_round_trip: u32,
+    /// Share of the traced round trips.
+    pub traced_share: f64,
+    /// Share of the untraced round trips (classified by their time).
+    pub plain_share: f64,
+    /// This mode's stage sum, one way, tracing cost subtracted, ns.
+    pub stage_sum_ns: f64,
+    /// This mode's untraced one-way time, ns (`NaN` if none was seen).
+    pub measured_one_way_ns: f64,
+    /// The per-event tracing cost calibrated on this mode, ns.
+    pub probe_cost_ns: f64,
 }
 
 /// Below this absolute difference (ns) a stage sum agrees with the measured
@@ -232,6 +273,16 @@ pub fn render_table(r: &AnatomyReport) -> String {
             });
         }
         row(&mut out, "one-way p50 (probed, corrected)", &|x| format!("{:.0}", x.total_p50_ns));
+        if runs.iter().any(|x| x.wake_modes.is_some()) {
+            row(&mut out, "receiver woken, traced / plain", &|x| match &x.wake_modes {
+                Some(w) => match w.woken_plain {
+                    Some(p) => format!("{:.0}%/{:.0}%", w.woken_traced * 100.0, p * 100.0),
+                    // The untraced batches' mix is known only when the modes were told apart.
+                    None => format!("{:.0}%/-", w.woken_traced * 100.0),
+                },
+                None => "-".into(),
+            });
+        }
         let bad: Vec<String> = runs
             .iter()
             .filter(|x| !x.within_tolerance)
@@ -615,6 +666,7 @@ mod tests {
             within_tolerance: true,
             samples: 10,
             stages: vec![stage("a", 60.0, true), stage("b", 35.0, true), stage("bell", 9.0, false)],
+            wake_modes: None,
         };
         AnatomyReport {
             machine,

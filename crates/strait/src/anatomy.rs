@@ -403,6 +403,7 @@ pub(crate) fn report_size(
         within_tolerance: strait_anatomy::anatomy::agrees(s.corrected_ns, measured, tolerance),
         samples: s.paths,
         stages: rows,
+        wake_modes: None,
     })
 }
 

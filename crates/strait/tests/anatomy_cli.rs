@@ -64,6 +64,7 @@ fn run_and_check(out: &PathBuf) -> Value {
     assert_eq!(sizes, vec![8, 4096]);
     for r in runs {
         assert_eq!(text(r, "transport"), "strait-shm");
+        assert!(r.get("wake_modes").is_none(), "strait's paths have no wake-up modes: {r}");
         let measured = num(r, "measured_one_way_ns");
         let sum = num(r, "stage_sum_ns");
         assert!(measured > 0.0 && num(r, "total_p50_ns") > 0.0 && num(r, "probe_overhead_ns") >= 0.0);
@@ -185,6 +186,18 @@ fn kernel_udp_and_tcp_anatomy_as_root() {
             assert!(num(s, "ns") >= 0.0 && num(s, "ns") <= raw + 1e-9, "{name}: {r}");
         }
         assert!(r["probe_cost_doubled_ns"].is_null());
+        // The wake-up modes: the share of traced paths whose receiver was woken, and,
+        // when the modes were compared apart, one entry per mode whose untraced
+        // shares (the weights of the comparison) add up to 1.
+        let modes = r.get("wake_modes").expect("wake_modes on a kernel path");
+        assert!((0.0..=1.0).contains(&num(modes, "woken_traced")), "{r}");
+        if modes["mode_aware"].as_bool().expect("mode_aware") {
+            let list = modes["modes"].as_array().expect("modes");
+            assert!(list.len() >= 2, "{r}");
+            let shares: f64 = list.iter().map(|m| num(m, "plain_share")).sum();
+            assert!((shares - 1.0).abs() < 1e-9, "{r}");
+            assert!((0.0..=1.0).contains(&num(modes, "woken_plain")), "{r}");
+        }
         let dev = num(r, "deviation");
         let sum = num(r, "stage_sum_ns");
         let measured = num(r, "measured_one_way_ns");

@@ -191,6 +191,13 @@ impl InChan {
         self.map.dgram().tail()
     }
 
+    /// Hints that the next record is read soon (see `DgramRing::prefetch_head`).
+    fn prefetch(&self) {
+        if !self.dead.load(Ordering::Relaxed) {
+            self.map.dgram().prefetch_head();
+        }
+    }
+
     /// Length of the next datagram, if any.
     fn next_len(&self) -> Option<usize> {
         match self.map.dgram().next_len() {
@@ -281,7 +288,9 @@ struct OutChan {
     /// The receiver's doorbell, once its answer arrived.
     efd: AtomicI32,
     gen: u64,
-    lock: Mutex<()>,
+    /// Serializes this process's senders on the ring; holds the receivers' head as
+    /// they last read it (see `DgramRing::push_from`).
+    lock: Mutex<u64>,
     dead: AtomicBool,
     /// Sends that found the ring full.
     full: AtomicUsize,
@@ -375,7 +384,7 @@ impl OutChan {
         if self.map.word(RSLEEP).load(Ordering::Relaxed) != 0 && self.receiver_gone() {
             return Push::Dead;
         }
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut head_seen = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let ring = self.map.dgram();
         let fill = |area: &MappedArea, mut dst: usize| {
             for &(p, l) in iov {
@@ -388,7 +397,7 @@ impl OutChan {
         };
         let mut yielded = false;
         loop {
-            match ring.push(len, fill) {
+            match ring.push_from(&mut head_seen, len, fill) {
                 Ok(Pushed::Sent) => break,
                 Err(_) => {
                     self.dead.store(true, Ordering::Relaxed);
@@ -414,11 +423,13 @@ impl OutChan {
             DROPPED.fetch_add(1, Ordering::Relaxed);
             return Push::Dropped;
         }
-        drop(_g);
+        strait_probe::probe!(strait_probe::Stage::RingPublished);
+        drop(head_seen);
         SENT.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let sleep = self.map.word(RSLEEP);
         if sleep.load(Ordering::Relaxed) != 0 && sleep.swap(0, Ordering::Relaxed) != 0 {
+            strait_probe::probe!(strait_probe::Stage::DoorbellBegin);
             // The receiver answers before it ever sleeps: its doorbell is here.
             self.fetch_reply();
             let efd = self.efd.load(Ordering::Relaxed);
@@ -427,6 +438,7 @@ impl OutChan {
                 // SAFETY: 8 bytes from a local to the receiver's eventfd.
                 unsafe { real::write(efd, (&one as *const u64).cast(), 8) };
             }
+            strait_probe::probe!(strait_probe::Stage::DoorbellEnd);
         }
         Push::Sent
     }
@@ -680,10 +692,16 @@ impl UdpSock {
         if n == 0 {
             return None;
         }
+        // The next record's line, asked for before the tail is looked at, arrives
+        // with it instead of after it.
+        for c in chans.iter() {
+            c.prefetch();
+        }
         if !chans.iter().any(|c| c.has_data()) {
             return None;
         }
         let peer = if self.connected.load(Ordering::Relaxed) { self.st().peer } else { None };
+        strait_probe::probe!(strait_probe::Stage::RingFound);
         let start = self.rr.load(Ordering::Relaxed);
         for k in 0..n {
             let i = (start + k) % n;
@@ -695,6 +713,7 @@ impl UdpSock {
                     continue;
                 }
                 self.rr.store(i + 1, Ordering::Relaxed);
+                strait_probe::probe!(strait_probe::Stage::RingConsumed);
                 return Some(g);
             }
         }
@@ -902,6 +921,7 @@ impl UdpSock {
         flags: c_int,
         kernel: &mut dyn FnMut() -> ssize_t,
     ) -> ssize_t {
+        strait_probe::probe!(strait_probe::Stage::WriteLookup);
         let (dest, lo) = match dest {
             Some(d) => d,
             None => match self.st().peer {
@@ -1187,7 +1207,7 @@ fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
         hello: h,
         efd: AtomicI32::new(-1),
         gen,
-        lock: Mutex::new(()),
+        lock: Mutex::new(0),
         dead: AtomicBool::new(false),
         full: AtomicUsize::new(0),
     })

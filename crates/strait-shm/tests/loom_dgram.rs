@@ -88,6 +88,12 @@ fn consume(s: &Shared, n: u64, claim_first: bool, looks: usize) -> Vec<u64> {
 /// consumers, then a final drain. Every datagram sent is taken exactly once, whole,
 /// each consumer's in increasing order.
 fn run(words: usize, n: u64, claim_first: bool) {
+    run_with(words, n, claim_first, false)
+}
+
+/// [`run`], with a producer that trusts the head it last read while that shows room
+/// (`push_from`, as the preload's sender does) when `cached_head`.
+fn run_with(words: usize, n: u64, claim_first: bool, cached_head: bool) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(2);
     b.check(move || {
@@ -100,10 +106,13 @@ fn run(words: usize, n: u64, claim_first: bool) {
         let prod = thread::spawn(move || {
             let r = DgramRing::new(&sp.tail, &sp.head, &sp.mem);
             let mut sent = Vec::new();
+            let mut seen = 0u64;
             for i in 0..n {
                 for _ in 0..2 {
                     let d = datagram(i);
-                    match r.push(8, |m, off| DgramRing::store(m, off, &d)).expect("honest") {
+                    let fill = |m: &LoomMem, off: usize| DgramRing::store(m, off, &d);
+                    let pushed = if cached_head { r.push_from(&mut seen, 8, fill) } else { r.push(8, fill) };
+                    match pushed.expect("honest") {
                         Pushed::Sent => {
                             sent.push(i);
                             break;
@@ -130,6 +139,12 @@ fn run(words: usize, n: u64, claim_first: bool) {
 #[test]
 fn every_datagram_exactly_once_with_two_consumers() {
     run(5, 3, false);
+}
+
+/// The same with the producer's cached head: space it reuses is always free.
+#[test]
+fn every_datagram_exactly_once_with_a_cached_head() {
+    run_with(5, 3, false, true);
 }
 
 #[test]

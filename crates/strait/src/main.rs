@@ -152,9 +152,10 @@ struct AnatomyArgs {
     /// Largest accepted deviation of the stage sum from the measured one-way latency.
     #[arg(long, default_value_t = 0.10)]
     tolerance: f64,
-    /// Paths to dissect, comma-separated: strait-shm, strait-run, kernel-udp,
-    /// kernel-tcp. The kernel paths need root (tracefs) and run only sizes up to
-    /// 32K; strait-run needs libstrait_preload.so built with its probes (`cargo
+    /// Paths to dissect, comma-separated: strait-shm, strait-run, strait-run-udp,
+    /// kernel-udp, kernel-tcp. The kernel paths need root (tracefs); they and
+    /// strait-run-udp run only sizes up to 32K. strait-run and strait-run-udp need
+    /// libstrait_preload.so built with its probes (`cargo
     /// build --release -p strait-preload --features probes`), found as `strait run`
     /// finds it (--preload, STRAIT_PRELOAD_LIB, beside strait).
     #[arg(long, value_delimiter = ',', default_value = "strait-shm,kernel-udp,kernel-tcp")]
@@ -510,7 +511,9 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
             eprint!("\rstrait anatomy: {} {}   ", anat::TRANSPORT, format_size(size));
         }
     };
-    const KNOWN: [&str; 4] = [anat::TRANSPORT, strait::run_anatomy::TRANSPORT, "kernel-udp", "kernel-tcp"];
+    use strait::run_anatomy::{self as run_anat, Proto as RunProto};
+    const KNOWN: [&str; 5] =
+        [anat::TRANSPORT, run_anat::TRANSPORT, run_anat::TRANSPORT_UDP, "kernel-udp", "kernel-tcp"];
     if let Some(bad) = a.transports.iter().find(|t| !KNOWN.contains(&t.as_str())) {
         return Err(BenchError::UnknownTransport { name: bad.clone(), known: KNOWN.join(", ") });
     }
@@ -539,14 +542,29 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
             Vec::new()
         }
     };
-    if want(strait::run_anatomy::TRANSPORT) {
-        let name = strait::run_anatomy::TRANSPORT;
+    for proto in [RunProto::Tcp, RunProto::Udp] {
+        let name = proto.name();
+        if !want(name) {
+            continue;
+        }
+        let mut rcfg = cfg.clone();
+        if proto == RunProto::Udp {
+            rcfg.sizes.retain(|&s| s <= run_anat::UDP_MAX_SIZE);
+            let skipped: Vec<String> =
+                cfg.sizes.iter().filter(|&&s| s > run_anat::UDP_MAX_SIZE).map(|&s| format_size(s)).collect();
+            if !skipped.is_empty() {
+                notes.push(format!("{name}: sizes above 32K not dissected: {}", skipped.join(", ")));
+            }
+            if rcfg.sizes.is_empty() {
+                continue;
+            }
+        }
         if std::io::stderr().is_terminal() {
             eprint!("\rstrait anatomy: {name}            ");
         }
         let r = strait::preload::find_lib(a.preload.clone())
             .map_err(strait::anatomy::AnatomyError::Setup)
-            .and_then(|lib| strait::run_anatomy::run(&cfg, &clock, &lib));
+            .and_then(|lib| run_anat::run(proto, &rcfg, &clock, &lib));
         match r {
             Ok((r, n)) => {
                 runs.extend(r);

@@ -17,7 +17,7 @@
 use std::ffi::CStr;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -36,6 +36,31 @@ use crate::anatomy::{report_size, AnatomyConfig, AnatomyError, BatchResult, Size
 /// The transport name, as in `strait bench`.
 pub const TRANSPORT: &str = "strait-run";
 
+/// The same path with connected UDP sockets: the interposer's datagram rings.
+pub const TRANSPORT_UDP: &str = "strait-run-udp";
+
+/// Largest datagram the UDP path is dissected at (as for the kernel paths).
+pub const UDP_MAX_SIZE: u64 = 32 << 10;
+
+/// Which sockets the ping-pong uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Proto {
+    /// A TCP connection over 127.0.0.1 (the byte rings).
+    Tcp,
+    /// Two connected UDP sockets on 127.0.0.1 (the datagram rings).
+    Udp,
+}
+
+impl Proto {
+    /// The transport's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Tcp => TRANSPORT,
+            Proto::Udp => TRANSPORT_UDP,
+        }
+    }
+}
+
 /// The hidden subcommand that runs both ends under the preload library.
 pub const CHILD_SUBCOMMAND: &str = "__anatomy-run-end";
 
@@ -49,6 +74,7 @@ const CHILD_DEADLINE: Duration = Duration::from_secs(600);
 /// What the driver asks of the child.
 #[derive(Debug, Serialize, Deserialize)]
 struct ChildConfig {
+    proto: Proto,
     sizes: Vec<u64>,
     iters: u64,
     warmup: u64,
@@ -68,6 +94,7 @@ struct ChildReport {
 /// Runs the anatomy of the strait-run path in a child under `lib` (the preload
 /// library, which must have its probes compiled in); returns the runs and notes.
 pub fn run(
+    proto: Proto,
     cfg: &AnatomyConfig,
     clock: &Clock,
     lib: &std::path::Path,
@@ -96,6 +123,7 @@ pub fn run(
         return Err(AnatomyError::Setup("the strait-run anatomy process has no pipes".into()));
     };
     let conf = ChildConfig {
+        proto,
         sizes: cfg.sizes.clone(),
         iters: cfg.iters,
         warmup: cfg.warmup,
@@ -338,9 +366,9 @@ fn child_run() -> Result<(Vec<AnatomyRun>, Vec<String>), String> {
     let probes = Probes::find()?;
     // The connection, made with plain socket calls so that the library carries it,
     // between two processes as under `strait run` (two threads of one process would
-    // share the library's tables and measure their cache-line traffic instead).
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("listen: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| format!("listen: {e}"))?;
+    // share the library's tables and measure their cache-line traffic instead). Made
+    // before the fork, each process keeps its own end.
+    let ends = Ends::open(cfg.proto)?;
     let maxlen = cfg.sizes.iter().copied().max().unwrap_or(8).max(1) as usize;
     let (cmd_r, mut cmd_w) = pipe()?;
     let (mut rep_r, rep_w) = pipe()?;
@@ -352,14 +380,12 @@ fn child_run() -> Result<(Vec<AnatomyRun>, Vec<String>), String> {
     }
     if pid == 0 {
         drop((cmd_w, rep_r));
-        let code = i32::from(pong(listener, cmd_r, rep_w, probes, maxlen).is_err());
+        let code = i32::from(pong(ends, cmd_r, rep_w, probes, maxlen).is_err());
         // SAFETY: ends the answering process without the parent's exit handlers.
         unsafe { libc::_exit(code) };
     }
-    drop((listener, cmd_r, rep_w));
-    let result = TcpStream::connect(addr).map_err(|e| format!("connect: {e}")).and_then(|s| {
-        let _ = s.set_nodelay(true);
-        let mut f = File::from(OwnedFd::from(s));
+    drop((cmd_r, rep_w));
+    let result = ends.ping_end().and_then(|mut f| {
         let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
         let old_cpus = if two_cores { pin(0) } else { None };
         let r = measure(&cfg, &probes, &mut f, maxlen, &mut cmd_w, &mut rep_r);
@@ -378,15 +404,16 @@ fn child_run() -> Result<(Vec<AnatomyRun>, Vec<String>), String> {
     for d in data {
         if d.paths.is_empty() {
             notes.push(format!(
-                "{TRANSPORT} {} B: no complete probed path: was the connection carried by the library \
+                "{} {} B: no complete probed path: were the sockets carried by the library \
                  (is `strait run` working here)?",
+                cfg.proto.name(),
                 d.size
             ));
             continue;
         }
         // The in-situ calibration always has both batches; no fallback is needed.
         if let Some(r) =
-            report_size(TRANSPORT, &RUN_STAGES, &d, 0.0, cfg.ticks_per_ns, cfg.tolerance, &mut notes)
+            report_size(cfg.proto.name(), &RUN_STAGES, &d, 0.0, cfg.ticks_per_ns, cfg.tolerance, &mut notes)
         {
             runs.push(r);
         }
@@ -397,21 +424,92 @@ fn child_run() -> Result<(Vec<AnatomyRun>, Vec<String>), String> {
     Ok((runs, notes))
 }
 
-/// The answering process: accepts the connection, then answers each batch asked
-/// on `cmds` and sends its stamps back on `replies`.
-fn pong(
-    listener: TcpListener,
-    mut cmds: File,
-    mut replies: File,
-    probes: Probes,
-    maxlen: usize,
-) -> Result<(), ()> {
-    let (s, _) = listener.accept().map_err(|e| {
-        let _ = write_reply(&mut replies, &Err(format!("accept: {e}")));
+/// The two ends' sockets, made before the fork.
+enum Ends {
+    Tcp(TcpListener),
+    Udp(UdpSocket, UdpSocket),
+}
+
+impl Ends {
+    fn open(proto: Proto) -> Result<Ends, String> {
+        match proto {
+            Proto::Tcp => TcpListener::bind("127.0.0.1:0").map(Ends::Tcp).map_err(|e| format!("listen: {e}")),
+            Proto::Udp => {
+                let bind = || UdpSocket::bind("127.0.0.1:0").map_err(|e| format!("udp bind: {e}"));
+                Ok(Ends::Udp(bind()?, bind()?))
+            }
+        }
+    }
+
+    /// The pinging end (its connection made), in the parent.
+    fn ping_end(self) -> Result<File, String> {
+        match self {
+            Ends::Tcp(l) => {
+                let addr = l.local_addr().map_err(|e| format!("listen: {e}"))?;
+                drop(l);
+                let s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+                let _ = s.set_nodelay(true);
+                Ok(File::from(OwnedFd::from(s)))
+            }
+            Ends::Udp(a, b) => {
+                let to = b.local_addr().map_err(|e| format!("udp: {e}"))?;
+                drop(b);
+                a.connect(to).map_err(|e| format!("udp connect: {e}"))?;
+                Ok(File::from(OwnedFd::from(a)))
+            }
+        }
+    }
+
+    /// The answering end, in the child.
+    fn pong_end(self) -> Result<File, String> {
+        match self {
+            Ends::Tcp(l) => {
+                let (s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
+                let _ = s.set_nodelay(true);
+                Ok(File::from(OwnedFd::from(s)))
+            }
+            Ends::Udp(a, b) => {
+                let to = a.local_addr().map_err(|e| format!("udp: {e}"))?;
+                drop(a);
+                b.connect(to).map_err(|e| format!("udp connect: {e}"))?;
+                Ok(File::from(OwnedFd::from(b)))
+            }
+        }
+    }
+}
+
+/// Reads one message of `buf.len()` bytes: a datagram arrives whole (a short one is
+/// an error), a byte stream may take several reads.
+fn recv_message(f: &mut File, buf: &mut [u8], datagrams: bool) -> std::io::Result<()> {
+    if !datagrams {
+        return f.read_exact(buf);
+    }
+    let n = f.read(buf)?;
+    if n != buf.len() {
+        return Err(std::io::Error::other(format!("a datagram of {n} bytes, {} expected", buf.len())));
+    }
+    Ok(())
+}
+
+/// Sends one message: one datagram, or the whole buffer on a byte stream.
+fn send_message(f: &mut File, buf: &[u8], datagrams: bool) -> std::io::Result<()> {
+    if !datagrams {
+        return f.write_all(buf);
+    }
+    let n = f.write(buf)?;
+    if n != buf.len() {
+        return Err(std::io::Error::other(format!("sent {n} of {} bytes", buf.len())));
+    }
+    Ok(())
+}
+
+/// The answering process: its end of the connection, then each batch asked on
+/// `cmds` answered and its stamps sent back on `replies`.
+fn pong(ends: Ends, mut cmds: File, mut replies: File, probes: Probes, maxlen: usize) -> Result<(), ()> {
+    let datagrams = matches!(ends, Ends::Udp(..));
+    let mut f = ends.pong_end().map_err(|e| {
+        let _ = write_reply(&mut replies, &Err(e));
     })?;
-    drop(listener);
-    let _ = s.set_nodelay(true);
-    let mut f = File::from(OwnedFd::from(s));
     let _ = pin(1);
     let mut buf = vec![0u8; maxlen];
     loop {
@@ -426,10 +524,10 @@ fn pong(
         let size = size.min(maxlen);
         let r = (|| {
             for _ in 0..iters {
-                f.read_exact(&mut buf[..size])?;
+                recv_message(&mut f, &mut buf[..size], datagrams)?;
                 (probes.mark)(Stage::AppRecvd as u8);
                 (probes.mark)(Stage::AppSend as u8);
-                f.write_all(&buf[..size])?;
+                send_message(&mut f, &buf[..size], datagrams)?;
             }
             Ok::<_, std::io::Error>(())
         })();
@@ -452,6 +550,7 @@ fn measure(
     replies: &mut File,
 ) -> Result<Vec<SizeData>, String> {
     let mut buf = vec![0x5au8; maxlen];
+    let datagrams = cfg.proto == Proto::Udp;
     let mut out = Vec::new();
     for &size in &cfg.sizes {
         let size = (size as usize).max(1);
@@ -476,8 +575,8 @@ fn measure(
                 for _ in 0..iters {
                     ts.push(strait_probe::now());
                     (probes.mark)(Stage::AppSend as u8);
-                    f.write_all(&buf[..size])?;
-                    f.read_exact(&mut buf[..size])?;
+                    send_message(f, &buf[..size], datagrams)?;
+                    recv_message(f, &mut buf[..size], datagrams)?;
                     (probes.mark)(Stage::AppRecvd as u8);
                 }
                 Ok::<_, std::io::Error>(())

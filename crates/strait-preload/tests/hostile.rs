@@ -9,8 +9,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
-
 mod common;
 use strait_testkit::stat;
 
@@ -41,7 +39,7 @@ fn script(tag: &str, body: &str) -> PathBuf {
 /// A Python program under the library (as root), its stdout piped.
 fn victim(py: &PathBuf, args: &[&str]) -> Command {
     let mut c = Command::new(PYTHON);
-    c.arg(py).args(args).env("STRAIT_STATS", "1").env("LD_PRELOAD", common::lib(PEER));
+    c.arg(py).args(args).env("STRAIT_STATS", "1").env("LD_PRELOAD", common::lib(&common::tcp_peer()));
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     c
 }

@@ -1,17 +1,16 @@
-//! End-to-end tests of libstrait_preload.so: two real processes (the crate's
+//! End-to-end tests of libstrait_preload.so: two real processes (strait-testpeers'
 //! `strait-preload-peer`), each with or without the library preloaded.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 mod common;
 use common::{check, server_and_client, stat_sum, Out};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
-    common::cmd(PEER, preload, args)
+    common::cmd(&common::tcp_peer(), preload, args)
 }
 
 /// Runs a server and a client of `mode`; returns (server, client) output.

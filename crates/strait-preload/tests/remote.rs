@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use strait_udp::netns::VethPair;
 
-const PEER: &str = env!("CARGO_BIN_EXE_strait-preload-peer");
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
@@ -19,11 +18,12 @@ fn cmd(pair: &VethPair, i: usize, preload: bool, args: &[&str]) -> Command {
     let mut c = pair.command(i);
     c.env_remove("LD_PRELOAD").env("STRAIT_STATS", "1").env("PEER_ADDR", pair.v4[0].to_string());
     c.env("STRAIT_PEERS", pair.subnet_v4());
+    let peer = common::tcp_peer();
     if preload {
         // Through env(1), so that `ip` itself runs without the library.
-        c.arg("env").arg(format!("LD_PRELOAD={}", common::lib(PEER).display()));
+        c.arg("env").arg(format!("LD_PRELOAD={}", common::lib(&peer).display()));
     }
-    c.arg(PEER).args(args);
+    c.arg(peer).args(args);
     c
 }
 

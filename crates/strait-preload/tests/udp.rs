@@ -1,18 +1,17 @@
-//! UDP under libstrait_preload.so: two real processes (the crate's `strait-udp-peer`),
+//! UDP under libstrait_preload.so: two real processes (strait-testpeers' `strait-udp-peer`),
 //! each with or without the library preloaded. Every semantic check also runs with
 //! neither preloaded: the kernel's loopback is the reference.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const PEER: &str = env!("CARGO_BIN_EXE_strait-udp-peer");
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
 use common::{check, finish, spawn_lines, Out, Server};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
-    common::cmd(PEER, preload, args)
+    common::cmd(&common::udp_peer(), preload, args)
 }
 
 /// A started server: its child, output lines, first line and port.

@@ -1,16 +1,18 @@
 //! Test support shared by strait's crates (a dev-dependency only, never published):
-//! what the process tests of `strait-preload` and `strait` both need.
+//! what the process tests of `strait-preload` and `strait` both need, including
+//! building the preload library and the test peers of `strait-testpeers` for them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// `libstrait_preload.so` beside `exe` (a binary of the test's build, e.g. a peer or
 /// `strait`). `cargo test` does not build cdylibs, so the first call in a test binary
 /// builds it with the same cargo, profile and target directory as `exe`.
-pub fn preload_lib_beside(exe: &str) -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| build_preload(Path::new(exe), false)).clone()
+pub fn preload_lib_beside(exe: impl AsRef<Path>) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build_preload(exe.as_ref(), false)).clone()
 }
 
 /// `libstrait_preload.so` with its stage probes compiled in (for `strait anatomy
@@ -18,22 +20,59 @@ pub fn preload_lib_beside(exe: &str) -> PathBuf {
 /// `exe` into the `probes` directory of its target directory: a cdylib's file name
 /// does not change with its features, so the plain library beside `exe` is left as
 /// it is.
-pub fn preload_lib_with_probes(exe: &str) -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| build_preload(Path::new(exe), true)).clone()
+pub fn preload_lib_with_probes(exe: impl AsRef<Path>) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build_preload(exe.as_ref(), true)).clone()
+}
+
+/// Test peer `name` (a binary of `strait-testpeers`, e.g. `strait-preload-peer` or
+/// `strait-udp-peer`). Cargo gives a test `CARGO_BIN_EXE_*` only for its own
+/// package's binaries, so the first call in a test binary builds all the peers with
+/// the cargo, profile and target directory of the running test (its executable is
+/// `<target>/<profile>/deps/<test>-<hash>`); the peers land in that profile
+/// directory, where [`preload_lib_beside`] finds the library for them too.
+pub fn test_peer(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let profile_dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("path of the running test binary");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary in <target>/<profile>/deps")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+        cargo_build(&profile_dir, &target_dir, &["-p", "strait-testpeers", "--bins"]);
+        profile_dir
+    });
+    let p = profile_dir.join(name);
+    assert!(p.exists(), "test peer {} missing after the build of strait-testpeers", p.display());
+    p
 }
 
 fn build_preload(exe: &Path, probes: bool) -> PathBuf {
     let profile_dir = exe.parent().expect("profile dir");
-    let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile name").to_string();
     let target_dir = profile_dir.parent().expect("target dir");
     let target_dir = if probes { target_dir.join("probes") } else { target_dir.to_path_buf() };
+    let mut args = vec!["-p", "strait-preload", "--lib"];
+    if probes {
+        args.extend(["--features", "probes"]);
+    }
+    let built = cargo_build(profile_dir, &target_dir, &args);
+    let p = built.join("libstrait_preload.so");
+    assert!(p.exists(), "{} missing after the build", p.display());
+    p
+}
+
+/// Runs `cargo build` (offline, quiet) of `what` with the profile of `profile_dir`
+/// (`<target>/<profile>`: the test's own build) into `target_dir`, with the cargo
+/// that runs the tests (`$CARGO`), so that toolchain and profile match the test's;
+/// returns the profile directory in `target_dir` that holds the result.
+fn cargo_build(profile_dir: &Path, target_dir: &Path, what: &[&str]) -> PathBuf {
+    let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile name").to_string();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut c = Command::new(cargo);
-    c.args(["build", "--offline", "-q", "-p", "strait-preload", "--lib", "--target-dir"]).arg(&target_dir);
-    if probes {
-        c.args(["--features", "probes"]);
-    }
+    c.args(["build", "--offline", "-q"]).args(what).arg("--target-dir").arg(target_dir);
+    // The directory names the profile: `debug` is the dev profile, any other is its own.
     match profile.as_str() {
         "debug" => {}
         "release" => {
@@ -43,11 +82,9 @@ fn build_preload(exe: &Path, probes: bool) -> PathBuf {
             c.args(["--profile", p]);
         }
     }
-    let st = c.status().expect("run cargo build for libstrait_preload.so");
-    assert!(st.success(), "building libstrait_preload.so failed");
-    let p = target_dir.join(&profile).join("libstrait_preload.so");
-    assert!(p.exists(), "{} missing after the build", p.display());
-    p
+    let st = c.status().unwrap_or_else(|e| panic!("run cargo build {}: {e}", what.join(" ")));
+    assert!(st.success(), "cargo build {} failed", what.join(" "));
+    target_dir.join(&profile)
 }
 
 /// Sum of counter `name` over the `strait-preload: pid ...` statistics lines

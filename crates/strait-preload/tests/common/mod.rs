@@ -1,20 +1,31 @@
-//! Helpers shared by the preload's process tests: the library build, peer commands
-//! with or without the library, and bounded waits that collect output.
+//! Helpers shared by the preload's process tests: the peers and the library (built
+//! on first use), peer commands with or without the library, and bounded waits that
+//! collect output.
 // Each test binary uses its own subset.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The TCP test peer (`strait-preload-peer` of strait-testpeers), built on first use.
+pub fn tcp_peer() -> PathBuf {
+    strait_testkit::test_peer("strait-preload-peer")
+}
+
+/// The UDP test peer (`strait-udp-peer` of strait-testpeers), built on first use.
+pub fn udp_peer() -> PathBuf {
+    strait_testkit::test_peer("strait-udp-peer")
+}
+
 /// The preload library next to the peer binary, built on first use.
-pub fn lib(peer: &str) -> PathBuf {
+pub fn lib(peer: &Path) -> PathBuf {
     strait_testkit::preload_lib_beside(peer)
 }
 
-pub fn cmd(peer: &str, preload: bool, args: &[&str]) -> Command {
+pub fn cmd(peer: &Path, preload: bool, args: &[&str]) -> Command {
     let mut c = Command::new(peer);
     c.args(args).env("STRAIT_STATS", "1").env_remove("LD_PRELOAD");
     if preload {

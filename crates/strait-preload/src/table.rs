@@ -12,17 +12,47 @@ use libc::c_int;
 use crate::conn::Conn;
 use crate::discover::Listener;
 
+/// Shards of a descriptor table: descriptor `fd` lives in shard `fd % SHARDS`, slot
+/// `fd / SHARDS`.
+const SHARDS: usize = 64;
+
+/// One shard: its own lock on its own cache lines (two, against the adjacent-line
+/// prefetcher), so that threads driving different descriptors do not pass one lock's
+/// line between their cores on every call (the kernel's own descriptor look-up
+/// shares nothing either). One lock for a whole process's table cost a two-thread
+/// ping-pong 97 ns per call against 22 ns in two processes.
+#[repr(align(128))]
+struct Shard<T> {
+    fds: RwLock<Vec<Option<Arc<T>>>>,
+}
+
 /// A table from descriptor to shared object, read on every interposed call: while
 /// it is empty a lookup is one relaxed load (no lock).
 pub struct FdTable<T> {
     live: AtomicUsize,
-    fds: RwLock<Vec<Option<Arc<T>>>>,
+    shards: [Shard<T>; SHARDS],
+}
+
+fn place(fd: c_int) -> (usize, usize) {
+    let fd = fd as usize;
+    (fd % SHARDS, fd / SHARDS)
 }
 
 impl<T> FdTable<T> {
     /// An empty table (usable in a `static`).
     pub const fn new() -> Self {
-        FdTable { live: AtomicUsize::new(0), fds: RwLock::new(Vec::new()) }
+        FdTable {
+            live: AtomicUsize::new(0),
+            shards: [const { Shard { fds: RwLock::new(Vec::new()) } }; SHARDS],
+        }
+    }
+
+    fn read(&self, shard: usize) -> std::sync::RwLockReadGuard<'_, Vec<Option<Arc<T>>>> {
+        self.shards[shard].fds.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self, shard: usize) -> std::sync::RwLockWriteGuard<'_, Vec<Option<Arc<T>>>> {
+        self.shards[shard].fds.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// What `fd` refers to, if anything.
@@ -30,8 +60,8 @@ impl<T> FdTable<T> {
         if self.live.load(Ordering::Relaxed) == 0 || fd < 0 {
             return None;
         }
-        let t = self.fds.read().unwrap_or_else(|e| e.into_inner());
-        t.get(fd as usize).and_then(|c| c.clone())
+        let (shard, slot) = place(fd);
+        self.read(shard).get(slot).and_then(|c| c.clone())
     }
 
     /// True if any descriptor is in the table.
@@ -44,12 +74,12 @@ impl<T> FdTable<T> {
         if fd < 0 {
             return None;
         }
-        let mut t = self.fds.write().unwrap_or_else(|e| e.into_inner());
-        let i = fd as usize;
-        if t.len() <= i {
-            t.resize(i + 1, None);
+        let (shard, slot) = place(fd);
+        let mut t = self.write(shard);
+        if t.len() <= slot {
+            t.resize(slot + 1, None);
         }
-        let old = t[i].replace(v);
+        let old = t[slot].replace(v);
         if old.is_none() {
             self.live.fetch_add(1, Ordering::Relaxed);
         }
@@ -61,8 +91,8 @@ impl<T> FdTable<T> {
         if self.live.load(Ordering::Relaxed) == 0 || fd < 0 {
             return None;
         }
-        let mut t = self.fds.write().unwrap_or_else(|e| e.into_inner());
-        let old = t.get_mut(fd as usize).and_then(|c| c.take());
+        let (shard, slot) = place(fd);
+        let old = self.write(shard).get_mut(slot).and_then(|c| c.take());
         if old.is_some() {
             self.live.fetch_sub(1, Ordering::Relaxed);
         }
@@ -71,22 +101,33 @@ impl<T> FdTable<T> {
 
     /// Removes every descriptor of `v`.
     pub fn remove_all(&self, v: &Arc<T>) {
-        let mut t = self.fds.write().unwrap_or_else(|e| e.into_inner());
-        for slot in t.iter_mut() {
-            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, v)) {
-                *slot = None;
-                self.live.fetch_sub(1, Ordering::Relaxed);
+        for shard in 0..SHARDS {
+            let mut t = self.write(shard);
+            for slot in t.iter_mut() {
+                if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, v)) {
+                    *slot = None;
+                    self.live.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         }
     }
 
-    /// Every descriptor in the table with what it refers to.
+    /// Every descriptor in the table with what it refers to, by descriptor.
     pub fn entries(&self) -> Vec<(c_int, Arc<T>)> {
         if !self.any_live() {
             return Vec::new();
         }
-        let t = self.fds.read().unwrap_or_else(|e| e.into_inner());
-        t.iter().enumerate().filter_map(|(fd, c)| Some((fd as c_int, c.clone()?))).collect()
+        let mut v = Vec::new();
+        for shard in 0..SHARDS {
+            let t = self.read(shard);
+            v.extend(
+                t.iter()
+                    .enumerate()
+                    .filter_map(|(slot, c)| Some(((slot * SHARDS + shard) as c_int, c.clone()?))),
+            );
+        }
+        v.sort_by_key(|e| e.0);
+        v
     }
 
     /// Every distinct object in the table (for fork and exit).
@@ -94,14 +135,21 @@ impl<T> FdTable<T> {
         if !self.any_live() {
             return Vec::new();
         }
-        let t = self.fds.read().unwrap_or_else(|e| e.into_inner());
         let mut v: Vec<Arc<T>> = Vec::new();
-        for c in t.iter().flatten() {
-            if !v.iter().any(|x| Arc::ptr_eq(x, c)) {
-                v.push(c.clone());
+        for shard in 0..SHARDS {
+            for c in self.read(shard).iter().flatten() {
+                if !v.iter().any(|x| Arc::ptr_eq(x, c)) {
+                    v.push(c.clone());
+                }
             }
         }
         v
+    }
+
+    /// Takes every shard's write lock (in shard order, the only order in which more
+    /// than one is ever held), for `fork`.
+    fn write_all(&self) -> Vec<std::sync::RwLockWriteGuard<'_, Vec<Option<Arc<T>>>>> {
+        (0..SHARDS).map(|shard| self.write(shard)).collect()
     }
 }
 
@@ -134,8 +182,8 @@ pub fn remove_conn(conn: &Arc<Conn>) {
     CONNS.remove_all(conn)
 }
 
-/// The connection table's write lock, taken.
-type TableGuard = std::sync::RwLockWriteGuard<'static, Vec<Option<Arc<Conn>>>>;
+/// The connection table's write locks, taken.
+type TableGuard = Vec<std::sync::RwLockWriteGuard<'static, Vec<Option<Arc<Conn>>>>>;
 
 thread_local! {
     /// The connection table's write lock, held by the forking thread across `fork`.
@@ -145,7 +193,7 @@ thread_local! {
 /// Before `fork`: no other thread may be inside the connection table (the child
 /// would inherit its lock taken, by a thread it does not have).
 pub fn lock_for_fork() {
-    let g = CONNS.fds.write().unwrap_or_else(|e| e.into_inner());
+    let g = CONNS.write_all();
     FORK_GUARD.with(|c| *c.borrow_mut() = Some(g));
 }
 

@@ -247,12 +247,64 @@ pub(crate) struct SizeData {
 /// Round-trip periods, this end's stamps, the other end's stamps, stamps dropped.
 pub(crate) type BatchResult = (Vec<f64>, Vec<Stamp>, Vec<Stamp>, u64);
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Probes {
-    Off,
-    On,
+/// How a batch runs its probes (the numbers are the preload library's switch
+/// positions, `strait_preload_probes_set`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probes {
+    /// Off: the unprobed measurement the stage sum is checked against.
+    Off = 0,
+    /// On: the stages.
+    On = 1,
     /// Every probe stamps twice (calibration of the in-situ probe cost).
-    Double,
+    Double = 2,
+}
+
+impl Probes {
+    /// Stamps a batch of `iters` round trips needs room for, at `per_iter` stamps
+    /// per round trip and end (0: none, probes off).
+    pub(crate) fn log_room(self, iters: u64, per_iter: usize) -> usize {
+        match self {
+            Probes::Off => 0,
+            Probes::On => iters as usize * per_iter + 1024,
+            Probes::Double => 2 * (iters as usize * per_iter + 1024),
+        }
+    }
+}
+
+/// One size's measurement: `warmup` unmeasured round trips, then `rounds` rounds of
+/// a probed, a doubled and an unprobed batch (interleaved, so that a change in the
+/// machine's state meets all three), `iters` probed round trips in all; `walk` turns
+/// a probed batch's two logs into one-way paths.
+pub(crate) fn measure_rounds<E>(
+    size: u64,
+    (warmup, iters, rounds): (u64, u64, u32),
+    mut batch: impl FnMut(u64, Probes) -> Result<BatchResult, E>,
+    walk: impl Fn(&[Stamp], &[Stamp]) -> Vec<OneWay>,
+) -> Result<SizeData, E> {
+    if warmup > 0 {
+        batch(warmup, Probes::Off)?;
+    }
+    let rounds = u64::from(rounds.max(1));
+    let per = iters.div_ceil(rounds).max(2);
+    let mut d = SizeData {
+        size,
+        paths: Vec::new(),
+        periods: Vec::new(),
+        periods_probed: Vec::new(),
+        periods_double: Vec::new(),
+        dropped: 0,
+    };
+    for _ in 0..rounds {
+        let (periods, a, b, dropped) = batch(per, Probes::On)?;
+        d.paths.extend(walk(&a, &b));
+        d.periods_probed.extend(periods);
+        d.dropped += dropped;
+        let (periods, _, _, _) = batch(per, Probes::Double)?;
+        d.periods_double.extend(periods);
+        let (periods, _, _, _) = batch(per, Probes::Off)?;
+        d.periods.extend(periods);
+    }
+    Ok(d)
 }
 
 /// The pinging end's side of one batch: returns the round-trip periods (ticks
@@ -416,15 +468,10 @@ fn measure_size(
 ) -> Result<SizeData, AnatomyError> {
     end.prepare(size)?;
     let gone = || AnatomyError::PingPong("the pong thread stopped".into());
-    let batch = |end: &mut End, iters: u64, mode: Probes| -> Result<BatchResult, AnatomyError> {
+    let mut batch = |iters: u64, mode: Probes| -> Result<BatchResult, AnatomyError> {
         // Room for every stamp of a batch (a 1 MiB rendezvous takes a few dozen per
         // round trip and end); allocated here, outside the measured loop.
-        let per_iter = 24 + 4 * size.div_ceil(64 << 10);
-        let log = match mode {
-            Probes::Off => 0,
-            Probes::On => iters as usize * per_iter + 1024,
-            Probes::Double => 2 * (iters as usize * per_iter + 1024),
-        };
+        let log = mode.log_room(iters, 24 + 4 * size.div_ceil(64 << 10));
         let probes = mode != Probes::Off;
         if probes {
             strait_probe::start_log(log);
@@ -441,28 +488,5 @@ fn measure_size(
         let (mine, dropped) = if probes { strait_probe::take_log() } else { (Vec::new(), 0) };
         Ok((periods, mine, theirs, dropped))
     };
-    if cfg.warmup > 0 {
-        batch(end, cfg.warmup, Probes::Off)?;
-    }
-    let rounds = u64::from(cfg.rounds.max(1));
-    let per = cfg.iters.div_ceil(rounds).max(2);
-    let mut d = SizeData {
-        size: size as u64,
-        paths: Vec::new(),
-        periods: Vec::new(),
-        periods_probed: Vec::new(),
-        periods_double: Vec::new(),
-        dropped: 0,
-    };
-    for _ in 0..rounds {
-        let (periods, a, b, dropped) = batch(end, per, Probes::On)?;
-        d.paths.extend(stages::walk(&a, &b));
-        d.periods_probed.extend(periods);
-        d.dropped += dropped;
-        let (periods, _, _, _) = batch(end, per, Probes::Double)?;
-        d.periods_double.extend(periods);
-        let (periods, _, _, _) = batch(end, per, Probes::Off)?;
-        d.periods.extend(periods);
-    }
-    Ok(d)
+    measure_rounds(size as u64, (cfg.warmup, cfg.iters, cfg.rounds), &mut batch, stages::walk)
 }

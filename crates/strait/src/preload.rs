@@ -1,7 +1,9 @@
 //! Where `libstrait_preload.so` is: what `strait run` preloads, and what `strait
 //! bench`'s `strait-run` transport runs its ends under.
 
-use std::path::PathBuf;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 /// File name of the preload library.
 pub const PRELOAD_LIB: &str = "libstrait_preload.so";
@@ -22,4 +24,24 @@ pub fn find_lib(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
         )),
         None => Err(format!("cannot locate {PRELOAD_LIB}: pass --preload PATH")),
     }
+}
+
+/// This `strait` binary's hidden `subcommand` as a child under the preload library
+/// `lib` (as `strait run` would start a program): standard input and output piped
+/// for its driver, standard error shared, killed if the driver dies.
+pub fn helper_under(subcommand: &str, lib: &Path) -> Command {
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg(subcommand)
+        .env("LD_PRELOAD", lib)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // SAFETY: between fork and exec only prctl, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd
 }

@@ -19,8 +19,6 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -31,7 +29,9 @@ use strait_anatomy::sys::{pin, unpin};
 use strait_anatomy::Clock;
 use strait_probe::{Stage, Stamp};
 
-use crate::anatomy::{report_size, AnatomyConfig, AnatomyError, BatchResult, SizeData};
+use crate::anatomy::{
+    measure_rounds, report_size, AnatomyConfig, AnatomyError, BatchResult, Probes, SizeData,
+};
 
 /// The transport name, as in `strait bench`.
 pub const TRANSPORT: &str = "strait-run";
@@ -103,19 +103,7 @@ pub fn run(
         return Err(AnatomyError::NoInvariantTsc(clock.source().name()));
     }
     let setup = |what: &str, e: std::io::Error| AnatomyError::Setup(format!("{what}: {e}"));
-    let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg(CHILD_SUBCOMMAND)
-        .env("LD_PRELOAD", lib)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    // SAFETY: between fork and exec only prctl, which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    let mut cmd = crate::preload::helper_under(CHILD_SUBCOMMAND, lib);
     let mut child = cmd.spawn().map_err(|e| setup("start the strait-run anatomy process", e))?;
     let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         let _ = child.kill();
@@ -173,7 +161,7 @@ pub fn run(
 
 /// The library's probe controls (see `strait-preload/src/probes.rs`).
 #[derive(Clone, Copy)]
-struct Probes {
+struct Controls {
     set: extern "C" fn(libc::c_int),
     start_log: extern "C" fn(libc::size_t),
     mark: extern "C" fn(u8),
@@ -194,9 +182,9 @@ fn symbol(name: &CStr) -> Option<*mut libc::c_void> {
     (!p.is_null()).then_some(p)
 }
 
-impl Probes {
+impl Controls {
     /// The controls of the preloaded library, or why they cannot be used.
-    fn find() -> Result<Probes, String> {
+    fn find() -> Result<Controls, String> {
         let not_preloaded = || {
             "libstrait_preload.so is not loaded in the anatomy process (or it is from an older build)"
                 .to_owned()
@@ -219,7 +207,7 @@ impl Probes {
         // SAFETY: the library exports these names with these signatures (same build;
         // its `probes.rs`).
         unsafe {
-            Ok(Probes {
+            Ok(Controls {
                 set: std::mem::transmute::<*mut libc::c_void, extern "C" fn(libc::c_int)>(set),
                 start_log: std::mem::transmute::<*mut libc::c_void, extern "C" fn(libc::size_t)>(start_log),
                 mark: std::mem::transmute::<*mut libc::c_void, extern "C" fn(u8)>(mark),
@@ -245,14 +233,6 @@ impl Probes {
     }
 }
 
-/// Probe switch positions of the library ([`Probes::set`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Off = 0,
-    On = 1,
-    Double = 2,
-}
-
 /// A batch the pinging process asks of the answering one, over a pipe: four
 /// native-endian `u64`s (size, round trips, log room, probe mode); zero round trips
 /// ends it. The probe switch is per process, so each end sets its own.
@@ -260,7 +240,7 @@ struct Batch {
     size: usize,
     iters: u64,
     log: usize,
-    mode: Mode,
+    mode: Probes,
 }
 
 impl Batch {
@@ -278,9 +258,9 @@ impl Batch {
         f.read_exact(&mut b)?;
         let word = |i: usize| u64::from_ne_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
         let mode = match word(24) {
-            1 => Mode::On,
-            2 => Mode::Double,
-            _ => Mode::Off,
+            1 => Probes::On,
+            2 => Probes::Double,
+            _ => Probes::Off,
         };
         Ok(Batch { size: word(0) as usize, iters: word(8), log: word(16) as usize, mode })
     }
@@ -363,7 +343,7 @@ fn child_run() -> Result<(Vec<AnatomyRun>, Vec<String>), String> {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).map_err(|e| format!("read the configuration: {e}"))?;
     let cfg: ChildConfig = serde_json::from_str(&line).map_err(|e| format!("bad configuration: {e}"))?;
-    let probes = Probes::find()?;
+    let probes = Controls::find()?;
     // The connection, made with plain socket calls so that the library carries it,
     // between two processes as under `strait run` (two threads of one process would
     // share the library's tables and measure their cache-line traffic instead). Made
@@ -392,8 +372,8 @@ fn child_run() -> Result<(Vec<AnatomyRun>, Vec<String>), String> {
         unpin(old_cpus);
         r
     });
-    (probes.set)(Mode::Off as libc::c_int);
-    let _ = Batch { size: 0, iters: 0, log: 0, mode: Mode::Off }.write(&mut cmd_w);
+    (probes.set)(Probes::Off as libc::c_int);
+    let _ = Batch { size: 0, iters: 0, log: 0, mode: Probes::Off }.write(&mut cmd_w);
     drop(cmd_w);
     let mut status = 0;
     // SAFETY: waits for our own child.
@@ -505,7 +485,7 @@ fn send_message(f: &mut File, buf: &[u8], datagrams: bool) -> std::io::Result<()
 
 /// The answering process: its end of the connection, then each batch asked on
 /// `cmds` answered and its stamps sent back on `replies`.
-fn pong(ends: Ends, mut cmds: File, mut replies: File, probes: Probes, maxlen: usize) -> Result<(), ()> {
+fn pong(ends: Ends, mut cmds: File, mut replies: File, probes: Controls, maxlen: usize) -> Result<(), ()> {
     let datagrams = matches!(ends, Ends::Udp(..));
     let mut f = ends.pong_end().map_err(|e| {
         let _ = write_reply(&mut replies, &Err(e));
@@ -531,7 +511,7 @@ fn pong(ends: Ends, mut cmds: File, mut replies: File, probes: Probes, maxlen: u
             }
             Ok::<_, std::io::Error>(())
         })();
-        (probes.set)(Mode::Off as libc::c_int);
+        (probes.set)(Probes::Off as libc::c_int);
         let r = r.map(|_| if log > 0 { probes.take(log) } else { (Vec::new(), 0) });
         let r = r.map_err(|e| format!("answering end: {e}"));
         if write_reply(&mut replies, &r).is_err() || r.is_err() {
@@ -543,7 +523,7 @@ fn pong(ends: Ends, mut cmds: File, mut replies: File, probes: Probes, maxlen: u
 /// The pinging end: every size's interleaved probed, doubled and unprobed batches.
 fn measure(
     cfg: &ChildConfig,
-    probes: &Probes,
+    probes: &Controls,
     f: &mut File,
     maxlen: usize,
     cmds: &mut File,
@@ -557,12 +537,8 @@ fn measure(
         // Room for every stamp of a batch: a message split over several ring passes
         // stamps more than once per round trip.
         let per_iter = 24 + 8 * size.div_ceil(64 << 10);
-        let mut batch = |iters: u64, mode: Mode| -> Result<BatchResult, String> {
-            let log = match mode {
-                Mode::Off => 0,
-                Mode::On => iters as usize * per_iter + 1024,
-                Mode::Double => 2 * (iters as usize * per_iter + 1024),
-            };
+        let mut batch = |iters: u64, mode: Probes| -> Result<BatchResult, String> {
+            let log = mode.log_room(iters, per_iter);
             if log > 0 {
                 (probes.start_log)(log);
             }
@@ -582,36 +558,15 @@ fn measure(
                 Ok::<_, std::io::Error>(())
             })();
             let theirs = read_reply(replies);
-            (probes.set)(Mode::Off as libc::c_int);
+            (probes.set)(Probes::Off as libc::c_int);
             r.map_err(|e| format!("ping end: {e}"))?;
             let (theirs, dropped_b) = theirs?;
             let (mine, dropped_a) = if log > 0 { probes.take(log) } else { (Vec::new(), 0) };
             let periods = ts.windows(2).map(|w| w[1].saturating_sub(w[0]) as f64).collect();
             Ok((periods, mine, theirs, dropped_a + dropped_b))
         };
-        if cfg.warmup > 0 {
-            batch(cfg.warmup, Mode::Off)?;
-        }
-        let rounds = u64::from(cfg.rounds.max(1));
-        let per = cfg.iters.div_ceil(rounds).max(2);
-        let mut d = SizeData {
-            size: size as u64,
-            paths: Vec::new(),
-            periods: Vec::new(),
-            periods_probed: Vec::new(),
-            periods_double: Vec::new(),
-            dropped: 0,
-        };
-        for _ in 0..rounds {
-            let (periods, a, b, dropped) = batch(per, Mode::On)?;
-            d.paths.extend(stages::walk_chain(&a, &b, &RUN_CHAIN, DOORBELL_AFTER));
-            d.periods_probed.extend(periods);
-            d.dropped += dropped;
-            let (periods, _, _, _) = batch(per, Mode::Double)?;
-            d.periods_double.extend(periods);
-            let (periods, _, _, _) = batch(per, Mode::Off)?;
-            d.periods.extend(periods);
-        }
+        let walk = |a: &[Stamp], b: &[Stamp]| stages::walk_chain(a, b, &RUN_CHAIN, DOORBELL_AFTER);
+        let d = measure_rounds(size as u64, (cfg.warmup, cfg.iters, cfg.rounds), &mut batch, walk)?;
         out.push(d);
     }
     Ok(out)

@@ -14,9 +14,8 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout};
 
 use serde::{Deserialize, Serialize};
 use strait_anatomy::kernel;
@@ -68,19 +67,7 @@ impl TransportSpec for StraitRun {
 
     fn listen(&self) -> Result<Pending> {
         let lib = library().map_err(|e| BenchError::transport(NAME, e))?;
-        let mut cmd = Command::new("/proc/self/exe");
-        cmd.arg(HELPER_SUBCOMMAND)
-            .env("LD_PRELOAD", &lib)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: between fork and exec only prctl, which is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        let mut cmd = crate::preload::helper_under(HELPER_SUBCOMMAND, &lib);
         let mut child = cmd.spawn().map_err(|e| BenchError::io("spawn the strait-run helper", e))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(BenchError::Protocol("strait-run helper without control pipes".into()));

@@ -79,7 +79,12 @@ fn run_and_check(out: &PathBuf) -> Value {
         assert!(measured > 0.0 && num(r, "total_p50_ns") > 0.0 && num(r, "probe_overhead_ns") >= 0.0);
         assert!(num(r, "probe_cost_ns") >= 0.0 && num(r, "probe_cost_doubled_ns") >= 0.0);
         assert!(num(r, "deviation_doubled").is_finite());
-        assert!(num(r, "probed_one_way_ns") >= sum, "raw probed time below the corrected sum: {r}");
+        // (Equal when the probe cost came out 0: then the two sums differ only by
+        // floating-point rounding.)
+        assert!(
+            num(r, "probed_one_way_ns") >= sum * (1.0 - 1e-9),
+            "raw probed time below the corrected sum: {r}"
+        );
         assert!(r["samples"].as_u64().unwrap_or(0) >= 500, "too few paths analysed: {r}");
         let stages = r.get("stages").and_then(Value::as_array).expect("stages");
         assert!(stages.len() >= 8, "expected the eager chain's stages: {r}");
@@ -324,7 +329,9 @@ fn strait_run_anatomy_stages_and_check() {
         let total: f64 = critical.iter().map(|s| num(s, "ns")).sum();
         assert!((total - sum).abs() < 1e-6 * sum.max(1.0), "stages add to {total}, sum says {sum}");
         assert!(critical.iter().all(|s| num(s, "ns") >= 0.0), "{r}");
-        assert!(measured > 0.0 && num(r, "probed_one_way_ns") >= sum, "{r}");
+        // The raw probed time is never below the corrected sum (equal, up to
+        // floating-point rounding, when the probe cost came out 0).
+        assert!(measured > 0.0 && num(r, "probed_one_way_ns") >= sum * (1.0 - 1e-9), "{r}");
         check_verdict(r, sum, measured, tol, floor);
     }
 }

@@ -1,18 +1,22 @@
-//! `strait anatomy --transports strait-run`: the path users run, dissected. A TCP
-//! ping-pong over 127.0.0.1 with plain `write`/`read` calls, in a process started
-//! with `libstrait_preload.so` preloaded (exactly as under `strait run`), so the
-//! bytes travel through the interposer and its shared-memory byte rings; the
-//! library's stage probes ([`stages::RUN_STAGES`]) give the stages.
+//! `strait anatomy --transports strait-run` (and `strait-run-udp`): the path users
+//! run, dissected. A ping-pong of plain `write`/`read` calls over a TCP connection on
+//! 127.0.0.1 (the interposer's byte rings) or two connected UDP sockets (its datagram
+//! rings), between processes started with `libstrait_preload.so` preloaded, exactly
+//! as under `strait run`; the library's stage probes ([`stages::RUN_STAGES`]) give
+//! the stages.
 //!
 //! The driver (`strait anatomy`) is not preloaded: its other paths must stay on the
 //! kernel. It starts `strait __anatomy-run-end` under the library, hands it the
 //! configuration as one JSON line on standard input and reads the finished report
-//! rows back. In that process the two ends are two threads, each pinned to its own
-//! core (as for strait-shm's anatomy: the stamps of both ends share one invariant
-//! time-stamp counter, and both logs are at hand). The library carries its own copy
-//! of the probes, reached through its exported `strait_preload_probes_*` functions;
-//! the application's own milestones (`write` called, `read` returned) are recorded
-//! into the same per-thread logs through them.
+//! rows back. That process makes the sockets, forks the answering end, and the two
+//! processes run pinned to two cores (the stamps of both share one invariant
+//! time-stamp counter); the answering end sends its stamps back over a pipe after
+//! each batch. Two processes rather than two threads: threads share the library's
+//! descriptor table and would measure its cache-line traffic, which two programs do
+//! not have. The library carries its own copy of the probes, reached through its
+//! exported `strait_preload_probes_*` functions; the application's own milestones
+//! (`write` called, `read` returned) are recorded into the same per-thread logs
+//! through them.
 
 use std::ffi::CStr;
 use std::fs::File;

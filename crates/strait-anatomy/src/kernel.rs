@@ -153,30 +153,7 @@ impl Transport for StreamLink {
         Ok(())
     }
 
-    fn ping(&mut self, size: usize) -> Result<()> {
-        self.send(size)?;
-        self.recv(size)
-    }
-
-    fn pong(&mut self, size: usize) -> Result<()> {
-        self.recv(size)?;
-        self.send(size)
-    }
-
-    fn stream_send(&mut self, size: usize, count: u64) -> Result<()> {
-        for _ in 0..count {
-            self.send(size)?;
-        }
-        self.recv(8)
-    }
-
-    fn stream_recv(&mut self, size: usize, count: u64) -> Result<u64> {
-        for _ in 0..count {
-            self.recv(size)?;
-        }
-        self.send(8)?;
-        Ok(size as u64 * count)
-    }
+    crate::transport::lockstep_transport!();
 }
 
 /// Names the variable that moves the kernel transports off loopback:

@@ -143,6 +143,40 @@ pub trait TransportSpec: Sync {
     fn connect(&self, args: &[String], fds: Vec<OwnedFd>) -> Result<Box<dyn Transport>>;
 }
 
+/// The [`Transport`] methods of a lossless link whose messages go one at a time
+/// through its own `send(size)` and `recv(size)` (each `Result<()>`): ping and pong
+/// as a message each way, a stream as `count` messages then an 8-byte
+/// acknowledgement. Expands inside an `impl Transport for ...` block.
+macro_rules! lockstep_transport {
+    () => {
+        fn ping(&mut self, size: usize) -> Result<()> {
+            self.send(size)?;
+            self.recv(size)
+        }
+
+        fn pong(&mut self, size: usize) -> Result<()> {
+            self.recv(size)?;
+            self.send(size)
+        }
+
+        fn stream_send(&mut self, size: usize, count: u64) -> Result<()> {
+            for _ in 0..count {
+                self.send(size)?;
+            }
+            self.recv(8)
+        }
+
+        fn stream_recv(&mut self, size: usize, count: u64) -> Result<u64> {
+            for _ in 0..count {
+                self.recv(size)?;
+            }
+            self.send(8)?;
+            Ok(size as u64 * count)
+        }
+    };
+}
+pub(crate) use lockstep_transport;
+
 /// One connected end of a transport.
 ///
 /// Message contents are not checked; the buffers are allocated and touched in

@@ -7,7 +7,8 @@
 //! target, not a test (scripts/bench-targets): a burst of other work or a bimodal
 //! kernel path can move one short run, and a test proves correctness.
 
-use std::path::PathBuf;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -33,6 +34,22 @@ fn text<'a>(v: &'a Value, k: &str) -> &'a str {
     v.get(k).and_then(Value::as_str).unwrap_or_else(|| panic!("{k} missing or not a string in {v}"))
 }
 
+/// Runs `strait anatomy --format json` with `args` and `--out out`; fails the test
+/// unless it succeeds, and returns the JSON document it printed and its stderr.
+fn anatomy_json<S: AsRef<OsStr>>(args: &[S], out: &Path) -> (Value, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["anatomy", "--format", "json"])
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
+    let stdout = String::from_utf8(o.stdout).expect("utf-8 stdout");
+    (serde_json::from_str(&stdout).expect("stdout is one JSON document"), stderr)
+}
+
 /// The run's deviation and its within-tolerance verdict are computed right from its
 /// stage sum and measurement (whether this host lands within is a benchmark target).
 fn check_verdict(r: &Value, sum: f64, measured: f64, tol: f64, floor: f64) {
@@ -45,17 +62,10 @@ fn check_verdict(r: &Value, sum: f64, measured: f64, tol: f64, floor: f64) {
 /// One run's JSON document, with every schema and consistency check.
 fn run_and_check(out: &PathBuf) -> Value {
     let _ = std::fs::remove_dir_all(out);
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["anatomy", "--format", "json", "--sizes", "8,4K", "--iters", "1000", "--warmup", "200"])
-        .args(["--transports", "strait-shm"])
-        .arg("--out")
-        .arg(out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
-    let stdout = String::from_utf8(o.stdout).expect("utf-8 stdout");
-    let doc: Value = serde_json::from_str(&stdout).expect("stdout is one JSON document");
+    let (doc, stderr) = anatomy_json(
+        &["--sizes", "8,4K", "--iters", "1000", "--warmup", "200", "--transports", "strait-shm"],
+        out,
+    );
 
     let machine = doc.get("machine").expect("machine");
     assert!(text(machine, "command").contains("anatomy"));
@@ -160,16 +170,10 @@ fn kernel_udp_and_tcp_anatomy_as_root() {
     }
     let _turn = turn();
     let out = tmp_dir("kudp");
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["anatomy", "--format", "json", "--transports", "kernel-udp,kernel-tcp", "--sizes", "8"])
-        .args(["--iters", "400", "--warmup", "50"])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
-    let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let (doc, _) = anatomy_json(
+        &["--transports", "kernel-udp,kernel-tcp", "--sizes", "8", "--iters", "400", "--warmup", "50"],
+        &out,
+    );
     let runs = doc["runs"].as_array().expect("runs");
     let names: Vec<&str> = runs.iter().map(|r| text(r, "transport")).collect();
     assert_eq!(names, vec!["kernel-udp", "kernel-tcp"], "{doc}");
@@ -269,17 +273,13 @@ fn strait_run_anatomy_stages_and_check() {
     let _turn = turn();
     let lib = strait_testkit::preload_lib_with_probes(env!("CARGO_BIN_EXE_strait"));
     let out = tmp_dir("run");
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["anatomy", "--format", "json", "--sizes", "8,4K,64K", "--iters", "1000", "--warmup", "200"])
-        .args(["--transports", "strait-run,strait-run-udp", "--preload"])
-        .arg(&lib)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
-    let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let args = ["--sizes", "8,4K,64K", "--iters", "1000", "--warmup", "200"]
+        .map(OsStr::new)
+        .into_iter()
+        .chain([OsStr::new("--transports"), OsStr::new("strait-run,strait-run-udp"), OsStr::new("--preload")])
+        .chain([lib.as_os_str()])
+        .collect::<Vec<_>>();
+    let (doc, _) = anatomy_json(&args, &out);
     assert!(text(&doc["machine"], "command").contains("--preload"), "{doc}");
     let runs = doc["runs"].as_array().expect("runs");
     let which: Vec<(&str, u64)> =

@@ -89,21 +89,9 @@ fn bench_json_schema_values_and_files() {
     let rows = doc["results"].as_array().expect("results array");
     // 2 latency + 2 bandwidth sizes per transport.
     assert_eq!(rows.len(), ts.len() * 4, "{rows:#?}");
-    let keys = [
-        "transport",
-        "kind",
-        "size_bytes",
-        "p50_ns",
-        "p99_ns",
-        "p999_ns",
-        "gbytes_per_s",
-        "syscalls_per_msg",
-        "cpu_ns_per_msg",
-        "samples",
-    ];
     let counting = !m["syscall_counter"].as_str().unwrap_or("").starts_with("unavailable");
     for r in rows {
-        for k in keys {
+        for k in strait_anatomy::report::RESULT_FIELDS {
             assert!(r.get(k).is_some(), "row lacks {k}: {r}");
         }
         let t = r["transport"].as_str().unwrap_or("");

@@ -112,6 +112,25 @@ fn free_port() -> u16 {
     port
 }
 
+/// A free port and the scripts `(tag, body)`, each written to its own file.
+fn port_and_scripts<const N: usize>(scripts: [(&str, &str); N]) -> (u16, [PathBuf; N]) {
+    (free_port(), scripts.map(|(tag, body)| script(tag, body)))
+}
+
+/// Starts `c` (`what` for errors) and waits 10 s at most for its line starting with
+/// `ready`.
+fn start(c: &mut Command, what: &str, ready: &str) -> Child {
+    let mut child = c.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    wait_line(&mut child, ready, Duration::from_secs(10));
+    child
+}
+
+/// The `GOT ...` line a squatter reports when its time is up.
+fn squatter_report(squatter: Child) -> String {
+    let (_, out, err) = finish(squatter, Duration::from_secs(30));
+    out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}")).to_string()
+}
+
 /// Binds every name strait may use for a port (TCP and UDP markers of the
 /// loopback, IPv4-wildcard and IPv6 addresses, or only the ones named), accepts
 /// whatever connects and reads whatever comes, then reports what it got.
@@ -226,25 +245,22 @@ print('ECHO OK', flush=True)
 /// the library) on the squatted port; returns the squatter's report and the
 /// victims' outputs.
 fn squat_and_talk(which: &str, server_host: &str) -> (String, [(bool, String, String); 4]) {
-    let port = free_port();
-    let sq = script("squatter", SQUATTER);
-    let srv = script("echo-server", ECHO_SERVER);
-    let cli = script("echo-client", ECHO_CLIENT);
-    let mut a = attacker(&sq, &[&port.to_string(), "6", which]).spawn().expect("spawn squatter");
-    wait_line(&mut a, "READY", Duration::from_secs(10));
-    let mut s = victim(&srv, &["tcp", server_host, &port.to_string(), "1"]).spawn().expect("server");
-    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    let (port, [sq, srv, cli]) = port_and_scripts([
+        ("squatter", SQUATTER),
+        ("echo-server", ECHO_SERVER),
+        ("echo-client", ECHO_CLIENT),
+    ]);
+    let a = start(&mut attacker(&sq, &[&port.to_string(), "6", which]), "squatter", "READY");
+    let s = start(&mut victim(&srv, &["tcp", server_host, &port.to_string(), "1"]), "server", "LISTENING");
     let c = victim(&cli, &["tcp", &port.to_string(), "1048576"]).spawn().expect("client");
     let client = finish(c, Duration::from_secs(30));
     let server = finish(s, Duration::from_secs(30));
-    let mut us = victim(&srv, &["udp", server_host, &port.to_string(), "20"]).spawn().expect("udp server");
-    wait_line(&mut us, "LISTENING", Duration::from_secs(10));
+    let us =
+        start(&mut victim(&srv, &["udp", server_host, &port.to_string(), "20"]), "udp server", "LISTENING");
     let uc = victim(&cli, &["udp", &port.to_string(), "20"]).spawn().expect("udp client");
     let uclient = finish(uc, Duration::from_secs(30));
     let userver = finish(us, Duration::from_secs(30));
-    let (_, out, err) = finish(a, Duration::from_secs(30));
-    let got = out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}"));
-    (got.to_string(), [client, server, uclient, userver])
+    (squatter_report(a), [client, server, uclient, userver])
 }
 
 fn no_leak(got: &str) {
@@ -348,12 +364,12 @@ fn a_flood_of_the_marker_neither_stalls_connects_nor_grows_the_server() {
     if !can_run() {
         return;
     }
-    let port = free_port();
-    let srv = script("counting-server", COUNTING_SERVER);
-    let fl = script("flooder", FLOODER);
-    let cli = script("line-client", LINE_CLIENT);
-    let mut s = victim(&srv, &[&port.to_string(), "2"]).spawn().expect("server");
-    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    let (port, [srv, fl, cli]) = port_and_scripts([
+        ("counting-server", COUNTING_SERVER),
+        ("flooder", FLOODER),
+        ("line-client", LINE_CLIENT),
+    ]);
+    let s = start(&mut victim(&srv, &[&port.to_string(), "2"]), "server", "LISTENING");
     let mut f = attacker(&fl, &[&port.to_string(), "8"]).spawn().expect("flooder");
     let flooded = wait_line(&mut f, "FLOODED", Duration::from_secs(30));
     let n: usize = flooded.trim_start_matches("FLOODED ").trim().parse().expect("count");
@@ -415,15 +431,17 @@ fn forged_hellos_are_refused_and_real_clients_still_attach() {
     if !can_run() {
         return;
     }
-    let port = free_port();
-    let srv = script("counting-server-2", COUNTING_SERVER);
-    let fg = script("forger", FORGER);
-    let cli = script("line-client-2", LINE_CLIENT);
-    let mut s =
-        victim(&srv, &[&port.to_string(), "1"]).env("STRAIT_RING_SIZE", "65536").spawn().expect("server");
-    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
-    let mut f = attacker(&fg, &[&port.to_string()]).spawn().expect("forger");
-    wait_line(&mut f, "SENT", Duration::from_secs(10));
+    let (port, [srv, fg, cli]) = port_and_scripts([
+        ("counting-server-2", COUNTING_SERVER),
+        ("forger", FORGER),
+        ("line-client-2", LINE_CLIENT),
+    ]);
+    let s = start(
+        victim(&srv, &[&port.to_string(), "1"]).env("STRAIT_RING_SIZE", "65536"),
+        "server",
+        "LISTENING",
+    );
+    let f = start(&mut attacker(&fg, &[&port.to_string()]), "forger", "SENT");
     let c = finish(
         victim(&cli, &[&port.to_string()]).env("STRAIT_RING_SIZE", "65536").spawn().expect("client"),
         Duration::from_secs(20),
@@ -582,16 +600,14 @@ print('LONGEST_RECV_S %.2f' % longest, flush=True)
 /// mode (and the victim posts its buffers for a rendezvous).
 fn hostile_round(messages: bool) {
     let seeds: usize = std::env::var("STRAIT_HOSTILE_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
-    let port = free_port();
-    let srv = script("robust-server", ROBUST_SERVER);
-    let hp = script("hostile-peer", HOSTILE_PEER);
+    let (port, [srv, hp]) =
+        port_and_scripts([("robust-server", ROBUST_SERVER), ("hostile-peer", HOSTILE_PEER)]);
     let mut sc = victim(&srv, &[&port.to_string(), &seeds.to_string()]);
     sc.env("STRAIT_RING_SIZE", "65536");
     if messages {
         sc.env("STRAIT_MESSAGES", "1").env("STRAIT_RENDEZVOUS_MIN", "64");
     }
-    let mut s = sc.spawn().expect("server");
-    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    let s = start(&mut sc, "server", "LISTENING");
     // The hostile peer runs as root: it is the victim's legitimate peer, which
     // follows the setup and then misbehaves.
     let mut hc = Command::new(PYTHON);
@@ -727,19 +743,17 @@ fn a_squatter_of_connectors_names_gets_nothing_from_path_b() {
     if !can_run() {
         return;
     }
-    let port = free_port();
+    let (port, [sq, srv, cli]) = port_and_scripts([
+        ("conn-squatter", CONN_SQUATTER),
+        ("reuseport-server", REUSEPORT_SERVER),
+        ("port-client", PORT_CLIENT),
+    ]);
     let first = 20000 + (std::process::id() % 20000) as u16;
     let count = 16u16;
-    let sq = script("conn-squatter", CONN_SQUATTER);
-    let srv = script("reuseport-server", REUSEPORT_SERVER);
-    let cli = script("port-client", PORT_CLIENT);
-    let mut a = attacker(&sq, &[&first.to_string(), &count.to_string(), "8"]).spawn().expect("squatter");
-    wait_line(&mut a, "READY", Duration::from_secs(10));
+    let a = start(&mut attacker(&sq, &[&first.to_string(), &count.to_string(), "8"]), "squatter", "READY");
     let mut servers = Vec::new();
     for _ in 0..2 {
-        let mut s = victim(&srv, &[&port.to_string(), "0"]).spawn().expect("server");
-        wait_line(&mut s, "LISTENING", Duration::from_secs(10));
-        servers.push(s);
+        servers.push(start(&mut victim(&srv, &[&port.to_string(), "0"]), "server", "LISTENING"));
     }
     let c = finish(
         victim(&cli, &[&port.to_string(), &first.to_string(), &count.to_string()])
@@ -750,9 +764,7 @@ fn a_squatter_of_connectors_names_gets_nothing_from_path_b() {
     );
     let outs: Vec<_> = servers.into_iter().map(|s| finish(s, Duration::from_secs(30))).collect();
     // The squatter reports when its time is up.
-    let (_, out, err) = finish(a, Duration::from_secs(30));
-    let got = out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}"));
-    no_leak(got);
+    no_leak(&squatter_report(a));
     assert!(c.0 && c.1.contains(&format!("ECHO OK {count}")), "client: {c:?}");
     for s in &outs {
         assert!(s.0, "server: {s:?}");

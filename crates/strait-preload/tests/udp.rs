@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
-use common::{check, finish, spawn_lines, Out, Server};
+use common::{check, checked, finish, spawn_lines, Out, Server};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
     common::cmd(&common::udp_peer(), preload, args)
@@ -71,9 +71,7 @@ fn a_sweep_of_unknown_descriptors_leaves_the_channels_working() {
     // (a daemon's sweep, one close() at a time and close_range): the library's
     // markers, doorbells, Unix sockets and memfds survive, and the next 100
     // datagrams each way still go through shared memory.
-    let (s, c) = pair(true, true, "closeall");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "closeall"));
     assert!(s.stdout.contains("closeall server ok") && c.stdout.contains("closeall client ok"));
     assert_eq!(stat(&c, "udp-out"), 1, "{}", c.stderr);
     assert_eq!(stat(&c, "udp-sent"), 101, "{}", c.stderr);
@@ -108,9 +106,7 @@ fn many_senders_to_one_receiver_keep_their_source_addresses() {
 
 #[test]
 fn a_full_receiver_drops_and_counts_like_the_kernel() {
-    let (s, c) = pair(true, true, "drops");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "drops"));
     let received: usize =
         s.stdout.lines().find_map(|l| l.trim().strip_prefix("received ")?.parse().ok()).expect("received");
     let sent = stat(&c, "udp-sent");
@@ -160,9 +156,7 @@ fn a_closed_receiver_sends_the_connected_sender_to_the_kernel() {
     // As over the kernel: the send after the close succeeds, the port-unreachable
     // answer then fails the connected socket's receive with ECONNREFUSED.
     for preload in [false, true] {
-        let (s, c) = pair(preload, preload, "closed");
-        check(&s, "server");
-        check(&c, "client");
+        let (_, c) = checked(pair(preload, preload, "closed"));
         assert!(c.stdout.contains("closed client ok"), "{}", c.stdout);
         if preload {
             assert_eq!(stat(&c, "udp-out"), 1, "{}", c.stderr);
@@ -174,9 +168,7 @@ fn a_closed_receiver_sends_the_connected_sender_to_the_kernel() {
 #[test]
 fn a_forked_child_shares_the_socket() {
     for preload in [false, true] {
-        let (s, c) = pair(preload, preload, "fork");
-        check(&s, "server");
-        check(&c, "client");
+        let (s, c) = checked(pair(preload, preload, "fork"));
         assert!(s.stdout.contains("fork server ok") && c.stdout.contains("fork client ok"));
         if preload {
             // The child attached the client's ring and answered through shared
@@ -199,9 +191,7 @@ fn threads_sharing_a_socket_take_every_datagram_once_and_keep_the_channel() {
     // position races the models found, models/README.md, hit a window of a few
     // instructions: this run is not known to reproduce them; the loom and spin
     // models are their regression tests.)
-    let (s, c) = pair(true, true, "shared");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "shared"));
     let got: usize = s
         .stdout
         .lines()

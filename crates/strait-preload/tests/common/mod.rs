@@ -114,9 +114,52 @@ pub fn server_and_client(
     (s.finish(deadline), c)
 }
 
+/// Extra environment for a process.
+pub type Env<'a> = &'a [(&'a str, &'a str)];
+
+/// Runs a server of `modes[0]`, then a client of `modes[1]` for its port, with the
+/// extra environment `envs[0]` and `envs[1]`, both to the end (killed at
+/// `deadline`); `make(0, args)` makes the server's command, `make(1, args)` the
+/// client's. Returns (server, client) output.
+pub fn run_modes(
+    make: impl Fn(usize, &[&str]) -> Command,
+    modes: [&str; 2],
+    envs: [Env; 2],
+    deadline: Instant,
+) -> (Out, Out) {
+    let mut server = make(0, &["server", modes[0]]);
+    server.envs(envs[0].iter().copied());
+    server_and_client(
+        &mut server,
+        |port| {
+            let mut c = make(1, &["client", port, modes[1]]);
+            c.envs(envs[1].iter().copied());
+            c
+        },
+        deadline,
+    )
+}
+
 /// Fails the test with both outputs unless the process succeeded.
 pub fn check(o: &Out, what: &str) {
     assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+}
+
+/// Fails the test unless both the server and the client of `pair` succeeded;
+/// returns the pair.
+pub fn checked(pair: (Out, Out)) -> (Out, Out) {
+    check(&pair.0, "server");
+    check(&pair.1, "client");
+    pair
+}
+
+/// What a `source` client says it sent and a `sink` server says it received (byte
+/// count and digest), in that order.
+pub fn sent_and_received(s: &Out, c: &Out) -> (String, String) {
+    let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
+    let got =
+        s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+    (sent, got)
 }
 
 /// Sum of counter `name` over the `strait-preload: pid ...` statistics lines.

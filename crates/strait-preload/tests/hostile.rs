@@ -117,6 +117,17 @@ fn port_and_scripts<const N: usize>(scripts: [(&str, &str); N]) -> (u16, [PathBu
     (free_port(), scripts.map(|(tag, body)| script(tag, body)))
 }
 
+/// The files of a marker attack, named with `n`: the counting server, the
+/// attacker's `(tag, body)` and the line client, with a free port; `None` where the
+/// test cannot run (see [`can_run`]).
+fn marker_attack(n: &str, attacker: (&str, &str)) -> Option<(u16, [PathBuf; 3])> {
+    if !can_run() {
+        return None;
+    }
+    let (server, client) = (format!("counting-server{n}"), format!("line-client{n}"));
+    Some(port_and_scripts([(&server, COUNTING_SERVER), attacker, (&client, LINE_CLIENT)]))
+}
+
 /// Starts `c` (`what` for errors) and waits 10 s at most for its line starting with
 /// `ready`.
 fn start(c: &mut Command, what: &str, ready: &str) -> Child {
@@ -212,7 +223,8 @@ else:
 print('DONE', flush=True)
 "#;
 
-/// A client that sends hashed data and checks the echo; prints its connect time.
+/// A client that sends hashed data and checks the echo; prints its connect time
+/// (after [`strait_testkit::PY_ECHO_BACK`]).
 const ECHO_CLIENT: &str = r#"
 import hashlib, os, socket, sys, time
 proto, port, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -221,14 +233,7 @@ if proto == 'tcp':
     c = socket.create_connection(('127.0.0.1', port), timeout=20)
     print('CONNECT_MS %.1f' % ((time.monotonic() - t) * 1e3), flush=True)
     data = os.urandom(total)
-    c.sendall(data)
-    c.shutdown(socket.SHUT_WR)
-    got = bytearray()
-    while True:
-        b = c.recv(65536)
-        if not b:
-            break
-        got += b
+    got = echo_back(c, [data])
     assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest(), 'echo differs'
 else:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -242,13 +247,18 @@ print('ECHO OK', flush=True)
 "#;
 
 /// Runs the squatter (as nobody), then a TCP and a UDP echo pair (as root, under
-/// the library) on the squatted port; returns the squatter's report and the
-/// victims' outputs.
-fn squat_and_talk(which: &str, server_host: &str) -> (String, [(bool, String, String); 4]) {
+/// the library) on the squatted port; fails the test unless the squatter got
+/// nothing and both pairs echoed; returns the victims' outputs (`None` where the
+/// test cannot run, see [`can_run`]).
+fn squat_and_talk(which: &str, server_host: &str) -> Option<[(bool, String, String); 4]> {
+    if !can_run() {
+        return None;
+    }
+    let echo_client = [strait_testkit::PY_ECHO_BACK, ECHO_CLIENT].concat();
     let (port, [sq, srv, cli]) = port_and_scripts([
         ("squatter", SQUATTER),
         ("echo-server", ECHO_SERVER),
-        ("echo-client", ECHO_CLIENT),
+        ("echo-client", &echo_client),
     ]);
     let a = start(&mut attacker(&sq, &[&port.to_string(), "6", which]), "squatter", "READY");
     let s = start(&mut victim(&srv, &["tcp", server_host, &port.to_string(), "1"]), "server", "LISTENING");
@@ -260,7 +270,11 @@ fn squat_and_talk(which: &str, server_host: &str) -> (String, [(bool, String, St
     let uc = victim(&cli, &["udp", &port.to_string(), "20"]).spawn().expect("udp client");
     let uclient = finish(uc, Duration::from_secs(30));
     let userver = finish(us, Duration::from_secs(30));
-    (squatter_report(a), [client, server, uclient, userver])
+    no_leak(&squatter_report(a));
+    assert!(client.0 && client.1.contains("ECHO OK"), "client: {client:?}");
+    assert!(server.0, "server: {server:?}");
+    assert!(uclient.0 && uclient.1.contains("ECHO OK") && userver.0, "udp: {uclient:?} {userver:?}");
+    Some([client, server, uclient, userver])
 }
 
 fn no_leak(got: &str) {
@@ -273,16 +287,9 @@ fn no_leak(got: &str) {
 /// skips the unproven name and finds the server's).
 #[test]
 fn a_squatter_of_the_exact_address_name_gets_nothing_and_the_server_is_found() {
-    if !can_run() {
-        return;
-    }
-    let (got, [c, s, uc, us]) = squat_and_talk("exact", "0.0.0.0");
-    no_leak(&got);
-    assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
-    assert!(s.0, "server: {s:?}");
+    let Some([c, _, uc, _]) = squat_and_talk("exact", "0.0.0.0") else { return };
     assert_eq!(stat(&c.2, "accelerated"), 1, "client: {}", c.2);
     assert!(stat(&c.2, "refused") >= 1, "the squatter was refused: {}", c.2);
-    assert!(uc.0 && uc.1.contains("ECHO OK") && us.0, "udp: {uc:?} {us:?}");
     assert!(stat(&uc.2, "udp-out") >= 1, "udp through shared memory: {}", uc.2);
 }
 
@@ -290,18 +297,11 @@ fn a_squatter_of_the_exact_address_name_gets_nothing_and_the_server_is_found() {
 /// waits (a connect costs a few look-ups, never the attach timeout).
 #[test]
 fn a_squatter_of_every_name_gets_nothing_and_costs_only_the_kernel_path() {
-    if !can_run() {
-        return;
-    }
-    let (got, [c, s, uc, us]) = squat_and_talk("all", "127.0.0.1");
-    no_leak(&got);
-    assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
-    assert!(s.0, "server: {s:?}");
+    let Some([c, ..]) = squat_and_talk("all", "127.0.0.1") else { return };
     assert_eq!(stat(&c.2, "accelerated"), 0, "{}", c.2);
     let ms: f64 =
         c.1.lines().find_map(|l| l.strip_prefix("CONNECT_MS ")?.trim().parse().ok()).expect("connect time");
     assert!(ms < 500.0, "connect took {ms} ms");
-    assert!(uc.0 && uc.1.contains("ECHO OK") && us.0, "udp: {uc:?} {us:?}");
 }
 
 /// Fills a real strait server's marker backlog (non-blocking connects until the
@@ -361,14 +361,7 @@ print('ECHO OK', flush=True)
 /// looks at the flood it keeps at most its per-user share of it.
 #[test]
 fn a_flood_of_the_marker_neither_stalls_connects_nor_grows_the_server() {
-    if !can_run() {
-        return;
-    }
-    let (port, [srv, fl, cli]) = port_and_scripts([
-        ("counting-server", COUNTING_SERVER),
-        ("flooder", FLOODER),
-        ("line-client", LINE_CLIENT),
-    ]);
+    let Some((port, [srv, fl, cli])) = marker_attack("", ("flooder", FLOODER)) else { return };
     let s = start(&mut victim(&srv, &[&port.to_string(), "2"]), "server", "LISTENING");
     let mut f = attacker(&fl, &[&port.to_string(), "8"]).spawn().expect("flooder");
     let flooded = wait_line(&mut f, "FLOODED", Duration::from_secs(30));
@@ -428,14 +421,7 @@ import time; time.sleep(5)
 
 #[test]
 fn forged_hellos_are_refused_and_real_clients_still_attach() {
-    if !can_run() {
-        return;
-    }
-    let (port, [srv, fg, cli]) = port_and_scripts([
-        ("counting-server-2", COUNTING_SERVER),
-        ("forger", FORGER),
-        ("line-client-2", LINE_CLIENT),
-    ]);
+    let Some((port, [srv, fg, cli])) = marker_attack("-2", ("forger", FORGER)) else { return };
     let s = start(
         victim(&srv, &[&port.to_string(), "1"]).env("STRAIT_RING_SIZE", "65536"),
         "server",

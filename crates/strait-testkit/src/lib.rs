@@ -115,6 +115,24 @@ pub fn script(prefix: &str, tag: &str, body: &str) -> PathBuf {
     p
 }
 
+/// A Python function for test scripts to put before their own text:
+/// `echo_back(c, pieces)` sends each piece on the connected socket `c`, shuts down
+/// its writing side, and returns every byte read back until the end of the stream.
+pub const PY_ECHO_BACK: &str = r#"
+import socket
+def echo_back(c, pieces):
+    for piece in pieces:
+        c.sendall(piece)
+    c.shutdown(socket.SHUT_WR)
+    got = bytearray()
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+    return got
+"#;
+
 /// True if `bin` is on the PATH.
 pub fn have(bin: &str) -> bool {
     Command::new("sh")

@@ -31,20 +31,12 @@ while True:
 "#;
 
 /// Connects, writes three pieces at once (before any accept), then the rest, and
-/// checks the echo.
+/// checks the echo (after [`strait_testkit::PY_ECHO_BACK`]).
 const EARLY_CLIENT: &str = r#"
 import hashlib, os, socket, sys
 c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=30)
 data = os.urandom(int(sys.argv[2]))
-for piece in (data[:10], data[10:1000], data[1000:]):
-    c.sendall(piece)
-c.shutdown(socket.SHUT_WR)
-got = bytearray()
-while True:
-    b = c.recv(65536)
-    if not b:
-        break
-    got += b
+got = echo_back(c, (data[:10], data[10:1000], data[1000:]))
 print('ECHO', 'ok' if got == data else 'BAD %d of %d' % (len(got), len(data)), flush=True)
 "#;
 
@@ -63,8 +55,10 @@ fn free_port() -> u16 {
 fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, String) {
     ensure(PYTHON, "python3");
     let port = free_port().to_string();
-    let (srv, cli) =
-        (script(&format!("slow-{delay}"), SLOW_SERVER), script(&format!("early-{delay}"), EARLY_CLIENT));
+    let (srv, cli) = (
+        script(&format!("slow-{delay}"), SLOW_SERVER),
+        script(&format!("early-{delay}"), &[strait_testkit::PY_ECHO_BACK, EARLY_CLIENT].concat()),
+    );
     let mut server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

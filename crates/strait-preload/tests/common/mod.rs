@@ -162,6 +162,16 @@ pub fn sent_and_received(s: &Out, c: &Out) -> (String, String) {
     (sent, got)
 }
 
+/// Fails the test unless the `extras` server and client both passed.
+pub fn check_extras(s: &Out, c: &Out) {
+    assert!(
+        s.stdout.contains("extras ok") && c.stdout.contains("extras client ok"),
+        "{}{}",
+        s.stdout,
+        c.stdout
+    );
+}
+
 /// Sum of counter `name` over the `strait-preload: pid ...` statistics lines.
 pub fn stat_sum(o: &Out, name: &str) -> usize {
     strait_testkit::stat(&o.stderr, name)

@@ -4,7 +4,7 @@
 //! connection stayed accelerated.
 
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 mod common;
@@ -157,6 +157,17 @@ sys.exit(0 if ok else 1)
 /// Fork, dup2 onto 0/1/2, raw clone into a new network namespace, chroot, setuid;
 /// the acceptor and the middle process exit: the connection keeps working,
 /// accelerated, with 64 MiB each way hashed.
+/// Fails the test unless the client run `out` succeeded and printed `want`, and
+/// the server, whose status and stderr are `server`, succeeded too; returns the
+/// client's stderr.
+fn both_ok(out: &Output, want: &str, (sok, serr): (bool, &str)) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success() && text.contains(want), "client: {text}\n{err}\nserver: {serr}");
+    assert!(sok, "server: {serr}");
+    err
+}
+
 #[test]
 fn a_privilege_separated_server_keeps_its_connection_after_clone_chroot_and_setuid() {
     privsep("clone");
@@ -628,10 +639,7 @@ fn a_socket_activated_service_accelerates_the_connections_on_its_inherited_liste
     )
     .expect("client finished");
     let (sok, serr) = stderr_of(server, Duration::from_secs(30));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("LINES OK 19"), "client: {text}\n{err}\nservice: {serr}");
-    assert!(sok, "service: {serr}");
+    let err = both_ok(&out, "LINES OK 19", (sok, &serr));
     assert_eq!(stat(&err, "accelerated"), 19, "client: {err}\nservice: {serr}");
 }
 
@@ -755,10 +763,7 @@ fn a_child_forked_from_a_signal_handler_carries_the_connection() {
         .expect("client finished in time");
     let (sok, serr) = stderr_of(server, Duration::from_secs(60));
     let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}\nserver: {serr}");
-    assert!(sok, "server (the child's status): {serr}");
+    let err = both_ok(&out, "STREAM ok", (sok, &serr));
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
 }
 
@@ -910,10 +915,7 @@ fn a_raw_clone_is_noticed_at_its_first_call_and_carries_the_connection() {
     )
     .expect("client finished");
     let (sok, serr) = stderr_of(server, Duration::from_secs(30));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}\nserver: {serr}");
-    assert!(sok, "server: {serr}");
+    let err = both_ok(&out, "STREAM ok", (sok, &serr));
     assert_eq!(stat(&serr, "unseen-forks"), 1, "the child noticed it was new: {serr}");
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
 }

@@ -125,7 +125,8 @@ fn marker_attack(n: &str, attacker: (&str, &str)) -> Option<(u16, [PathBuf; 3])>
         return None;
     }
     let (server, client) = (format!("counting-server{n}"), format!("line-client{n}"));
-    Some(port_and_scripts([(&server, COUNTING_SERVER), attacker, (&client, LINE_CLIENT)]))
+    let body = [PY_LISTEN, COUNTING_SERVER].concat();
+    Some(port_and_scripts([(&server, &body), attacker, (&client, LINE_CLIENT)]))
 }
 
 /// Starts `c` (`what` for errors) and waits 10 s at most for its line starting with
@@ -325,16 +326,25 @@ print('FLOODED %d' % len(held), flush=True)
 time.sleep(secs)
 "#;
 
+/// A Python function for the servers below (put before their text): `listen(port)`
+/// listens on the loopback's `port` and says `LISTENING`.
+const PY_LISTEN: &str = r#"
+import socket
+def listen(port):
+    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(('127.0.0.1', port))
+    l.listen(64)
+    print('LISTENING', flush=True)
+    return l
+"#;
+
 /// A server that accepts `n` connections, echoes one line each, and prints how
-/// many descriptors it holds after each.
+/// many descriptors it holds after each (after [`PY_LISTEN`]).
 const COUNTING_SERVER: &str = r#"
 import os, socket, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
-l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(64)
-print('LISTENING', flush=True)
+l = listen(port)
 for _ in range(n):
     c, _ = l.accept()
     c.settimeout(20)
@@ -545,15 +555,11 @@ print('HOSTILE DONE', flush=True)
 
 /// A server that reads and writes each connection with a timeout until it ends
 /// and checks that no read returns more than it asked for; it must neither crash
-/// nor hang, whatever the peer wrote into the mapping.
+/// nor hang, whatever the peer wrote into the mapping (after [`PY_LISTEN`]).
 const ROBUST_SERVER: &str = r#"
 import socket, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
-l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(64)
-print('LISTENING', flush=True)
+l = listen(port)
 import time
 outcomes, longest = {}, 0.0
 for i in range(n):
@@ -586,8 +592,10 @@ print('LONGEST_RECV_S %.2f' % longest, flush=True)
 /// mode (and the victim posts its buffers for a rendezvous).
 fn hostile_round(messages: bool) {
     let seeds: usize = std::env::var("STRAIT_HOSTILE_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
-    let (port, [srv, hp]) =
-        port_and_scripts([("robust-server", ROBUST_SERVER), ("hostile-peer", HOSTILE_PEER)]);
+    let (port, [srv, hp]) = port_and_scripts([
+        ("robust-server", &[PY_LISTEN, ROBUST_SERVER].concat()),
+        ("hostile-peer", HOSTILE_PEER),
+    ]);
     let mut sc = victim(&srv, &[&port.to_string(), &seeds.to_string()]);
     sc.env("STRAIT_RING_SIZE", "65536");
     if messages {

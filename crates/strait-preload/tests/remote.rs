@@ -108,15 +108,7 @@ fn a_program_a_child_execs_or_spawns_keeps_the_connection_between_hosts() {
     // with the parent, which drives it for the new program.
     for mode in ["vfork", "spawn", "spawn-actions"] {
         let (s, c) = pair(mode, "echo");
-        check(&s, mode);
-        check(&c, mode);
-        assert!(c.stdout.contains("echo ok 1734389"), "{mode}: {}", c.stdout);
-        assert!(
-            s.stdout.contains("adopted ok") && s.stdout.contains("echoed 1734389"),
-            "{mode}: {}",
-            s.stdout
-        );
-        assert_eq!(common::stat_sum(&s, "inherited"), 1, "{mode}: {}", s.stderr);
+        common::check_adopted(&s, &c, mode);
         assert_eq!(remote(&c), 1, "{mode}: {}", c.stderr);
     }
     // The process that bridges the connection execs: the bridge goes with its

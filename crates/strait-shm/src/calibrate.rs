@@ -467,6 +467,15 @@ mod tests {
         Calibration { choice, copy_gbps, remote_read_gbps, source: Source::Measured }
     }
 
+    /// A cache for host `h` in a fresh folder for `tag`, stored (measured on a
+    /// `quiet` machine or not) with the copy chosen at 9 and 1 GB/s; the folder and
+    /// the file.
+    fn stored_copy(tag: &str, quiet: bool) -> (PathBuf, PathBuf) {
+        let (d, p) = cache_in(tag);
+        store(&p, "h", &measured(RndvChoice::Copy, 9.0, 1.0), quiet).unwrap();
+        (d, p)
+    }
+
     /// Writes a cache file for host `h` by hand: `choice`, 9 and 1 GB/s, `quiet`, `at`.
     fn write_by_hand(p: &Path, choice: &str, quiet: u8, at: u64) {
         std::fs::write(
@@ -494,9 +503,7 @@ mod tests {
     #[test]
     fn a_cache_anyone_could_have_written_is_ignored() {
         use std::os::unix::fs::PermissionsExt;
-        let (d, p) = cache_in("perm");
-        let c = measured(RndvChoice::Copy, 9.0, 1.0);
-        store(&p, "h", &c, true).unwrap();
+        let (d, p) = stored_copy("perm", true);
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(load(&p, "h").is_none(), "a world-writable cache was trusted");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -515,9 +522,7 @@ mod tests {
 
     #[test]
     fn a_measurement_from_a_busy_machine_expires() {
-        let (d, p) = cache_in("busy");
-        let c = measured(RndvChoice::Copy, 9.0, 1.0);
-        store(&p, "h", &c, false).unwrap();
+        let (d, p) = stored_copy("busy", false);
         assert!(load(&p, "h").is_some(), "a fresh busy measurement serves");
         let old = unix_now() - BUSY_VALID_S - 1;
         write_by_hand(&p, "copy", 0, old);

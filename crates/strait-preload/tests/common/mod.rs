@@ -162,6 +162,17 @@ pub fn sent_and_received(s: &Out, c: &Out) -> (String, String) {
     (sent, got)
 }
 
+/// Fails the test unless the `mode` server (one that hands its connection to a
+/// new program) and its `echo` client both succeeded, the client's echo came back
+/// whole and the new program took the connection over (`adopted`, one `inherited`).
+pub fn check_adopted(s: &Out, c: &Out, mode: &str) {
+    check(s, mode);
+    check(c, mode);
+    assert!(c.stdout.contains("echo ok 1734389"), "{mode}: {}", c.stdout);
+    assert!(s.stdout.contains("adopted ok") && s.stdout.contains("echoed 1734389"), "{mode}: {}", s.stdout);
+    assert_eq!(stat_sum(s, "inherited"), 1, "{mode}: {}", s.stderr);
+}
+
 /// Fails the test unless the `extras` server and client both passed.
 pub fn check_extras(s: &Out, c: &Out) {
     assert!(

@@ -483,39 +483,31 @@ exec_shim!(
     |env| execveat(dirfd, path, argv, env, flags)
 );
 
-/// # Safety
-/// As for libc's `posix_spawn`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut pid_t,
-    path: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    spawn_with(envp.cast(), !actions.is_null(), |env| unsafe {
-        real::posix_spawn(pid, path, actions, attr, argv, env.cast())
-    })
+/// Defines the exported `$name` (`posix_spawn` or `posix_spawnp`, whose second
+/// argument is `$file`): runs `real::$name` through [`spawn_with`].
+macro_rules! spawn_shim {
+    ($name:ident, $file:ident) => {
+        /// # Safety
+        #[doc = concat!("As for libc's `", stringify!($name), "`.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            pid: *mut pid_t,
+            $file: *const c_char,
+            actions: *const libc::posix_spawn_file_actions_t,
+            attr: *const libc::posix_spawnattr_t,
+            argv: *const *mut c_char,
+            envp: *const *mut c_char,
+        ) -> c_int {
+            // SAFETY: forwarded arguments.
+            spawn_with(envp.cast(), !actions.is_null(), |env| unsafe {
+                real::$name(pid, $file, actions, attr, argv, env.cast())
+            })
+        }
+    };
 }
 
-/// # Safety
-/// As for libc's `posix_spawnp`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut pid_t,
-    file: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    spawn_with(envp.cast(), !actions.is_null(), |env| unsafe {
-        real::posix_spawnp(pid, file, actions, attr, argv, env.cast())
-    })
-}
+spawn_shim!(posix_spawn, path);
+spawn_shim!(posix_spawnp, file);
 
 // ------------------------------------------------------------ system() and popen()
 

@@ -27,7 +27,8 @@ fn free_port() -> u16 {
 }
 
 /// The stream both ways: `MIB` MiB of a seeded pattern each way, written and read
-/// at once (two threads), SHA-256 of what was read printed.
+/// at once (two threads), SHA-256 of what was read printed; `connect(port)` makes a
+/// client's connection to the loopback.
 const STREAM: &str = r#"
 import hashlib, os, threading
 MIB = int(os.environ.get('STRAIT_IDENTITY_MIB', '64'))
@@ -61,6 +62,11 @@ def expected(seed):
     for _ in range(MIB * 16):
         h.update(p)
     return h.hexdigest()
+def connect(port):
+    import socket
+    c = socket.create_connection(('127.0.0.1', port), timeout=60)
+    c.settimeout(None)
+    return c
 "#;
 
 /// The privilege-separated server of the issue: accept; fork; in the child dup2
@@ -145,8 +151,7 @@ sys.exit(0 if got == expected(b'client') else 4)
 const STREAM_CLIENT: &str = r#"
 import os, socket, sys
 exec(open(sys.argv[2]).read())
-c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=60)
-c.settimeout(None)
+c = connect(int(sys.argv[1]))
 got, n = pump(c.fileno(), c.fileno(), b'client')
 ok = got == expected(b'server')
 print('STREAM', 'ok' if ok else 'BAD', n, flush=True)
@@ -154,9 +159,6 @@ c.shutdown(socket.SHUT_WR)
 sys.exit(0 if ok else 1)
 "#;
 
-/// Fork, dup2 onto 0/1/2, raw clone into a new network namespace, chroot, setuid;
-/// the acceptor and the middle process exit: the connection keeps working,
-/// accelerated, with 64 MiB each way hashed.
 /// Fails the test unless the client run `out` succeeded and printed `want`, and
 /// the server, whose status and stderr are `server`, succeeded too; returns the
 /// client's stderr.
@@ -168,6 +170,9 @@ fn both_ok(out: &Output, want: &str, (sok, serr): (bool, &str)) -> String {
     err
 }
 
+/// Fork, dup2 onto 0/1/2, raw clone into a new network namespace, chroot, setuid;
+/// the acceptor and the middle process exit: the connection keeps working,
+/// accelerated, with 64 MiB each way hashed.
 #[test]
 fn a_privilege_separated_server_keeps_its_connection_after_clone_chroot_and_setuid() {
     privsep("clone");
@@ -264,8 +269,7 @@ sys.exit(0 if got == expected(b'client') else 4)
 const SETUID_CLIENT: &str = r#"
 import os, socket, sys
 exec(open(sys.argv[2]).read())
-c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=60)
-c.settimeout(None)
+c = connect(int(sys.argv[1]))
 os.setgroups([])
 os.setgid(65534)
 os.setuid(65534)

@@ -51,17 +51,11 @@ const _: () = assert!(HDR_OFF + SLOTS * LINE <= DATA_OFF);
 pub struct SpinFloor;
 
 impl TransportSpec for SpinFloor {
-    fn name(&self) -> &'static str {
-        "spin-floor"
-    }
-
-    fn description(&self) -> &'static str {
-        "shared memfd, one cache line flag+payload (<= 56 B) or pipelined 32 KiB memcpy pieces, busy-poll"
-    }
-
-    fn polls(&self) -> bool {
+    crate::spec_identity!(
+        "spin-floor",
+        "shared memfd, one cache line flag+payload (<= 56 B) or pipelined 32 KiB memcpy pieces, busy-poll",
         true
-    }
+    );
 
     fn listen(&self) -> Result<Pending> {
         let fd =

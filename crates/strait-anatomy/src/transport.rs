@@ -99,6 +99,27 @@ pub struct Pending {
     pub finish: Box<dyn FnOnce() -> Result<Box<dyn Transport>>>,
 }
 
+/// Writes the methods that name a [`TransportSpec`], inside its `impl` block:
+/// `name` returns `$name`, `description` `$description`, and `polls` the value of
+/// `$polls` (`true` for a transport that always busy-polls):
+/// `spec_identity!("pipe", "anonymous pipes", false);`.
+#[macro_export]
+macro_rules! spec_identity {
+    ($name:expr, $description:expr, $polls:expr) => {
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn description(&self) -> &'static str {
+            $description
+        }
+
+        fn polls(&self) -> bool {
+            $polls
+        }
+    };
+}
+
 /// A named kind of transport: knows what it supports and how to connect both ends.
 pub trait TransportSpec: Sync {
     /// The name used on the command line and in reports (e.g. `kernel-tcp`).

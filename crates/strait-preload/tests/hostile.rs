@@ -143,50 +143,65 @@ fn squatter_report(squatter: Child) -> String {
     out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}")).to_string()
 }
 
+/// A Python function for the squatters below (put before their text):
+/// `squat(names, backlog, secs, bufsize, count_bytes)` binds and listens on each
+/// abstract Unix name, says `READY`, accepts whatever connects and reads whatever
+/// comes (closing any descriptor passed) for `secs`, then reports what it got on a
+/// `GOT {json}` line (with the bytes read if `count_bytes`).
+const PY_SQUAT: &str = r#"
+import json, os, socket, time
+def squat(names, backlog, secs, bufsize, count_bytes):
+    socks = []
+    for n in names:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.bind('\0' + n)
+        s.listen(backlog)
+        s.setblocking(False)
+        socks.append(s)
+    print('READY', flush=True)
+    conns, msgs, fds, data = [], 0, 0, 0
+    end = time.time() + secs
+    while time.time() < end:
+        for s in socks:
+            try:
+                c, _ = s.accept()
+                c.setblocking(False)
+                conns.append(c)
+            except BlockingIOError:
+                pass
+        for c in conns:
+            try:
+                m, anc, _, _ = c.recvmsg(bufsize, socket.CMSG_SPACE(16 * 4))
+            except (BlockingIOError, OSError):
+                continue
+            if m or anc:
+                msgs += 1
+                data += len(m)
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    got = [int.from_bytes(payload[i:i + 4], 'little') for i in range(0, len(payload) - 3, 4)]
+                    fds += len(got)
+                    for f in got:
+                        os.close(f)
+        time.sleep(0.002)
+    report = {'conns': len(conns), 'msgs': msgs, 'fds': fds}
+    if count_bytes:
+        report['bytes'] = data
+    print('GOT ' + json.dumps(report), flush=True)
+"#;
+
 /// Binds every name strait may use for a port (TCP and UDP markers of the
 /// loopback, IPv4-wildcard and IPv6 addresses, or only the ones named), accepts
-/// whatever connects and reads whatever comes, then reports what it got.
+/// whatever connects and reads whatever comes, then reports what it got (after
+/// [`PY_SQUAT`]).
 const SQUATTER: &str = r#"
-import json, os, socket, sys, time
+import os, sys
 port, secs, which = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 ns = os.stat('/proc/self/ns/net').st_ino
 v4 = lambda h: '00000000000000000000ffff' + h
 keys = {'exact': [v4('7f000001')], 'all': [v4('7f000001'), v4('00000000'), '00' * 16, 'v6only']}[which]
 names = [f'strait.tcp.{ns}.{port}.{k}' for k in keys] + [f'strait.udp.{ns}.{port}.{k}' for k in keys if k != 'v6only']
-socks = []
-for n in names:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.bind('\0' + n)
-    s.listen(64)
-    s.setblocking(False)
-    socks.append(s)
-print('READY', flush=True)
-conns, msgs, fds, data = [], 0, 0, 0
-end = time.time() + secs
-while time.time() < end:
-    for s in socks:
-        try:
-            c, _ = s.accept()
-            c.setblocking(False)
-            conns.append(c)
-        except BlockingIOError:
-            pass
-    for c in conns:
-        try:
-            m, anc, _, _ = c.recvmsg(65536, socket.CMSG_SPACE(16 * 4))
-        except (BlockingIOError, OSError):
-            continue
-        if m or anc:
-            msgs += 1
-            data += len(m)
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = [int.from_bytes(payload[i:i + 4], 'little') for i in range(0, len(payload) - 3, 4)]
-                fds += len(got)
-                for f in got:
-                    os.close(f)
-    time.sleep(0.002)
-print('GOT ' + json.dumps({'conns': len(conns), 'msgs': msgs, 'fds': fds, 'bytes': data}), flush=True)
+squat(names, 64, secs, 65536, True)
 "#;
 
 /// An echo server (TCP on `host:port`, or UDP) that serves `n` clients and checks
@@ -257,7 +272,7 @@ fn squat_and_talk(which: &str, server_host: &str) -> Option<[(bool, String, Stri
     }
     let echo_client = [strait_testkit::PY_ECHO_BACK, ECHO_CLIENT].concat();
     let (port, [sq, srv, cli]) = port_and_scripts([
-        ("squatter", SQUATTER),
+        ("squatter", &[PY_SQUAT, SQUATTER].concat()),
         ("echo-server", ECHO_SERVER),
         ("echo-client", &echo_client),
     ]);
@@ -647,42 +662,13 @@ fn a_hostile_peer_cannot_forge_rendezvous_completions_in_message_mode() {
 }
 
 /// Squats the connectors' per-connection names (`strait.c.<netns>.<port>`) for the
-/// ports the victim client will bind, then reports what it got.
+/// ports the victim client will bind, then reports what it got (after
+/// [`PY_SQUAT`]).
 const CONN_SQUATTER: &str = r#"
-import json, os, socket, sys, time
+import os, sys
 first, count, secs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 ns = os.stat('/proc/self/ns/net').st_ino
-socks = []
-for p in range(first, first + count):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.bind(f'\0strait.c.{ns}.{p}')
-    s.listen(16)
-    s.setblocking(False)
-    socks.append(s)
-print('READY', flush=True)
-conns, msgs, fds = [], 0, 0
-end = time.time() + secs
-while time.time() < end:
-    for s in socks:
-        try:
-            c, _ = s.accept(); c.setblocking(False); conns.append(c)
-        except BlockingIOError:
-            pass
-    for c in conns:
-        try:
-            m, anc, _, _ = c.recvmsg(4096, socket.CMSG_SPACE(16 * 4))
-        except (BlockingIOError, OSError):
-            continue
-        if m or anc:
-            msgs += 1
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = [int.from_bytes(payload[i:i + 4], 'little') for i in range(0, len(payload) - 3, 4)]
-                fds += len(got)
-                for f in got:
-                    os.close(f)
-    time.sleep(0.002)
-print('GOT ' + json.dumps({'conns': len(conns), 'msgs': msgs, 'fds': fds}), flush=True)
+squat([f'strait.c.{ns}.{p}' for p in range(first, first + count)], 16, secs, 4096, False)
 "#;
 
 /// Two SO_REUSEPORT servers (separate processes, as prefork or reload setups run
@@ -738,7 +724,7 @@ fn a_squatter_of_connectors_names_gets_nothing_from_path_b() {
         return;
     }
     let (port, [sq, srv, cli]) = port_and_scripts([
-        ("conn-squatter", CONN_SQUATTER),
+        ("conn-squatter", &[PY_SQUAT, CONN_SQUATTER].concat()),
         ("reuseport-server", REUSEPORT_SERVER),
         ("port-client", PORT_CLIENT),
     ]);

@@ -206,15 +206,22 @@ fn the_privilege_separated_pattern_ending_in_an_inetd_style_exec() {
     privsep("exec");
 }
 
-fn privsep(variant: &str) {
+/// An empty directory to chroot into, named with `tag`, for a test that needs root
+/// and python3; `None` (the test skipped) when not root.
+fn root_jail(tag: &str) -> Option<PathBuf> {
     if !is_root() {
         eprintln!("skipped: needs root (chroot, setuid, namespaces)");
-        return;
+        return None;
     }
     ensure(PYTHON, "python3");
-    let port = free_port();
-    let jail = std::env::temp_dir().join(format!("strait-identity-jail-{variant}-{}", std::process::id()));
+    let jail = std::env::temp_dir().join(format!("strait-identity-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&jail).expect("jail");
+    Some(jail)
+}
+
+fn privsep(variant: &str) {
+    let Some(jail) = root_jail(&format!("jail-{variant}")) else { return };
+    let port = free_port();
     let stream = script(&format!("stream-{variant}"), STREAM);
     let srv = script(&format!("privsep-server-{variant}"), PRIVSEP_SERVER);
     let stdio = script(&format!("stdio-stream-{variant}"), STDIO_STREAM);
@@ -281,14 +288,8 @@ sys.exit(0 if ok else 1)
 
 #[test]
 fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
-    ensure(PYTHON, "python3");
+    let Some(jail) = root_jail("jail2") else { return };
     let port = free_port();
-    let jail = std::env::temp_dir().join(format!("strait-identity-jail2-{}", std::process::id()));
-    std::fs::create_dir_all(&jail).expect("jail");
     let stream = script("stream2", STREAM);
     let srv = script("unshare-server", UNSHARE_SERVER);
     let cli = script("setuid-client", SETUID_CLIENT);

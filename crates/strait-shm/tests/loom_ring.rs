@@ -15,14 +15,12 @@
 #![cfg(loom)]
 
 mod loom_mem;
-use loom_mem::LoomMem;
+use loom_mem::{rings, sleeps_after_check, LoomMem};
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use strait_shm::ring::{
-    announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, Consumer, Producer, RingMemory,
-};
+use strait_shm::ring::{peer_needs_wake, ByteArea, Consumer, Producer, RingMemory};
 
 struct Shared {
     mem: LoomMem,
@@ -126,20 +124,11 @@ fn consumer_wakeup(fenced: bool) {
         let prod = thread::spawn(move || {
             let mut p = Producer::new(256);
             assert!(try_push(&mut p, &sp, &[7; 8]));
-            if fenced {
-                peer_needs_wake(&sp.consumer_sleeps)
-            } else {
-                sp.consumer_sleeps.swap(0, Ordering::Relaxed) != 0
-            }
+            rings(fenced, &sp.consumer_sleeps)
         });
         let c = Consumer::new(256);
         let slept = if fenced {
-            announce_sleep(&s.consumer_sleeps);
-            let data = c.has_data(&s.mem);
-            if data {
-                withdraw_sleep(&s.consumer_sleeps);
-            }
-            !data
+            sleeps_after_check(&s.consumer_sleeps, || c.has_data(&s.mem))
         } else {
             s.consumer_sleeps.store(1, Ordering::Relaxed);
             let data = s.mem.header(0).load(Ordering::Relaxed) != 0;
@@ -178,12 +167,8 @@ fn no_lost_wakeup_for_a_producer_waiting_for_room() {
             assert_eq!(try_pop(&mut c, &sc).unwrap(), payload(0, 8));
             peer_needs_wake(&sc.producer_sleeps)
         });
-        announce_sleep(&s.producer_sleeps);
-        let room = p.has_room(&s.head, 8).unwrap();
-        if room {
-            withdraw_sleep(&s.producer_sleeps);
-        }
+        let slept = sleeps_after_check(&s.producer_sleeps, || p.has_room(&s.head, 8).unwrap());
         let woke = cons.join().unwrap();
-        assert!(room || woke, "lost wake-up: the producer sleeps on free room");
+        assert!(!slept || woke, "lost wake-up: the producer sleeps on free room");
     });
 }

@@ -11,10 +11,13 @@
 //! out, sleeping without the fence) that the model must catch, or it proves nothing.
 #![cfg(loom)]
 
+mod loom_mem;
+
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use strait_shm::ring::{announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea};
+use loom_mem::{rings, sleeps_after_check};
+use strait_shm::ring::{peer_needs_wake, ByteArea};
 use strait_shm::stream::ByteRing;
 
 /// The data area, a loom atomic per byte.
@@ -180,19 +183,10 @@ fn consumer_wakeup(fenced: bool) {
             let span = r.writable().unwrap();
             r.write_at(span.pos, &[7]);
             r.publish_to(span.pos + 1);
-            if fenced {
-                peer_needs_wake(&sp.consumer_sleeps)
-            } else {
-                sp.consumer_sleeps.swap(0, Ordering::Relaxed) != 0
-            }
+            rings(fenced, &sp.consumer_sleeps)
         });
         let slept = if fenced {
-            announce_sleep(&s.consumer_sleeps);
-            let data = s.ring().readable().unwrap().len > 0;
-            if data {
-                withdraw_sleep(&s.consumer_sleeps);
-            }
-            !data
+            sleeps_after_check(&s.consumer_sleeps, || s.ring().readable().unwrap().len > 0)
         } else {
             s.consumer_sleeps.store(1, Ordering::Relaxed);
             s.tail.load(Ordering::Relaxed) == 0
@@ -232,12 +226,8 @@ fn no_lost_wakeup_for_a_producer_waiting_for_room() {
             r.consume_to(span.pos + 1);
             peer_needs_wake(&sc.producer_sleeps)
         });
-        announce_sleep(&s.producer_sleeps);
-        let room = r.writable().unwrap().len > 0;
-        if room {
-            withdraw_sleep(&s.producer_sleeps);
-        }
+        let slept = sleeps_after_check(&s.producer_sleeps, || r.writable().unwrap().len > 0);
         let woke = cons.join().unwrap();
-        assert!(room || woke, "lost wake-up: the producer sleeps on free room");
+        assert!(!slept || woke, "lost wake-up: the producer sleeps on free room");
     });
 }

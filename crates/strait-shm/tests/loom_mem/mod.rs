@@ -2,8 +2,11 @@
 //! loads and stores for the payload, so loom lets a payload read see any older value
 //! unless the ring's release/acquire publication orders it.
 
+// Each model uses its own subset.
+#![allow(dead_code)]
+
 use loom::sync::atomic::{AtomicU64, Ordering};
-use strait_shm::ring::{ByteArea, WordArea};
+use strait_shm::ring::{announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, WordArea};
 
 /// A data area of loom atomic words.
 pub struct LoomMem(pub Vec<AtomicU64>);
@@ -26,7 +29,7 @@ impl ByteArea for LoomMem {
         self.0.len() * 8
     }
     unsafe fn store(&self, offset: usize, src: &[u8]) {
-        assert!(offset % 8 == 0 && src.len() % 8 == 0, "model payloads are whole words");
+        assert!(offset.is_multiple_of(8) && src.len().is_multiple_of(8), "model payloads are whole words");
         for (i, w) in src.chunks(8).enumerate() {
             self.0[offset / 8 + i].store(u64::from_le_bytes(w.try_into().unwrap()), Ordering::Relaxed);
         }
@@ -36,4 +39,26 @@ impl ByteArea for LoomMem {
             w.copy_from_slice(&self.0[offset / 8 + i].load(Ordering::Relaxed).to_le_bytes());
         }
     }
+}
+
+/// The waking side of the doorbell, once it has published (or freed room): whether
+/// it rings, having seen the sleeper's `flag`. `fenced` false is the broken variant
+/// (a relaxed swap, no fence) the models must catch.
+pub fn rings(fenced: bool, flag: &AtomicU64) -> bool {
+    if fenced {
+        peer_needs_wake(flag)
+    } else {
+        flag.swap(0, Ordering::Relaxed) != 0
+    }
+}
+
+/// The sleeping side: announces its sleep in `flag`, then checks `ready` again and
+/// withdraws if it is; returns whether it goes to sleep.
+pub fn sleeps_after_check(flag: &AtomicU64, ready: impl FnOnce() -> bool) -> bool {
+    announce_sleep(flag);
+    let ready = ready();
+    if ready {
+        withdraw_sleep(flag);
+    }
+    !ready
 }

@@ -15,7 +15,7 @@
 #![cfg(loom)]
 
 mod loom_mem;
-use loom_mem::{rings, sleeps_after_check, LoomMem};
+use loom_mem::{sleeps_after_check, LoomMem};
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
@@ -118,25 +118,15 @@ fn stale_cells_from_an_earlier_lap_are_never_read_as_frames() {
 /// The consumer announces sleep and re-checks; the producer publishes and rings.
 /// If the consumer went to sleep, the producer must have seen its flag.
 fn consumer_wakeup(fenced: bool) {
-    loom::model(move || {
-        let s = Shared::new(256);
-        let sp = s.clone();
-        let prod = thread::spawn(move || {
-            let mut p = Producer::new(256);
-            assert!(try_push(&mut p, &sp, &[7; 8]));
-            rings(fenced, &sp.consumer_sleeps)
-        });
-        let c = Consumer::new(256);
-        let slept = if fenced {
-            sleeps_after_check(&s.consumer_sleeps, || c.has_data(&s.mem))
-        } else {
-            s.consumer_sleeps.store(1, Ordering::Relaxed);
-            let data = s.mem.header(0).load(Ordering::Relaxed) != 0;
-            !data
-        };
-        let woke = prod.join().unwrap();
-        assert!(!slept || woke, "lost wake-up: the consumer sleeps on a published frame");
-    });
+    loom_mem::consumer_wakeup(
+        fenced,
+        || Shared::new(256),
+        |s| &s.consumer_sleeps,
+        |s| assert!(try_push(&mut Producer::new(256), s, &[7; 8])),
+        |s| Consumer::new(256).has_data(&s.mem),
+        |s| s.mem.header(0).load(Ordering::Relaxed) != 0,
+        "a published frame",
+    );
 }
 
 #[test]

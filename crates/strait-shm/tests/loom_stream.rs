@@ -16,7 +16,7 @@ mod loom_mem;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use loom_mem::{rings, sleeps_after_check};
+use loom_mem::sleeps_after_check;
 use strait_shm::ring::{peer_needs_wake, ByteArea};
 use strait_shm::stream::ByteRing;
 
@@ -175,25 +175,20 @@ fn broken_release_before_copy_is_caught() {
 
 /// The consumer announces sleep and re-checks; the producer publishes and rings.
 fn consumer_wakeup(fenced: bool) {
-    loom::model(move || {
-        let s = Shared::new(4);
-        let sp = s.clone();
-        let prod = thread::spawn(move || {
-            let r = sp.ring();
+    loom_mem::consumer_wakeup(
+        fenced,
+        || Shared::new(4),
+        |s| &s.consumer_sleeps,
+        |s| {
+            let r = s.ring();
             let span = r.writable().unwrap();
             r.write_at(span.pos, &[7]);
             r.publish_to(span.pos + 1);
-            rings(fenced, &sp.consumer_sleeps)
-        });
-        let slept = if fenced {
-            sleeps_after_check(&s.consumer_sleeps, || s.ring().readable().unwrap().len > 0)
-        } else {
-            s.consumer_sleeps.store(1, Ordering::Relaxed);
-            s.tail.load(Ordering::Relaxed) == 0
-        };
-        let woke = prod.join().unwrap();
-        assert!(!slept || woke, "lost wake-up: the consumer sleeps on published bytes");
-    });
+        },
+        |s| s.ring().readable().unwrap().len > 0,
+        |s| s.tail.load(Ordering::Relaxed) != 0,
+        "published bytes",
+    );
 }
 
 #[test]

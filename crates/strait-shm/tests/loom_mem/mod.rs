@@ -6,6 +6,8 @@
 #![allow(dead_code)]
 
 use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+use loom::thread;
 use strait_shm::ring::{announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, WordArea};
 
 /// A data area of loom atomic words.
@@ -61,4 +63,37 @@ pub fn sleeps_after_check(flag: &AtomicU64, ready: impl FnOnce() -> bool) -> boo
         withdraw_sleep(flag);
     }
     !ready
+}
+
+/// The no-lost-wake-up model of a sleeping consumer: another thread runs `publish`
+/// on the state `shared()` makes, then decides whether to ring ([`rings`]); the
+/// consumer decides whether to sleep: with the fences it announces its sleep in
+/// `flag` and checks `ready` again ([`sleeps_after_check`]); without them (`fenced`
+/// false, the broken variant) it stores its flag relaxed and checks `ready_relaxed`.
+/// Fails with "lost wake-up: the consumer sleeps on `what`" if it sleeps unrung.
+pub fn consumer_wakeup<S: Send + Sync + 'static>(
+    fenced: bool,
+    shared: fn() -> Arc<S>,
+    flag: fn(&S) -> &AtomicU64,
+    publish: fn(&S),
+    ready: fn(&S) -> bool,
+    ready_relaxed: fn(&S) -> bool,
+    what: &'static str,
+) {
+    loom::model(move || {
+        let s = shared();
+        let sp = s.clone();
+        let prod = thread::spawn(move || {
+            publish(&sp);
+            rings(fenced, flag(&sp))
+        });
+        let slept = if fenced {
+            sleeps_after_check(flag(&s), || ready(&s))
+        } else {
+            flag(&s).store(1, Ordering::Relaxed);
+            !ready_relaxed(&s)
+        };
+        let woke = prod.join().unwrap();
+        assert!(!slept || woke, "lost wake-up: the consumer sleeps on {what}");
+    });
 }

@@ -28,7 +28,8 @@ fn free_port() -> u16 {
 
 /// The stream both ways: `MIB` MiB of a seeded pattern each way, written and read
 /// at once (two threads), SHA-256 of what was read printed; `connect(port)` makes a
-/// client's connection to the loopback.
+/// client's connection to the loopback, `accept_one(port)` a server's (and its
+/// listener).
 const STREAM: &str = r#"
 import hashlib, os, threading
 MIB = int(os.environ.get('STRAIT_IDENTITY_MIB', '64'))
@@ -67,6 +68,15 @@ def connect(port):
     c = socket.create_connection(('127.0.0.1', port), timeout=60)
     c.settimeout(None)
     return c
+def accept_one(port):
+    import socket
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(('127.0.0.1', port))
+    l.listen(8)
+    print('LISTENING', flush=True)
+    c, _ = l.accept()
+    return c, l
 "#;
 
 /// The privilege-separated server of the issue: accept; fork; in the child dup2
@@ -81,12 +91,7 @@ port, jail, variant = int(sys.argv[1]), sys.argv[2], sys.argv[4]
 libc = ctypes.CDLL(None, use_errno=True)
 SYS_clone, SYS_clone3, SYS_pivot_root, SIGCHLD = 56, 435, 155, 17
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(8)
-print('LISTENING', flush=True)
-c, _ = l.accept()
+c, l = accept_one(port)
 pid = os.fork()
 if pid == 0:
     for fd in (0, 1, 2):
@@ -255,12 +260,7 @@ exec(open(sys.argv[3]).read())
 port, jail = int(sys.argv[1]), sys.argv[2]
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(8)
-print('LISTENING', flush=True)
-c, _ = l.accept()
+c, l = accept_one(port)
 l.close()
 if libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC) != 0:
     sys.exit(3)

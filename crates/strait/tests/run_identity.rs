@@ -482,12 +482,8 @@ print('LINES OK', n, flush=True)
 /// Starts `cmd` with its output piped and waits for its first line to be `want`
 /// (its stdout stays open, unread, so later lines never meet a closed pipe).
 fn spawn_waiting(cmd: &mut std::process::Command, want: &str) -> std::process::Child {
-    use std::io::BufRead;
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
-    let mut r = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    r.read_line(&mut line).expect(want);
-    assert_eq!(line.trim(), want, "{cmd:?}");
+    let (child, r) = common::spawn_until_line(cmd, want);
+    // The rest of its output stays unread, the pipe open.
     std::mem::forget(r);
     child
 }

@@ -3,11 +3,10 @@
 //! attach timeout), and the bytes arrive in order whether the acceptor attaches or
 //! the connection stays with the kernel, also when the connector closes at once.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 mod common;
-use common::{ensure, run_for, strait_run};
+use common::{ensure, run_for, spawn_until_line, strait_run};
 use strait_testkit::stat;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -59,19 +58,10 @@ fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, 
         script(&format!("slow-{delay}"), SLOW_SERVER),
         script(&format!("early-{delay}"), &[strait_testkit::PY_ECHO_BACK, EARLY_CLIENT].concat()),
     );
-    let mut server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        std::io::BufReader::new(server.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("LISTENING");
-        assert_eq!(line.trim(), "LISTENING");
-    }
+    let (server, _) = spawn_until_line(
+        &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay]),
+        "LISTENING",
+    );
     let out = run_for(
         &mut strait_run(&[
             "--stats",
@@ -157,19 +147,10 @@ fn bytes_written_and_closed_before_the_accept_arrive() {
             script(&format!("drain-{delay}"), DRAIN_SERVER),
             script(&format!("wc-{delay}"), WRITE_AND_CLOSE),
         );
-        let server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("server");
-        let mut server = server;
-        let mut sout = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-        {
-            use std::io::BufRead;
-            let mut line = String::new();
-            sout.read_line(&mut line).expect("LISTENING");
-            assert_eq!(line.trim(), "LISTENING");
-        }
+        let (mut server, mut sout) = spawn_until_line(
+            &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay]),
+            "LISTENING",
+        );
         let out = run_for(
             &mut strait_run(&[
                 "--stats",

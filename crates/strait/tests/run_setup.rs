@@ -3,6 +3,9 @@
 //! attach timeout), and the bytes arrive in order whether the acceptor attaches or
 //! the connection stays with the kernel, also when the connector closes at once.
 
+use std::io::BufReader;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Output};
 use std::time::Duration;
 
 mod common;
@@ -49,16 +52,20 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
-/// Runs the slow server and the early client; returns (client stdout, client
-/// stderr, server stderr).
-fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, String) {
-    ensure(PYTHON, "python3");
+/// Starts the Python server `srv` (its port and `delay` as arguments) under
+/// `strait run --stats` and waits for its `LISTENING`, then runs the client `cli`
+/// (the port and `arg`) under `strait run --stats --attach-timeout-ms
+/// attach_timeout_ms`, 60 s at most. Returns the server, the rest of its stdout
+/// and the client's output.
+fn server_then_client(
+    srv: &Path,
+    delay: &str,
+    cli: &Path,
+    attach_timeout_ms: &str,
+    arg: &str,
+) -> (Child, BufReader<ChildStdout>, Output) {
     let port = free_port().to_string();
-    let (srv, cli) = (
-        script(&format!("slow-{delay}"), SLOW_SERVER),
-        script(&format!("early-{delay}"), &[strait_testkit::PY_ECHO_BACK, EARLY_CLIENT].concat()),
-    );
-    let (server, _) = spawn_until_line(
+    let (server, sout) = spawn_until_line(
         &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay]),
         "LISTENING",
     );
@@ -71,11 +78,23 @@ fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, 
             PYTHON,
             cli.to_str().expect("p"),
             &port,
-            bytes,
+            arg,
         ]),
         Duration::from_secs(60),
     )
     .expect("client finished");
+    (server, sout, out)
+}
+
+/// Runs the slow server and the early client; returns (client stdout, client
+/// stderr, server stderr).
+fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, String) {
+    ensure(PYTHON, "python3");
+    let (srv, cli) = (
+        script(&format!("slow-{delay}"), SLOW_SERVER),
+        script(&format!("early-{delay}"), &[strait_testkit::PY_ECHO_BACK, EARLY_CLIENT].concat()),
+    );
+    let (server, _, out) = server_then_client(&srv, delay, &cli, attach_timeout_ms, bytes);
     let so = server.wait_with_output().expect("server");
     (
         String::from_utf8_lossy(&out.stdout).into(),
@@ -142,29 +161,11 @@ print('SENT', len(data), hashlib.sha256(data).hexdigest(), flush=True)
 fn bytes_written_and_closed_before_the_accept_arrive() {
     ensure(PYTHON, "python3");
     for (delay, timeout) in [("0.2", "2000"), ("0.6", "200")] {
-        let port = free_port().to_string();
         let (srv, cli) = (
             script(&format!("drain-{delay}"), DRAIN_SERVER),
             script(&format!("wc-{delay}"), WRITE_AND_CLOSE),
         );
-        let (mut server, mut sout) = spawn_until_line(
-            &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay]),
-            "LISTENING",
-        );
-        let out = run_for(
-            &mut strait_run(&[
-                "--stats",
-                "--attach-timeout-ms",
-                timeout,
-                "--",
-                PYTHON,
-                cli.to_str().expect("p"),
-                &port,
-                "100000",
-            ]),
-            Duration::from_secs(60),
-        )
-        .expect("client finished");
+        let (mut server, mut sout, out) = server_then_client(&srv, delay, &cli, timeout, "100000");
         let mut got = String::new();
         {
             use std::io::Read;

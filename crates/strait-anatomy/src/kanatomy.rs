@@ -783,34 +783,18 @@ mod tests {
     #[test]
     fn walks_a_udp_round_trip() {
         let k = Ev::Kernel;
-        let a = vec![
-            (10, Ev::UserSend),
-            (20, k(K_SENDTO)),
-            (30, k(K_DEV_QUEUE)),
-            (35, k(K_OTHER)),
-            (40, k(K_NETIF_RX)),
-            (50, k(K_SOFTIRQ)),
-            (60, k(K_RECEIVE_SKB)),
-            (70, k(K_DATA_READY)),
-            // B's answer.
-            (300, k(K_COPY)),
-            (310, k(K_EXIT_RECV)),
-            (320, Ev::UserRecvd),
-            (330, Ev::UserSend),
-        ];
-        let b = vec![
-            (100, k(K_WAKEUP)),
-            (120, k(K_COPY)),
-            (130, k(K_EXIT_RECV)),
-            (140, Ev::UserRecvd),
-            (150, Ev::UserSend),
-            (160, k(K_SENDTO)),
-            (170, k(K_DEV_QUEUE)),
-            (180, k(K_NETIF_RX)),
-            (190, k(K_SOFTIRQ)),
-            (200, k(K_RECEIVE_SKB)),
-            (210, k(K_DATA_READY)),
-        ];
+        // A send from the program to the data's arrival, an event every 10 ticks
+        // from `t`.
+        let sent_at = |t: u64| {
+            let path = [K_SENDTO, K_DEV_QUEUE, K_NETIF_RX, K_SOFTIRQ, K_RECEIVE_SKB, K_DATA_READY];
+            std::iter::once((t, Ev::UserSend)).chain((1..).zip(path).map(move |(i, e)| (t + 10 * i, k(e))))
+        };
+        let mut a: Vec<_> = sent_at(10).collect();
+        a.insert(3, (35, k(K_OTHER)));
+        // B's answer.
+        a.extend([(300, k(K_COPY)), (310, k(K_EXIT_RECV)), (320, Ev::UserRecvd), (330, Ev::UserSend)]);
+        let mut b = vec![(100, k(K_WAKEUP)), (120, k(K_COPY)), (130, k(K_EXIT_RECV)), (140, Ev::UserRecvd)];
+        b.extend(sent_at(150));
         let p = walk(a, b, false);
         assert_eq!(p.len(), 2, "{p:?}");
         assert_eq!(p[0].iter().map(|s| s.1).sum::<u64>(), 140);

@@ -15,12 +15,12 @@
 #![cfg(loom)]
 
 mod loom_mem;
-use loom_mem::{sleeps_after_check, LoomMem};
+use loom_mem::LoomMem;
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use strait_shm::ring::{peer_needs_wake, ByteArea, Consumer, Producer, RingMemory};
+use strait_shm::ring::{ByteArea, Consumer, Producer, RingMemory};
 
 struct Shared {
     mem: LoomMem,
@@ -144,21 +144,18 @@ fn broken_doorbell_without_fences_loses_a_wakeup() {
 /// consumer frees a frame and rings. If the producer sleeps, it must be woken.
 #[test]
 fn no_lost_wakeup_for_a_producer_waiting_for_room() {
-    loom::model(|| {
-        let s = Shared::new(256);
-        let mut p = Producer::new(256);
-        for i in 0..4 {
-            assert!(try_push(&mut p, &s, &payload(i, 8)));
-        }
-        assert!(!try_push(&mut p, &s, &payload(4, 8)));
-        let sc = s.clone();
-        let cons = thread::spawn(move || {
-            let mut c = Consumer::new(256);
-            assert_eq!(try_pop(&mut c, &sc).unwrap(), payload(0, 8));
-            peer_needs_wake(&sc.producer_sleeps)
-        });
-        let slept = sleeps_after_check(&s.producer_sleeps, || p.has_room(&s.head, 8).unwrap());
-        let woke = cons.join().unwrap();
-        assert!(!slept || woke, "lost wake-up: the producer sleeps on free room");
-    });
+    loom_mem::producer_wakeup(
+        || {
+            let s = Shared::new(256);
+            let mut p = Producer::new(256);
+            for i in 0..4 {
+                assert!(try_push(&mut p, &s, &payload(i, 8)));
+            }
+            assert!(!try_push(&mut p, &s, &payload(4, 8)));
+            (s, p)
+        },
+        |s| &s.producer_sleeps,
+        |s| assert_eq!(try_pop(&mut Consumer::new(256), s).unwrap(), payload(0, 8)),
+        |s, p| p.has_room(&s.head, 8).unwrap(),
+    );
 }

@@ -16,8 +16,7 @@ mod loom_mem;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use loom_mem::sleeps_after_check;
-use strait_shm::ring::{peer_needs_wake, ByteArea};
+use strait_shm::ring::ByteArea;
 use strait_shm::stream::ByteRing;
 
 /// The data area, a loom atomic per byte.
@@ -206,23 +205,23 @@ fn broken_sleep_without_fences_loses_a_wakeup() {
 /// rings.
 #[test]
 fn no_lost_wakeup_for_a_producer_waiting_for_room() {
-    loom::model(|| {
-        let s = Shared::new(2);
-        let r = s.ring();
-        r.write_at(0, &[1, 2]);
-        r.publish_to(2);
-        assert_eq!(r.writable().unwrap().len, 0);
-        let sc = s.clone();
-        let cons = thread::spawn(move || {
-            let r = sc.ring();
+    loom_mem::producer_wakeup(
+        || {
+            let s = Shared::new(2);
+            let r = s.ring();
+            r.write_at(0, &[1, 2]);
+            r.publish_to(2);
+            assert_eq!(r.writable().unwrap().len, 0);
+            (s, ())
+        },
+        |s| &s.producer_sleeps,
+        |s| {
+            let r = s.ring();
             let span = r.readable().unwrap();
             let mut out = [0u8; 1];
             r.read_at(span.pos, &mut out);
             r.consume_to(span.pos + 1);
-            peer_needs_wake(&sc.producer_sleeps)
-        });
-        let slept = sleeps_after_check(&s.producer_sleeps, || r.writable().unwrap().len > 0);
-        let woke = cons.join().unwrap();
-        assert!(!slept || woke, "lost wake-up: the producer sleeps on free room");
-    });
+        },
+        |s, _| s.ring().writable().unwrap().len > 0,
+    );
 }

@@ -97,3 +97,27 @@ pub fn consumer_wakeup<S: Send + Sync + 'static>(
         assert!(!slept || woke, "lost wake-up: the consumer sleeps on {what}");
     });
 }
+
+/// The no-lost-wake-up model of a producer waiting for room: `full()` makes the
+/// state, its ring full, and the producer; another thread runs `free` (takes a
+/// message out) and rings if the producer's `flag` says it sleeps; the producer
+/// announces its sleep and checks `room` again ([`sleeps_after_check`]). Fails with
+/// "lost wake-up: the producer sleeps on free room" if it sleeps unrung.
+pub fn producer_wakeup<S: Send + Sync + 'static, P: 'static>(
+    full: fn() -> (Arc<S>, P),
+    flag: fn(&S) -> &AtomicU64,
+    free: fn(&S),
+    room: fn(&S, &mut P) -> bool,
+) {
+    loom::model(move || {
+        let (s, mut p) = full();
+        let sc = s.clone();
+        let cons = thread::spawn(move || {
+            free(&sc);
+            peer_needs_wake(flag(&sc))
+        });
+        let slept = sleeps_after_check(flag(&s), || room(&s, &mut p));
+        let woke = cons.join().unwrap();
+        assert!(!slept || woke, "lost wake-up: the producer sleeps on free room");
+    });
+}

@@ -39,6 +39,7 @@ use std::time::Duration;
 use crate::anatomy::{AnatomyRun, StageRow, WakeMode, WakeModes};
 use crate::ktrace::{KEvent, TraceError, TraceSession};
 use crate::stages::{kept_mean, KEEP};
+use crate::stats::Summary;
 use crate::sys::{pin, unpin};
 
 /// The tracepoints the kernel paths use.
@@ -511,6 +512,21 @@ impl Group<'_> {
     }
 }
 
+/// A critical-path stage of a traced kernel path: `mean` ns with the tracing cost
+/// taken off, the percentiles of `s`, `raw` ns with the cost in; `tpn` ticks a ns.
+fn traced_stage(name: &str, layer: &str, mean: f64, s: &Summary, tpn: f64, raw: f64) -> StageRow {
+    StageRow {
+        name: name.into(),
+        layer: layer.into(),
+        ns: mean,
+        p50_ns: s.p50,
+        p99_ns: s.p99,
+        cycles: mean * tpn,
+        on_critical_path: true,
+        raw_ns: Some(raw),
+    }
+}
+
 /// The report's stage rows: per stage, the weighted sum of the groups' kept means
 /// (so the rows add up to the weighted stage sum), percentiles over every path.
 fn stage_rows(p: Proto, groups: &[Group], tpn: f64) -> Vec<StageRow> {
@@ -532,16 +548,7 @@ fn stage_rows(p: Proto, groups: &[Group], tpn: f64) -> Vec<StageRow> {
             mean += g.weight * (of_k().map(|&(k, t, n)| corr(k, t, n, g.cost, tpn)).sum::<f64>() / nk);
             raw += g.weight * (of_k().map(|s| s.1 as f64 / tpn).sum::<f64>() / nk);
         }
-        stages.push(StageRow {
-            name: name.clone(),
-            layer: (*layer).into(),
-            ns: mean,
-            p50_ns: s.p50,
-            p99_ns: s.p99,
-            cycles: mean * tpn,
-            on_critical_path: true,
-            raw_ns: Some(raw),
-        });
+        stages.push(traced_stage(name, layer, mean, &s, tpn, raw));
     }
     stages
 }
@@ -1030,16 +1037,7 @@ mod tests {
                 .flat_map(|q| q.iter().filter(|s| s.0 == k).map(|s| s.1 as f64 / tpn))
                 .sum::<f64>()
                 / nk;
-            stages.push(StageRow {
-                name: name.clone(),
-                layer: (*layer).into(),
-                ns: mean,
-                p50_ns: s.p50,
-                p99_ns: s.p99,
-                cycles: mean * tpn,
-                on_critical_path: true,
-                raw_ns: Some(raw),
-            });
+            stages.push(traced_stage(name, layer, mean, &s, tpn, raw));
         }
         let sum: f64 = stages.iter().map(|s| s.ns).sum();
         let measured =

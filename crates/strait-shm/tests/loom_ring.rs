@@ -17,26 +17,16 @@
 mod loom_mem;
 use loom_mem::LoomMem;
 
-use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
 use loom::thread;
 use strait_shm::ring::{ByteArea, Consumer, Producer, RingMemory};
 
-struct Shared {
-    mem: LoomMem,
-    head: AtomicU64,
-    consumer_sleeps: AtomicU64,
-    producer_sleeps: AtomicU64,
-}
+type Shared = loom_mem::Shared<LoomMem>;
 
 impl Shared {
     fn new(size: usize) -> Arc<Shared> {
-        Arc::new(Shared {
-            mem: LoomMem::new(size),
-            head: AtomicU64::new(0),
-            consumer_sleeps: AtomicU64::new(0),
-            producer_sleeps: AtomicU64::new(0),
-        })
+        Shared::with(LoomMem::new(size))
     }
 }
 

@@ -38,23 +38,11 @@ impl ByteArea for LoomBytes {
     }
 }
 
-struct Shared {
-    mem: LoomBytes,
-    tail: AtomicU64,
-    head: AtomicU64,
-    consumer_sleeps: AtomicU64,
-    producer_sleeps: AtomicU64,
-}
+type Shared = loom_mem::Shared<LoomBytes>;
 
 impl Shared {
     fn new(size: usize) -> Arc<Shared> {
-        Arc::new(Shared {
-            mem: LoomBytes((0..size).map(|_| AtomicU64::new(0)).collect()),
-            tail: AtomicU64::new(0),
-            head: AtomicU64::new(0),
-            consumer_sleeps: AtomicU64::new(0),
-            producer_sleeps: AtomicU64::new(0),
-        })
+        Shared::with(LoomBytes((0..size).map(|_| AtomicU64::new(0)).collect()))
     }
     fn ring(&self) -> ByteRing<'_, LoomBytes> {
         ByteRing::new(&self.tail, &self.head, &self.mem)

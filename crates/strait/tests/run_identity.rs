@@ -441,19 +441,31 @@ l.close()
 u.recv(1)  # the receiver has it
 "#;
 
+/// A Python function for the receivers below (put before their text):
+/// `take_fd(path)` listens on the Unix socket `path`, says `READY`, accepts one
+/// connection and receives up to 4 descriptors on it; returns the connection, the
+/// listener and the descriptors.
+const PY_TAKE_FD: &str = r#"
+import socket
+def take_fd(path):
+    l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    l.bind(path)
+    l.listen(1)
+    print('READY', flush=True)
+    u, _ = l.accept()
+    _, fds, _, _ = socket.recv_fds(u, 16, 4)
+    return u, l, fds
+"#;
+
 /// Receives one socket over a Unix socket and serves on it: the stream both ways
-/// (`conn`), or `n` one-line echoes on connections it accepts (`listener`).
+/// (`conn`), or `n` one-line echoes on connections it accepts (`listener`) (after
+/// [`PY_TAKE_FD`]).
 const HANDOFF_RECEIVER: &str = r#"
 import os, socket, sys
 exec(open(sys.argv[3]).read())
 path, mode = sys.argv[1], sys.argv[2]
 n = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(path)
-s.listen(1)
-print('READY', flush=True)
-u, _ = s.accept()
-msg, fds, _, _ = socket.recv_fds(u, 16, 4)
+u, s, fds = take_fd(path)
 assert len(fds) == 1, fds
 u.send(b'k')
 got = socket.socket(fileno=fds[0])
@@ -528,7 +540,7 @@ fn handoff(mode: &str, client: &str, client_args: &[&str], receiver_args: &[&str
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("handoff.sock").display().to_string();
     let snd = script(&format!("pass-send-{mode}"), HANDOFF_SENDER);
-    let rcv = script(&format!("pass-recv-{mode}"), HANDOFF_RECEIVER);
+    let rcv = script(&format!("pass-recv-{mode}"), &[PY_TAKE_FD, HANDOFF_RECEIVER].concat());
     let cli = script(&format!("pass-cli-{mode}"), client);
     let st = script(&format!("pass-stream-{mode}"), STREAM).display().to_string();
     let mut rargs = vec!["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, mode, &st];
@@ -786,15 +798,11 @@ u.recv(1)
 time.sleep(float(sys.argv[3]))  # keeps its copy, reads nothing
 "#;
 
+/// Receives the UDP socket and reads its datagrams (after [`PY_TAKE_FD`]).
 const UDP_PASS_RECEIVER: &str = r#"
 import socket, sys
 path, n = sys.argv[1], int(sys.argv[2])
-l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-l.bind(path)
-l.listen(1)
-print('READY', flush=True)
-u, _ = l.accept()
-_, fds, _, _ = socket.recv_fds(u, 16, 4)
+u, l, fds = take_fd(path)
 s = socket.socket(fileno=fds[0])
 u.send(b'k')
 s.settimeout(10)
@@ -835,7 +843,7 @@ fn a_udp_socket_passed_to_another_process_gets_every_later_datagram() {
     let path = dir.join("h.sock").display().to_string();
     let (snd, rcv, cli) = (
         script("udppass-send", UDP_PASS_SENDER),
-        script("udppass-recv", UDP_PASS_RECEIVER),
+        script("udppass-recv", &[PY_TAKE_FD, UDP_PASS_RECEIVER].concat()),
         script("udppass-cli", UDP_PASS_CLIENT),
     );
     let receiver = spawn_waiting(

@@ -43,6 +43,30 @@ impl ByteArea for LoomMem {
     }
 }
 
+/// A ring's shared state in a model: its data area, its positions (the frame ring
+/// keeps its tail in the frame headers and leaves `tail` at 0) and both sides'
+/// sleep flags.
+pub struct Shared<M> {
+    pub mem: M,
+    pub tail: AtomicU64,
+    pub head: AtomicU64,
+    pub consumer_sleeps: AtomicU64,
+    pub producer_sleeps: AtomicU64,
+}
+
+impl<M> Shared<M> {
+    /// The state over `mem`, positions and flags at 0.
+    pub fn with(mem: M) -> Arc<Self> {
+        Arc::new(Shared {
+            mem,
+            tail: AtomicU64::new(0),
+            head: AtomicU64::new(0),
+            consumer_sleeps: AtomicU64::new(0),
+            producer_sleeps: AtomicU64::new(0),
+        })
+    }
+}
+
 /// The waking side of the doorbell, once it has published (or freed room): whether
 /// it rings, having seen the sleeper's `flag`. `fenced` false is the broken variant
 /// (a relaxed swap, no fence) the models must catch.

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use strait_testkit::is_root;
 
 fn tmp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("strait-anatomy-test-{tag}-{}", std::process::id()));
@@ -150,11 +151,6 @@ fn anatomy_table_prints_the_check() {
         assert!(t.contains(needle), "table lacks {needle:?}:\n{t}");
     }
     let _ = std::fs::remove_dir_all(&out);
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// The kernel UDP and TCP paths, traced through tracepoints (root only): every

@@ -529,15 +529,22 @@ struct Handoff {
     receiver: (bool, String),
 }
 
+/// For a test of Python programs: makes sure python3 is there; returns a free port
+/// and an empty directory named with `tag`.
+fn python_port_and_dir(tag: &str) -> (String, PathBuf) {
+    ensure(PYTHON, "python3");
+    let port = free_port().to_string();
+    let dir = std::env::temp_dir().join(format!("strait-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    (port, dir)
+}
+
 /// A receiver waiting on a Unix socket, a sender that passes it a socket of kind
 /// `mode` (`conn` or `listener`) and exits, and a client (`client` script with
 /// `client_args` after the port) under strait.
 fn handoff(mode: &str, client: &str, client_args: &[&str], receiver_args: &[&str]) -> Handoff {
-    ensure(PYTHON, "python3");
-    let port = free_port().to_string();
-    let dir = std::env::temp_dir().join(format!("strait-pass-{mode}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let (port, dir) = python_port_and_dir(&format!("pass-{mode}"));
     let path = dir.join("handoff.sock").display().to_string();
     let snd = script(&format!("pass-send-{mode}"), HANDOFF_SENDER);
     let rcv = script(&format!("pass-recv-{mode}"), &[PY_TAKE_FD, HANDOFF_RECEIVER].concat());
@@ -835,11 +842,7 @@ print('ECHOED', got, flush=True)
 #[test]
 fn a_udp_socket_passed_to_another_process_gets_every_later_datagram() {
     use std::io::{BufRead, Write};
-    ensure(PYTHON, "python3");
-    let port = free_port().to_string();
-    let dir = std::env::temp_dir().join(format!("strait-udppass-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let (port, dir) = python_port_and_dir("udppass");
     let path = dir.join("h.sock").display().to_string();
     let (snd, rcv, cli) = (
         script("udppass-send", UDP_PASS_SENDER),

@@ -104,6 +104,16 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// True when the test runs as root; otherwise says on stderr that the test is
+/// skipped and `why` (what it needs root for).
+pub fn root_or_skip(why: &str) -> bool {
+    let root = is_root();
+    if !root {
+        eprintln!("skipped: {why}");
+    }
+    root
+}
+
 /// Writes `body` to `strait-<prefix>-<tag>-<pid>.py` in the temporary directory,
 /// readable by every user (tests run some scripts as another user).
 pub fn script(prefix: &str, tag: &str, body: &str) -> PathBuf {

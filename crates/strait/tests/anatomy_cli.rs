@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use strait_testkit::is_root;
+use strait_testkit::root_or_skip;
 
 fn tmp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("strait-anatomy-test-{tag}-{}", std::process::id()));
@@ -160,8 +160,7 @@ fn anatomy_table_prints_the_check() {
 /// schema checks.
 #[test]
 fn kernel_udp_and_tcp_anatomy_as_root() {
-    if !is_root() {
-        eprintln!("skipped: the kernel paths need root (tracefs)");
+    if !root_or_skip("the kernel paths need root (tracefs)") {
         return;
     }
     let _turn = turn();
@@ -225,8 +224,7 @@ fn kernel_udp_and_tcp_anatomy_as_root() {
 /// exit status is 3.
 #[test]
 fn unprivileged_run_reports_and_exits_3() {
-    if !is_root() {
-        eprintln!("skipped: dropping to nobody needs root to start from");
+    if !root_or_skip("dropping to nobody needs root to start from") {
         return;
     }
     let exe = env!("CARGO_BIN_EXE_strait");

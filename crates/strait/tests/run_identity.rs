@@ -15,7 +15,7 @@ use strait_testkit::stat;
 /// become another user).
 const PYTHON: &str = "/usr/bin/python3";
 
-use strait_testkit::is_root;
+use strait_testkit::root_or_skip;
 
 fn script(tag: &str, body: &str) -> PathBuf {
     strait_testkit::script("identity", tag, body)
@@ -214,8 +214,7 @@ fn the_privilege_separated_pattern_ending_in_an_inetd_style_exec() {
 /// An empty directory to chroot into, named with `tag`, for a test that needs root
 /// and python3; `None` (the test skipped) when not root.
 fn root_jail(tag: &str) -> Option<PathBuf> {
-    if !is_root() {
-        eprintln!("skipped: needs root (chroot, setuid, namespaces)");
+    if !root_or_skip("needs root (chroot, setuid, namespaces)") {
         return None;
     }
     ensure(PYTHON, "python3");
@@ -325,8 +324,7 @@ fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
 /// 256 MiB, compared byte for byte; both client connections accelerated.
 #[test]
 fn openssh_privilege_separated_ssh_and_scp_under_strait() {
-    if !is_root() {
-        eprintln!("skipped: sshd needs root");
+    if !root_or_skip("sshd needs root") {
         return;
     }
     for (bin, pkg) in

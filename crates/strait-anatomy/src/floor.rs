@@ -51,17 +51,11 @@ const _: () = assert!(HDR_OFF + SLOTS * LINE <= DATA_OFF);
 pub struct SpinFloor;
 
 impl TransportSpec for SpinFloor {
-    fn name(&self) -> &'static str {
-        "spin-floor"
-    }
-
-    fn description(&self) -> &'static str {
-        "shared memfd, one cache line flag+payload (<= 56 B) or pipelined 32 KiB memcpy pieces, busy-poll"
-    }
-
-    fn polls(&self) -> bool {
+    crate::spec_identity!(
+        "spin-floor",
+        "shared memfd, one cache line flag+payload (<= 56 B) or pipelined 32 KiB memcpy pieces, busy-poll",
         true
-    }
+    );
 
     fn listen(&self) -> Result<Pending> {
         let fd =
@@ -274,30 +268,7 @@ impl Transport for Floor {
         Ok(())
     }
 
-    fn ping(&mut self, size: usize) -> Result<()> {
-        self.send(size)?;
-        self.recv(size)
-    }
-
-    fn pong(&mut self, size: usize) -> Result<()> {
-        self.recv(size)?;
-        self.send(size)
-    }
-
-    fn stream_send(&mut self, size: usize, count: u64) -> Result<()> {
-        for _ in 0..count {
-            self.send(size)?;
-        }
-        self.recv(8)
-    }
-
-    fn stream_recv(&mut self, size: usize, count: u64) -> Result<u64> {
-        for _ in 0..count {
-            self.recv(size)?;
-        }
-        self.send(8)?;
-        Ok(size as u64 * count)
-    }
+    crate::transport::lockstep_transport!();
 }
 
 #[cfg(test)]

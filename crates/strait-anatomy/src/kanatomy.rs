@@ -39,6 +39,7 @@ use std::time::Duration;
 use crate::anatomy::{AnatomyRun, StageRow, WakeMode, WakeModes};
 use crate::ktrace::{KEvent, TraceError, TraceSession};
 use crate::stages::{kept_mean, KEEP};
+use crate::stats::Summary;
 use crate::sys::{pin, unpin};
 
 /// The tracepoints the kernel paths use.
@@ -511,6 +512,21 @@ impl Group<'_> {
     }
 }
 
+/// A critical-path stage of a traced kernel path: `mean` ns with the tracing cost
+/// taken off, the percentiles of `s`, `raw` ns with the cost in; `tpn` ticks a ns.
+fn traced_stage(name: &str, layer: &str, mean: f64, s: &Summary, tpn: f64, raw: f64) -> StageRow {
+    StageRow {
+        name: name.into(),
+        layer: layer.into(),
+        ns: mean,
+        p50_ns: s.p50,
+        p99_ns: s.p99,
+        cycles: mean * tpn,
+        on_critical_path: true,
+        raw_ns: Some(raw),
+    }
+}
+
 /// The report's stage rows: per stage, the weighted sum of the groups' kept means
 /// (so the rows add up to the weighted stage sum), percentiles over every path.
 fn stage_rows(p: Proto, groups: &[Group], tpn: f64) -> Vec<StageRow> {
@@ -532,16 +548,7 @@ fn stage_rows(p: Proto, groups: &[Group], tpn: f64) -> Vec<StageRow> {
             mean += g.weight * (of_k().map(|&(k, t, n)| corr(k, t, n, g.cost, tpn)).sum::<f64>() / nk);
             raw += g.weight * (of_k().map(|s| s.1 as f64 / tpn).sum::<f64>() / nk);
         }
-        stages.push(StageRow {
-            name: name.clone(),
-            layer: (*layer).into(),
-            ns: mean,
-            p50_ns: s.p50,
-            p99_ns: s.p99,
-            cycles: mean * tpn,
-            on_critical_path: true,
-            raw_ns: Some(raw),
-        });
+        stages.push(traced_stage(name, layer, mean, &s, tpn, raw));
     }
     stages
 }
@@ -783,34 +790,18 @@ mod tests {
     #[test]
     fn walks_a_udp_round_trip() {
         let k = Ev::Kernel;
-        let a = vec![
-            (10, Ev::UserSend),
-            (20, k(K_SENDTO)),
-            (30, k(K_DEV_QUEUE)),
-            (35, k(K_OTHER)),
-            (40, k(K_NETIF_RX)),
-            (50, k(K_SOFTIRQ)),
-            (60, k(K_RECEIVE_SKB)),
-            (70, k(K_DATA_READY)),
-            // B's answer.
-            (300, k(K_COPY)),
-            (310, k(K_EXIT_RECV)),
-            (320, Ev::UserRecvd),
-            (330, Ev::UserSend),
-        ];
-        let b = vec![
-            (100, k(K_WAKEUP)),
-            (120, k(K_COPY)),
-            (130, k(K_EXIT_RECV)),
-            (140, Ev::UserRecvd),
-            (150, Ev::UserSend),
-            (160, k(K_SENDTO)),
-            (170, k(K_DEV_QUEUE)),
-            (180, k(K_NETIF_RX)),
-            (190, k(K_SOFTIRQ)),
-            (200, k(K_RECEIVE_SKB)),
-            (210, k(K_DATA_READY)),
-        ];
+        // A send from the program to the data's arrival, an event every 10 ticks
+        // from `t`.
+        let sent_at = |t: u64| {
+            let path = [K_SENDTO, K_DEV_QUEUE, K_NETIF_RX, K_SOFTIRQ, K_RECEIVE_SKB, K_DATA_READY];
+            std::iter::once((t, Ev::UserSend)).chain((1..).zip(path).map(move |(i, e)| (t + 10 * i, k(e))))
+        };
+        let mut a: Vec<_> = sent_at(10).collect();
+        a.insert(3, (35, k(K_OTHER)));
+        // B's answer.
+        a.extend([(300, k(K_COPY)), (310, k(K_EXIT_RECV)), (320, Ev::UserRecvd), (330, Ev::UserSend)]);
+        let mut b = vec![(100, k(K_WAKEUP)), (120, k(K_COPY)), (130, k(K_EXIT_RECV)), (140, Ev::UserRecvd)];
+        b.extend(sent_at(150));
         let p = walk(a, b, false);
         assert_eq!(p.len(), 2, "{p:?}");
         assert_eq!(p[0].iter().map(|s| s.1).sum::<u64>(), 140);
@@ -1046,16 +1037,7 @@ mod tests {
                 .flat_map(|q| q.iter().filter(|s| s.0 == k).map(|s| s.1 as f64 / tpn))
                 .sum::<f64>()
                 / nk;
-            stages.push(StageRow {
-                name: name.clone(),
-                layer: (*layer).into(),
-                ns: mean,
-                p50_ns: s.p50,
-                p99_ns: s.p99,
-                cycles: mean * tpn,
-                on_critical_path: true,
-                raw_ns: Some(raw),
-            });
+            stages.push(traced_stage(name, layer, mean, &s, tpn, raw));
         }
         let sum: f64 = stages.iter().map(|s| s.ns).sum();
         let measured =

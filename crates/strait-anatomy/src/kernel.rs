@@ -153,30 +153,7 @@ impl Transport for StreamLink {
         Ok(())
     }
 
-    fn ping(&mut self, size: usize) -> Result<()> {
-        self.send(size)?;
-        self.recv(size)
-    }
-
-    fn pong(&mut self, size: usize) -> Result<()> {
-        self.recv(size)?;
-        self.send(size)
-    }
-
-    fn stream_send(&mut self, size: usize, count: u64) -> Result<()> {
-        for _ in 0..count {
-            self.send(size)?;
-        }
-        self.recv(8)
-    }
-
-    fn stream_recv(&mut self, size: usize, count: u64) -> Result<u64> {
-        for _ in 0..count {
-            self.recv(size)?;
-        }
-        self.send(8)?;
-        Ok(size as u64 * count)
-    }
+    crate::transport::lockstep_transport!();
 }
 
 /// Names the variable that moves the kernel transports off loopback:
@@ -205,17 +182,7 @@ fn dup(fd: &impl std::os::fd::AsFd, what: &str) -> Result<OwnedFd> {
 pub struct KernelTcp;
 
 impl TransportSpec for KernelTcp {
-    fn polls(&self) -> bool {
-        busy_poll()
-    }
-
-    fn name(&self) -> &'static str {
-        "kernel-tcp"
-    }
-
-    fn description(&self) -> &'static str {
-        "TCP over 127.0.0.1, TCP_NODELAY, blocking read/write"
-    }
+    crate::spec_identity!("kernel-tcp", "TCP over 127.0.0.1, TCP_NODELAY, blocking read/write", busy_poll());
 
     fn listen(&self) -> Result<Pending> {
         tcp_listen("kernel-tcp")
@@ -279,17 +246,7 @@ fn tcp_link(name: &'static str, s: TcpStream) -> Result<Box<dyn Transport>> {
 pub struct UnixStreamSpec;
 
 impl TransportSpec for UnixStreamSpec {
-    fn polls(&self) -> bool {
-        busy_poll()
-    }
-
-    fn name(&self) -> &'static str {
-        "unix-stream"
-    }
-
-    fn description(&self) -> &'static str {
-        "AF_UNIX SOCK_STREAM socketpair, blocking read/write"
-    }
+    crate::spec_identity!("unix-stream", "AF_UNIX SOCK_STREAM socketpair, blocking read/write", busy_poll());
 
     fn listen(&self) -> Result<Pending> {
         let (mine, theirs) = UnixStream::pair().map_err(|e| BenchError::io("unix: socketpair", e))?;
@@ -328,17 +285,11 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 }
 
 impl TransportSpec for PipeSpec {
-    fn polls(&self) -> bool {
+    crate::spec_identity!(
+        "pipe",
+        "anonymous pipes (default 64 KiB capacity), blocking read/write",
         busy_poll()
-    }
-
-    fn name(&self) -> &'static str {
-        "pipe"
-    }
-
-    fn description(&self) -> &'static str {
-        "anonymous pipes (default 64 KiB capacity), blocking read/write"
-    }
+    );
 
     fn listen(&self) -> Result<Pending> {
         let (to_peer_r, to_peer_w) = pipe()?;
@@ -540,17 +491,11 @@ fn udp_link(s: UdpSocket) -> Result<Box<dyn Transport>> {
 }
 
 impl TransportSpec for KernelUdp {
-    fn polls(&self) -> bool {
+    crate::spec_identity!(
+        "kernel-udp",
+        "UDP over 127.0.0.1, connected sockets, blocking send/recv (no flow control)",
         busy_poll()
-    }
-
-    fn name(&self) -> &'static str {
-        "kernel-udp"
-    }
-
-    fn description(&self) -> &'static str {
-        "UDP over 127.0.0.1, connected sockets, blocking send/recv (no flow control)"
-    }
+    );
 
     fn latency_support(&self, size: u64) -> Support {
         if size > UDP_MAX_PAYLOAD {

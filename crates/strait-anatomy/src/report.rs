@@ -65,6 +65,21 @@ impl Kind {
     }
 }
 
+/// The fields every [`ResultRow`] has in the JSON report (null where not measured):
+/// its schema, for the report's readers and tests.
+pub const RESULT_FIELDS: [&str; 10] = [
+    "transport",
+    "kind",
+    "size_bytes",
+    "p50_ns",
+    "p99_ns",
+    "p999_ns",
+    "gbytes_per_s",
+    "syscalls_per_msg",
+    "cpu_ns_per_msg",
+    "samples",
+];
+
 /// One (transport, kind, size) result. See the module docs for field meanings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
@@ -647,18 +662,7 @@ mod tests {
             assert!(v["machine"].get(k).is_some(), "machine.{k} missing");
         }
         let row = &v["results"][0];
-        for k in [
-            "transport",
-            "kind",
-            "size_bytes",
-            "p50_ns",
-            "p99_ns",
-            "p999_ns",
-            "gbytes_per_s",
-            "syscalls_per_msg",
-            "cpu_ns_per_msg",
-            "samples",
-        ] {
+        for k in RESULT_FIELDS {
             assert!(row.get(k).is_some(), "result.{k} missing");
         }
         assert_eq!(row["kind"], "latency");

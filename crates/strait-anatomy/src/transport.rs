@@ -99,6 +99,27 @@ pub struct Pending {
     pub finish: Box<dyn FnOnce() -> Result<Box<dyn Transport>>>,
 }
 
+/// Writes the methods that name a [`TransportSpec`], inside its `impl` block:
+/// `name` returns `$name`, `description` `$description`, and `polls` the value of
+/// `$polls` (`true` for a transport that always busy-polls):
+/// `spec_identity!("pipe", "anonymous pipes", false);`.
+#[macro_export]
+macro_rules! spec_identity {
+    ($name:expr, $description:expr, $polls:expr) => {
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn description(&self) -> &'static str {
+            $description
+        }
+
+        fn polls(&self) -> bool {
+            $polls
+        }
+    };
+}
+
 /// A named kind of transport: knows what it supports and how to connect both ends.
 pub trait TransportSpec: Sync {
     /// The name used on the command line and in reports (e.g. `kernel-tcp`).
@@ -142,6 +163,40 @@ pub trait TransportSpec: Sync {
     /// Peer side: connect with the driver's `args` and the inherited `fds`.
     fn connect(&self, args: &[String], fds: Vec<OwnedFd>) -> Result<Box<dyn Transport>>;
 }
+
+/// The [`Transport`] methods of a lossless link whose messages go one at a time
+/// through its own `send(size)` and `recv(size)` (each `Result<()>`): ping and pong
+/// as a message each way, a stream as `count` messages then an 8-byte
+/// acknowledgement. Expands inside an `impl Transport for ...` block.
+macro_rules! lockstep_transport {
+    () => {
+        fn ping(&mut self, size: usize) -> Result<()> {
+            self.send(size)?;
+            self.recv(size)
+        }
+
+        fn pong(&mut self, size: usize) -> Result<()> {
+            self.recv(size)?;
+            self.send(size)
+        }
+
+        fn stream_send(&mut self, size: usize, count: u64) -> Result<()> {
+            for _ in 0..count {
+                self.send(size)?;
+            }
+            self.recv(8)
+        }
+
+        fn stream_recv(&mut self, size: usize, count: u64) -> Result<u64> {
+            for _ in 0..count {
+                self.recv(size)?;
+            }
+            self.send(8)?;
+            Ok(size as u64 * count)
+        }
+    };
+}
+pub(crate) use lockstep_transport;
 
 /// One connected end of a transport.
 ///

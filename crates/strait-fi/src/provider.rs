@@ -397,6 +397,15 @@ struct Ep {
     idle_passes: u32,
 }
 
+/// Endpoint `ep` of `eps`, if it exists and is enabled.
+fn enabled_ep(eps: &mut [Option<Ep>], ep: usize) -> Result<&mut Ep, FiError> {
+    let Some(Some(e)) = eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
+    if e.net.is_none() {
+        return Err(FiError::State("endpoint not enabled"));
+    }
+    Ok(e)
+}
+
 /// Reads this host's boot id.
 fn boot_id() -> [u8; 16] {
     let mut id = [0u8; 16];
@@ -780,10 +789,7 @@ impl Domain {
     ) -> Result<(), FiError> {
         let mut st = self.lock();
         let st = &mut *st;
-        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
-        if e.net.is_none() {
-            return Err(FiError::State("endpoint not enabled"));
-        }
+        let e = enabled_ep(&mut st.eps, ep)?;
         if len as u64 > proto::MAX_MSG {
             return Err(FiError::Invalid("message too long"));
         }
@@ -883,10 +889,7 @@ impl Domain {
     ) -> Result<(), FiError> {
         let mut st = self.lock();
         let st = &mut *st;
-        let Some(Some(e)) = st.eps.get_mut(ep) else { return Err(FiError::Invalid("endpoint")) };
-        if e.net.is_none() {
-            return Err(FiError::State("endpoint not enabled"));
-        }
+        let e = enabled_ep(&mut st.eps, ep)?;
         if len > 0 && buf == 0 && flags & fi::PEEK == 0 {
             return Err(FiError::Invalid("null buffer"));
         }

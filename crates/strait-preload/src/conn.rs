@@ -614,6 +614,20 @@ impl Conn {
         self.check_peer()
     }
 
+    /// What a non-blocking call that can go no further now returns: `Ok(done)` if
+    /// it moved some bytes, else `Err(Again)`; `None` where
+    /// [`Conn::check_peer_now_and_then`] finds the peer gone (a read looks again and
+    /// finds the end, a write fails).
+    fn nonblocking_result(&self, done: usize) -> Option<Result<usize, IoErr>> {
+        if done > 0 {
+            return Some(Ok(done));
+        }
+        if self.check_peer_now_and_then() {
+            return None;
+        }
+        Some(Err(IoErr::Again))
+    }
+
     /// Checks (with a zero-timeout poll) whether the peer's Unix socket hung up.
     pub fn check_peer(&self) -> bool {
         if self.peer_dead.load(Ordering::Relaxed) {
@@ -922,13 +936,10 @@ impl Conn {
                 return Ok(got);
             }
             if nonblock {
-                if got > 0 {
-                    return Ok(got);
+                match self.nonblocking_result(got) {
+                    Some(r) => return r,
+                    None => continue,
                 }
-                if self.check_peer_now_and_then() {
-                    continue;
-                }
-                return Err(IoErr::Again);
             }
             match self.wait(fd, true, &|c| {
                 c.shm.ring(c.rx()).prefetch_head();
@@ -1006,13 +1017,7 @@ impl Conn {
             if room == 0 {
                 drop(lock);
                 if nonblock {
-                    if sent > 0 {
-                        return Ok(sent);
-                    }
-                    if self.check_peer_now_and_then() {
-                        return Err(IoErr::Pipe);
-                    }
-                    return Err(IoErr::Again);
+                    return self.nonblocking_result(sent).unwrap_or(Err(IoErr::Pipe));
                 }
                 match self.wait(fd, false, &|c| matches!(c.room(), Ok((_, r)) if r > 0) || c.tx_broken()) {
                     Waited::Ready => continue,
@@ -1187,13 +1192,10 @@ impl Conn {
                 return Ok(got);
             }
             if nonblock {
-                if got > 0 {
-                    return Ok(got);
+                match self.nonblocking_result(got) {
+                    Some(r) => return r,
+                    None => continue,
                 }
-                if self.check_peer_now_and_then() {
-                    continue;
-                }
-                return Err(IoErr::Again);
             }
             // Nothing unread and one buffer large enough: let a writer fill it.
             let posted = got == 0
@@ -1325,10 +1327,7 @@ impl Conn {
                     drop(lock);
                 }
                 if nonblock && done == 0 {
-                    if self.check_peer_now_and_then() {
-                        return Err(IoErr::Pipe);
-                    }
-                    return Err(IoErr::Again);
+                    return self.nonblocking_result(0).unwrap_or(Err(IoErr::Pipe));
                 }
                 let room_for = if done == 0 && need <= ring { need } else { 1 };
                 // Once a message started it is finished: signals and timeouts wait.

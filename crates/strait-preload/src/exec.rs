@@ -454,101 +454,60 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
 
 // ------------------------------------------------------------------ interposed calls
 
-/// # Safety
-/// As for libc's `execve`.
-#[no_mangle]
-pub unsafe extern "C" fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    exec_with(envp, |env| unsafe { real::execve(path, argv, env) })
+/// Defines the exported exec call `$name`, with libc's arguments: runs
+/// `real::$real(...)` through [`exec_with`] on the environment `$envp`, which the
+/// call receives as `$env` (with what the library passes on added).
+macro_rules! exec_shim {
+    ($name:ident($($arg:ident: $ty:ty),*), $envp:expr, |$env:ident| $real:ident($($call:expr),*)) => {
+        /// # Safety
+        #[doc = concat!("As for libc's `", stringify!($name), "`.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            // SAFETY: forwarded arguments.
+            exec_with($envp, |$env| unsafe { real::$real($($call),*) })
+        }
+    };
 }
 
-/// # Safety
-/// As for libc's `execv`.
-#[no_mangle]
-pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    // SAFETY: forwarded arguments.
-    exec_with(environ_ptr(), |env| unsafe { real::execve(path, argv, env) })
+/// A NULL-terminated array of C strings: an `argv` or an `envp`.
+type CStrs = *const *const c_char;
+
+exec_shim!(execve(path: *const c_char, argv: CStrs, envp: CStrs), envp, |env| execve(path, argv, env));
+exec_shim!(execv(path: *const c_char, argv: CStrs), environ_ptr(), |env| execve(path, argv, env));
+exec_shim!(execvp(file: *const c_char, argv: CStrs), environ_ptr(), |env| execvpe(file, argv, env));
+exec_shim!(execvpe(file: *const c_char, argv: CStrs, envp: CStrs), envp, |env| execvpe(file, argv, env));
+exec_shim!(fexecve(fd: c_int, argv: CStrs, envp: CStrs), envp, |env| fexecve(fd, argv, env));
+exec_shim!(
+    execveat(dirfd: c_int, path: *const c_char, argv: CStrs, envp: CStrs, flags: c_int),
+    envp,
+    |env| execveat(dirfd, path, argv, env, flags)
+);
+
+/// Defines the exported `$name` (`posix_spawn` or `posix_spawnp`, whose second
+/// argument is `$file`): runs `real::$name` through [`spawn_with`].
+macro_rules! spawn_shim {
+    ($name:ident, $file:ident) => {
+        /// # Safety
+        #[doc = concat!("As for libc's `", stringify!($name), "`.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            pid: *mut pid_t,
+            $file: *const c_char,
+            actions: *const libc::posix_spawn_file_actions_t,
+            attr: *const libc::posix_spawnattr_t,
+            argv: *const *mut c_char,
+            envp: *const *mut c_char,
+        ) -> c_int {
+            // SAFETY: forwarded arguments.
+            spawn_with(envp.cast(), !actions.is_null(), |env| unsafe {
+                real::$name(pid, $file, actions, attr, argv, env.cast())
+            })
+        }
+    };
 }
 
-/// # Safety
-/// As for libc's `execvp`.
-#[no_mangle]
-pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    // SAFETY: forwarded arguments.
-    exec_with(environ_ptr(), |env| unsafe { real::execvpe(file, argv, env) })
-}
-
-/// # Safety
-/// As for libc's `execvpe`.
-#[no_mangle]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    exec_with(envp, |env| unsafe { real::execvpe(file, argv, env) })
-}
-
-/// # Safety
-/// As for libc's `fexecve`.
-#[no_mangle]
-pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-    // SAFETY: forwarded arguments.
-    exec_with(envp, |env| unsafe { real::fexecve(fd, argv, env) })
-}
-
-/// # Safety
-/// As for libc's `execveat`.
-#[no_mangle]
-pub unsafe extern "C" fn execveat(
-    dirfd: c_int,
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    exec_with(envp, |env| unsafe { real::execveat(dirfd, path, argv, env, flags) })
-}
-
-/// # Safety
-/// As for libc's `posix_spawn`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut pid_t,
-    path: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    spawn_with(envp.cast(), !actions.is_null(), |env| unsafe {
-        real::posix_spawn(pid, path, actions, attr, argv, env.cast())
-    })
-}
-
-/// # Safety
-/// As for libc's `posix_spawnp`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut pid_t,
-    file: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    spawn_with(envp.cast(), !actions.is_null(), |env| unsafe {
-        real::posix_spawnp(pid, file, actions, attr, argv, env.cast())
-    })
-}
+spawn_shim!(posix_spawn, path);
+spawn_shim!(posix_spawnp, file);
 
 // ------------------------------------------------------------ system() and popen()
 

@@ -867,6 +867,37 @@ pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut libc::off_
     unsafe { sendfile(out, inp, off, count) }
 }
 
+/// Runs `one(i, m)` on each of the caller's `n` mmsghdrs at `v` in order, as
+/// `sendmmsg` and `recvmmsg` do: a message's result (bytes, or -1 with errno set)
+/// goes to its `msg_len`; an error ends the call (-1 on the first message, else the
+/// count so far), and so does a result for which `last` is true, after counting it.
+/// Returns how many messages were done.
+///
+/// # Safety
+/// `v` points to `n` mmsghdrs the caller lets us write.
+unsafe fn each_mmsg(
+    v: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    last: impl Fn(ssize_t) -> bool,
+    mut one: impl FnMut(usize, &mut libc::mmsghdr) -> ssize_t,
+) -> c_int {
+    let mut done = 0;
+    for i in 0..n as usize {
+        // SAFETY: the caller's array of `n` mmsghdrs.
+        let m = unsafe { &mut *v.add(i) };
+        let r = one(i, m);
+        if r < 0 {
+            return if done == 0 { -1 } else { done };
+        }
+        m.msg_len = r as libc::c_uint;
+        done += 1;
+        if last(r) {
+            break;
+        }
+    }
+    done
+}
+
 /// # Safety
 /// As for libc's `sendmmsg`.
 #[no_mangle]
@@ -875,40 +906,37 @@ pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_u
     let real = || unsafe { real::sendmmsg(fd, v, n, flags) };
     guard(real, || {
         if let (None, Some(u)) = (table::lookup(fd), udp::lookup(fd)) {
-            let mut done = 0;
-            for i in 0..n as usize {
-                // SAFETY: the caller's array of `n` mmsghdrs.
-                let m = unsafe { &mut *v.add(i) };
-                let h: *const msghdr = &m.msg_hdr;
-                // SAFETY: the caller's msghdr; the kernel call sends just this one.
-                let r = unsafe { udp_sendmsg(&u, fd, h, flags, &mut || real::sendmsg(fd, h, flags)) };
-                if r < 0 {
-                    return if done == 0 { -1 } else { done };
-                }
-                m.msg_len = r as libc::c_uint;
-                done += 1;
-            }
-            return done;
+            // SAFETY: the caller's array of `n` mmsghdrs.
+            return unsafe {
+                each_mmsg(
+                    v,
+                    n,
+                    |_| false,
+                    |_, m| {
+                        let h: *const msghdr = &m.msg_hdr;
+                        // SAFETY: the caller's msghdr; the kernel call sends just this one.
+                        udp_sendmsg(&u, fd, h, flags, &mut || real::sendmsg(fd, h, flags))
+                    },
+                )
+            };
         }
         let Some(c) = accel(fd) else { return real() };
-        let mut done = 0;
-        for i in 0..n as usize {
-            // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
-            let m = unsafe { &mut *v.add(i) };
-            // SAFETY: as above.
-            let iov: Vec<(*const u8, usize)> =
-                unsafe { iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) }
-                    .iter()
-                    .map(|&(p, l)| (p.cast_const(), l))
-                    .collect();
-            let r = do_send(&c, fd, &iov, flags);
-            if r < 0 {
-                return if done == 0 { -1 } else { done };
-            }
-            m.msg_len = r as libc::c_uint;
-            done += 1;
+        // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
+        unsafe {
+            each_mmsg(
+                v,
+                n,
+                |_| false,
+                |_, m| {
+                    let iov: Vec<(*const u8, usize)> =
+                        iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int)
+                            .iter()
+                            .map(|&(p, l)| (p.cast_const(), l))
+                            .collect();
+                    do_send(&c, fd, &iov, flags)
+                },
+            )
         }
-        done
     })
 }
 
@@ -926,55 +954,48 @@ pub unsafe extern "C" fn recvmmsg(
 ) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvmmsg(fd, v, n, flags, t) };
+    // After the first message, MSG_WAITFORONE makes the rest non-blocking.
+    let flags_for = |i: usize| {
+        let f = if i > 0 && flags & libc::MSG_WAITFORONE != 0 { flags | libc::MSG_DONTWAIT } else { flags };
+        f & !libc::MSG_WAITFORONE
+    };
     guard(real, || {
         if let (None, Some(u)) = (table::lookup(fd), udp::lookup(fd)) {
-            let mut done = 0;
-            for i in 0..n as usize {
-                // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
-                let m = unsafe { &mut *v.add(i) };
-                // SAFETY: as above.
-                let iov = unsafe { iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) };
-                let f = if i > 0 && flags & libc::MSG_WAITFORONE != 0 {
-                    flags | libc::MSG_DONTWAIT
-                } else {
-                    flags
-                };
-                let f = f & !libc::MSG_WAITFORONE;
-                let h: *mut msghdr = &mut m.msg_hdr;
-                // SAFETY: the caller's msghdr.
-                let r =
-                    udp_recv(&u, fd, &iov, f, Name::Msg(h), &mut |x| unsafe { real::recvmsg(fd, h, f | x) });
-                if r < 0 {
-                    return if done == 0 { -1 } else { done };
-                }
-                m.msg_len = r as libc::c_uint;
-                done += 1;
-            }
-            return done;
+            // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
+            return unsafe {
+                each_mmsg(
+                    v,
+                    n,
+                    |_| false,
+                    |i, m| {
+                        let iov = iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int);
+                        let f = flags_for(i);
+                        let h: *mut msghdr = &mut m.msg_hdr;
+                        // SAFETY: the caller's msghdr.
+                        udp_recv(&u, fd, &iov, f, Name::Msg(h), &mut |x| real::recvmsg(fd, h, f | x))
+                    },
+                )
+            };
         }
         let Some(c) = accel(fd) else { return real() };
-        let mut done = 0;
-        for i in 0..n as usize {
-            // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
-            let m = unsafe { &mut *v.add(i) };
-            // SAFETY: as above.
-            let iov = unsafe { iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) };
-            let f =
-                if i > 0 && flags & libc::MSG_WAITFORONE != 0 { flags | libc::MSG_DONTWAIT } else { flags };
-            let r = do_recv(&c, fd, &iov, f & !libc::MSG_WAITFORONE);
-            if r < 0 {
-                return if done == 0 { -1 } else { done };
-            }
-            m.msg_len = r as libc::c_uint;
-            m.msg_hdr.msg_namelen = 0;
-            m.msg_hdr.msg_controllen = 0;
-            m.msg_hdr.msg_flags = 0;
-            done += 1;
-            if r == 0 {
-                break;
-            }
+        // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
+        unsafe {
+            each_mmsg(
+                v,
+                n,
+                |r| r == 0,
+                |i, m| {
+                    let iov = iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int);
+                    let r = do_recv(&c, fd, &iov, flags_for(i));
+                    if r >= 0 {
+                        m.msg_hdr.msg_namelen = 0;
+                        m.msg_hdr.msg_controllen = 0;
+                        m.msg_hdr.msg_flags = 0;
+                    }
+                    r
+                },
+            )
         }
-        done
     })
 }
 

@@ -26,6 +26,18 @@ fn resolve(name: &'static str) -> usize {
     p as usize
 }
 
+/// The address of libc's `name` (NUL-terminated), looked up on the first call and
+/// kept in `slot`.
+#[inline]
+fn cached(slot: &AtomicUsize, name: &'static str) -> usize {
+    let mut p = slot.load(Ordering::Relaxed);
+    if p == 0 {
+        p = resolve(name);
+        slot.store(p, Ordering::Relaxed);
+    }
+    p
+}
+
 macro_rules! reals {
     ($( fn $name:ident($($a:ident: $t:ty),*) -> $r:ty; )*) => {$(
         /// The real libc function of this name.
@@ -35,11 +47,7 @@ macro_rules! reals {
         #[inline]
         pub unsafe fn $name($($a: $t),*) -> $r {
             static P: AtomicUsize = AtomicUsize::new(0);
-            let mut p = P.load(Ordering::Relaxed);
-            if p == 0 {
-                p = resolve(concat!(stringify!($name), "\0"));
-                P.store(p, Ordering::Relaxed);
-            }
+            let p = cached(&P, concat!(stringify!($name), "\0"));
             // SAFETY: `p` is the address of the libc function of this name, whose C
             // prototype is the one spelled here.
             let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute::<usize, _>(p) };
@@ -104,11 +112,7 @@ reals! {
 /// As for `fcntl`.
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     static P: AtomicUsize = AtomicUsize::new(0);
-    let mut p = P.load(Ordering::Relaxed);
-    if p == 0 {
-        p = resolve("fcntl\0");
-        P.store(p, Ordering::Relaxed);
-    }
+    let p = cached(&P, "fcntl\0");
     // SAFETY: `p` is libc's variadic fcntl.
     let f: unsafe extern "C" fn(c_int, c_int, ...) -> c_int = unsafe { std::mem::transmute::<usize, _>(p) };
     // SAFETY: forwarded contract.
@@ -121,11 +125,7 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 /// As for `ioctl`.
 pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
     static P: AtomicUsize = AtomicUsize::new(0);
-    let mut p = P.load(Ordering::Relaxed);
-    if p == 0 {
-        p = resolve("ioctl\0");
-        P.store(p, Ordering::Relaxed);
-    }
+    let p = cached(&P, "ioctl\0");
     // SAFETY: `p` is libc's variadic ioctl.
     let f: unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int = unsafe { std::mem::transmute::<usize, _>(p) };
     // SAFETY: forwarded contract.

@@ -112,50 +112,96 @@ fn free_port() -> u16 {
     port
 }
 
+/// A free port and the scripts `(tag, body)`, each written to its own file.
+fn port_and_scripts<const N: usize>(scripts: [(&str, &str); N]) -> (u16, [PathBuf; N]) {
+    (free_port(), scripts.map(|(tag, body)| script(tag, body)))
+}
+
+/// The files of a marker attack, named with `n`: the counting server, the
+/// attacker's `(tag, body)` and the line client, with a free port; `None` where the
+/// test cannot run (see [`can_run`]).
+fn marker_attack(n: &str, attacker: (&str, &str)) -> Option<(u16, [PathBuf; 3])> {
+    if !can_run() {
+        return None;
+    }
+    let (server, client) = (format!("counting-server{n}"), format!("line-client{n}"));
+    let body = [PY_LISTEN, COUNTING_SERVER].concat();
+    Some(port_and_scripts([(&server, &body), attacker, (&client, LINE_CLIENT)]))
+}
+
+/// Starts `c` (`what` for errors) and waits 10 s at most for its line starting with
+/// `ready`.
+fn start(c: &mut Command, what: &str, ready: &str) -> Child {
+    let mut child = c.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    wait_line(&mut child, ready, Duration::from_secs(10));
+    child
+}
+
+/// The `GOT ...` line a squatter reports when its time is up.
+fn squatter_report(squatter: Child) -> String {
+    let (_, out, err) = finish(squatter, Duration::from_secs(30));
+    out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}")).to_string()
+}
+
+/// A Python function for the squatters below (put before their text):
+/// `squat(names, backlog, secs, bufsize, count_bytes)` binds and listens on each
+/// abstract Unix name, says `READY`, accepts whatever connects and reads whatever
+/// comes (closing any descriptor passed) for `secs`, then reports what it got on a
+/// `GOT {json}` line (with the bytes read if `count_bytes`).
+const PY_SQUAT: &str = r#"
+import json, os, socket, time
+def squat(names, backlog, secs, bufsize, count_bytes):
+    socks = []
+    for n in names:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.bind('\0' + n)
+        s.listen(backlog)
+        s.setblocking(False)
+        socks.append(s)
+    print('READY', flush=True)
+    conns, msgs, fds, data = [], 0, 0, 0
+    end = time.time() + secs
+    while time.time() < end:
+        for s in socks:
+            try:
+                c, _ = s.accept()
+                c.setblocking(False)
+                conns.append(c)
+            except BlockingIOError:
+                pass
+        for c in conns:
+            try:
+                m, anc, _, _ = c.recvmsg(bufsize, socket.CMSG_SPACE(16 * 4))
+            except (BlockingIOError, OSError):
+                continue
+            if m or anc:
+                msgs += 1
+                data += len(m)
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    got = [int.from_bytes(payload[i:i + 4], 'little') for i in range(0, len(payload) - 3, 4)]
+                    fds += len(got)
+                    for f in got:
+                        os.close(f)
+        time.sleep(0.002)
+    report = {'conns': len(conns), 'msgs': msgs, 'fds': fds}
+    if count_bytes:
+        report['bytes'] = data
+    print('GOT ' + json.dumps(report), flush=True)
+"#;
+
 /// Binds every name strait may use for a port (TCP and UDP markers of the
 /// loopback, IPv4-wildcard and IPv6 addresses, or only the ones named), accepts
-/// whatever connects and reads whatever comes, then reports what it got.
+/// whatever connects and reads whatever comes, then reports what it got (after
+/// [`PY_SQUAT`]).
 const SQUATTER: &str = r#"
-import json, os, socket, sys, time
+import os, sys
 port, secs, which = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 ns = os.stat('/proc/self/ns/net').st_ino
 v4 = lambda h: '00000000000000000000ffff' + h
 keys = {'exact': [v4('7f000001')], 'all': [v4('7f000001'), v4('00000000'), '00' * 16, 'v6only']}[which]
 names = [f'strait.tcp.{ns}.{port}.{k}' for k in keys] + [f'strait.udp.{ns}.{port}.{k}' for k in keys if k != 'v6only']
-socks = []
-for n in names:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.bind('\0' + n)
-    s.listen(64)
-    s.setblocking(False)
-    socks.append(s)
-print('READY', flush=True)
-conns, msgs, fds, data = [], 0, 0, 0
-end = time.time() + secs
-while time.time() < end:
-    for s in socks:
-        try:
-            c, _ = s.accept()
-            c.setblocking(False)
-            conns.append(c)
-        except BlockingIOError:
-            pass
-    for c in conns:
-        try:
-            m, anc, _, _ = c.recvmsg(65536, socket.CMSG_SPACE(16 * 4))
-        except (BlockingIOError, OSError):
-            continue
-        if m or anc:
-            msgs += 1
-            data += len(m)
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = [int.from_bytes(payload[i:i + 4], 'little') for i in range(0, len(payload) - 3, 4)]
-                fds += len(got)
-                for f in got:
-                    os.close(f)
-    time.sleep(0.002)
-print('GOT ' + json.dumps({'conns': len(conns), 'msgs': msgs, 'fds': fds, 'bytes': data}), flush=True)
+squat(names, 64, secs, 65536, True)
 "#;
 
 /// An echo server (TCP on `host:port`, or UDP) that serves `n` clients and checks
@@ -193,7 +239,8 @@ else:
 print('DONE', flush=True)
 "#;
 
-/// A client that sends hashed data and checks the echo; prints its connect time.
+/// A client that sends hashed data and checks the echo; prints its connect time
+/// (after [`strait_testkit::PY_ECHO_BACK`]).
 const ECHO_CLIENT: &str = r#"
 import hashlib, os, socket, sys, time
 proto, port, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -202,14 +249,7 @@ if proto == 'tcp':
     c = socket.create_connection(('127.0.0.1', port), timeout=20)
     print('CONNECT_MS %.1f' % ((time.monotonic() - t) * 1e3), flush=True)
     data = os.urandom(total)
-    c.sendall(data)
-    c.shutdown(socket.SHUT_WR)
-    got = bytearray()
-    while True:
-        b = c.recv(65536)
-        if not b:
-            break
-        got += b
+    got = echo_back(c, [data])
     assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest(), 'echo differs'
 else:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -223,28 +263,34 @@ print('ECHO OK', flush=True)
 "#;
 
 /// Runs the squatter (as nobody), then a TCP and a UDP echo pair (as root, under
-/// the library) on the squatted port; returns the squatter's report and the
-/// victims' outputs.
-fn squat_and_talk(which: &str, server_host: &str) -> (String, [(bool, String, String); 4]) {
-    let port = free_port();
-    let sq = script("squatter", SQUATTER);
-    let srv = script("echo-server", ECHO_SERVER);
-    let cli = script("echo-client", ECHO_CLIENT);
-    let mut a = attacker(&sq, &[&port.to_string(), "6", which]).spawn().expect("spawn squatter");
-    wait_line(&mut a, "READY", Duration::from_secs(10));
-    let mut s = victim(&srv, &["tcp", server_host, &port.to_string(), "1"]).spawn().expect("server");
-    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+/// the library) on the squatted port; fails the test unless the squatter got
+/// nothing and both pairs echoed; returns the victims' outputs (`None` where the
+/// test cannot run, see [`can_run`]).
+fn squat_and_talk(which: &str, server_host: &str) -> Option<[(bool, String, String); 4]> {
+    if !can_run() {
+        return None;
+    }
+    let echo_client = [strait_testkit::PY_ECHO_BACK, ECHO_CLIENT].concat();
+    let (port, [sq, srv, cli]) = port_and_scripts([
+        ("squatter", &[PY_SQUAT, SQUATTER].concat()),
+        ("echo-server", ECHO_SERVER),
+        ("echo-client", &echo_client),
+    ]);
+    let a = start(&mut attacker(&sq, &[&port.to_string(), "6", which]), "squatter", "READY");
+    let s = start(&mut victim(&srv, &["tcp", server_host, &port.to_string(), "1"]), "server", "LISTENING");
     let c = victim(&cli, &["tcp", &port.to_string(), "1048576"]).spawn().expect("client");
     let client = finish(c, Duration::from_secs(30));
     let server = finish(s, Duration::from_secs(30));
-    let mut us = victim(&srv, &["udp", server_host, &port.to_string(), "20"]).spawn().expect("udp server");
-    wait_line(&mut us, "LISTENING", Duration::from_secs(10));
+    let us =
+        start(&mut victim(&srv, &["udp", server_host, &port.to_string(), "20"]), "udp server", "LISTENING");
     let uc = victim(&cli, &["udp", &port.to_string(), "20"]).spawn().expect("udp client");
     let uclient = finish(uc, Duration::from_secs(30));
     let userver = finish(us, Duration::from_secs(30));
-    let (_, out, err) = finish(a, Duration::from_secs(30));
-    let got = out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}"));
-    (got.to_string(), [client, server, uclient, userver])
+    no_leak(&squatter_report(a));
+    assert!(client.0 && client.1.contains("ECHO OK"), "client: {client:?}");
+    assert!(server.0, "server: {server:?}");
+    assert!(uclient.0 && uclient.1.contains("ECHO OK") && userver.0, "udp: {uclient:?} {userver:?}");
+    Some([client, server, uclient, userver])
 }
 
 fn no_leak(got: &str) {
@@ -257,16 +303,9 @@ fn no_leak(got: &str) {
 /// skips the unproven name and finds the server's).
 #[test]
 fn a_squatter_of_the_exact_address_name_gets_nothing_and_the_server_is_found() {
-    if !can_run() {
-        return;
-    }
-    let (got, [c, s, uc, us]) = squat_and_talk("exact", "0.0.0.0");
-    no_leak(&got);
-    assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
-    assert!(s.0, "server: {s:?}");
+    let Some([c, _, uc, _]) = squat_and_talk("exact", "0.0.0.0") else { return };
     assert_eq!(stat(&c.2, "accelerated"), 1, "client: {}", c.2);
     assert!(stat(&c.2, "refused") >= 1, "the squatter was refused: {}", c.2);
-    assert!(uc.0 && uc.1.contains("ECHO OK") && us.0, "udp: {uc:?} {us:?}");
     assert!(stat(&uc.2, "udp-out") >= 1, "udp through shared memory: {}", uc.2);
 }
 
@@ -274,18 +313,11 @@ fn a_squatter_of_the_exact_address_name_gets_nothing_and_the_server_is_found() {
 /// waits (a connect costs a few look-ups, never the attach timeout).
 #[test]
 fn a_squatter_of_every_name_gets_nothing_and_costs_only_the_kernel_path() {
-    if !can_run() {
-        return;
-    }
-    let (got, [c, s, uc, us]) = squat_and_talk("all", "127.0.0.1");
-    no_leak(&got);
-    assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
-    assert!(s.0, "server: {s:?}");
+    let Some([c, ..]) = squat_and_talk("all", "127.0.0.1") else { return };
     assert_eq!(stat(&c.2, "accelerated"), 0, "{}", c.2);
     let ms: f64 =
         c.1.lines().find_map(|l| l.strip_prefix("CONNECT_MS ")?.trim().parse().ok()).expect("connect time");
     assert!(ms < 500.0, "connect took {ms} ms");
-    assert!(uc.0 && uc.1.contains("ECHO OK") && us.0, "udp: {uc:?} {us:?}");
 }
 
 /// Fills a real strait server's marker backlog (non-blocking connects until the
@@ -309,16 +341,25 @@ print('FLOODED %d' % len(held), flush=True)
 time.sleep(secs)
 "#;
 
+/// A Python function for the servers below (put before their text): `listen(port)`
+/// listens on the loopback's `port` and says `LISTENING`.
+const PY_LISTEN: &str = r#"
+import socket
+def listen(port):
+    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(('127.0.0.1', port))
+    l.listen(64)
+    print('LISTENING', flush=True)
+    return l
+"#;
+
 /// A server that accepts `n` connections, echoes one line each, and prints how
-/// many descriptors it holds after each.
+/// many descriptors it holds after each (after [`PY_LISTEN`]).
 const COUNTING_SERVER: &str = r#"
 import os, socket, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
-l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(64)
-print('LISTENING', flush=True)
+l = listen(port)
 for _ in range(n):
     c, _ = l.accept()
     c.settimeout(20)
@@ -345,15 +386,8 @@ print('ECHO OK', flush=True)
 /// looks at the flood it keeps at most its per-user share of it.
 #[test]
 fn a_flood_of_the_marker_neither_stalls_connects_nor_grows_the_server() {
-    if !can_run() {
-        return;
-    }
-    let port = free_port();
-    let srv = script("counting-server", COUNTING_SERVER);
-    let fl = script("flooder", FLOODER);
-    let cli = script("line-client", LINE_CLIENT);
-    let mut s = victim(&srv, &[&port.to_string(), "2"]).spawn().expect("server");
-    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    let Some((port, [srv, fl, cli])) = marker_attack("", ("flooder", FLOODER)) else { return };
+    let s = start(&mut victim(&srv, &[&port.to_string(), "2"]), "server", "LISTENING");
     let mut f = attacker(&fl, &[&port.to_string(), "8"]).spawn().expect("flooder");
     let flooded = wait_line(&mut f, "FLOODED", Duration::from_secs(30));
     let n: usize = flooded.trim_start_matches("FLOODED ").trim().parse().expect("count");
@@ -412,18 +446,13 @@ import time; time.sleep(5)
 
 #[test]
 fn forged_hellos_are_refused_and_real_clients_still_attach() {
-    if !can_run() {
-        return;
-    }
-    let port = free_port();
-    let srv = script("counting-server-2", COUNTING_SERVER);
-    let fg = script("forger", FORGER);
-    let cli = script("line-client-2", LINE_CLIENT);
-    let mut s =
-        victim(&srv, &[&port.to_string(), "1"]).env("STRAIT_RING_SIZE", "65536").spawn().expect("server");
-    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
-    let mut f = attacker(&fg, &[&port.to_string()]).spawn().expect("forger");
-    wait_line(&mut f, "SENT", Duration::from_secs(10));
+    let Some((port, [srv, fg, cli])) = marker_attack("-2", ("forger", FORGER)) else { return };
+    let s = start(
+        victim(&srv, &[&port.to_string(), "1"]).env("STRAIT_RING_SIZE", "65536"),
+        "server",
+        "LISTENING",
+    );
+    let f = start(&mut attacker(&fg, &[&port.to_string()]), "forger", "SENT");
     let c = finish(
         victim(&cli, &[&port.to_string()]).env("STRAIT_RING_SIZE", "65536").spawn().expect("client"),
         Duration::from_secs(20),
@@ -541,15 +570,11 @@ print('HOSTILE DONE', flush=True)
 
 /// A server that reads and writes each connection with a timeout until it ends
 /// and checks that no read returns more than it asked for; it must neither crash
-/// nor hang, whatever the peer wrote into the mapping.
+/// nor hang, whatever the peer wrote into the mapping (after [`PY_LISTEN`]).
 const ROBUST_SERVER: &str = r#"
 import socket, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
-l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(64)
-print('LISTENING', flush=True)
+l = listen(port)
 import time
 outcomes, longest = {}, 0.0
 for i in range(n):
@@ -582,16 +607,16 @@ print('LONGEST_RECV_S %.2f' % longest, flush=True)
 /// mode (and the victim posts its buffers for a rendezvous).
 fn hostile_round(messages: bool) {
     let seeds: usize = std::env::var("STRAIT_HOSTILE_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
-    let port = free_port();
-    let srv = script("robust-server", ROBUST_SERVER);
-    let hp = script("hostile-peer", HOSTILE_PEER);
+    let (port, [srv, hp]) = port_and_scripts([
+        ("robust-server", &[PY_LISTEN, ROBUST_SERVER].concat()),
+        ("hostile-peer", HOSTILE_PEER),
+    ]);
     let mut sc = victim(&srv, &[&port.to_string(), &seeds.to_string()]);
     sc.env("STRAIT_RING_SIZE", "65536");
     if messages {
         sc.env("STRAIT_MESSAGES", "1").env("STRAIT_RENDEZVOUS_MIN", "64");
     }
-    let mut s = sc.spawn().expect("server");
-    wait_line(&mut s, "LISTENING", Duration::from_secs(10));
+    let s = start(&mut sc, "server", "LISTENING");
     // The hostile peer runs as root: it is the victim's legitimate peer, which
     // follows the setup and then misbehaves.
     let mut hc = Command::new(PYTHON);
@@ -637,42 +662,13 @@ fn a_hostile_peer_cannot_forge_rendezvous_completions_in_message_mode() {
 }
 
 /// Squats the connectors' per-connection names (`strait.c.<netns>.<port>`) for the
-/// ports the victim client will bind, then reports what it got.
+/// ports the victim client will bind, then reports what it got (after
+/// [`PY_SQUAT`]).
 const CONN_SQUATTER: &str = r#"
-import json, os, socket, sys, time
+import os, sys
 first, count, secs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 ns = os.stat('/proc/self/ns/net').st_ino
-socks = []
-for p in range(first, first + count):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.bind(f'\0strait.c.{ns}.{p}')
-    s.listen(16)
-    s.setblocking(False)
-    socks.append(s)
-print('READY', flush=True)
-conns, msgs, fds = [], 0, 0
-end = time.time() + secs
-while time.time() < end:
-    for s in socks:
-        try:
-            c, _ = s.accept(); c.setblocking(False); conns.append(c)
-        except BlockingIOError:
-            pass
-    for c in conns:
-        try:
-            m, anc, _, _ = c.recvmsg(4096, socket.CMSG_SPACE(16 * 4))
-        except (BlockingIOError, OSError):
-            continue
-        if m or anc:
-            msgs += 1
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = [int.from_bytes(payload[i:i + 4], 'little') for i in range(0, len(payload) - 3, 4)]
-                fds += len(got)
-                for f in got:
-                    os.close(f)
-    time.sleep(0.002)
-print('GOT ' + json.dumps({'conns': len(conns), 'msgs': msgs, 'fds': fds}), flush=True)
+squat([f'strait.c.{ns}.{p}' for p in range(first, first + count)], 16, secs, 4096, False)
 "#;
 
 /// Two SO_REUSEPORT servers (separate processes, as prefork or reload setups run
@@ -727,19 +723,17 @@ fn a_squatter_of_connectors_names_gets_nothing_from_path_b() {
     if !can_run() {
         return;
     }
-    let port = free_port();
+    let (port, [sq, srv, cli]) = port_and_scripts([
+        ("conn-squatter", &[PY_SQUAT, CONN_SQUATTER].concat()),
+        ("reuseport-server", REUSEPORT_SERVER),
+        ("port-client", PORT_CLIENT),
+    ]);
     let first = 20000 + (std::process::id() % 20000) as u16;
     let count = 16u16;
-    let sq = script("conn-squatter", CONN_SQUATTER);
-    let srv = script("reuseport-server", REUSEPORT_SERVER);
-    let cli = script("port-client", PORT_CLIENT);
-    let mut a = attacker(&sq, &[&first.to_string(), &count.to_string(), "8"]).spawn().expect("squatter");
-    wait_line(&mut a, "READY", Duration::from_secs(10));
+    let a = start(&mut attacker(&sq, &[&first.to_string(), &count.to_string(), "8"]), "squatter", "READY");
     let mut servers = Vec::new();
     for _ in 0..2 {
-        let mut s = victim(&srv, &[&port.to_string(), "0"]).spawn().expect("server");
-        wait_line(&mut s, "LISTENING", Duration::from_secs(10));
-        servers.push(s);
+        servers.push(start(&mut victim(&srv, &[&port.to_string(), "0"]), "server", "LISTENING"));
     }
     let c = finish(
         victim(&cli, &[&port.to_string(), &first.to_string(), &count.to_string()])
@@ -750,9 +744,7 @@ fn a_squatter_of_connectors_names_gets_nothing_from_path_b() {
     );
     let outs: Vec<_> = servers.into_iter().map(|s| finish(s, Duration::from_secs(30))).collect();
     // The squatter reports when its time is up.
-    let (_, out, err) = finish(a, Duration::from_secs(30));
-    let got = out.lines().find(|l| l.starts_with("GOT ")).unwrap_or_else(|| panic!("squatter: {out} {err}"));
-    no_leak(got);
+    no_leak(&squatter_report(a));
     assert!(c.0 && c.1.contains(&format!("ECHO OK {count}")), "client: {c:?}");
     for s in &outs {
         assert!(s.0, "server: {s:?}");

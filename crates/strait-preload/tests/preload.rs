@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 mod common;
-use common::{check, server_and_client, stat_sum, Out};
+use common::{check, checked, sent_and_received, stat_sum, Env, Out};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
     common::cmd(&common::tcp_peer(), preload, args)
@@ -19,31 +19,18 @@ fn pair(server_preload: bool, client_preload: bool, smode: &str, cmode: &str) ->
 }
 
 /// As [`pair`], with extra environment for the client.
-fn pair_env(sp: bool, cp: bool, smode: &str, cmode: &str, env: &[(&str, &str)]) -> (Out, Out) {
+fn pair_env(sp: bool, cp: bool, smode: &str, cmode: &str, env: Env) -> (Out, Out) {
     pair_with(sp, cp, smode, cmode, &[], env)
 }
 
 /// A server and a client of `mode`, each with or without strait and with extra
 /// environment; returns (server, client) output.
-fn pair_with(
-    sp: bool,
-    cp: bool,
-    smode: &str,
-    cmode: &str,
-    senv: &[(&str, &str)],
-    cenv: &[(&str, &str)],
-) -> (Out, Out) {
-    let deadline = Instant::now() + TIMEOUT;
-    let mut server = cmd(sp, &["server", smode]);
-    server.envs(senv.iter().copied());
-    server_and_client(
-        &mut server,
-        |port| {
-            let mut c = cmd(cp, &["client", port, cmode]);
-            c.envs(cenv.iter().copied());
-            c
-        },
-        deadline,
+fn pair_with(sp: bool, cp: bool, smode: &str, cmode: &str, senv: Env, cenv: Env) -> (Out, Out) {
+    common::run_modes(
+        |i, args| cmd([sp, cp][i], args),
+        [smode, cmode],
+        [senv, cenv],
+        Instant::now() + TIMEOUT,
     )
 }
 
@@ -54,11 +41,16 @@ fn accelerated(o: &Out) -> usize {
         .unwrap_or_else(|| panic!("no stats line in {:?}", o.stderr))
 }
 
+/// Fails the test unless the server and the client each carried `n` connections
+/// through shared memory.
+fn accelerated_both(s: &Out, c: &Out, n: usize) {
+    assert_eq!(accelerated(s), n, "server: {}", s.stderr);
+    assert_eq!(accelerated(c), n, "client: {}", c.stderr);
+}
+
 #[test]
 fn stream_of_many_sizes_goes_through_shared_memory() {
-    let (s, c) = pair(true, true, "echo", "echo");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "echo", "echo"));
     assert!(c.stdout.contains("echo ok 1734389"), "{}", c.stdout);
     assert!(s.stdout.contains("echoed 1734389"), "{}", s.stdout);
     // The data went through the shared mapping, not the kernel socket.
@@ -66,34 +58,26 @@ fn stream_of_many_sizes_goes_through_shared_memory() {
     // Neither end keeps the memfd open: no other process can reach it through
     // /proc/PID/fd; only the two mappings hold the memory.
     assert!(s.stdout.contains("fds clean") && c.stdout.contains("fds clean"), "{}{}", s.stdout, c.stdout);
-    assert_eq!(accelerated(&s), 1);
-    assert_eq!(accelerated(&c), 1);
+    accelerated_both(&s, &c, 1);
 }
 
 #[test]
 fn nonblocking_connect_then_second_connect_stays_one_connection() {
-    let (s, c) = pair(true, true, "echo", "nbconnect");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "echo", "nbconnect"));
     assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
-    assert_eq!(accelerated(&s), 1);
-    assert_eq!(accelerated(&c), 1);
+    accelerated_both(&s, &c, 1);
 }
 
 #[test]
 fn signals_interrupt_or_restart_blocking_reads_and_rcvtimeo_expires() {
-    let (s, c) = pair(true, true, "signals", "signals");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, _) = checked(pair(true, true, "signals", "signals"));
     assert!(s.stdout.contains("signals ok"), "{}", s.stdout);
     assert_eq!(accelerated(&s), 1);
 }
 
 #[test]
 fn prefork_workers_sharing_a_listener_all_attach() {
-    let (s, c) = pair(true, true, "prefork", "prefork");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "prefork", "prefork"));
     assert!(s.stdout.contains("prefork server ok"), "{}", s.stdout);
     // Every connection went through shared memory (none fell back after a timeout),
     // whichever worker took the hello off the shared marker.
@@ -109,9 +93,7 @@ fn prefork_workers_sharing_a_listener_all_attach() {
 
 #[test]
 fn a_third_process_cannot_claim_the_connection() {
-    let (s, c) = pair(true, true, "echo", "thief");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "echo", "thief"));
     assert!(c.stdout.contains("thief refused") && c.stdout.contains("maps strait"), "{}", c.stdout);
     assert!(s.stdout.contains("fds clean") && c.stdout.contains("fds clean"));
 }
@@ -120,9 +102,7 @@ fn a_third_process_cannot_claim_the_connection() {
 fn a_stranger_asking_the_connector_is_refused_and_a_late_accept_uses_the_kernel() {
     // The server accepts only after the client gave up waiting (300 ms): meanwhile
     // a stranger asks the client's per-connection name with the wrong socket.
-    let (s, c) = pair_env(true, true, "lateaccept", "thief", &[("STRAIT_ATTACH_TIMEOUT_MS", "300")]);
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair_env(true, true, "lateaccept", "thief", &[("STRAIT_ATTACH_TIMEOUT_MS", "300")]));
     assert!(c.stdout.contains("thief refused") && c.stdout.contains("echo ok"), "{}", c.stdout);
     assert_eq!(accelerated(&c), 0, "{}", c.stderr);
     assert!(c.stderr.contains("kernel-fallback 1"), "{}", c.stderr);
@@ -132,34 +112,22 @@ fn a_stranger_asking_the_connector_is_refused_and_a_late_accept_uses_the_kernel(
 
 #[test]
 fn recvmmsg_sendmmsg_splice_pselect_and_sendfile() {
-    let (s, c) = pair(true, true, "extras", "extras");
-    check(&s, "server");
-    check(&c, "client");
-    assert!(
-        s.stdout.contains("extras ok") && c.stdout.contains("extras client ok"),
-        "{}{}",
-        s.stdout,
-        c.stdout
-    );
+    let (s, c) = checked(pair(true, true, "extras", "extras"));
+    common::check_extras(&s, &c);
     assert_eq!(accelerated(&s), 1);
     assert!(s.stdout.contains("maps strait"));
 }
 
 #[test]
 fn many_connections_on_many_threads() {
-    let (s, c) = pair(true, true, "threads", "threads");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "threads", "threads"));
     assert!(c.stdout.contains("threads client ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
-    assert_eq!(accelerated(&s), 8);
-    assert_eq!(accelerated(&c), 8);
+    accelerated_both(&s, &c, 8);
 }
 
 #[test]
 fn flags_nonblocking_poll_epoll_select_fionread_and_epipe() {
-    let (s, c) = pair(true, true, "flags", "flags");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "flags", "flags"));
     assert!(s.stdout.contains("flags ok"), "{}", s.stdout);
     let filled: usize =
         s.stdout.lines().find_map(|l| l.strip_prefix("filled ")?.parse().ok()).expect("filled");
@@ -180,9 +148,7 @@ fn peer_death_ends_the_stream_promptly() {
 
 #[test]
 fn forked_child_keeps_the_connection_after_the_parent_closes_it() {
-    let (s, c) = pair(true, true, "fork", "fork");
-    check(&s, "server");
-    check(&c, "client");
+    let (_, c) = checked(pair(true, true, "fork", "fork"));
     assert!(c.stdout.contains("fork ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
 }
 
@@ -194,16 +160,8 @@ fn a_program_started_by_exec_or_spawn_keeps_the_inherited_connection() {
     // shared memory it took over (the client reads only from the rings).
     for mode in ["exec-v", "exec-l", "exec-lp", "exec-le", "vfork", "spawn", "spawn-actions"] {
         let (s, c) = pair(true, true, mode, "echo");
-        check(&s, mode);
-        check(&c, mode);
-        assert!(c.stdout.contains("echo ok 1734389"), "{mode}: {}", c.stdout);
-        assert!(
-            s.stdout.contains("adopted ok") && s.stdout.contains("echoed 1734389"),
-            "{mode}: {}",
-            s.stdout
-        );
+        common::check_adopted(&s, &c, mode);
         assert!(s.stdout.contains("maps strait") && s.stdout.contains("fds clean"), "{mode}: {}", s.stdout);
-        assert_eq!(stat_sum(&s, "inherited"), 1, "{mode}: {}", s.stderr);
         assert_eq!(accelerated(&c), 1, "{mode}");
     }
 }
@@ -234,9 +192,7 @@ fn a_command_run_by_system_or_popen_keeps_the_inherited_connection() {
 
 #[test]
 fn stdio_streams_from_fdopen_carry_an_accelerated_socket() {
-    let (s, c) = pair(true, true, "stdio", "echo");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "stdio", "echo"));
     assert!(c.stdout.contains("echo ok 1734389"), "{}", c.stdout);
     assert!(s.stdout.contains("echoed 1734389") && s.stdout.contains("maps strait"), "{}", s.stdout);
 }
@@ -246,9 +202,7 @@ const MESSAGES: [(&str, &str); 2] = [("STRAIT_MESSAGES", "1"), ("STRAIT_RING_SIZ
 
 #[test]
 fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() {
-    let (s, c) = pair_with(true, true, "messages", "messages", &MESSAGES, &MESSAGES);
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair_with(true, true, "messages", "messages", &MESSAGES, &MESSAGES));
     assert!(
         s.stdout.contains("messages ok 1500000") && c.stdout.contains("messages client ok"),
         "{}",
@@ -260,20 +214,14 @@ fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() 
     assert_eq!(accelerated(&s), 1);
     // A program that does not care about boundaries works the same in message mode
     // (writes and writev of every size, from a writer thread, echoed back).
-    let (s, c) = pair_with(true, true, "echo", "echo", &MESSAGES, &MESSAGES);
-    check(&s, "server");
-    check(&c, "client");
+    let (_, c) = checked(pair_with(true, true, "echo", "echo", &MESSAGES, &MESSAGES));
     assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
 }
 
 #[test]
 fn message_mode_asked_by_one_end_only_stays_a_byte_stream() {
-    let (s, c) = pair_env(true, true, "sink", "source3000000", &MESSAGES);
-    check(&s, "server");
-    check(&c, "client");
-    let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
-    let got =
-        s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+    let (s, c) = checked(pair_env(true, true, "sink", "source3000000", &MESSAGES));
+    let (sent, got) = sent_and_received(&s, &c);
     assert_eq!(sent, got);
     assert_eq!(stat_sum(&c, "rendezvous"), 0);
     assert_eq!(accelerated(&s), 1);
@@ -310,9 +258,7 @@ fn a_nonblocking_connector_never_waits_for_a_slow_acceptor() {
 
 #[test]
 fn closing_every_unknown_descriptor_leaves_the_connection_working() {
-    let (s, c) = pair(true, true, "echo", "closeall");
-    check(&s, "server");
-    check(&c, "client");
+    let (_, c) = checked(pair(true, true, "echo", "closeall"));
     assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
     assert_eq!(accelerated(&c), 1);
 }
@@ -322,9 +268,7 @@ fn two_processes_using_one_inherited_connection_at_once_neither_lose_nor_mix_byt
     // A forked server: both processes write records at the same time (each arrives
     // intact, each writer's in order), then both read at the same time (each record
     // reaches exactly one of them).
-    let (s, c) = pair(true, true, "shared", "shared");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "shared", "shared"));
     assert!(s.stdout.contains("shared server ok") && c.stdout.contains("shared client ok"), "{}", s.stdout);
     assert!(c.stdout.contains("maps strait"), "{}", c.stdout);
 }
@@ -332,12 +276,8 @@ fn two_processes_using_one_inherited_connection_at_once_neither_lose_nor_mix_byt
 #[test]
 fn peers_without_strait_use_the_kernel_and_see_exact_bytes() {
     for (sp, cp) in [(true, false), (false, true)] {
-        let (s, c) = pair(sp, cp, "sink", "source3000000");
-        check(&s, "server");
-        check(&c, "client");
-        let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
-        let got =
-            s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+        let (s, c) = checked(pair(sp, cp, "sink", "source3000000"));
+        let (sent, got) = sent_and_received(&s, &c);
         assert_eq!(sent, got, "server preloaded: {sp}, client preloaded: {cp}");
         let preloaded = if sp { &s } else { &c };
         assert_eq!(accelerated(preloaded), 0);
@@ -347,12 +287,8 @@ fn peers_without_strait_use_the_kernel_and_see_exact_bytes() {
 
 #[test]
 fn a_large_transfer_arrives_intact() {
-    let (s, c) = pair(true, true, "sink", "source134217728");
-    check(&s, "server");
-    check(&c, "client");
-    let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
-    let got =
-        s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+    let (s, c) = checked(pair(true, true, "sink", "source134217728"));
+    let (sent, got) = sent_and_received(&s, &c);
     assert_eq!(sent, got);
     assert!(got.starts_with("134217728 "));
     assert_eq!(accelerated(&s), 1);
@@ -360,21 +296,10 @@ fn a_large_transfer_arrives_intact() {
 
 #[test]
 fn strait_disable_keeps_everything_on_the_kernel() {
-    let deadline = Instant::now() + TIMEOUT;
-    let mut server = cmd(true, &["server", "sink"]);
-    server.env("STRAIT_DISABLE", "1");
-    let (s, c) = server_and_client(
-        &mut server,
-        |port| {
-            let mut c = cmd(true, &["client", port, "source100000"]);
-            c.env("STRAIT_DISABLE", "1");
-            c
-        },
-        deadline,
-    );
+    let off = [("STRAIT_DISABLE", "1")];
+    let (s, c) = pair_with(true, true, "sink", "source100000", &off, &off);
     check(&s, "server");
     check(&c, "client");
-    assert_eq!(accelerated(&s), 0);
-    assert_eq!(accelerated(&c), 0);
+    accelerated_both(&s, &c, 0);
     assert!(s.stdout.contains("received 100000"));
 }

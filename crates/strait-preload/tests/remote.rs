@@ -11,7 +11,7 @@ use strait_udp::netns::VethPair;
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
-use common::{check, finish, server_and_client, spawn_lines, Out, Server};
+use common::{check, checked, finish, sent_and_received, spawn_lines, Env, Out, Server};
 
 /// The peer in namespace `i` of `pair`, with the library if `preload`.
 fn cmd(pair: &VethPair, i: usize, preload: bool, args: &[&str]) -> Command {
@@ -29,32 +29,15 @@ fn cmd(pair: &VethPair, i: usize, preload: bool, args: &[&str]) -> Command {
 
 /// A server of `smode` in namespace 0 and a client of `cmode` in namespace 1, with
 /// `env` for the client.
-fn pair_env(sp: bool, cp: bool, smode: &str, cmode: &str, env: &[(&str, &str)]) -> (Out, Out) {
+fn pair_env(sp: bool, cp: bool, smode: &str, cmode: &str, env: Env) -> (Out, Out) {
     pair_envs(sp, cp, smode, cmode, &[], env)
 }
 
 /// As [`pair_env`], with `senv` for the server too.
-fn pair_envs(
-    sp: bool,
-    cp: bool,
-    smode: &str,
-    cmode: &str,
-    senv: &[(&str, &str)],
-    env: &[(&str, &str)],
-) -> (Out, Out) {
+fn pair_envs(sp: bool, cp: bool, smode: &str, cmode: &str, senv: Env, env: Env) -> (Out, Out) {
     let pair = VethPair::create().expect("create namespaces (needs root)");
     let deadline = Instant::now() + TIMEOUT;
-    let mut sc = cmd(&pair, 0, sp, &["server", smode]);
-    sc.envs(senv.iter().copied());
-    server_and_client(
-        &mut sc,
-        |port| {
-            let mut c = cmd(&pair, 1, cp, &["client", port, cmode]);
-            c.envs(env.iter().copied());
-            c
-        },
-        deadline,
-    )
+    common::run_modes(|i, args| cmd(&pair, i, [sp, cp][i], args), [smode, cmode], [senv, env], deadline)
 }
 
 fn pair(smode: &str, cmode: &str) -> (Out, Out) {
@@ -70,9 +53,7 @@ fn remote(o: &Out) -> usize {
 #[test]
 fn stream_of_many_sizes_and_nonblocking_connect_between_hosts() {
     for cmode in ["echo", "nbconnect"] {
-        let (s, c) = pair("echo", cmode);
-        check(&s, "server");
-        check(&c, "client");
+        let (s, c) = checked(pair("echo", cmode));
         assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
         assert!(s.stdout.contains("echoed 1734389"), "{}", s.stdout);
         // No memfd stays open once the connection is set up.
@@ -84,38 +65,25 @@ fn stream_of_many_sizes_and_nonblocking_connect_between_hosts() {
 
 #[test]
 fn flags_poll_epoll_select_signals_and_extras_between_hosts() {
-    let (s, c) = pair("flags", "flags");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair("flags", "flags"));
     assert!(s.stdout.contains("flags ok"), "{}", s.stdout);
     let filled: usize =
         s.stdout.lines().find_map(|l| l.strip_prefix("filled ")?.parse().ok()).expect("filled");
     assert!(c.stdout.contains(&format!("drained {filled}")), "{}", c.stdout);
     assert_eq!(remote(&s), 1);
 
-    let (s, c) = pair("signals", "signals");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, _) = checked(pair("signals", "signals"));
     assert!(s.stdout.contains("signals ok"), "{}", s.stdout);
     assert_eq!(remote(&s), 1);
 
-    let (s, c) = pair("extras", "extras");
-    check(&s, "server");
-    check(&c, "client");
-    assert!(
-        s.stdout.contains("extras ok") && c.stdout.contains("extras client ok"),
-        "{}{}",
-        s.stdout,
-        c.stdout
-    );
+    let (s, c) = checked(pair("extras", "extras"));
+    common::check_extras(&s, &c);
     assert_eq!(remote(&s), 1);
 }
 
 #[test]
 fn many_connections_on_many_threads_between_hosts() {
-    let (s, c) = pair("threads", "threads");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair("threads", "threads"));
     assert!(c.stdout.contains("threads client ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
     assert_eq!(remote(&s), 8, "{}", s.stderr);
     assert_eq!(remote(&c), 8, "{}", c.stderr);
@@ -123,16 +91,12 @@ fn many_connections_on_many_threads_between_hosts() {
 
 #[test]
 fn a_forked_child_keeps_the_connection_and_a_late_accept_uses_the_kernel() {
-    let (s, c) = pair("fork", "fork");
-    check(&s, "server");
-    check(&c, "client");
+    let (_, c) = checked(pair("fork", "fork"));
     assert!(c.stdout.contains("fork ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
 
     // The server accepts only after the client stopped waiting for an offer (300
     // ms): the connection stays on the kernel, exact bytes, no stray confirmation.
-    let (s, c) = pair_env(true, true, "lateaccept", "echo", &[("STRAIT_ATTACH_TIMEOUT_MS", "300")]);
-    check(&s, "server");
-    check(&c, "client");
+    let (_, c) = checked(pair_env(true, true, "lateaccept", "echo", &[("STRAIT_ATTACH_TIMEOUT_MS", "300")]));
     assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps kernel"), "{}", c.stdout);
     assert_eq!(remote(&c), 0, "{}", c.stderr);
     assert!(c.stderr.contains("kernel-fallback 1"), "{}", c.stderr);
@@ -144,15 +108,7 @@ fn a_program_a_child_execs_or_spawns_keeps_the_connection_between_hosts() {
     // with the parent, which drives it for the new program.
     for mode in ["vfork", "spawn", "spawn-actions"] {
         let (s, c) = pair(mode, "echo");
-        check(&s, mode);
-        check(&c, mode);
-        assert!(c.stdout.contains("echo ok 1734389"), "{mode}: {}", c.stdout);
-        assert!(
-            s.stdout.contains("adopted ok") && s.stdout.contains("echoed 1734389"),
-            "{mode}: {}",
-            s.stdout
-        );
-        assert_eq!(common::stat_sum(&s, "inherited"), 1, "{mode}: {}", s.stderr);
+        common::check_adopted(&s, &c, mode);
         assert_eq!(remote(&c), 1, "{mode}: {}", c.stderr);
     }
     // The process that bridges the connection execs: the bridge goes with its
@@ -180,12 +136,8 @@ fn peer_death_between_hosts_ends_the_stream_promptly() {
 #[test]
 fn large_transfers_between_hosts_arrive_intact_with_or_without_strait_at_each_end() {
     for (sp, cp, carried) in [(true, true, 1), (true, false, 0), (false, true, 0)] {
-        let (s, c) = pair_env(sp, cp, "sink", "source67108864", &[]);
-        check(&s, "server");
-        check(&c, "client");
-        let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
-        let got =
-            s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+        let (s, c) = checked(pair_env(sp, cp, "sink", "source67108864", &[]));
+        let (sent, got) = sent_and_received(&s, &c);
         assert_eq!(sent, got, "server preloaded: {sp}, client preloaded: {cp}");
         let preloaded = if cp { &c } else { &s };
         assert_eq!(remote(preloaded), carried, "{}", preloaded.stderr);
@@ -196,9 +148,7 @@ fn large_transfers_between_hosts_arrive_intact_with_or_without_strait_at_each_en
 fn prefork_workers_sharing_a_listener_all_attach_between_hosts() {
     // nginx's pattern: workers forked from the listening process accept; each offers
     // for the connections it accepted itself.
-    let (s, c) = pair("prefork", "prefork");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair("prefork", "prefork"));
     assert!(s.stdout.contains("prefork server ok"), "{}", s.stdout);
     assert_eq!(remote(&c), 8, "{}", c.stderr);
     assert!(c.stderr.contains("kernel-fallback 0"), "{}", c.stderr);
@@ -216,19 +166,11 @@ fn semantics_and_large_transfers_over_the_xdp_device() {
     for (smode, cmode, conns) in
         [("flags", "flags", 1), ("threads", "threads", 8), ("sink", "source67108864", 1)]
     {
-        let (s, c) = pair_envs(true, true, smode, cmode, &xdp, &xdp);
-        check(&s, "server");
-        check(&c, "client");
+        let (s, c) = checked(pair_envs(true, true, smode, cmode, &xdp, &xdp));
         assert_eq!(remote_xdp(&c), conns, "{smode}: {}", c.stderr);
         assert_eq!(remote_xdp(&s), conns, "{smode}: {}", s.stderr);
         if smode == "sink" {
-            let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
-            let got = s
-                .stdout
-                .lines()
-                .find(|l| l.starts_with("received "))
-                .expect("received")
-                .replace("received ", "");
+            let (sent, got) = sent_and_received(&s, &c);
             assert_eq!(sent, got);
         }
     }
@@ -488,9 +430,7 @@ fn a_shared_secret_authenticates_and_a_missing_or_different_one_is_refused() {
         let (s, c) = pair_envs(true, true, "sink", "source16777216", &senv, &cenv);
         check(&s, what);
         check(&c, what);
-        let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
-        let got =
-            s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+        let (sent, got) = sent_and_received(&s, &c);
         assert_eq!(sent, got, "{what}");
         assert_eq!(remote(&s), carried, "{what}: {}", s.stderr);
         assert_eq!(remote(&c), carried, "{what}: {}", c.stderr);

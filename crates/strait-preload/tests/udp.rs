@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 mod common;
-use common::{check, finish, spawn_lines, Out, Server};
+use common::{check, checked, finish, spawn_lines, Out, Server};
 
 fn cmd(preload: bool, args: &[&str]) -> Command {
     common::cmd(&common::udp_peer(), preload, args)
@@ -43,6 +43,14 @@ fn stat(o: &Out, name: &str) -> usize {
     common::stat_sum(o, name)
 }
 
+/// Fails the test unless each strait counter `(name, n)` of `want` sums to `n` over
+/// the statistics lines of `o`.
+fn expect_stats(o: &Out, want: &[(&str, usize)]) {
+    for &(name, n) in want {
+        assert_eq!(stat(o, name), n, "{name}: {}", o.stderr);
+    }
+}
+
 #[test]
 fn datagram_semantics_match_the_kernel() {
     for preload in [false, true] {
@@ -54,10 +62,8 @@ fn datagram_semantics_match_the_kernel() {
             // Everything went through shared memory: the client's one socket to the
             // server, the server's answers, and the stranger's datagram (dropped by
             // the connected socket, as the kernel drops it).
-            assert_eq!(stat(&s, "udp-in"), 1, "{}", s.stderr);
-            assert_eq!(stat(&s, "udp-out"), 1, "{}", s.stderr);
-            assert_eq!(stat(&c, "udp-out"), 2, "{}", c.stderr);
-            assert_eq!(stat(&c, "udp-dropped"), 0, "{}", c.stderr);
+            expect_stats(&s, &[("udp-in", 1), ("udp-out", 1)]);
+            expect_stats(&c, &[("udp-out", 2), ("udp-dropped", 0)]);
             let sent = stat(&c, "udp-sent");
             assert!(sent >= 20, "{}", c.stderr);
             assert_eq!(stat(&s, "udp-received"), sent - 1, "all but the stranger's");
@@ -71,14 +77,10 @@ fn a_sweep_of_unknown_descriptors_leaves_the_channels_working() {
     // (a daemon's sweep, one close() at a time and close_range): the library's
     // markers, doorbells, Unix sockets and memfds survive, and the next 100
     // datagrams each way still go through shared memory.
-    let (s, c) = pair(true, true, "closeall");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "closeall"));
     assert!(s.stdout.contains("closeall server ok") && c.stdout.contains("closeall client ok"));
-    assert_eq!(stat(&c, "udp-out"), 1, "{}", c.stderr);
-    assert_eq!(stat(&c, "udp-sent"), 101, "{}", c.stderr);
-    assert_eq!(stat(&s, "udp-sent"), 101, "{}", s.stderr);
-    assert_eq!(stat(&s, "udp-received"), 101, "{}", s.stderr);
+    expect_stats(&c, &[("udp-out", 1), ("udp-sent", 101)]);
+    expect_stats(&s, &[("udp-sent", 101), ("udp-received", 101)]);
 }
 
 #[test]
@@ -98,19 +100,15 @@ fn many_senders_to_one_receiver_keep_their_source_addresses() {
         check(&p, "plain client");
         assert!(s.stdout.contains("many server ok 5000 from 5 sources"), "{}", s.stdout);
         if preload {
-            assert_eq!(stat(&c, "udp-out"), 4, "{}", c.stderr);
-            assert_eq!(stat(&c, "udp-sent"), 4000, "{}", c.stderr);
-            assert_eq!(stat(&s, "udp-in"), 4, "{}", s.stderr);
-            assert_eq!(stat(&s, "udp-received"), 4000, "{}", s.stderr);
+            expect_stats(&c, &[("udp-out", 4), ("udp-sent", 4000)]);
+            expect_stats(&s, &[("udp-in", 4), ("udp-received", 4000)]);
         }
     }
 }
 
 #[test]
 fn a_full_receiver_drops_and_counts_like_the_kernel() {
-    let (s, c) = pair(true, true, "drops");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "drops"));
     let received: usize =
         s.stdout.lines().find_map(|l| l.trim().strip_prefix("received ")?.parse().ok()).expect("received");
     let sent = stat(&c, "udp-sent");
@@ -160,13 +158,10 @@ fn a_closed_receiver_sends_the_connected_sender_to_the_kernel() {
     // As over the kernel: the send after the close succeeds, the port-unreachable
     // answer then fails the connected socket's receive with ECONNREFUSED.
     for preload in [false, true] {
-        let (s, c) = pair(preload, preload, "closed");
-        check(&s, "server");
-        check(&c, "client");
+        let (_, c) = checked(pair(preload, preload, "closed"));
         assert!(c.stdout.contains("closed client ok"), "{}", c.stdout);
         if preload {
-            assert_eq!(stat(&c, "udp-out"), 1, "{}", c.stderr);
-            assert_eq!(stat(&c, "udp-sent"), 1, "{}", c.stderr);
+            expect_stats(&c, &[("udp-out", 1), ("udp-sent", 1)]);
         }
     }
 }
@@ -174,20 +169,15 @@ fn a_closed_receiver_sends_the_connected_sender_to_the_kernel() {
 #[test]
 fn a_forked_child_shares_the_socket() {
     for preload in [false, true] {
-        let (s, c) = pair(preload, preload, "fork");
-        check(&s, "server");
-        check(&c, "client");
+        let (s, c) = checked(pair(preload, preload, "fork"));
         assert!(s.stdout.contains("fork server ok") && c.stdout.contains("fork client ok"));
         if preload {
             // The child attached the client's ring and answered through shared
             // memory; at its exit the client offered the same ring again and the
             // parent (holding the socket too) took it: both datagrams went through
             // shared memory, both answers too.
-            assert_eq!(stat(&s, "udp-in"), 2, "{}", s.stderr);
-            assert_eq!(stat(&s, "udp-received"), 2, "{}", s.stderr);
-            assert_eq!(stat(&c, "udp-out"), 1, "{}", c.stderr);
-            assert_eq!(stat(&c, "udp-sent"), 2, "{}", c.stderr);
-            assert_eq!(stat(&c, "udp-received"), 2, "{}", c.stderr);
+            expect_stats(&s, &[("udp-in", 2), ("udp-received", 2)]);
+            expect_stats(&c, &[("udp-out", 1), ("udp-sent", 2), ("udp-received", 2)]);
         }
     }
 }
@@ -199,9 +189,7 @@ fn threads_sharing_a_socket_take_every_datagram_once_and_keep_the_channel() {
     // position races the models found, models/README.md, hit a window of a few
     // instructions: this run is not known to reproduce them; the loom and spin
     // models are their regression tests.)
-    let (s, c) = pair(true, true, "shared");
-    check(&s, "server");
-    check(&c, "client");
+    let (s, c) = checked(pair(true, true, "shared"));
     let got: usize = s
         .stdout
         .lines()

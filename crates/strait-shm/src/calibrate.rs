@@ -455,16 +455,40 @@ mod tests {
         d
     }
 
+    /// A fresh folder for `tag` and the cache file's path in it.
+    fn cache_in(tag: &str) -> (PathBuf, PathBuf) {
+        let d = dir(tag);
+        let p = d.join("calibration");
+        (d, p)
+    }
+
+    /// A measured calibration with these numbers.
+    fn measured(choice: RndvChoice, copy_gbps: f64, remote_read_gbps: f64) -> Calibration {
+        Calibration { choice, copy_gbps, remote_read_gbps, source: Source::Measured }
+    }
+
+    /// A cache for host `h` in a fresh folder for `tag`, stored (measured on a
+    /// `quiet` machine or not) with the copy chosen at 9 and 1 GB/s; the folder and
+    /// the file.
+    fn stored_copy(tag: &str, quiet: bool) -> (PathBuf, PathBuf) {
+        let (d, p) = cache_in(tag);
+        store(&p, "h", &measured(RndvChoice::Copy, 9.0, 1.0), quiet).unwrap();
+        (d, p)
+    }
+
+    /// Writes a cache file for host `h` by hand: `choice`, 9 and 1 GB/s, `quiet`, `at`.
+    fn write_by_hand(p: &Path, choice: &str, quiet: u8, at: u64) {
+        std::fs::write(
+            p,
+            format!("host=h\nchoice={choice}\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet={quiet}\nat={at}\n"),
+        )
+        .unwrap();
+    }
+
     #[test]
     fn a_cache_round_trips_only_for_its_host() {
-        let d = dir("rt");
-        let p = d.join("calibration");
-        let c = Calibration {
-            choice: RndvChoice::RemoteRead,
-            copy_gbps: 7.1,
-            remote_read_gbps: 10.3,
-            source: Source::Measured,
-        };
+        let (d, p) = cache_in("rt");
+        let c = measured(RndvChoice::RemoteRead, 7.1, 10.3);
         store(&p, "host-a", &c, true).unwrap();
         let back = load(&p, "host-a").expect("valid cache");
         assert_eq!(
@@ -479,15 +503,7 @@ mod tests {
     #[test]
     fn a_cache_anyone_could_have_written_is_ignored() {
         use std::os::unix::fs::PermissionsExt;
-        let d = dir("perm");
-        let p = d.join("calibration");
-        let c = Calibration {
-            choice: RndvChoice::Copy,
-            copy_gbps: 9.0,
-            remote_read_gbps: 1.0,
-            source: Source::Measured,
-        };
-        store(&p, "h", &c, true).unwrap();
+        let (d, p) = stored_copy("perm", true);
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(load(&p, "h").is_none(), "a world-writable cache was trusted");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -497,11 +513,7 @@ mod tests {
         assert!(load(&p, "h").is_some());
         // A file that contradicts the rule (say, edited to force remote reads) is not
         // taken.
-        std::fs::write(
-            &p,
-            "host=h\nchoice=remote-read\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=1\nat=0\n",
-        )
-        .unwrap();
+        write_by_hand(&p, "remote-read", 1, 0);
         assert!(load(&p, "h").is_none(), "a cache contradicting its own numbers was trusted");
         std::fs::write(&p, "garbage").unwrap();
         assert!(load(&p, "h").is_none());
@@ -510,28 +522,12 @@ mod tests {
 
     #[test]
     fn a_measurement_from_a_busy_machine_expires() {
-        let d = dir("busy");
-        let p = d.join("calibration");
-        let c = Calibration {
-            choice: RndvChoice::Copy,
-            copy_gbps: 9.0,
-            remote_read_gbps: 1.0,
-            source: Source::Measured,
-        };
-        store(&p, "h", &c, false).unwrap();
+        let (d, p) = stored_copy("busy", false);
         assert!(load(&p, "h").is_some(), "a fresh busy measurement serves");
         let old = unix_now() - BUSY_VALID_S - 1;
-        std::fs::write(
-            &p,
-            format!("host=h\nchoice=copy\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=0\nat={old}\n"),
-        )
-        .unwrap();
+        write_by_hand(&p, "copy", 0, old);
         assert!(load(&p, "h").is_none(), "an old busy measurement was still used");
-        std::fs::write(
-            &p,
-            format!("host=h\nchoice=copy\ncopy_gbps=9.0\nremote_read_gbps=1.0\nquiet=1\nat={old}\n"),
-        )
-        .unwrap();
+        write_by_hand(&p, "copy", 1, old);
         assert!(load(&p, "h").is_some(), "a quiet measurement serves for the whole boot");
         let _ = std::fs::remove_dir_all(&d);
     }

@@ -17,28 +17,16 @@
 mod loom_mem;
 use loom_mem::LoomMem;
 
-use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
 use loom::thread;
-use strait_shm::ring::{
-    announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea, Consumer, Producer, RingMemory,
-};
+use strait_shm::ring::{ByteArea, Consumer, Producer, RingMemory};
 
-struct Shared {
-    mem: LoomMem,
-    head: AtomicU64,
-    consumer_sleeps: AtomicU64,
-    producer_sleeps: AtomicU64,
-}
+type Shared = loom_mem::Shared<LoomMem>;
 
 impl Shared {
     fn new(size: usize) -> Arc<Shared> {
-        Arc::new(Shared {
-            mem: LoomMem::new(size),
-            head: AtomicU64::new(0),
-            consumer_sleeps: AtomicU64::new(0),
-            producer_sleeps: AtomicU64::new(0),
-        })
+        Shared::with(LoomMem::new(size))
     }
 }
 
@@ -120,34 +108,15 @@ fn stale_cells_from_an_earlier_lap_are_never_read_as_frames() {
 /// The consumer announces sleep and re-checks; the producer publishes and rings.
 /// If the consumer went to sleep, the producer must have seen its flag.
 fn consumer_wakeup(fenced: bool) {
-    loom::model(move || {
-        let s = Shared::new(256);
-        let sp = s.clone();
-        let prod = thread::spawn(move || {
-            let mut p = Producer::new(256);
-            assert!(try_push(&mut p, &sp, &[7; 8]));
-            if fenced {
-                peer_needs_wake(&sp.consumer_sleeps)
-            } else {
-                sp.consumer_sleeps.swap(0, Ordering::Relaxed) != 0
-            }
-        });
-        let c = Consumer::new(256);
-        let slept = if fenced {
-            announce_sleep(&s.consumer_sleeps);
-            let data = c.has_data(&s.mem);
-            if data {
-                withdraw_sleep(&s.consumer_sleeps);
-            }
-            !data
-        } else {
-            s.consumer_sleeps.store(1, Ordering::Relaxed);
-            let data = s.mem.header(0).load(Ordering::Relaxed) != 0;
-            !data
-        };
-        let woke = prod.join().unwrap();
-        assert!(!slept || woke, "lost wake-up: the consumer sleeps on a published frame");
-    });
+    loom_mem::consumer_wakeup(
+        fenced,
+        || Shared::new(256),
+        |s| &s.consumer_sleeps,
+        |s| assert!(try_push(&mut Producer::new(256), s, &[7; 8])),
+        |s| Consumer::new(256).has_data(&s.mem),
+        |s| s.mem.header(0).load(Ordering::Relaxed) != 0,
+        "a published frame",
+    );
 }
 
 #[test]
@@ -165,25 +134,18 @@ fn broken_doorbell_without_fences_loses_a_wakeup() {
 /// consumer frees a frame and rings. If the producer sleeps, it must be woken.
 #[test]
 fn no_lost_wakeup_for_a_producer_waiting_for_room() {
-    loom::model(|| {
-        let s = Shared::new(256);
-        let mut p = Producer::new(256);
-        for i in 0..4 {
-            assert!(try_push(&mut p, &s, &payload(i, 8)));
-        }
-        assert!(!try_push(&mut p, &s, &payload(4, 8)));
-        let sc = s.clone();
-        let cons = thread::spawn(move || {
-            let mut c = Consumer::new(256);
-            assert_eq!(try_pop(&mut c, &sc).unwrap(), payload(0, 8));
-            peer_needs_wake(&sc.producer_sleeps)
-        });
-        announce_sleep(&s.producer_sleeps);
-        let room = p.has_room(&s.head, 8).unwrap();
-        if room {
-            withdraw_sleep(&s.producer_sleeps);
-        }
-        let woke = cons.join().unwrap();
-        assert!(room || woke, "lost wake-up: the producer sleeps on free room");
-    });
+    loom_mem::producer_wakeup(
+        || {
+            let s = Shared::new(256);
+            let mut p = Producer::new(256);
+            for i in 0..4 {
+                assert!(try_push(&mut p, &s, &payload(i, 8)));
+            }
+            assert!(!try_push(&mut p, &s, &payload(4, 8)));
+            (s, p)
+        },
+        |s| &s.producer_sleeps,
+        |s| assert_eq!(try_pop(&mut Consumer::new(256), s).unwrap(), payload(0, 8)),
+        |s, p| p.has_room(&s.head, 8).unwrap(),
+    );
 }

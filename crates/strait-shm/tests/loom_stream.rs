@@ -11,10 +11,12 @@
 //! out, sleeping without the fence) that the model must catch, or it proves nothing.
 #![cfg(loom)]
 
+mod loom_mem;
+
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use strait_shm::ring::{announce_sleep, peer_needs_wake, withdraw_sleep, ByteArea};
+use strait_shm::ring::ByteArea;
 use strait_shm::stream::ByteRing;
 
 /// The data area, a loom atomic per byte.
@@ -36,23 +38,11 @@ impl ByteArea for LoomBytes {
     }
 }
 
-struct Shared {
-    mem: LoomBytes,
-    tail: AtomicU64,
-    head: AtomicU64,
-    consumer_sleeps: AtomicU64,
-    producer_sleeps: AtomicU64,
-}
+type Shared = loom_mem::Shared<LoomBytes>;
 
 impl Shared {
     fn new(size: usize) -> Arc<Shared> {
-        Arc::new(Shared {
-            mem: LoomBytes((0..size).map(|_| AtomicU64::new(0)).collect()),
-            tail: AtomicU64::new(0),
-            head: AtomicU64::new(0),
-            consumer_sleeps: AtomicU64::new(0),
-            producer_sleeps: AtomicU64::new(0),
-        })
+        Shared::with(LoomBytes((0..size).map(|_| AtomicU64::new(0)).collect()))
     }
     fn ring(&self) -> ByteRing<'_, LoomBytes> {
         ByteRing::new(&self.tail, &self.head, &self.mem)
@@ -172,34 +162,20 @@ fn broken_release_before_copy_is_caught() {
 
 /// The consumer announces sleep and re-checks; the producer publishes and rings.
 fn consumer_wakeup(fenced: bool) {
-    loom::model(move || {
-        let s = Shared::new(4);
-        let sp = s.clone();
-        let prod = thread::spawn(move || {
-            let r = sp.ring();
+    loom_mem::consumer_wakeup(
+        fenced,
+        || Shared::new(4),
+        |s| &s.consumer_sleeps,
+        |s| {
+            let r = s.ring();
             let span = r.writable().unwrap();
             r.write_at(span.pos, &[7]);
             r.publish_to(span.pos + 1);
-            if fenced {
-                peer_needs_wake(&sp.consumer_sleeps)
-            } else {
-                sp.consumer_sleeps.swap(0, Ordering::Relaxed) != 0
-            }
-        });
-        let slept = if fenced {
-            announce_sleep(&s.consumer_sleeps);
-            let data = s.ring().readable().unwrap().len > 0;
-            if data {
-                withdraw_sleep(&s.consumer_sleeps);
-            }
-            !data
-        } else {
-            s.consumer_sleeps.store(1, Ordering::Relaxed);
-            s.tail.load(Ordering::Relaxed) == 0
-        };
-        let woke = prod.join().unwrap();
-        assert!(!slept || woke, "lost wake-up: the consumer sleeps on published bytes");
-    });
+        },
+        |s| s.ring().readable().unwrap().len > 0,
+        |s| s.tail.load(Ordering::Relaxed) != 0,
+        "published bytes",
+    );
 }
 
 #[test]
@@ -217,27 +193,23 @@ fn broken_sleep_without_fences_loses_a_wakeup() {
 /// rings.
 #[test]
 fn no_lost_wakeup_for_a_producer_waiting_for_room() {
-    loom::model(|| {
-        let s = Shared::new(2);
-        let r = s.ring();
-        r.write_at(0, &[1, 2]);
-        r.publish_to(2);
-        assert_eq!(r.writable().unwrap().len, 0);
-        let sc = s.clone();
-        let cons = thread::spawn(move || {
-            let r = sc.ring();
+    loom_mem::producer_wakeup(
+        || {
+            let s = Shared::new(2);
+            let r = s.ring();
+            r.write_at(0, &[1, 2]);
+            r.publish_to(2);
+            assert_eq!(r.writable().unwrap().len, 0);
+            (s, ())
+        },
+        |s| &s.producer_sleeps,
+        |s| {
+            let r = s.ring();
             let span = r.readable().unwrap();
             let mut out = [0u8; 1];
             r.read_at(span.pos, &mut out);
             r.consume_to(span.pos + 1);
-            peer_needs_wake(&sc.producer_sleeps)
-        });
-        announce_sleep(&s.producer_sleeps);
-        let room = r.writable().unwrap().len > 0;
-        if room {
-            withdraw_sleep(&s.producer_sleeps);
-        }
-        let woke = cons.join().unwrap();
-        assert!(room || woke, "lost wake-up: the producer sleeps on free room");
-    });
+        },
+        |s, _| s.ring().writable().unwrap().len > 0,
+    );
 }

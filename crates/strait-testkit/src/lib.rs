@@ -104,6 +104,16 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// True when the test runs as root; otherwise says on stderr that the test is
+/// skipped and `why` (what it needs root for).
+pub fn root_or_skip(why: &str) -> bool {
+    let root = is_root();
+    if !root {
+        eprintln!("skipped: {why}");
+    }
+    root
+}
+
 /// Writes `body` to `strait-<prefix>-<tag>-<pid>.py` in the temporary directory,
 /// readable by every user (tests run some scripts as another user).
 pub fn script(prefix: &str, tag: &str, body: &str) -> PathBuf {
@@ -114,6 +124,24 @@ pub fn script(prefix: &str, tag: &str, body: &str) -> PathBuf {
     std::fs::set_permissions(&p, perm).expect("chmod");
     p
 }
+
+/// A Python function for test scripts to put before their own text:
+/// `echo_back(c, pieces)` sends each piece on the connected socket `c`, shuts down
+/// its writing side, and returns every byte read back until the end of the stream.
+pub const PY_ECHO_BACK: &str = r#"
+import socket
+def echo_back(c, pieces):
+    for piece in pieces:
+        c.sendall(piece)
+    c.shutdown(socket.SHUT_WR)
+    got = bytearray()
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+    return got
+"#;
 
 /// True if `bin` is on the PATH.
 pub fn have(bin: &str) -> bool {

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use strait_anatomy::anatomy::{AnatomyRun, StageRow};
 use strait_anatomy::stages::{self, OneWay, STAGES};
@@ -150,8 +150,7 @@ impl End {
     /// how many send completions beyond `sends` it consumed meanwhile.
     fn reap(&mut self, mut sends: u32, mut recvs: u32) -> Result<u32, AnatomyError> {
         let mut extra = 0;
-        let mut spins: u32 = 0;
-        let mut start: Option<Instant> = None;
+        let mut stall = crate::bench::native::Stall::default();
         while sends > 0 || recvs > 0 {
             match self.w.poll() {
                 Some(c) => {
@@ -165,8 +164,7 @@ impl End {
                     }
                 }
                 None => {
-                    spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
+                    if stall.over(DEAD) {
                         return Err(AnatomyError::PingPong(format!("no completion within {DEAD:?}")));
                     }
                 }

@@ -7,10 +7,12 @@
 //! target, not a test (scripts/bench-targets): a burst of other work or a bimodal
 //! kernel path can move one short run, and a test proves correctness.
 
-use std::path::PathBuf;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use strait_testkit::root_or_skip;
 
 fn tmp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("strait-anatomy-test-{tag}-{}", std::process::id()));
@@ -33,6 +35,22 @@ fn text<'a>(v: &'a Value, k: &str) -> &'a str {
     v.get(k).and_then(Value::as_str).unwrap_or_else(|| panic!("{k} missing or not a string in {v}"))
 }
 
+/// Runs `strait anatomy --format json` with `args` and `--out out`; fails the test
+/// unless it succeeds, and returns the JSON document it printed and its stderr.
+fn anatomy_json<S: AsRef<OsStr>>(args: &[S], out: &Path) -> (Value, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["anatomy", "--format", "json"])
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
+    let stdout = String::from_utf8(o.stdout).expect("utf-8 stdout");
+    (serde_json::from_str(&stdout).expect("stdout is one JSON document"), stderr)
+}
+
 /// The run's deviation and its within-tolerance verdict are computed right from its
 /// stage sum and measurement (whether this host lands within is a benchmark target).
 fn check_verdict(r: &Value, sum: f64, measured: f64, tol: f64, floor: f64) {
@@ -45,17 +63,10 @@ fn check_verdict(r: &Value, sum: f64, measured: f64, tol: f64, floor: f64) {
 /// One run's JSON document, with every schema and consistency check.
 fn run_and_check(out: &PathBuf) -> Value {
     let _ = std::fs::remove_dir_all(out);
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["anatomy", "--format", "json", "--sizes", "8,4K", "--iters", "1000", "--warmup", "200"])
-        .args(["--transports", "strait-shm"])
-        .arg("--out")
-        .arg(out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
-    let stdout = String::from_utf8(o.stdout).expect("utf-8 stdout");
-    let doc: Value = serde_json::from_str(&stdout).expect("stdout is one JSON document");
+    let (doc, stderr) = anatomy_json(
+        &["--sizes", "8,4K", "--iters", "1000", "--warmup", "200", "--transports", "strait-shm"],
+        out,
+    );
 
     let machine = doc.get("machine").expect("machine");
     assert!(text(machine, "command").contains("anatomy"));
@@ -147,11 +158,6 @@ fn anatomy_table_prints_the_check() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The kernel UDP and TCP paths, traced through tracepoints (root only): every
 /// stage of the chain sees time, and the sum agrees with the untraced latency. The
 /// kernel's wake-up dominates and varies between batches on this 2-core machine, so,
@@ -159,22 +165,15 @@ fn is_root() -> bool {
 /// schema checks.
 #[test]
 fn kernel_udp_and_tcp_anatomy_as_root() {
-    if !is_root() {
-        eprintln!("skipped: the kernel paths need root (tracefs)");
+    if !root_or_skip("the kernel paths need root (tracefs)") {
         return;
     }
     let _turn = turn();
     let out = tmp_dir("kudp");
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["anatomy", "--format", "json", "--transports", "kernel-udp,kernel-tcp", "--sizes", "8"])
-        .args(["--iters", "400", "--warmup", "50"])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
-    let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let (doc, _) = anatomy_json(
+        &["--transports", "kernel-udp,kernel-tcp", "--sizes", "8", "--iters", "400", "--warmup", "50"],
+        &out,
+    );
     let runs = doc["runs"].as_array().expect("runs");
     let names: Vec<&str> = runs.iter().map(|r| text(r, "transport")).collect();
     assert_eq!(names, vec!["kernel-udp", "kernel-tcp"], "{doc}");
@@ -230,8 +229,7 @@ fn kernel_udp_and_tcp_anatomy_as_root() {
 /// exit status is 3.
 #[test]
 fn unprivileged_run_reports_and_exits_3() {
-    if !is_root() {
-        eprintln!("skipped: dropping to nobody needs root to start from");
+    if !root_or_skip("dropping to nobody needs root to start from") {
         return;
     }
     let exe = env!("CARGO_BIN_EXE_strait");
@@ -274,17 +272,13 @@ fn strait_run_anatomy_stages_and_check() {
     let _turn = turn();
     let lib = strait_testkit::preload_lib_with_probes(env!("CARGO_BIN_EXE_strait"));
     let out = tmp_dir("run");
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["anatomy", "--format", "json", "--sizes", "8,4K,64K", "--iters", "1000", "--warmup", "200"])
-        .args(["--transports", "strait-run,strait-run-udp", "--preload"])
-        .arg(&lib)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait anatomy failed ({:?}): {stderr}", o.status.code());
-    let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let args = ["--sizes", "8,4K,64K", "--iters", "1000", "--warmup", "200"]
+        .map(OsStr::new)
+        .into_iter()
+        .chain([OsStr::new("--transports"), OsStr::new("strait-run,strait-run-udp"), OsStr::new("--preload")])
+        .chain([lib.as_os_str()])
+        .collect::<Vec<_>>();
+    let (doc, _) = anatomy_json(&args, &out);
     assert!(text(&doc["machine"], "command").contains("--preload"), "{doc}");
     let runs = doc["runs"].as_array().expect("runs");
     let which: Vec<(&str, u64)> =

@@ -2,7 +2,7 @@
 //! the document's schema, that the numbers are positive and plausible, and that the
 //! result files exist.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -33,6 +33,24 @@ fn num(v: &Value, k: &str) -> Option<f64> {
     v.get(k).and_then(Value::as_f64)
 }
 
+/// Runs the built `strait bench` with the environment `env`, the arguments `args`
+/// then each group of `more`, and `--out out`; fails the test unless it succeeds;
+/// returns its stdout and stderr.
+fn bench_ok(env: &[(&str, &str)], args: &[&str], more: &[&[&str]], out: &Path) -> (Vec<u8>, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .envs(env.iter().copied())
+        .arg("bench")
+        .args(args)
+        .args(more.concat())
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "strait bench {args:?} failed: {stderr}");
+    (o.stdout, stderr)
+}
+
 #[test]
 fn bench_json_schema_values_and_files() {
     let _turn = turn();
@@ -44,33 +62,23 @@ fn bench_json_schema_values_and_files() {
     // long, so the counts test the paths, not this machine's scheduling (with the
     // default budgets a loaded 2-core host made the floor sleep on most 64 KiB
     // messages: 2.25 system calls each).
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .env("STRAIT_FLOOR_SPIN_US", "5000000")
-        .env("STRAIT_SPIN_US", "5000000")
+    let env = [
+        ("STRAIT_FLOOR_SPIN_US", "5000000"),
+        ("STRAIT_SPIN_US", "5000000"),
         // The pipelined copy for rendezvous messages, whatever this host's calibration
         // would pick: a remote read is a system call per message by design.
-        .env("STRAIT_CALIBRATE", "copy")
-        .args([
-            "bench",
-            "--format",
-            "json",
-            "--no-progress",
-            "--rounds",
-            "2",
-            "--batch-ms",
-            "3",
-            "--warmup",
-            "20",
-        ])
-        .args(["--iters", "300", "--bw-msgs", "200", "--count-iters", "20"])
-        .args(["--lat-sizes", "8,4K", "--bw-sizes", "4K,64K", "--transports", &ts.join(",")])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait bench failed: {stderr}");
-    let stdout = String::from_utf8(o.stdout).expect("utf-8 stdout");
+        ("STRAIT_CALIBRATE", "copy"),
+    ];
+    let (stdout, stderr) = bench_ok(
+        &env,
+        &["--format", "json", "--no-progress", "--rounds", "2", "--batch-ms", "3", "--warmup", "20"],
+        &[
+            &["--iters", "300", "--bw-msgs", "200", "--count-iters", "20"],
+            &["--lat-sizes", "8,4K", "--bw-sizes", "4K,64K", "--transports", &ts.join(",")],
+        ],
+        &out,
+    );
+    let stdout = String::from_utf8(stdout).expect("utf-8 stdout");
     // Exactly one JSON document on stdout, nothing else.
     let doc: Value =
         serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("stdout is not one JSON doc: {e}\n{stdout}"));
@@ -89,21 +97,9 @@ fn bench_json_schema_values_and_files() {
     let rows = doc["results"].as_array().expect("results array");
     // 2 latency + 2 bandwidth sizes per transport.
     assert_eq!(rows.len(), ts.len() * 4, "{rows:#?}");
-    let keys = [
-        "transport",
-        "kind",
-        "size_bytes",
-        "p50_ns",
-        "p99_ns",
-        "p999_ns",
-        "gbytes_per_s",
-        "syscalls_per_msg",
-        "cpu_ns_per_msg",
-        "samples",
-    ];
     let counting = !m["syscall_counter"].as_str().unwrap_or("").starts_with("unavailable");
     for r in rows {
-        for k in keys {
+        for k in strait_anatomy::report::RESULT_FIELDS {
             assert!(r.get(k).is_some(), "row lacks {k}: {r}");
         }
         let t = r["transport"].as_str().unwrap_or("");
@@ -173,27 +169,16 @@ fn bench_json_schema_values_and_files() {
 fn table_output_and_udp_skip() {
     let _turn = turn();
     let out = tmp_dir("table");
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args([
-            "bench",
-            "--no-progress",
-            "--rounds",
-            "1",
-            "--batch-ms",
-            "2",
-            "--warmup",
-            "10",
-            "--iters",
-            "100",
-        ])
-        .args(["--bw-msgs", "50", "--count-iters", "0", "--lat-sizes", "64,100K", "--bw-sizes", "100K"])
-        .args(["--transports", "kernel-udp,unix-stream"])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run strait");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s = String::from_utf8_lossy(&o.stdout);
+    let (stdout, _) = bench_ok(
+        &[],
+        &["--no-progress", "--rounds", "1", "--batch-ms", "2", "--warmup", "10", "--iters", "100"],
+        &[
+            &["--bw-msgs", "50", "--count-iters", "0", "--lat-sizes", "64,100K", "--bw-sizes", "100K"],
+            &["--transports", "kernel-udp,unix-stream"],
+        ],
+        &out,
+    );
+    let s = String::from_utf8_lossy(&stdout);
     assert!(s.contains("unix-stream") && s.contains("kernel-udp"), "{s}");
     assert!(s.contains("skipped: a UDP datagram carries at most 65507 bytes"), "{s}");
     assert!(s.contains("datagrams of <="), "{s}");
@@ -223,29 +208,17 @@ fn bad_flags_are_errors() {
 fn across_netns_measures_every_transport_and_cleans_up() {
     let _turn = turn();
     let out = tmp_dir("netns");
-    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
-        .args(["bench", "--across-netns", "--format", "json", "--no-progress", "--rounds", "2"])
-        .args([
-            "--batch-ms",
-            "5",
-            "--warmup",
-            "20",
-            "--iters",
-            "300",
-            "--bw-msgs",
-            "100",
-            "--count-iters",
-            "10",
-        ])
-        .args(["--lat-sizes", "8,32K", "--bw-sizes", "64K"])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run strait");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "strait bench --across-netns failed: {stderr}");
+    let (stdout, stderr) = bench_ok(
+        &[],
+        &["--across-netns", "--format", "json", "--no-progress", "--rounds", "2", "--batch-ms", "5"],
+        &[
+            &["--warmup", "20", "--iters", "300", "--bw-msgs", "100", "--count-iters", "10"],
+            &["--lat-sizes", "8,32K", "--bw-sizes", "64K"],
+        ],
+        &out,
+    );
     assert!(!stderr.contains("dropping it from the run"), "a transport failed: {stderr}");
-    let doc: Value = serde_json::from_slice(&o.stdout).expect("one JSON document");
+    let doc: Value = serde_json::from_slice(&stdout).expect("one JSON document");
     let rows = doc["results"].as_array().expect("results");
     for t in ["kernel-tcp", "kernel-udp", "strait-udp", "strait-xdp"] {
         let mine: Vec<&Value> = rows.iter().filter(|r| r["transport"] == t).collect();

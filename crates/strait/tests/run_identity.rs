@@ -4,7 +4,7 @@
 //! connection stayed accelerated.
 
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 mod common;
@@ -15,7 +15,7 @@ use strait_testkit::stat;
 /// become another user).
 const PYTHON: &str = "/usr/bin/python3";
 
-use strait_testkit::is_root;
+use strait_testkit::root_or_skip;
 
 fn script(tag: &str, body: &str) -> PathBuf {
     strait_testkit::script("identity", tag, body)
@@ -27,7 +27,9 @@ fn free_port() -> u16 {
 }
 
 /// The stream both ways: `MIB` MiB of a seeded pattern each way, written and read
-/// at once (two threads), SHA-256 of what was read printed.
+/// at once (two threads), SHA-256 of what was read printed; `connect(port)` makes a
+/// client's connection to the loopback, `accept_one(port)` a server's (and its
+/// listener).
 const STREAM: &str = r#"
 import hashlib, os, threading
 MIB = int(os.environ.get('STRAIT_IDENTITY_MIB', '64'))
@@ -61,6 +63,20 @@ def expected(seed):
     for _ in range(MIB * 16):
         h.update(p)
     return h.hexdigest()
+def connect(port):
+    import socket
+    c = socket.create_connection(('127.0.0.1', port), timeout=60)
+    c.settimeout(None)
+    return c
+def accept_one(port):
+    import socket
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(('127.0.0.1', port))
+    l.listen(8)
+    print('LISTENING', flush=True)
+    c, _ = l.accept()
+    return c, l
 "#;
 
 /// The privilege-separated server of the issue: accept; fork; in the child dup2
@@ -75,12 +91,7 @@ port, jail, variant = int(sys.argv[1]), sys.argv[2], sys.argv[4]
 libc = ctypes.CDLL(None, use_errno=True)
 SYS_clone, SYS_clone3, SYS_pivot_root, SIGCHLD = 56, 435, 155, 17
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(8)
-print('LISTENING', flush=True)
-c, _ = l.accept()
+c, l = accept_one(port)
 pid = os.fork()
 if pid == 0:
     for fd in (0, 1, 2):
@@ -145,14 +156,24 @@ sys.exit(0 if got == expected(b'client') else 4)
 const STREAM_CLIENT: &str = r#"
 import os, socket, sys
 exec(open(sys.argv[2]).read())
-c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=60)
-c.settimeout(None)
+c = connect(int(sys.argv[1]))
 got, n = pump(c.fileno(), c.fileno(), b'client')
 ok = got == expected(b'server')
 print('STREAM', 'ok' if ok else 'BAD', n, flush=True)
 c.shutdown(socket.SHUT_WR)
 sys.exit(0 if ok else 1)
 "#;
+
+/// Fails the test unless the client run `out` succeeded and printed `want`, and
+/// the server, whose status and stderr are `server`, succeeded too; returns the
+/// client's stderr.
+fn both_ok(out: &Output, want: &str, (sok, serr): (bool, &str)) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success() && text.contains(want), "client: {text}\n{err}\nserver: {serr}");
+    assert!(sok, "server: {serr}");
+    err
+}
 
 /// Fork, dup2 onto 0/1/2, raw clone into a new network namespace, chroot, setuid;
 /// the acceptor and the middle process exit: the connection keeps working,
@@ -190,15 +211,21 @@ fn the_privilege_separated_pattern_ending_in_an_inetd_style_exec() {
     privsep("exec");
 }
 
-fn privsep(variant: &str) {
-    if !is_root() {
-        eprintln!("skipped: needs root (chroot, setuid, namespaces)");
-        return;
+/// An empty directory to chroot into, named with `tag`, for a test that needs root
+/// and python3; `None` (the test skipped) when not root.
+fn root_jail(tag: &str) -> Option<PathBuf> {
+    if !root_or_skip("needs root (chroot, setuid, namespaces)") {
+        return None;
     }
     ensure(PYTHON, "python3");
-    let port = free_port();
-    let jail = std::env::temp_dir().join(format!("strait-identity-jail-{variant}-{}", std::process::id()));
+    let jail = std::env::temp_dir().join(format!("strait-identity-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&jail).expect("jail");
+    Some(jail)
+}
+
+fn privsep(variant: &str) {
+    let Some(jail) = root_jail(&format!("jail-{variant}")) else { return };
+    let port = free_port();
     let stream = script(&format!("stream-{variant}"), STREAM);
     let srv = script(&format!("privsep-server-{variant}"), PRIVSEP_SERVER);
     let stdio = script(&format!("stdio-stream-{variant}"), STDIO_STREAM);
@@ -232,12 +259,7 @@ exec(open(sys.argv[3]).read())
 port, jail = int(sys.argv[1]), sys.argv[2]
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(8)
-print('LISTENING', flush=True)
-c, _ = l.accept()
+c, l = accept_one(port)
 l.close()
 if libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC) != 0:
     sys.exit(3)
@@ -253,8 +275,7 @@ sys.exit(0 if got == expected(b'client') else 4)
 const SETUID_CLIENT: &str = r#"
 import os, socket, sys
 exec(open(sys.argv[2]).read())
-c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=60)
-c.settimeout(None)
+c = connect(int(sys.argv[1]))
 os.setgroups([])
 os.setgid(65534)
 os.setuid(65534)
@@ -266,14 +287,8 @@ sys.exit(0 if ok else 1)
 
 #[test]
 fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
-    ensure(PYTHON, "python3");
+    let Some(jail) = root_jail("jail2") else { return };
     let port = free_port();
-    let jail = std::env::temp_dir().join(format!("strait-identity-jail2-{}", std::process::id()));
-    std::fs::create_dir_all(&jail).expect("jail");
     let stream = script("stream2", STREAM);
     let srv = script("unshare-server", UNSHARE_SERVER);
     let cli = script("setuid-client", SETUID_CLIENT);
@@ -309,8 +324,7 @@ fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
 /// 256 MiB, compared byte for byte; both client connections accelerated.
 #[test]
 fn openssh_privilege_separated_ssh_and_scp_under_strait() {
-    if !is_root() {
-        eprintln!("skipped: sshd needs root");
+    if !root_or_skip("sshd needs root") {
         return;
     }
     for (bin, pkg) in
@@ -425,19 +439,31 @@ l.close()
 u.recv(1)  # the receiver has it
 "#;
 
+/// A Python function for the receivers below (put before their text):
+/// `take_fd(path)` listens on the Unix socket `path`, says `READY`, accepts one
+/// connection and receives up to 4 descriptors on it; returns the connection, the
+/// listener and the descriptors.
+const PY_TAKE_FD: &str = r#"
+import socket
+def take_fd(path):
+    l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    l.bind(path)
+    l.listen(1)
+    print('READY', flush=True)
+    u, _ = l.accept()
+    _, fds, _, _ = socket.recv_fds(u, 16, 4)
+    return u, l, fds
+"#;
+
 /// Receives one socket over a Unix socket and serves on it: the stream both ways
-/// (`conn`), or `n` one-line echoes on connections it accepts (`listener`).
+/// (`conn`), or `n` one-line echoes on connections it accepts (`listener`) (after
+/// [`PY_TAKE_FD`]).
 const HANDOFF_RECEIVER: &str = r#"
 import os, socket, sys
 exec(open(sys.argv[3]).read())
 path, mode = sys.argv[1], sys.argv[2]
 n = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(path)
-s.listen(1)
-print('READY', flush=True)
-u, _ = s.accept()
-msg, fds, _, _ = socket.recv_fds(u, 16, 4)
+u, s, fds = take_fd(path)
 assert len(fds) == 1, fds
 u.send(b'k')
 got = socket.socket(fileno=fds[0])
@@ -466,12 +492,8 @@ print('LINES OK', n, flush=True)
 /// Starts `cmd` with its output piped and waits for its first line to be `want`
 /// (its stdout stays open, unread, so later lines never meet a closed pipe).
 fn spawn_waiting(cmd: &mut std::process::Command, want: &str) -> std::process::Child {
-    use std::io::BufRead;
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
-    let mut r = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    r.read_line(&mut line).expect(want);
-    assert_eq!(line.trim(), want, "{cmd:?}");
+    let (child, r) = common::spawn_until_line(cmd, want);
+    // The rest of its output stays unread, the pipe open.
     std::mem::forget(r);
     child
 }
@@ -505,18 +527,25 @@ struct Handoff {
     receiver: (bool, String),
 }
 
+/// For a test of Python programs: makes sure python3 is there; returns a free port
+/// and an empty directory named with `tag`.
+fn python_port_and_dir(tag: &str) -> (String, PathBuf) {
+    ensure(PYTHON, "python3");
+    let port = free_port().to_string();
+    let dir = std::env::temp_dir().join(format!("strait-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    (port, dir)
+}
+
 /// A receiver waiting on a Unix socket, a sender that passes it a socket of kind
 /// `mode` (`conn` or `listener`) and exits, and a client (`client` script with
 /// `client_args` after the port) under strait.
 fn handoff(mode: &str, client: &str, client_args: &[&str], receiver_args: &[&str]) -> Handoff {
-    ensure(PYTHON, "python3");
-    let port = free_port().to_string();
-    let dir = std::env::temp_dir().join(format!("strait-pass-{mode}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let (port, dir) = python_port_and_dir(&format!("pass-{mode}"));
     let path = dir.join("handoff.sock").display().to_string();
     let snd = script(&format!("pass-send-{mode}"), HANDOFF_SENDER);
-    let rcv = script(&format!("pass-recv-{mode}"), HANDOFF_RECEIVER);
+    let rcv = script(&format!("pass-recv-{mode}"), &[PY_TAKE_FD, HANDOFF_RECEIVER].concat());
     let cli = script(&format!("pass-cli-{mode}"), client);
     let st = script(&format!("pass-stream-{mode}"), STREAM).display().to_string();
     let mut rargs = vec!["--stats", "--", PYTHON, rcv.to_str().expect("p"), &path, mode, &st];
@@ -628,10 +657,7 @@ fn a_socket_activated_service_accelerates_the_connections_on_its_inherited_liste
     )
     .expect("client finished");
     let (sok, serr) = stderr_of(server, Duration::from_secs(30));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("LINES OK 19"), "client: {text}\n{err}\nservice: {serr}");
-    assert!(sok, "service: {serr}");
+    let err = both_ok(&out, "LINES OK 19", (sok, &serr));
     assert_eq!(stat(&err, "accelerated"), 19, "client: {err}\nservice: {serr}");
 }
 
@@ -755,10 +781,7 @@ fn a_child_forked_from_a_signal_handler_carries_the_connection() {
         .expect("client finished in time");
     let (sok, serr) = stderr_of(server, Duration::from_secs(60));
     let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}\nserver: {serr}");
-    assert!(sok, "server (the child's status): {serr}");
+    let err = both_ok(&out, "STREAM ok", (sok, &serr));
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
 }
 
@@ -780,15 +803,11 @@ u.recv(1)
 time.sleep(float(sys.argv[3]))  # keeps its copy, reads nothing
 "#;
 
+/// Receives the UDP socket and reads its datagrams (after [`PY_TAKE_FD`]).
 const UDP_PASS_RECEIVER: &str = r#"
 import socket, sys
 path, n = sys.argv[1], int(sys.argv[2])
-l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-l.bind(path)
-l.listen(1)
-print('READY', flush=True)
-u, _ = l.accept()
-_, fds, _, _ = socket.recv_fds(u, 16, 4)
+u, l, fds = take_fd(path)
 s = socket.socket(fileno=fds[0])
 u.send(b'k')
 s.settimeout(10)
@@ -821,15 +840,11 @@ print('ECHOED', got, flush=True)
 #[test]
 fn a_udp_socket_passed_to_another_process_gets_every_later_datagram() {
     use std::io::{BufRead, Write};
-    ensure(PYTHON, "python3");
-    let port = free_port().to_string();
-    let dir = std::env::temp_dir().join(format!("strait-udppass-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let (port, dir) = python_port_and_dir("udppass");
     let path = dir.join("h.sock").display().to_string();
     let (snd, rcv, cli) = (
         script("udppass-send", UDP_PASS_SENDER),
-        script("udppass-recv", UDP_PASS_RECEIVER),
+        script("udppass-recv", &[PY_TAKE_FD, UDP_PASS_RECEIVER].concat()),
         script("udppass-cli", UDP_PASS_CLIENT),
     );
     let receiver = spawn_waiting(
@@ -910,10 +925,7 @@ fn a_raw_clone_is_noticed_at_its_first_call_and_carries_the_connection() {
     )
     .expect("client finished");
     let (sok, serr) = stderr_of(server, Duration::from_secs(30));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("STREAM ok"), "client: {text}\n{err}\nserver: {serr}");
-    assert!(sok, "server: {serr}");
+    let err = both_ok(&out, "STREAM ok", (sok, &serr));
     assert_eq!(stat(&serr, "unseen-forks"), 1, "the child noticed it was new: {serr}");
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
 }

@@ -146,16 +146,26 @@ fn sockperf_tcp_between_hosts_rides_strait_and_plain_ends_fall_back() {
     assert!(started.elapsed() < Duration::from_secs(10), "fallback took {:?}", started.elapsed());
 }
 
+/// A Python function for the scripts below (put before their text):
+/// `accept_one(addr, port, backlog)` listens on `addr:port` and returns the first
+/// connection accepted and the listening socket (kept open by the caller).
+const PY_ACCEPT_ONE: &str = r#"import socket
+def accept_one(addr, port, backlog):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port))
+    s.listen(backlog)
+    c, _ = s.accept()
+    return c, s
+"#;
+
+/// A sink and a source of a hashed pattern (after [`PY_ACCEPT_ONE`]).
 const HASHED: &str = r#"import hashlib, socket, sys
 mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def pattern(i):
     return hashlib.sha256(i.to_bytes(8, "little")).digest() * 2048
 if mode == "sink":
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, port))
-    s.listen(4)
-    c, _ = s.accept()
+    c, s = accept_one(addr, port, 4)
     h, n = hashlib.sha256(), 0
     while True:
         d = c.recv(1 << 20)
@@ -211,7 +221,7 @@ fn iperf3_and_a_hashed_transfer_between_hosts_under_strait() {
     // Every byte, hashed at both ends (iperf3's own -F file mode rewrites blocks on
     // the receiving side even over the kernel, so it cannot check content).
     let script = std::env::temp_dir().join(format!("strait-hashed-{}.py", std::process::id()));
-    std::fs::write(&script, HASHED).expect("write script");
+    std::fs::write(&script, [PY_ACCEPT_ONE, HASHED].concat()).expect("write script");
     let s = script.to_str().expect("utf-8 path");
     for (strait_sink, strait_source) in [(true, true), (true, false), (false, true)] {
         let t = hashed_transfer(&h, s, [strait_sink, strait_source], &[], 5212, 60_000_000);
@@ -307,14 +317,12 @@ fn hashed_transfer(
     t
 }
 
+/// A reader that stops reading and a writer that keeps writing (after
+/// [`PY_ACCEPT_ONE`]).
 const STREAMER: &str = r#"import socket, sys, time
 mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode == "reader":
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, port))
-    s.listen(1)
-    c, _ = s.accept()
+    c, s = accept_one(addr, port, 1)
     c.recv(1 << 16)
     print("READING", flush=True)
     time.sleep(600)
@@ -336,7 +344,7 @@ else:
 fn a_peer_killed_mid_transfer_ends_in_an_error_not_a_hang() {
     let h = Hosts::create();
     let script = std::env::temp_dir().join(format!("strait-streamer-{}.py", std::process::id()));
-    std::fs::write(&script, STREAMER).expect("write script");
+    std::fs::write(&script, [PY_ACCEPT_ONE, STREAMER].concat()).expect("write script");
     let s = script.to_str().expect("utf-8 path");
     let mut reader = h
         .cmd(0, true, "python3", &[s, "reader", &h.addr[0], "5213"])
@@ -414,7 +422,7 @@ fn sockperf_and_a_hashed_transfer_over_the_xdp_device_between_hosts() {
     drop(server);
 
     let script = std::env::temp_dir().join(format!("strait-hashed-xdp-{}.py", std::process::id()));
-    std::fs::write(&script, HASHED).expect("write script");
+    std::fs::write(&script, [PY_ACCEPT_ONE, HASHED].concat()).expect("write script");
     let s = script.to_str().expect("utf-8 path");
     let t = hashed_transfer(&h, s, [true, true], xdp, 5222, 30_000_000);
     assert_eq!(remote_xdp(&t), 1, "{t}");

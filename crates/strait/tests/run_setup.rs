@@ -3,11 +3,13 @@
 //! attach timeout), and the bytes arrive in order whether the acceptor attaches or
 //! the connection stays with the kernel, also when the connector closes at once.
 
-use std::process::Stdio;
+use std::io::BufReader;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Output};
 use std::time::Duration;
 
 mod common;
-use common::{ensure, run_for, strait_run};
+use common::{ensure, run_for, spawn_until_line, strait_run};
 use strait_testkit::stat;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -31,20 +33,12 @@ while True:
 "#;
 
 /// Connects, writes three pieces at once (before any accept), then the rest, and
-/// checks the echo.
+/// checks the echo (after [`strait_testkit::PY_ECHO_BACK`]).
 const EARLY_CLIENT: &str = r#"
 import hashlib, os, socket, sys
 c = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=30)
 data = os.urandom(int(sys.argv[2]))
-for piece in (data[:10], data[10:1000], data[1000:]):
-    c.sendall(piece)
-c.shutdown(socket.SHUT_WR)
-got = bytearray()
-while True:
-    b = c.recv(65536)
-    if not b:
-        break
-    got += b
+got = echo_back(c, (data[:10], data[10:1000], data[1000:]))
 print('ECHO', 'ok' if got == data else 'BAD %d of %d' % (len(got), len(data)), flush=True)
 "#;
 
@@ -58,26 +52,23 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
-/// Runs the slow server and the early client; returns (client stdout, client
-/// stderr, server stderr).
-fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, String) {
-    ensure(PYTHON, "python3");
+/// Starts the Python server `srv` (its port and `delay` as arguments) under
+/// `strait run --stats` and waits for its `LISTENING`, then runs the client `cli`
+/// (the port and `arg`) under `strait run --stats --attach-timeout-ms
+/// attach_timeout_ms`, 60 s at most. Returns the server, the rest of its stdout
+/// and the client's output.
+fn server_then_client(
+    srv: &Path,
+    delay: &str,
+    cli: &Path,
+    attach_timeout_ms: &str,
+    arg: &str,
+) -> (Child, BufReader<ChildStdout>, Output) {
     let port = free_port().to_string();
-    let (srv, cli) =
-        (script(&format!("slow-{delay}"), SLOW_SERVER), script(&format!("early-{delay}"), EARLY_CLIENT));
-    let mut server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        std::io::BufReader::new(server.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("LISTENING");
-        assert_eq!(line.trim(), "LISTENING");
-    }
+    let (server, sout) = spawn_until_line(
+        &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay]),
+        "LISTENING",
+    );
     let out = run_for(
         &mut strait_run(&[
             "--stats",
@@ -87,25 +78,38 @@ fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, 
             PYTHON,
             cli.to_str().expect("p"),
             &port,
-            bytes,
+            arg,
         ]),
         Duration::from_secs(60),
     )
     .expect("client finished");
+    (server, sout, out)
+}
+
+/// Runs the slow server and the early client; fails the test unless the client's
+/// echo came back whole; returns (client stdout, client stderr, server stderr).
+fn early(delay: &str, attach_timeout_ms: &str, bytes: &str) -> (String, String, String) {
+    ensure(PYTHON, "python3");
+    let (srv, cli) = (
+        script(&format!("slow-{delay}"), SLOW_SERVER),
+        script(&format!("early-{delay}"), &[strait_testkit::PY_ECHO_BACK, EARLY_CLIENT].concat()),
+    );
+    let (server, _, out) = server_then_client(&srv, delay, &cli, attach_timeout_ms, bytes);
     let so = server.wait_with_output().expect("server");
-    (
+    let (out, err, serr): (String, String, String) = (
         String::from_utf8_lossy(&out.stdout).into(),
         String::from_utf8_lossy(&out.stderr).into(),
         String::from_utf8_lossy(&so.stderr).into(),
-    )
+    );
+    assert!(out.contains("ECHO ok"), "client: {out}\n{err}\nserver: {serr}");
+    (out, err, serr)
 }
 
 /// The acceptor attaches 300 ms after the connector wrote (within its attach
 /// timeout): all bytes arrive, accelerated.
 #[test]
 fn bytes_written_before_a_slow_accept_arrive() {
-    let (out, err, serr) = early("0.3", "5000", "200000");
-    assert!(out.contains("ECHO ok"), "client: {out}\n{err}\nserver: {serr}");
+    let (_, err, serr) = early("0.3", "5000", "200000");
     assert_eq!(stat(&err, "accelerated"), 1, "client: {err}");
     assert_eq!(stat(&serr, "accelerated"), 1, "server: {serr}");
 }
@@ -114,8 +118,7 @@ fn bytes_written_before_a_slow_accept_arrive() {
 /// accept at 800 ms): everything goes through the kernel, in order.
 #[test]
 fn bytes_written_before_a_late_accept_reach_the_kernel_path_in_order() {
-    let (out, err, serr) = early("0.8", "200", "200000");
-    assert!(out.contains("ECHO ok"), "client: {out}\n{err}\nserver: {serr}");
+    let (_, err, _) = early("0.8", "200", "200000");
     assert_eq!(stat(&err, "accelerated"), 0, "client: {err}");
     assert_eq!(stat(&err, "kernel-fallback"), 1, "client: {err}");
 }
@@ -158,38 +161,11 @@ print('SENT', len(data), hashlib.sha256(data).hexdigest(), flush=True)
 fn bytes_written_and_closed_before_the_accept_arrive() {
     ensure(PYTHON, "python3");
     for (delay, timeout) in [("0.2", "2000"), ("0.6", "200")] {
-        let port = free_port().to_string();
         let (srv, cli) = (
             script(&format!("drain-{delay}"), DRAIN_SERVER),
             script(&format!("wc-{delay}"), WRITE_AND_CLOSE),
         );
-        let server = strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("server");
-        let mut server = server;
-        let mut sout = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-        {
-            use std::io::BufRead;
-            let mut line = String::new();
-            sout.read_line(&mut line).expect("LISTENING");
-            assert_eq!(line.trim(), "LISTENING");
-        }
-        let out = run_for(
-            &mut strait_run(&[
-                "--stats",
-                "--attach-timeout-ms",
-                timeout,
-                "--",
-                PYTHON,
-                cli.to_str().expect("p"),
-                &port,
-                "100000",
-            ]),
-            Duration::from_secs(60),
-        )
-        .expect("client finished");
+        let (mut server, mut sout, out) = server_then_client(&srv, delay, &cli, timeout, "100000");
         let mut got = String::new();
         {
             use std::io::Read;

@@ -114,9 +114,73 @@ pub fn server_and_client(
     (s.finish(deadline), c)
 }
 
+/// Extra environment for a process.
+pub type Env<'a> = &'a [(&'a str, &'a str)];
+
+/// Runs a server of `modes[0]`, then a client of `modes[1]` for its port, with the
+/// extra environment `envs[0]` and `envs[1]`, both to the end (killed at
+/// `deadline`); `make(0, args)` makes the server's command, `make(1, args)` the
+/// client's. Returns (server, client) output.
+pub fn run_modes(
+    make: impl Fn(usize, &[&str]) -> Command,
+    modes: [&str; 2],
+    envs: [Env; 2],
+    deadline: Instant,
+) -> (Out, Out) {
+    let mut server = make(0, &["server", modes[0]]);
+    server.envs(envs[0].iter().copied());
+    server_and_client(
+        &mut server,
+        |port| {
+            let mut c = make(1, &["client", port, modes[1]]);
+            c.envs(envs[1].iter().copied());
+            c
+        },
+        deadline,
+    )
+}
+
 /// Fails the test with both outputs unless the process succeeded.
 pub fn check(o: &Out, what: &str) {
     assert!(o.ok, "{what} failed:\nstdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+}
+
+/// Fails the test unless both the server and the client of `pair` succeeded;
+/// returns the pair.
+pub fn checked(pair: (Out, Out)) -> (Out, Out) {
+    check(&pair.0, "server");
+    check(&pair.1, "client");
+    pair
+}
+
+/// What a `source` client says it sent and a `sink` server says it received (byte
+/// count and digest), in that order.
+pub fn sent_and_received(s: &Out, c: &Out) -> (String, String) {
+    let sent = c.stdout.lines().find(|l| l.starts_with("sent ")).expect("sent").replace("sent ", "");
+    let got =
+        s.stdout.lines().find(|l| l.starts_with("received ")).expect("received").replace("received ", "");
+    (sent, got)
+}
+
+/// Fails the test unless the `mode` server (one that hands its connection to a
+/// new program) and its `echo` client both succeeded, the client's echo came back
+/// whole and the new program took the connection over (`adopted`, one `inherited`).
+pub fn check_adopted(s: &Out, c: &Out, mode: &str) {
+    check(s, mode);
+    check(c, mode);
+    assert!(c.stdout.contains("echo ok 1734389"), "{mode}: {}", c.stdout);
+    assert!(s.stdout.contains("adopted ok") && s.stdout.contains("echoed 1734389"), "{mode}: {}", s.stdout);
+    assert_eq!(stat_sum(s, "inherited"), 1, "{mode}: {}", s.stderr);
+}
+
+/// Fails the test unless the `extras` server and client both passed.
+pub fn check_extras(s: &Out, c: &Out) {
+    assert!(
+        s.stdout.contains("extras ok") && c.stdout.contains("extras client ok"),
+        "{}{}",
+        s.stdout,
+        c.stdout
+    );
 }
 
 /// Sum of counter `name` over the `strait-preload: pid ...` statistics lines.

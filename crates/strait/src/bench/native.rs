@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use strait_anatomy::transport::Result;
 use strait_anatomy::{BenchError, Transport};
-use strait_core::{Device, EpId, MemoryRegion, OpKind, Status, Worker};
+use strait_core::{Completion, Device, EpId, MemoryRegion, OpKind, Status, Worker};
 
 const TAG_PING: u64 = 1;
 const TAG_PONG: u64 = 2;
@@ -39,6 +39,22 @@ pub struct NativeLink<D: Device> {
     win_size: usize,
     win_slots: usize,
     free: Vec<usize>,
+}
+
+/// Counts a busy-poll loop's empty polls and tells when it has waited too long
+/// (the clock is read only every 4096th empty poll, and starts at the first look).
+#[derive(Default)]
+pub(crate) struct Stall {
+    spins: u32,
+    start: Option<Instant>,
+}
+
+impl Stall {
+    /// Records one empty poll; whether the wait has now lasted longer than `limit`.
+    pub(crate) fn over(&mut self, limit: Duration) -> bool {
+        self.spins = self.spins.wrapping_add(1);
+        self.spins.is_multiple_of(4096) && self.start.get_or_insert_with(Instant::now).elapsed() > limit
+    }
 }
 
 fn err(name: &str, what: &str, e: impl std::fmt::Display) -> BenchError {
@@ -89,21 +105,21 @@ impl<D: Device> NativeLink<D> {
         }
     }
 
+    /// The error of a completion that did not end `Ok`.
+    fn failed(&self, c: &Completion) -> BenchError {
+        err(self.name, "completion", format!("{:?} ended {:?}{}", c.op, c.status, self.why()))
+    }
+
     /// Polls until `sends` send and `recvs` receive completions arrived; every one
     /// must be `Ok`. Returns the receive lengths summed.
     fn reap(&mut self, mut sends: u32, mut recvs: u32) -> Result<u64> {
         let mut bytes = 0u64;
-        let mut spins: u32 = 0;
-        let mut start: Option<Instant> = None;
+        let mut stall = Stall::default();
         while sends > 0 || recvs > 0 {
             match self.w.poll() {
                 Some(c) => {
                     if c.status != Status::Ok {
-                        return Err(err(
-                            self.name,
-                            "completion",
-                            format!("{:?} ended {:?}{}", c.op, c.status, self.why()),
-                        ));
+                        return Err(self.failed(&c));
                     }
                     match c.op {
                         OpKind::Send => sends = sends.saturating_sub(1),
@@ -114,12 +130,8 @@ impl<D: Device> NativeLink<D> {
                     }
                 }
                 None => {
-                    spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(4096) {
-                        let s = *start.get_or_insert_with(Instant::now);
-                        if s.elapsed() > DEAD {
-                            return Err(BenchError::Timeout(DEAD, "strait-shm completions"));
-                        }
+                    if stall.over(DEAD) {
+                        return Err(BenchError::Timeout(DEAD, "strait-shm completions"));
                     }
                 }
             }
@@ -210,8 +222,7 @@ impl<D: Device> Transport for NativeLink<D> {
             .post_recv(self.ep, &mut self.ack, 0..8, TAG_ACK, u64::MAX, 0)
             .map_err(|e| err(self.name, "post_recv", e))?;
         let (mut posted, mut done) = (0u64, 0u64);
-        let mut spins: u32 = 0;
-        let mut start: Option<Instant> = None;
+        let mut stall = Stall::default();
         while done < count {
             while posted < count {
                 let Some(slot) = self.free.pop() else { break };
@@ -233,16 +244,9 @@ impl<D: Device> Transport for NativeLink<D> {
                         format!("unexpected {:?} completion (tag {})", c.op, c.tag),
                     ))
                 }
-                Some(c) => {
-                    return Err(err(
-                        self.name,
-                        "completion",
-                        format!("{:?} ended {:?}{}", c.op, c.status, self.why()),
-                    ))
-                }
+                Some(c) => return Err(self.failed(&c)),
                 None => {
-                    spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
+                    if stall.over(DEAD) {
                         return Err(BenchError::Timeout(DEAD, "strait-shm send completions"));
                     }
                 }
@@ -263,8 +267,7 @@ impl<D: Device> Transport for NativeLink<D> {
             posted += 1;
         }
         let (mut got, mut bytes) = (0u64, 0u64);
-        let mut spins: u32 = 0;
-        let mut start: Option<Instant> = None;
+        let mut stall = Stall::default();
         while got < count {
             match self.w.poll() {
                 Some(c) if c.op == OpKind::Recv && c.status == Status::Ok => {
@@ -279,16 +282,9 @@ impl<D: Device> Transport for NativeLink<D> {
                     }
                 }
                 Some(c) if c.status == Status::Ok => {}
-                Some(c) => {
-                    return Err(err(
-                        self.name,
-                        "completion",
-                        format!("{:?} ended {:?}{}", c.op, c.status, self.why()),
-                    ))
-                }
+                Some(c) => return Err(self.failed(&c)),
                 None => {
-                    spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(4096) && start.get_or_insert_with(Instant::now).elapsed() > DEAD {
+                    if stall.over(DEAD) {
                         return Err(BenchError::Timeout(DEAD, "strait-shm streamed messages"));
                     }
                 }

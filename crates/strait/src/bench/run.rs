@@ -37,18 +37,12 @@ fn library() -> std::result::Result<PathBuf, String> {
 pub struct StraitRun;
 
 impl TransportSpec for StraitRun {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn description(&self) -> &'static str {
-        "unchanged socket calls (TCP over 127.0.0.1, blocking read/write) under strait run's preload library"
-    }
-
-    fn polls(&self) -> bool {
-        // A blocked read spins for STRAIT_SPIN_US before it sleeps.
+    // A blocked read spins for STRAIT_SPIN_US before it sleeps.
+    strait_anatomy::spec_identity!(
+        NAME,
+        "unchanged socket calls (TCP over 127.0.0.1, blocking read/write) under strait run's preload library",
         true
-    }
+    );
 
     fn latency_support(&self, _size: u64) -> Support {
         match library() {

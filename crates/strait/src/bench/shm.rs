@@ -23,17 +23,11 @@ fn err(what: &str, e: impl std::fmt::Display) -> BenchError {
 pub struct StraitShm;
 
 impl TransportSpec for StraitShm {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn description(&self) -> &'static str {
-        "strait native API (Worker, post_send/post_recv, poll) over the shm device"
-    }
-
-    fn polls(&self) -> bool {
+    strait_anatomy::spec_identity!(
+        NAME,
+        "strait native API (Worker, post_send/post_recv, poll) over the shm device",
         true
-    }
+    );
 
     fn settings(&self) -> Option<String> {
         match Config::from_env() {

@@ -32,17 +32,11 @@ fn attach(sock: UdpSocket) -> Result<Box<dyn Transport>> {
 pub struct StraitUdp;
 
 impl TransportSpec for StraitUdp {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn description(&self) -> &'static str {
-        "strait native API over the reliability layer over UDP (io_uring; --across-netns)"
-    }
-
-    fn polls(&self) -> bool {
+    strait_anatomy::spec_identity!(
+        NAME,
+        "strait native API over the reliability layer over UDP (io_uring; --across-netns)",
         true
-    }
+    );
 
     fn listen(&self) -> Result<Pending> {
         let (driver, _) = strait_anatomy::kernel::bench_addrs()?;

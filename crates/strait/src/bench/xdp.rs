@@ -46,17 +46,11 @@ fn link(i: usize) -> Result<Box<dyn Transport>> {
 pub struct StraitXdp;
 
 impl TransportSpec for StraitXdp {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn description(&self) -> &'static str {
-        "strait native API over the reliability layer over AF_XDP raw Ethernet (--across-netns)"
-    }
-
-    fn polls(&self) -> bool {
+    strait_anatomy::spec_identity!(
+        NAME,
+        "strait native API over the reliability layer over AF_XDP raw Ethernet (--across-netns)",
         true
-    }
+    );
 
     fn listen(&self) -> Result<Pending> {
         Ok(Pending { peer_args: Vec::new(), peer_fds: Vec::new(), finish: Box::new(|| link(0)) })

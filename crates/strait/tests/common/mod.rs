@@ -3,8 +3,9 @@
 // Each test binary uses its own subset.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 pub const STRAIT: &str = env!("CARGO_BIN_EXE_strait");
 
@@ -26,4 +27,15 @@ pub fn plain(prog: &str) -> Command {
     let mut c = Command::new(prog);
     c.env_remove("LD_PRELOAD");
     c
+}
+
+/// Starts `cmd` with its stdout and stderr piped and waits for its first line,
+/// which must be `want`; returns the child and the reader of the rest of its stdout.
+pub fn spawn_until_line(cmd: &mut Command, want: &str) -> (Child, BufReader<ChildStdout>) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut r = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    r.read_line(&mut line).expect(want);
+    assert_eq!(line.trim(), want, "{cmd:?}");
+    (child, r)
 }

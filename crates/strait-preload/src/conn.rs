@@ -548,7 +548,13 @@ impl Conn {
         let ring = self.shm.ring(self.tx());
         match ring.writable() {
             Ok(s) => {
-                self.head_seen.fetch_max(s.end() - ring.size() as u64, Ordering::Relaxed);
+                // A plain store, not a read-modify-write (this runs for every poll of
+                // the connection's readiness): a racing thread that stores an older
+                // head only makes the hint smaller, never larger than the real head.
+                let head = s.end() - ring.size() as u64;
+                if head > self.head_seen.load(Ordering::Relaxed) {
+                    self.head_seen.store(head, Ordering::Relaxed);
+                }
                 Ok((s.pos, s.len))
             }
             Err(_) => {

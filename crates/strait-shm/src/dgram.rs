@@ -310,6 +310,30 @@ mod tests {
         Some(out)
     }
 
+    /// A hostile receiver may write any tail and head: a producer with any cached
+    /// head either refuses (corrupt or full) or writes inside the data area.
+    #[test]
+    fn push_from_with_hostile_positions_stays_in_the_area() {
+        let mut buf = vec![0u64; 6]; // 48 bytes
+        let m = area(&mut buf);
+        let (tail, head) = (AtomicU64::new(0), AtomicU64::new(0));
+        let r = DgramRing::new(&tail, &head, &m);
+        let words = strait_sys::xorshift_bytes(0x5eed, 8 * 3 * 4000);
+        let word = |k: usize| u64::from_le_bytes(words[8 * k..8 * k + 8].try_into().unwrap());
+        for k in 0..4000 {
+            // Small values too, so that some positions are plausible.
+            let pick = |w: u64| if w & 1 == 0 { w % 200 } else { w };
+            tail.store(pick(word(3 * k)), Ordering::Relaxed);
+            head.store(pick(word(3 * k + 1)), Ordering::Relaxed);
+            let mut seen = pick(word(3 * k + 2));
+            let len = (word(3 * k + 2) % 40) as usize;
+            let _ = r.push_from(&mut seen, len, |mm, off| {
+                assert!(off + len <= crate::area::ByteArea::size(mm), "record outside the area");
+                DgramRing::store(mm, off, &vec![7u8; len]);
+            });
+        }
+    }
+
     #[test]
     fn push_from_an_old_head_never_overwrites_and_learns_the_new_one() {
         let mut buf = vec![0u64; 6]; // 48 bytes: three 8-byte datagrams

@@ -259,6 +259,25 @@ mod tests {
         }
     }
 
+    /// A hostile consumer may write any tail: room by any cached head is either
+    /// refused or a span inside one ring's worth of positions.
+    #[test]
+    fn room_by_a_cached_head_with_a_hostile_tail_is_bounded() {
+        let mut buf = vec![0u64; 2]; // 16 bytes
+        let area = ring_over(&mut buf);
+        let (tail, head) = (AtomicU64::new(0), AtomicU64::new(0));
+        let r = ByteRing::new(&tail, &head, &area);
+        let words = strait_sys::xorshift_bytes(0xbad, 8 * 2 * 4000);
+        let word = |k: usize| u64::from_le_bytes(words[8 * k..8 * k + 8].try_into().unwrap());
+        for k in 0..4000 {
+            let pick = |w: u64| if w & 1 == 0 { w % 40 } else { w };
+            tail.store(pick(word(2 * k)), Ordering::Relaxed);
+            if let Ok(s) = r.writable_from(pick(word(2 * k + 1))) {
+                assert!(s.len <= 16, "room {} beyond the ring", s.len);
+            }
+        }
+    }
+
     #[test]
     fn impossible_positions_are_corrupt_not_followed() {
         let mut buf = vec![0u64; 2];

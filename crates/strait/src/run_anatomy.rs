@@ -304,6 +304,11 @@ fn read_reply(f: &mut File) -> Result<(Vec<Stamp>, u64), String> {
     }
     f.read_exact(&mut w).map_err(gone)?;
     let dropped = u64::from_ne_bytes(w);
+    // Never more stamps than the logs we size (a corrupt count is an error, not an
+    // allocation of any size).
+    if head > 1 << 28 {
+        return Err(format!("the answering process reported {head} stamps"));
+    }
     let mut raw = vec![0u8; head as usize * 16];
     f.read_exact(&mut raw).map_err(gone)?;
     let stamps = raw

@@ -3,1499 +3,169 @@
 //! per-connection shared memory, and UDP datagrams between their sockets over
 //! per-(sender, receiver) message rings, with no change to either program.
 //!
-//! * [`discover`]: how the two ends find each other (abstract Unix socket named by
-//!   network namespace and port; never a byte on the TCP connection).
-//! * [`conn`]: the shared-memory connection (two byte rings, eventfd doorbells).
-//! * [`udp`]: UDP sockets (markers by port and address, message rings, the kernel
-//!   socket kept for everything else).
-//! * [`poll`]: `poll`/`select`/`epoll` over mixed accelerated and kernel descriptors.
-//!
-//! Every exported function looks the descriptor up first; a descriptor that is not an
-//! accelerated connection goes straight to the real libc function. A panic inside
-//! this library never crosses into the host program: the call falls back to libc.
+//! This crate is only the C face of the library: every exported function is a shim
+//! that forwards its arguments to the function of the same name in
+//! [`strait_sockets`] (socket calls in `calls`, exec and spawn in `exec`, stdio in
+//! `stdio`), where all the logic lives and is unit-tested. Kept apart because a
+//! cdylib's exports would interpose `read`/`write`/... on whatever links an rlib of
+//! it.
 
-mod conn;
-mod discover;
-mod exec;
-mod local;
-mod pass;
-mod poll;
 pub mod probes;
-mod real;
-mod remote;
-mod stats;
-mod stdio;
-mod table;
-mod trust;
-mod udp;
-
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use libc::{
-    c_int, c_uint, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pollfd, sigset_t, size_t, ssize_t,
+    c_char, c_int, c_uint, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pid_t, pollfd, sigset_t,
+    size_t, sockaddr, socklen_t, ssize_t, timespec, FILE,
 };
-use libc::{sockaddr, socklen_t, timespec};
+use strait_sockets::{calls, exec, stdio};
 
-use conn::{Conn, IoErr};
-use udp::UdpSock;
-
-/// Where a UDP receive reports a shared-memory datagram's source and flags.
-enum Name {
-    None,
-    /// recvfrom's address buffer and length word.
-    Addr(*mut sockaddr, *mut socklen_t),
-    /// recvmsg's header (name, control length and flags).
-    Msg(*mut msghdr),
+/// Exports `name` with libc's signature, forwarding to `$module::name`.
+macro_rules! shims {
+    ($module:ident: $($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {$(
+        /// # Safety
+        #[doc = concat!("As for libc's `", stringify!($name), "`.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: the caller's arguments, forwarded unchanged to the function
+            // that stands for libc's.
+            unsafe { $module::$name($($arg),*) }
+        }
+    )*};
 }
 
-/// A receive on a strait UDP socket; `kernel` is the real call with extra flags.
-fn udp_recv(
-    u: &UdpSock,
-    fd: c_int,
-    iov: &[(*mut u8, usize)],
-    flags: c_int,
-    name: Name,
-    kernel: &mut dyn FnMut(c_int) -> ssize_t,
-) -> ssize_t {
-    let fam = udp::family(u);
-    let mut deliver = |g: &udp::Delivered| match name {
-        Name::None => {}
-        // SAFETY: the caller's address buffer and length word (or nulls).
-        Name::Addr(a, l) => unsafe { udp::write_addr(fam, &g.src, a, l) },
-        // SAFETY: the caller's msghdr.
-        Name::Msg(m) => unsafe {
-            if (*m).msg_name.is_null() {
-                (*m).msg_namelen = 0;
-            } else {
-                udp::write_addr(fam, &g.src, (*m).msg_name.cast(), &mut (*m).msg_namelen);
+shims! { calls:
+    connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
+    bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    listen(fd: c_int, backlog: c_int) -> c_int;
+    accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+    read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
+    write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t;
+    writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t;
+    recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
+    send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
+    __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
+    sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
+    sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+    recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
+    sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, count: size_t) -> ssize_t;
+    sendfile64(out: c_int, inp: c_int, off: *mut libc::off_t, count: size_t) -> ssize_t;
+    sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int;
+    recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int, t: *mut timespec) -> c_int;
+    splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: size_t, flags: libc::c_uint) -> ssize_t;
+    close(fd: c_int) -> c_int;
+    close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    closefrom(first: c_int);
+    shutdown(fd: c_int, how: c_int) -> c_int;
+    dup(fd: c_int) -> c_int;
+    dup2(fd: c_int, new: c_int) -> c_int;
+    dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;
+    fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int;
+    fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int;
+    ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int;
+    poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int;
+    __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
+    ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int;
+    select(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *mut libc::timeval) -> c_int;
+    pselect(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *const timespec, mask: *const sigset_t) -> c_int;
+    epoll_pwait2(ep: c_int, ev: *mut epoll_event, max: c_int, t: *const timespec, mask: *const sigset_t) -> c_int;
+    epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
+    epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
+    epoll_pwait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+}
+
+/// A NULL-terminated array of C strings: an `argv` or an `envp`.
+type CStrs = *const *const c_char;
+
+shims! { exec:
+    execve(path: *const c_char, argv: CStrs, envp: CStrs) -> c_int;
+    execv(path: *const c_char, argv: CStrs) -> c_int;
+    execvp(file: *const c_char, argv: CStrs) -> c_int;
+    execvpe(file: *const c_char, argv: CStrs, envp: CStrs) -> c_int;
+    fexecve(fd: c_int, argv: CStrs, envp: CStrs) -> c_int;
+    execveat(dirfd: c_int, path: *const c_char, argv: CStrs, envp: CStrs, flags: c_int) -> c_int;
+    posix_spawn(
+        pid: *mut pid_t,
+        path: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    posix_spawnp(
+        pid: *mut pid_t,
+        file: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    system(line: *const c_char) -> c_int;
+    popen(command: *const c_char, mode: *const c_char) -> *mut FILE;
+    pclose(f: *mut FILE) -> c_int;
+    vfork() -> pid_t;
+}
+
+shims! { stdio:
+    fdopen(fd: c_int, mode: *const c_char) -> *mut FILE;
+    fileno(f: *mut FILE) -> c_int;
+    fileno_unlocked(f: *mut FILE) -> c_int;
+}
+
+/// The variadic `execl`, `execlp` and `execle`: stable Rust cannot define a
+/// C-variadic function, so each is a naked trampoline that stores the six argument
+/// registers next to the caller's stack arguments and calls
+/// [`strait_sockets::exec::exec_list`] with both; the integer arguments of a
+/// variadic call sit exactly there (System V x86-64 ABI).
+#[cfg(target_arch = "x86_64")]
+mod variadic {
+    use libc::c_int;
+
+    macro_rules! trampoline {
+        ($name:ident, $kind:expr) => {
+            /// # Safety
+            /// As for the libc function of this name.
+            #[unsafe(naked)]
+            #[no_mangle]
+            pub unsafe extern "C" fn $name() -> c_int {
+                std::arch::naked_asm!(
+                    "push rbp",
+                    "mov rbp, rsp",
+                    "sub rsp, 48",
+                    "mov [rsp], rdi",
+                    "mov [rsp + 8], rsi",
+                    "mov [rsp + 16], rdx",
+                    "mov [rsp + 24], rcx",
+                    "mov [rsp + 32], r8",
+                    "mov [rsp + 40], r9",
+                    "mov rdi, rsp",
+                    "lea rsi, [rbp + 16]",
+                    "mov edx, {kind}",
+                    "call {imp}",
+                    "leave",
+                    "ret",
+                    kind = const $kind,
+                    imp = sym strait_sockets::exec::exec_list,
+                )
             }
-            (*m).msg_controllen = 0;
-            (*m).msg_flags = if g.copied < g.len { libc::MSG_TRUNC } else { 0 };
-        },
-    };
-    u.recv(fd, iov, flags, &mut deliver, kernel)
-}
-
-/// The destination of a UDP send with an explicit address: `Err` when the kernel must
-/// handle it (an address this library does not accelerate).
-fn udp_dest(u: &UdpSock, addr: *const sockaddr, len: socklen_t) -> Result<Option<(discover::Key, bool)>, ()> {
-    if addr.is_null() || len == 0 {
-        return Ok(None);
+        };
     }
-    udp::dest_of(u, addr, len).map(Some).ok_or(())
+
+    trampoline!(execl, 0);
+    trampoline!(execlp, 1);
+    trampoline!(execle, 2);
 }
 
-/// Runs `body`; a panic falls back to `fallback` (the real libc call).
-fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(v) => v,
-        Err(_) => fallback(),
-    }
-}
-
-/// The accelerated connection behind `fd`, after settling a pending connect.
-pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
-    check_new_process();
-    let c = table::lookup(fd)?;
-    // A connection to another host: the first use waits (bounded) for the other end.
-    if let Some(ok) = remote::settle(fd, &c) {
-        if !ok {
-            // Counted once, where it was decided.
-            table::remove_conn(&c);
-            return None;
-        }
-        return Some(c);
-    }
-    // A connector's first use waits (bounded) for the acceptor to attach; on a
-    // non-blocking socket it does not wait (the connection answers EAGAIN until then).
-    if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
-        let settled = if c.nonblock.load(Ordering::Relaxed) { c.try_settle(fd) } else { Some(c.settle(fd)) };
-        let Some(attached) = settled else { return Some(c) };
-        if !attached {
-            discover::give_up(fd, &c);
-            return None;
-        }
-        if !c.counted.swap(true, Ordering::Relaxed) {
-            conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
-            stats::note();
-        }
-    }
-    Some(c)
-}
-
-fn io_result(r: Result<usize, IoErr>, sigpipe: bool) -> ssize_t {
-    match r {
-        Ok(n) => n as ssize_t,
-        Err(IoErr::Again) => real::fail(libc::EAGAIN),
-        Err(IoErr::MsgSize) => real::fail(libc::EMSGSIZE),
-        Err(IoErr::Intr) => real::fail(libc::EINTR),
-        Err(IoErr::Reset) => real::fail(libc::ECONNRESET),
-        Err(IoErr::Pipe) => {
-            if sigpipe {
-                // SAFETY: sends SIGPIPE to this thread, as the kernel would.
-                unsafe { libc::raise(libc::SIGPIPE) };
-            }
-            real::fail(libc::EPIPE)
-        }
-    }
-}
-
-fn do_recv(c: &Conn, fd: c_int, iov: &[(*mut u8, usize)], flags: c_int) -> ssize_t {
-    let r = c.recv(
-        fd,
-        iov,
-        flags & libc::MSG_PEEK != 0,
-        flags & libc::MSG_DONTWAIT != 0,
-        flags & libc::MSG_WAITALL != 0,
-    );
-    io_result(r, false)
-}
-
-fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
-    strait_probe::probe!(strait_probe::Stage::WriteLookup);
-    io_result(c.send(fd, iov, flags & libc::MSG_DONTWAIT != 0), flags & libc::MSG_NOSIGNAL == 0)
-}
-
-/// # Safety
-/// `iov` points at `n` iovecs (or n == 0).
-unsafe fn iovs_mut(iov: *const iovec, n: c_int) -> Vec<(*mut u8, usize)> {
-    if iov.is_null() || n <= 0 {
-        return Vec::new();
-    }
-    // SAFETY: per the caller.
-    unsafe { std::slice::from_raw_parts(iov, n as usize) }
-        .iter()
-        .map(|v| (v.iov_base.cast::<u8>(), v.iov_len))
-        .collect()
-}
-
-fn deadline_ms(ms: c_int) -> Option<Instant> {
-    (ms >= 0).then(|| Instant::now() + Duration::from_millis(ms as u64))
-}
-
-fn deadline_ts(t: *const timespec) -> Option<Instant> {
-    if t.is_null() {
-        return None;
-    }
-    // SAFETY: the caller's timespec.
-    let t = unsafe { *t };
-    Some(Instant::now() + Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
-}
-
-// ------------------------------------------------------------------ setup
-
-extern "C" fn before_fork() {
-    // The child holds every connection too: the peer must not see end of stream
-    // until both have closed it.
-    let _ = catch_unwind(|| {
-        // (Connections still being settled too: a remote one settles in the parent
-        // after the fork, and the child must then count.)
-        for c in table::all_conns() {
-            c.add_holder();
-        }
-        for u in udp::all() {
-            u.add_holder();
-        }
-        table::lock_for_fork();
-    });
-}
-
-extern "C" fn in_parent() {
-    let _ = catch_unwind(table::unlock_after_fork);
-}
-
-extern "C" fn in_child() {
-    // This child was seen: the fork watch need not report it.
-    fork_watch_reset();
-    let _ = catch_unwind(table::unlock_after_fork);
-    conn::after_fork_child();
-    udp::after_fork_child();
-    remote::after_fork_child();
-}
-
-extern "C" fn at_exit() {
-    let _ = catch_unwind(udp::at_exit);
-    let _ = catch_unwind(remote::at_exit);
-}
-
-/// A page (`MADV_WIPEONFORK`, Linux 4.14) the kernel zeroes in every new process
-/// made without sharing memory
-/// (`fork`, raw `clone` and `clone3`): a zero there means this process was made
-/// since the library last looked, whether or not fork handlers ran (a raw `clone`
-/// runs none).
-static FORK_WATCH: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU64> =
-    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
-
-/// Processes noticed by the fork watch (made without fork handlers).
-pub(crate) static UNSEEN_FORKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-fn watch_forks() {
-    // SAFETY: a fresh private anonymous page; the advice only affects it.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if p == libc::MAP_FAILED {
-            return;
-        }
-        if libc::madvise(p, 4096, libc::MADV_WIPEONFORK) != 0 {
-            libc::munmap(p, 4096);
-            return;
-        }
-        let w = p.cast::<std::sync::atomic::AtomicU64>();
-        (*w).store(1, Ordering::Relaxed);
-        FORK_WATCH.store(w, Ordering::Release);
-    }
-}
-
-fn fork_watch_reset() {
-    let w = FORK_WATCH.load(Ordering::Acquire);
-    if !w.is_null() {
-        // SAFETY: the watch page, mapped for the life of the process.
-        unsafe { (*w).store(1, Ordering::Relaxed) };
-    }
-}
-
-/// Notices a process made without fork handlers (a raw `clone`) at its first
-/// library call: it holds every connection its parent held (the kernel copied the
-/// descriptors), so it takes the holds the handlers would have taken, and forgets
-/// the parent's cached process id. One load when nothing happened.
-fn check_new_process() {
-    let w = FORK_WATCH.load(Ordering::Relaxed);
-    // SAFETY: the watch page, mapped for the life of the process.
-    if w.is_null() || unsafe { (*w).load(Ordering::Relaxed) } != 0 {
-        return;
-    }
-    fork_watch_reset();
-    for c in table::all_conns() {
-        c.add_holder();
-    }
-    for u in udp::all() {
-        u.add_holder();
-    }
-    conn::after_fork_child();
-    udp::after_fork_child();
-    remote::after_fork_child();
-    UNSEEN_FORKS.fetch_add(1, Ordering::Relaxed);
-}
-
+/// Runs when the library is loaded, before the program's `main`.
 extern "C" fn init() {
-    watch_forks();
-    // SAFETY: registers plain extern "C" functions (they take and release library
-    // locks and touch atomics; nothing that could fail half-way).
-    unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
-    // SAFETY: registers a plain extern "C" function (before the statistics line, so
-    // it runs after it).
-    unsafe { libc::atexit(at_exit) };
-    stats::init();
-    let _ = catch_unwind(exec::adopt);
-    let _ = catch_unwind(stdio::adopt_standard_streams);
+    strait_sockets::calls::init();
 }
 
 #[used]
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
-
-// ------------------------------------------------------------------ sockets
-
-/// # Safety
-/// As for libc's `connect`.
-#[no_mangle]
-pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::connect(fd, addr, len) };
-    guard(real, || {
-        if let Some(u) = udp::lookup(fd) {
-            let r = real();
-            if r == 0 {
-                let e = real::errno();
-                // SAFETY: the caller's address (at least its family when non-null).
-                let unspec = addr.is_null() || unsafe { (*addr).sa_family } as c_int == libc::AF_UNSPEC;
-                u.on_connect(fd, if unspec { None } else { udp::peer_of(addr, len) });
-                real::set_errno(e);
-            }
-            return r;
-        }
-        // A second connect() on a socket already announced (e.g. to complete a
-        // non-blocking connect) only asks the kernel.
-        if table::lookup(fd).is_some() {
-            return real();
-        }
-        if let Some((conn, p)) = remote::pre_connect(fd, addr, len) {
-            let r = real();
-            let e = real::errno();
-            if r == 0 || e == libc::EINPROGRESS {
-                remote::register(fd, conn, p);
-            }
-            real::set_errno(e);
-            return r;
-        }
-        let Some(u) = discover::pre_connect(fd, addr, len) else { return real() };
-        let prepared = discover::prepare(fd, u);
-        let r = real();
-        let e = real::errno();
-        if let Some(p) = prepared {
-            if r == 0 || e == libc::EINPROGRESS {
-                discover::register(fd, p);
-            } else {
-                p.abandon();
-            }
-        }
-        real::set_errno(e);
-        r
-    })
-}
-
-/// # Safety
-/// As for libc's `socket`.
-#[no_mangle]
-pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let fd = unsafe { real::socket(domain, ty, proto) };
-    guard(
-        || fd,
-        || {
-            if fd >= 0 {
-                let e = real::errno();
-                udp::on_socket(fd, domain, ty, proto);
-                real::set_errno(e);
-            }
-            fd
-        },
-    )
-}
-
-/// # Safety
-/// As for libc's `bind`.
-#[no_mangle]
-pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::bind(fd, addr, len) };
-    guard(real, || {
-        let r = real();
-        if r == 0 {
-            if let Some(u) = udp::lookup(fd) {
-                let e = real::errno();
-                udp::on_bind(&u, fd);
-                real::set_errno(e);
-            }
-        }
-        r
-    })
-}
-
-/// `setsockopt`: on a strait UDP socket, options a ring cannot honour (per-datagram
-/// ancillary data, corking, segmentation offload) send that direction to the kernel.
-///
-/// # Safety
-/// As for libc's `setsockopt`.
-#[no_mangle]
-pub unsafe extern "C" fn setsockopt(
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::setsockopt(fd, level, name, val, len) };
-    if !udp::any_live() {
-        return real();
-    }
-    guard(real, || {
-        let r = real();
-        if r == 0 {
-            if let Some(u) = udp::lookup(fd) {
-                let e = real::errno();
-                // SAFETY: the caller's option value of `len` bytes (an int, or a
-                // byte for some IP options).
-                let on = !val.is_null()
-                    && match len as usize {
-                        0 => false,
-                        1..=3 => (unsafe { *val.cast::<u8>() }) != 0,
-                        _ => (unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) }) != 0,
-                    };
-                u.on_setsockopt(level, name, on);
-                real::set_errno(e);
-            }
-        }
-        r
-    })
-}
-
-/// # Safety
-/// As for libc's `listen`.
-#[no_mangle]
-pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::listen(fd, backlog) };
-    guard(real, || {
-        let r = real();
-        if r == 0 {
-            let e = real::errno();
-            discover::on_listen(fd);
-            remote::on_listen(fd);
-            real::set_errno(e);
-        }
-        r
-    })
-}
-
-fn after_accept(lfd: c_int, fd: c_int, flags: c_int) -> c_int {
-    if fd >= 0 {
-        let e = real::errno();
-        let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-        if !remote::on_accept(lfd, fd, nonblock) {
-            discover::on_accept(lfd, fd, nonblock);
-        }
-        real::set_errno(e);
-    }
-    fd
-}
-
-/// # Safety
-/// As for libc's `accept`.
-#[no_mangle]
-pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    guard(|| (), || discover::before_accept(fd));
-    // SAFETY: forwarded arguments.
-    let r = unsafe { real::accept(fd, addr, len) };
-    guard(|| r, || after_accept(fd, r, 0))
-}
-
-/// # Safety
-/// As for libc's `accept4`.
-#[no_mangle]
-pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
-    guard(|| (), || discover::before_accept(fd));
-    // SAFETY: forwarded arguments.
-    let r = unsafe { real::accept4(fd, addr, len, flags) };
-    guard(|| r, || after_accept(fd, r, flags))
-}
-
-/// # Safety
-/// As for libc's `read`.
-#[no_mangle]
-pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::read(fd, buf, n) };
-    let r = guard(real, || match accel(fd) {
-        Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], 0),
-        None => match udp::lookup(fd) {
-            // SAFETY: forwarded arguments.
-            Some(u) => udp_recv(&u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe {
-                real::recv(fd, buf, n, x)
-            }),
-            None => real(),
-        },
-    });
-    strait_probe::probe!(strait_probe::Stage::ReadReturn);
-    r
-}
-
-/// # Safety
-/// As for glibc's `__read_chk` (fortified `read`).
-#[no_mangle]
-pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
-    if n > buflen {
-        // SAFETY: what glibc does on a fortify failure.
-        unsafe { libc::abort() };
-    }
-    // SAFETY: forwarded.
-    unsafe { read(fd, buf, n) }
-}
-
-/// # Safety
-/// As for libc's `write`.
-#[no_mangle]
-pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    strait_probe::probe!(strait_probe::Stage::WriteEnter);
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::write(fd, buf, n) };
-    guard(real, || match accel(fd) {
-        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], 0),
-        None => match udp::lookup(fd) {
-            Some(u) => u.send(fd, None, &[(buf.cast(), n)], 0, &mut || real()),
-            None => real(),
-        },
-    })
-}
-
-/// # Safety
-/// As for libc's `readv`.
-#[no_mangle]
-pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::readv(fd, iov, n) };
-    guard(real, || match accel(fd) {
-        // SAFETY: the caller's iovecs.
-        Some(c) => do_recv(&c, fd, &unsafe { iovs_mut(iov, n) }, 0),
-        None => match udp::lookup(fd) {
-            Some(u) => {
-                // SAFETY: the caller's iovecs.
-                let v = unsafe { iovs_mut(iov, n) };
-                udp_recv(&u, fd, &v, 0, Name::None, &mut |x| {
-                    // SAFETY: msghdr is plain old data; it points at the caller's iovecs.
-                    let mut m: msghdr = unsafe { std::mem::zeroed() };
-                    m.msg_iov = iov.cast_mut();
-                    m.msg_iovlen = n.max(0) as _;
-                    // SAFETY: as above.
-                    unsafe { real::recvmsg(fd, &mut m, x) }
-                })
-            }
-            None => real(),
-        },
-    })
-}
-
-/// # Safety
-/// As for libc's `writev`.
-#[no_mangle]
-pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::writev(fd, iov, n) };
-    guard(real, || match accel(fd) {
-        Some(c) => {
-            // SAFETY: the caller's iovecs.
-            let v: Vec<(*const u8, usize)> =
-                unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
-            do_send(&c, fd, &v, 0)
-        }
-        None => match udp::lookup(fd) {
-            Some(u) => {
-                // SAFETY: the caller's iovecs.
-                let v: Vec<(*const u8, usize)> =
-                    unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
-                u.send(fd, None, &v, 0, &mut || real())
-            }
-            None => real(),
-        },
-    })
-}
-
-/// # Safety
-/// As for libc's `recv`.
-#[no_mangle]
-pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::recv(fd, buf, n, flags) };
-    guard(real, || match accel(fd) {
-        Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], flags),
-        None => match udp::lookup(fd) {
-            // SAFETY: forwarded arguments.
-            Some(u) => udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
-                real::recv(fd, buf, n, flags | x)
-            }),
-            None => real(),
-        },
-    })
-}
-
-/// # Safety
-/// As for glibc's `__recv_chk`.
-#[no_mangle]
-pub unsafe extern "C" fn __recv_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    buflen: size_t,
-    flags: c_int,
-) -> ssize_t {
-    if n > buflen {
-        // SAFETY: what glibc does on a fortify failure.
-        unsafe { libc::abort() };
-    }
-    // SAFETY: forwarded.
-    unsafe { recv(fd, buf, n, flags) }
-}
-
-/// # Safety
-/// As for libc's `send`.
-#[no_mangle]
-pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::send(fd, buf, n, flags) };
-    guard(real, || match accel(fd) {
-        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        None => match udp::lookup(fd) {
-            Some(u) => u.send(fd, None, &[(buf.cast(), n)], flags, &mut || real()),
-            None => real(),
-        },
-    })
-}
-
-/// # Safety
-/// As for libc's `recvfrom`.
-#[no_mangle]
-pub unsafe extern "C" fn recvfrom(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    flags: c_int,
-    addr: *mut sockaddr,
-    alen: *mut socklen_t,
-) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) };
-    guard(real, || match accel(fd) {
-        Some(c) => {
-            let r = do_recv(&c, fd, &[(buf.cast(), n)], flags);
-            if r >= 0 && !addr.is_null() && !alen.is_null() {
-                // SAFETY: the caller's length word. TCP reports no source address.
-                unsafe { *alen = 0 };
-            }
-            r
-        }
-        None => match udp::lookup(fd) {
-            Some(u) => {
-                udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
-                    // SAFETY: forwarded arguments.
-                    unsafe { real::recvfrom(fd, buf, n, flags | x, addr, alen) }
-                })
-            }
-            None => real(),
-        },
-    })
-}
-
-/// # Safety
-/// As for glibc's `__recvfrom_chk`.
-#[no_mangle]
-pub unsafe extern "C" fn __recvfrom_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    buflen: size_t,
-    flags: c_int,
-    addr: *mut sockaddr,
-    alen: *mut socklen_t,
-) -> ssize_t {
-    if n > buflen {
-        // SAFETY: what glibc does on a fortify failure.
-        unsafe { libc::abort() };
-    }
-    // SAFETY: forwarded.
-    unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
-}
-
-/// # Safety
-/// As for libc's `sendto`.
-#[no_mangle]
-pub unsafe extern "C" fn sendto(
-    fd: c_int,
-    buf: *const c_void,
-    n: size_t,
-    flags: c_int,
-    addr: *const sockaddr,
-    alen: socklen_t,
-) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::sendto(fd, buf, n, flags, addr, alen) };
-    // A connected TCP socket ignores the address, as the kernel does.
-    guard(real, || match accel(fd) {
-        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        None => match udp::lookup(fd) {
-            Some(u) => match udp_dest(&u, addr, alen) {
-                Ok(d) => u.send(fd, d, &[(buf.cast(), n)], flags, &mut || real()),
-                Err(()) => real(),
-            },
-            None => real(),
-        },
-    })
-}
-
-/// # Safety
-/// As for libc's `sendmsg`.
-#[no_mangle]
-pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::sendmsg(fd, msg, flags) };
-    guard(real, || match (accel(fd), msg.is_null()) {
-        (Some(c), false) => {
-            // SAFETY: the caller's msghdr and its iovecs.
-            let v: Vec<(*const u8, usize)> = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) }
-                .iter()
-                .map(|&(p, l)| (p.cast_const(), l))
-                .collect();
-            do_send(&c, fd, &v, flags)
-        }
-        (None, false) => match udp::lookup(fd) {
-            // SAFETY: the caller's msghdr.
-            Some(u) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
-            // Accelerated sockets passed over a Unix socket take their rings along.
-            // SAFETY: the caller's msghdr.
-            None => unsafe { pass::sendmsg(fd, msg, flags) }.unwrap_or_else(real),
-        },
-        _ => real(),
-    })
-}
-
-/// One `sendmsg` on a strait UDP socket (control data goes to the kernel).
-///
-/// # Safety
-/// `msg` is a valid msghdr.
-unsafe fn udp_sendmsg(
-    u: &UdpSock,
-    fd: c_int,
-    msg: *const msghdr,
-    flags: c_int,
-    kernel: &mut dyn FnMut() -> ssize_t,
-) -> ssize_t {
-    // SAFETY: per the caller.
-    let m = unsafe { &*msg };
-    if m.msg_controllen > 0 {
-        return kernel();
-    }
-    match udp_dest(u, m.msg_name.cast(), m.msg_namelen) {
-        Ok(d) => {
-            // SAFETY: the caller's iovecs.
-            let v: Vec<(*const u8, usize)> = unsafe { iovs_mut(m.msg_iov, m.msg_iovlen as c_int) }
-                .iter()
-                .map(|&(p, l)| (p.cast_const(), l))
-                .collect();
-            u.send(fd, d, &v, flags, kernel)
-        }
-        Err(()) => kernel(),
-    }
-}
-
-/// # Safety
-/// As for libc's `recvmsg`.
-#[no_mangle]
-pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::recvmsg(fd, msg, flags) };
-    guard(real, || match (accel(fd), msg.is_null()) {
-        (Some(c), false) => {
-            // SAFETY: the caller's msghdr and its iovecs.
-            let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
-            let r = do_recv(&c, fd, &v, flags);
-            if r >= 0 {
-                // SAFETY: the caller's msghdr: no address, no control data for TCP.
-                unsafe {
-                    (*msg).msg_namelen = 0;
-                    (*msg).msg_controllen = 0;
-                    (*msg).msg_flags = 0;
-                }
-            }
-            r
-        }
-        (None, false) => match udp::lookup(fd) {
-            Some(u) => {
-                // SAFETY: the caller's msghdr and its iovecs.
-                let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
-                // SAFETY: forwarded arguments.
-                udp_recv(&u, fd, &v, flags, Name::Msg(msg), &mut |x| unsafe {
-                    real::recvmsg(fd, msg, flags | x)
-                })
-            }
-            None => {
-                let r = real();
-                if r >= 0 {
-                    // SAFETY: the msghdr the kernel just filled.
-                    unsafe { pass::after_recvmsg(msg) };
-                }
-                r
-            }
-        },
-        _ => real(),
-    })
-}
-
-/// # Safety
-/// As for libc's `sendfile`.
-#[no_mangle]
-pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, count: size_t) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::sendfile(out, inp, off, count) };
-    guard(real, || {
-        let Some(c) = accel(out) else { return real() };
-        let mut buf = vec![0u8; count.min(256 << 10)];
-        let mut done = 0usize;
-        while done < count {
-            let want = (count - done).min(buf.len());
-            // SAFETY: reads into our buffer; `off` is the caller's offset word.
-            let n = unsafe {
-                if off.is_null() {
-                    real::read(inp, buf.as_mut_ptr().cast(), want)
-                } else {
-                    libc::pread(inp, buf.as_mut_ptr().cast(), want, *off)
-                }
-            };
-            if n <= 0 {
-                if done == 0 {
-                    return n;
-                }
-                break;
-            }
-            let w = do_send(&c, out, &[(buf.as_ptr(), n as usize)], 0);
-            if w < 0 {
-                return if done == 0 { w } else { done as ssize_t };
-            }
-            if !off.is_null() {
-                // SAFETY: the caller's offset word.
-                unsafe { *off += w as libc::off_t };
-            } else if (w as usize) < n as usize {
-                // SAFETY: rewinds the file position by what was not sent.
-                unsafe { libc::lseek(inp, w as libc::off_t - n as libc::off_t, libc::SEEK_CUR) };
-            }
-            done += w as usize;
-            if (w as usize) < n as usize {
-                break;
-            }
-        }
-        done as ssize_t
-    })
-}
-
-/// `sendfile64` (what programs built with 64-bit file offsets call; the same
-/// function on 64-bit targets).
-///
-/// # Safety
-/// As for libc's `sendfile64`.
-#[no_mangle]
-pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut libc::off_t, count: size_t) -> ssize_t {
-    // SAFETY: forwarded.
-    unsafe { sendfile(out, inp, off, count) }
-}
-
-/// Runs `one(i, m)` on each of the caller's `n` mmsghdrs at `v` in order, as
-/// `sendmmsg` and `recvmmsg` do: a message's result (bytes, or -1 with errno set)
-/// goes to its `msg_len`; an error ends the call (-1 on the first message, else the
-/// count so far), and so does a result for which `last` is true, after counting it.
-/// Returns how many messages were done.
-///
-/// # Safety
-/// `v` points to `n` mmsghdrs the caller lets us write.
-unsafe fn each_mmsg(
-    v: *mut libc::mmsghdr,
-    n: libc::c_uint,
-    last: impl Fn(ssize_t) -> bool,
-    mut one: impl FnMut(usize, &mut libc::mmsghdr) -> ssize_t,
-) -> c_int {
-    let mut done = 0;
-    for i in 0..n as usize {
-        // SAFETY: the caller's array of `n` mmsghdrs.
-        let m = unsafe { &mut *v.add(i) };
-        let r = one(i, m);
-        if r < 0 {
-            return if done == 0 { -1 } else { done };
-        }
-        m.msg_len = r as libc::c_uint;
-        done += 1;
-        if last(r) {
-            break;
-        }
-    }
-    done
-}
-
-/// # Safety
-/// As for libc's `sendmmsg`.
-#[no_mangle]
-pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::sendmmsg(fd, v, n, flags) };
-    guard(real, || {
-        if let (None, Some(u)) = (table::lookup(fd), udp::lookup(fd)) {
-            // SAFETY: the caller's array of `n` mmsghdrs.
-            return unsafe {
-                each_mmsg(
-                    v,
-                    n,
-                    |_| false,
-                    |_, m| {
-                        let h: *const msghdr = &m.msg_hdr;
-                        // SAFETY: the caller's msghdr; the kernel call sends just this one.
-                        udp_sendmsg(&u, fd, h, flags, &mut || real::sendmsg(fd, h, flags))
-                    },
-                )
-            };
-        }
-        let Some(c) = accel(fd) else { return real() };
-        // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
-        unsafe {
-            each_mmsg(
-                v,
-                n,
-                |_| false,
-                |_, m| {
-                    let iov: Vec<(*const u8, usize)> =
-                        iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int)
-                            .iter()
-                            .map(|&(p, l)| (p.cast_const(), l))
-                            .collect();
-                    do_send(&c, fd, &iov, flags)
-                },
-            )
-        }
-    })
-}
-
-/// `recvmmsg` (the timeout is not applied to accelerated sockets).
-///
-/// # Safety
-/// As for libc's `recvmmsg`.
-#[no_mangle]
-pub unsafe extern "C" fn recvmmsg(
-    fd: c_int,
-    v: *mut libc::mmsghdr,
-    n: libc::c_uint,
-    flags: c_int,
-    t: *mut timespec,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::recvmmsg(fd, v, n, flags, t) };
-    // After the first message, MSG_WAITFORONE makes the rest non-blocking.
-    let flags_for = |i: usize| {
-        let f = if i > 0 && flags & libc::MSG_WAITFORONE != 0 { flags | libc::MSG_DONTWAIT } else { flags };
-        f & !libc::MSG_WAITFORONE
-    };
-    guard(real, || {
-        if let (None, Some(u)) = (table::lookup(fd), udp::lookup(fd)) {
-            // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
-            return unsafe {
-                each_mmsg(
-                    v,
-                    n,
-                    |_| false,
-                    |i, m| {
-                        let iov = iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int);
-                        let f = flags_for(i);
-                        let h: *mut msghdr = &mut m.msg_hdr;
-                        // SAFETY: the caller's msghdr.
-                        udp_recv(&u, fd, &iov, f, Name::Msg(h), &mut |x| real::recvmsg(fd, h, f | x))
-                    },
-                )
-            };
-        }
-        let Some(c) = accel(fd) else { return real() };
-        // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
-        unsafe {
-            each_mmsg(
-                v,
-                n,
-                |r| r == 0,
-                |i, m| {
-                    let iov = iovs_mut(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int);
-                    let r = do_recv(&c, fd, &iov, flags_for(i));
-                    if r >= 0 {
-                        m.msg_hdr.msg_namelen = 0;
-                        m.msg_hdr.msg_controllen = 0;
-                        m.msg_hdr.msg_flags = 0;
-                    }
-                    r
-                },
-            )
-        }
-    })
-}
-
-/// `splice` to or from an accelerated socket, through a buffer (the other end is a
-/// pipe, as splice requires).
-///
-/// # Safety
-/// As for libc's `splice`.
-#[no_mangle]
-pub unsafe extern "C" fn splice(
-    fd_in: c_int,
-    off_in: *mut libc::loff_t,
-    fd_out: c_int,
-    off_out: *mut libc::loff_t,
-    len: size_t,
-    flags: libc::c_uint,
-) -> ssize_t {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) };
-    if !table::any_live() {
-        return real();
-    }
-    guard(real, || {
-        let nb = if flags & libc::SPLICE_F_NONBLOCK != 0 { libc::MSG_DONTWAIT } else { 0 };
-        let mut buf = vec![0u8; len.min(64 << 10)];
-        if let Some(c) = accel(fd_out) {
-            // SAFETY: reads from the caller's pipe into our buffer.
-            let n = unsafe { real::read(fd_in, buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
-                return n;
-            }
-            return do_send(&c, fd_out, &[(buf.as_ptr(), n as usize)], nb | libc::MSG_NOSIGNAL);
-        }
-        if let Some(c) = accel(fd_in) {
-            // Peek, hand the pipe what it takes, then consume exactly that much.
-            let n = do_recv(&c, fd_in, &[(buf.as_mut_ptr(), buf.len())], nb | libc::MSG_PEEK);
-            if n <= 0 {
-                return n;
-            }
-            // SAFETY: writes our buffer to the caller's pipe.
-            let w = unsafe { real::write(fd_out, buf.as_ptr().cast(), n as usize) };
-            if w > 0 {
-                do_recv(&c, fd_in, &[(buf.as_mut_ptr(), w as usize)], libc::MSG_DONTWAIT);
-            }
-            return w;
-        }
-        real()
-    })
-}
-
-/// # Safety
-/// As for libc's `close`.
-#[no_mangle]
-pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    // SAFETY: forwarded argument.
-    let real = || unsafe { real::close(fd) };
-    guard(real, || {
-        if table::is_internal(fd) {
-            // Not the program's: as if it were not open.
-            real::set_errno(libc::EBADF);
-            return -1;
-        }
-        // An accelerated connection is let go after the real close, so that the
-        // kernel can tell whether another process (one made by a raw clone, which
-        // the library never saw) still holds the socket.
-        let conn = table::remove(fd);
-        let ids = conn
-            .as_ref()
-            .filter(|c| c.fdrefs.load(std::sync::atomic::Ordering::Acquire) == 1)
-            .and_then(|_| Some((discover::sock_key(fd, false)?, discover::sock_key(fd, true)?)));
-        forget(fd);
-        let r = real();
-        if let Some(c) = conn {
-            table::drop_ref_closed(c, ids);
-        }
-        r
-    })
-}
-
-/// Everything the library knows about `fd`, which is being closed.
-fn forget(fd: c_int) {
-    discover::mark_other(fd, false);
-    if let Some(c) = table::remove(fd) {
-        table::drop_ref(c);
-    }
-    table::remove_listener(fd);
-    remote::on_close(fd);
-    udp::on_close(fd);
-    poll::forget_set(fd);
-}
-
-/// The open descriptors in `first..=last`, or `None` if they cannot be listed.
-fn open_fds_in(first: c_uint, last: c_uint) -> Option<Vec<c_int>> {
-    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
-    let mut v: Vec<c_int> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<c_uint>().ok())
-        .filter(|&fd| fd >= first && fd <= last && fd <= c_int::MAX as c_uint)
-        .map(|fd| fd as c_int)
-        .collect();
-    v.sort_unstable();
-    Some(v)
-}
-
-/// # Safety
-/// As for libc's `close_range`.
-#[no_mangle]
-pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int };
-    guard(real, || {
-        if first > last || flags & !(libc::CLOSE_RANGE_CLOEXEC | libc::CLOSE_RANGE_UNSHARE) as c_int != 0 {
-            real::set_errno(libc::EINVAL);
-            return -1;
-        }
-        if !(table::any_live() || table::any_internal() || udp::any_live() || table::any_listener()) {
-            return real();
-        }
-        if flags & libc::CLOSE_RANGE_UNSHARE as c_int != 0 {
-            // SAFETY: plain syscall: this thread gets its own descriptor table.
-            if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
-                return -1;
-            }
-        }
-        // Descriptor by descriptor, stepping over the library's own (the directory
-        // listing's own descriptor is closed by the time we close, and skipped).
-        let Some(fds) = open_fds_in(first, last) else { return real() };
-        for fd in fds {
-            if table::is_internal(fd) {
-                continue;
-            }
-            if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
-                // SAFETY: plain syscalls on the program's descriptor.
-                unsafe {
-                    let f = real::fcntl(fd, libc::F_GETFD, 0);
-                    if f >= 0 {
-                        real::fcntl(fd, libc::F_SETFD, (f | libc::FD_CLOEXEC) as usize);
-                    }
-                }
-            } else {
-                forget(fd);
-                // SAFETY: closes the program's descriptor.
-                unsafe { real::close(fd) };
-            }
-        }
-        0
-    })
-}
-
-/// # Safety
-/// As for libc's `closefrom`.
-#[no_mangle]
-pub unsafe extern "C" fn closefrom(first: c_int) {
-    // SAFETY: forwarded; closefrom has no result.
-    unsafe { close_range(first.max(0) as c_uint, c_uint::MAX, 0) };
-}
-
-/// # Safety
-/// As for libc's `shutdown`.
-#[no_mangle]
-pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::shutdown(fd, how) };
-    guard(real, || {
-        if let Some(c) = accel(fd) {
-            if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
-                real::set_errno(libc::EINVAL);
-                return -1;
-            }
-            c.shutdown(how);
-            // The idle kernel socket follows, so its state answers as expected.
-            real();
-            return 0;
-        }
-        real()
-    })
-}
-
-fn dup_into(old: c_int, new: c_int) {
-    if new < 0 || old == new {
-        return;
-    }
-    udp::on_dup(old, new);
-    let prev = match table::lookup(old) {
-        Some(c) => {
-            c.fdrefs.fetch_add(1, Ordering::AcqRel);
-            table::insert(new, c)
-        }
-        None => table::remove(new),
-    };
-    if let Some(p) = prev {
-        table::drop_ref(p);
-    }
-}
-
-/// After a successful dup-like call made `r` a copy of `fd`: `r` refers to what
-/// `fd` refers to. Returns `r`.
-fn after_dup(fd: c_int, r: c_int) -> c_int {
-    guard(
-        || r,
-        || {
-            if r >= 0 && (table::any_live() || udp::any_live()) {
-                dup_into(fd, r);
-            }
-            r
-        },
-    )
-}
-
-/// # Safety
-/// As for libc's `dup`.
-#[no_mangle]
-pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    // SAFETY: forwarded argument.
-    let r = unsafe { real::dup(fd) };
-    after_dup(fd, r)
-}
-
-/// # Safety
-/// As for libc's `dup2`.
-#[no_mangle]
-pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let r = unsafe { real::dup2(fd, new) };
-    after_dup(fd, r)
-}
-
-/// # Safety
-/// As for libc's `dup3`.
-#[no_mangle]
-pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let r = unsafe { real::dup3(fd, new, flags) };
-    after_dup(fd, r)
-}
-
-fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
-    // SAFETY: forwarded arguments.
-    let r = unsafe { real::fcntl(fd, cmd, arg) };
-    if r < 0 || !(table::any_live() || udp::any_live()) {
-        return r;
-    }
-    let e = real::errno();
-    guard(
-        || (),
-        || match cmd {
-            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => dup_into(fd, r),
-            libc::F_SETFL => {
-                if let Some(c) = table::lookup(fd) {
-                    c.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
-                }
-                if let Some(u) = udp::lookup(fd) {
-                    u.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
-                }
-            }
-            _ => {}
-        },
-    );
-    real::set_errno(e);
-    r
-}
-
-/// `fcntl` (variadic in C: the third argument arrives in the same register as a
-/// fixed one would on the supported ABIs).
-///
-/// # Safety
-/// As for libc's `fcntl`.
-#[no_mangle]
-pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
-    fcntl_impl(fd, cmd, arg)
-}
-
-/// # Safety
-/// As for libc's `fcntl64`.
-#[no_mangle]
-pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
-    fcntl_impl(fd, cmd, arg)
-}
-
-/// `ioctl`: FIONREAD and FIONBIO on accelerated sockets.
-///
-/// # Safety
-/// As for libc's `ioctl`.
-#[no_mangle]
-pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::ioctl(fd, req, arg) };
-    if !(table::any_live() || udp::any_live()) {
-        return real();
-    }
-    guard(real, || {
-        if req == libc::FIONREAD && arg != 0 {
-            if let Some(c) = accel(fd) {
-                // SAFETY: FIONREAD's argument is an int pointer.
-                unsafe { *(arg as *mut c_int) = c.fionread().min(c_int::MAX as usize) as c_int };
-                return 0;
-            }
-            // UDP: the size of the next datagram (shared memory first, as a receive
-            // would take it).
-            if let Some(n) = udp::lookup(fd).and_then(|u| u.next_len()) {
-                // SAFETY: FIONREAD's argument is an int pointer.
-                unsafe { *(arg as *mut c_int) = n as c_int };
-                return 0;
-            }
-        }
-        let r = real();
-        if r == 0 && req == libc::FIONBIO && arg != 0 {
-            // SAFETY: FIONBIO's argument is an int pointer.
-            let on = unsafe { *(arg as *const c_int) } != 0;
-            if let Some(c) = table::lookup(fd) {
-                c.nonblock.store(on, Ordering::Relaxed);
-            }
-            if let Some(u) = udp::lookup(fd) {
-                u.nonblock.store(on, Ordering::Relaxed);
-            }
-        }
-        r
-    })
-}
-
-// ------------------------------------------------------------------ waiting
-
-/// # Safety
-/// As for libc's `poll`.
-#[no_mangle]
-pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::poll(fds, n, timeout) };
-    if !(table::any_live() || udp::any_live()) || fds.is_null() || n == 0 {
-        return real();
-    }
-    guard(real, || {
-        // SAFETY: the caller's array of `n` pollfds.
-        let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
-        poll::poll(s, deadline_ms(timeout), None).unwrap_or_else(real)
-    })
-}
-
-/// # Safety
-/// As for glibc's `__poll_chk`.
-#[no_mangle]
-pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
-    if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
-        // SAFETY: what glibc does on a fortify failure.
-        unsafe { libc::abort() };
-    }
-    // SAFETY: forwarded.
-    unsafe { poll(fds, n, timeout) }
-}
-
-/// # Safety
-/// As for libc's `ppoll`.
-#[no_mangle]
-pub unsafe extern "C" fn ppoll(
-    fds: *mut pollfd,
-    n: nfds_t,
-    t: *const timespec,
-    mask: *const sigset_t,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::ppoll(fds, n, t, mask) };
-    if !(table::any_live() || udp::any_live()) || fds.is_null() || n == 0 {
-        return real();
-    }
-    guard(real, || {
-        // SAFETY: the caller's array of `n` pollfds.
-        let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
-        let m = (!mask.is_null()).then_some(mask);
-        poll::poll(s, deadline_ts(t), m).unwrap_or_else(real)
-    })
-}
-
-/// # Safety
-/// As for libc's `select`.
-#[no_mangle]
-pub unsafe extern "C" fn select(
-    n: c_int,
-    r: *mut libc::fd_set,
-    w: *mut libc::fd_set,
-    e: *mut libc::fd_set,
-    t: *mut libc::timeval,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::select(n, r, w, e, t) };
-    if !(table::any_live() || udp::any_live()) {
-        return real();
-    }
-    guard(real, || {
-        let deadline = if t.is_null() {
-            None
-        } else {
-            // SAFETY: the caller's timeval.
-            let tv = unsafe { *t };
-            Some(
-                Instant::now()
-                    + Duration::from_micros(tv.tv_sec.max(0) as u64 * 1_000_000 + tv.tv_usec.max(0) as u64),
-            )
-        };
-        // SAFETY: the caller's sets.
-        unsafe { poll::select(n, r, w, e, deadline, None) }.unwrap_or_else(real)
-    })
-}
-
-/// # Safety
-/// As for libc's `pselect`.
-#[no_mangle]
-pub unsafe extern "C" fn pselect(
-    n: c_int,
-    r: *mut libc::fd_set,
-    w: *mut libc::fd_set,
-    e: *mut libc::fd_set,
-    t: *const timespec,
-    mask: *const sigset_t,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::pselect(n, r, w, e, t, mask) };
-    if !(table::any_live() || udp::any_live()) {
-        return real();
-    }
-    guard(real, || {
-        let m = (!mask.is_null()).then_some(mask);
-        // SAFETY: the caller's sets.
-        unsafe { poll::select(n, r, w, e, deadline_ts(t), m) }.unwrap_or_else(real)
-    })
-}
-
-/// # Safety
-/// As for libc's `epoll_pwait2`.
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait2(
-    ep: c_int,
-    ev: *mut epoll_event,
-    max: c_int,
-    t: *const timespec,
-    mask: *const sigset_t,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::epoll_pwait2(ep, ev, max, t, mask) };
-    guard(real, || {
-        let m = (!mask.is_null()).then_some(mask);
-        // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { poll::wait(ep, ev, max, deadline_ts(t), m) }.unwrap_or_else(real)
-    })
-}
-
-/// # Safety
-/// As for libc's `epoll_ctl`.
-#[no_mangle]
-pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::epoll_ctl(ep, op, fd, ev) };
-    if !(table::any_live() || udp::any_live()) {
-        return real();
-    }
-    guard(real, || match accel(fd) {
-        Some(c) => poll::ctl(ep, op, fd, c, ev),
-        None => match udp::lookup(fd) {
-            // The kernel set keeps the socket (kernel datagrams); the library adds
-            // its shared-memory side.
-            Some(u) => {
-                let r = real();
-                if r == 0 {
-                    let e = real::errno();
-                    poll::ctl_udp(ep, op, fd, u, ev);
-                    real::set_errno(e);
-                }
-                r
-            }
-            None => real(),
-        },
-    })
-}
-
-/// # Safety
-/// As for libc's `epoll_wait`.
-#[no_mangle]
-pub unsafe extern "C" fn epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::epoll_wait(ep, ev, max, timeout) };
-    guard(real, || {
-        // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { poll::wait(ep, ev, max, deadline_ms(timeout), None) }.unwrap_or_else(real)
-    })
-}
-
-/// # Safety
-/// As for libc's `epoll_pwait`.
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait(
-    ep: c_int,
-    ev: *mut epoll_event,
-    max: c_int,
-    timeout: c_int,
-    mask: *const sigset_t,
-) -> c_int {
-    // SAFETY: forwarded arguments.
-    let real = || unsafe { real::epoll_pwait(ep, ev, max, timeout, mask) };
-    guard(real, || {
-        let m = (!mask.is_null()).then_some(mask);
-        // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { poll::wait(ep, ev, max, deadline_ms(timeout), m) }.unwrap_or_else(real)
-    })
-}

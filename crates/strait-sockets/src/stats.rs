@@ -45,7 +45,7 @@ extern "C" fn at_exit() {
             crate::conn::REMOTE_FORGED.load(Ordering::Relaxed),
             crate::pass::PASSED_OUT.load(Ordering::Relaxed),
             crate::pass::PASSED_IN.load(Ordering::Relaxed),
-            crate::UNSEEN_FORKS.load(Ordering::Relaxed),
+            crate::calls::UNSEEN_FORKS.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

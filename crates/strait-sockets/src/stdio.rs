@@ -45,7 +45,7 @@ fn fd_of(cookie: *mut c_void) -> c_int {
 extern "C" fn cookie_read(cookie: *mut c_void, buf: *mut c_char, n: size_t) -> ssize_t {
     // SAFETY: the stream's buffer, handed to us by stdio (which takes -1 as an error
     // and 0 as end of file, as read's).
-    unsafe { crate::read(fd_of(cookie), buf.cast(), n) }
+    unsafe { crate::calls::read(fd_of(cookie), buf.cast(), n) }
 }
 
 extern "C" fn cookie_write(cookie: *mut c_void, buf: *const c_char, n: size_t) -> ssize_t {
@@ -53,7 +53,7 @@ extern "C" fn cookie_write(cookie: *mut c_void, buf: *const c_char, n: size_t) -
     let mut done = 0usize;
     while done < n {
         // SAFETY: the unwritten rest of the stream's buffer.
-        let r = unsafe { crate::write(fd, buf.add(done).cast(), n - done) };
+        let r = unsafe { crate::calls::write(fd, buf.add(done).cast(), n - done) };
         if r < 0 {
             if real::errno() == libc::EINTR {
                 continue;
@@ -73,7 +73,7 @@ extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
     LIVE.store(s.len(), Ordering::Relaxed);
     drop(s);
     // SAFETY: the stream owned the descriptor, as fclose expects.
-    unsafe { crate::close(fd) }
+    unsafe { crate::calls::close(fd) }
 }
 
 /// A stream over the accelerated socket `fd` (null on failure, errno set).
@@ -134,9 +134,8 @@ pub fn adopt_standard_streams() {
 
 /// # Safety
 /// As for libc's `fdopen`.
-#[no_mangle]
-pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
-    if crate::accel(fd).is_some() {
+pub unsafe fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
+    if crate::calls::accel(fd).is_some() {
         return open(fd, mode);
     }
     // SAFETY: forwarded arguments.
@@ -145,8 +144,7 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
 
 /// # Safety
 /// As for libc's `fileno`.
-#[no_mangle]
-pub unsafe extern "C" fn fileno(f: *mut FILE) -> c_int {
+pub unsafe fn fileno(f: *mut FILE) -> c_int {
     if let Some(fd) = stream_fd(f) {
         return fd;
     }
@@ -156,8 +154,7 @@ pub unsafe extern "C" fn fileno(f: *mut FILE) -> c_int {
 
 /// # Safety
 /// As for libc's `fileno_unlocked`.
-#[no_mangle]
-pub unsafe extern "C" fn fileno_unlocked(f: *mut FILE) -> c_int {
+pub unsafe fn fileno_unlocked(f: *mut FILE) -> c_int {
     if let Some(fd) = stream_fd(f) {
         return fd;
     }

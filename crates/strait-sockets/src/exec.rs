@@ -150,7 +150,7 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
         if c.awaiting_attach() {
             c.settle(*fd);
         }
-        let Some(c) = crate::accel(*fd) else { continue };
+        let Some(c) = crate::calls::accel(*fd) else { continue };
         if done.contains(&Arc::as_ptr(&c)) {
             continue;
         }
@@ -454,15 +454,14 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
 
 // ------------------------------------------------------------------ interposed calls
 
-/// Defines the exported exec call `$name`, with libc's arguments: runs
+/// Defines the exec call `$name` (the cdylib exports it), with libc's arguments: runs
 /// `real::$real(...)` through [`exec_with`] on the environment `$envp`, which the
 /// call receives as `$env` (with what the library passes on added).
 macro_rules! exec_shim {
     ($name:ident($($arg:ident: $ty:ty),*), $envp:expr, |$env:ident| $real:ident($($call:expr),*)) => {
         /// # Safety
         #[doc = concat!("As for libc's `", stringify!($name), "`.")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+        pub unsafe fn $name($($arg: $ty),*) -> c_int {
             // SAFETY: forwarded arguments.
             exec_with($envp, |$env| unsafe { real::$real($($call),*) })
         }
@@ -483,14 +482,13 @@ exec_shim!(
     |env| execveat(dirfd, path, argv, env, flags)
 );
 
-/// Defines the exported `$name` (`posix_spawn` or `posix_spawnp`, whose second
+/// Defines `$name` (`posix_spawn` or `posix_spawnp`, whose second
 /// argument is `$file`): runs `real::$name` through [`spawn_with`].
 macro_rules! spawn_shim {
     ($name:ident, $file:ident) => {
         /// # Safety
         #[doc = concat!("As for libc's `", stringify!($name), "`.")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
+        pub unsafe fn $name(
             pid: *mut pid_t,
             $file: *const c_char,
             actions: *const libc::posix_spawn_file_actions_t,
@@ -530,8 +528,7 @@ unsafe impl Send for SigAction {}
 
 /// # Safety
 /// As for libc's `system`.
-#[no_mangle]
-pub unsafe extern "C" fn system(line: *const c_char) -> c_int {
+pub unsafe fn system(line: *const c_char) -> c_int {
     if line.is_null() || !table::any_live() {
         // SAFETY: forwarded argument.
         return unsafe { real::system(line) };
@@ -653,8 +650,7 @@ static POPENED: std::sync::Mutex<Vec<(usize, c_int, pid_t)>> = std::sync::Mutex:
 
 /// # Safety
 /// As for libc's `popen`.
-#[no_mangle]
-pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+pub unsafe fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     if command.is_null() || mode.is_null() || !table::any_live() {
         // SAFETY: forwarded arguments.
         return unsafe { real::popen(command, mode) };
@@ -731,8 +727,7 @@ unsafe fn popen_handing_over(command: *const c_char, mode: &[u8]) -> *mut libc::
 
 /// # Safety
 /// As for libc's `pclose`.
-#[no_mangle]
-pub unsafe extern "C" fn pclose(f: *mut libc::FILE) -> c_int {
+pub unsafe fn pclose(f: *mut libc::FILE) -> c_int {
     let mine = {
         let mut v = POPENED.lock().unwrap_or_else(|e| e.into_inner());
         v.iter().position(|e| e.0 == f as usize).map(|i| v.swap_remove(i))
@@ -751,87 +746,50 @@ pub unsafe extern "C" fn pclose(f: *mut libc::FILE) -> c_int {
 /// # Safety
 /// As for libc's `vfork`; the child gets its own memory, which a correct vfork
 /// child cannot tell.
-#[no_mangle]
-pub unsafe extern "C" fn vfork() -> pid_t {
+pub unsafe fn vfork() -> pid_t {
     // SAFETY: plain fork; the at-fork handlers keep the connections' holds right.
     unsafe { libc::fork() }
 }
 
-/// The variadic `execl`, `execlp` and `execle`: stable Rust cannot define a C-variadic
-/// function, so each is a naked trampoline that stores the six argument registers
-/// next to the caller's stack arguments and calls [`exec_list`] with both; the
-/// integer arguments of a variadic call sit exactly there (System V x86-64 ABI).
+/// The variadic `execl`, `execlp` and `execle` land here: stable Rust cannot define a
+/// C-variadic function, so the cdylib exports each as a naked trampoline that stores
+/// the six argument registers next to the caller's stack arguments and calls this
+/// with both; the integer arguments of a variadic call sit exactly there (System V
+/// x86-64 ABI).
+///
+/// `kind` 0: execl(path, arg0, ..., NULL); 1: execlp(file, arg0, ..., NULL);
+/// 2: execle(path, arg0, ..., NULL, envp).
+///
+/// # Safety
+/// `regs` holds the six register arguments, `stack` points at the caller's stack
+/// arguments, of a call with the documented argument list.
 #[cfg(target_arch = "x86_64")]
-mod variadic {
-    use super::*;
-
-    macro_rules! trampoline {
-        ($name:ident, $kind:expr) => {
-            /// # Safety
-            /// As for the libc function of this name.
-            #[unsafe(naked)]
-            #[no_mangle]
-            pub unsafe extern "C" fn $name() -> c_int {
-                std::arch::naked_asm!(
-                    "push rbp",
-                    "mov rbp, rsp",
-                    "sub rsp, 48",
-                    "mov [rsp], rdi",
-                    "mov [rsp + 8], rsi",
-                    "mov [rsp + 16], rdx",
-                    "mov [rsp + 24], rcx",
-                    "mov [rsp + 32], r8",
-                    "mov [rsp + 40], r9",
-                    "mov rdi, rsp",
-                    "lea rsi, [rbp + 16]",
-                    "mov edx, {kind}",
-                    "call {imp}",
-                    "leave",
-                    "ret",
-                    kind = const $kind,
-                    imp = sym exec_list,
-                )
-            }
-        };
-    }
-
-    trampoline!(execl, 0);
-    trampoline!(execlp, 1);
-    trampoline!(execle, 2);
-
-    /// `kind` 0: execl(path, arg0, ..., NULL); 1: execlp(file, arg0, ..., NULL);
-    /// 2: execle(path, arg0, ..., NULL, envp).
-    ///
-    /// # Safety
-    /// `regs` holds the six register arguments, `stack` points at the caller's stack
-    /// arguments, of a call with the documented argument list.
-    unsafe extern "C" fn exec_list(regs: *const usize, stack: *const usize, kind: c_int) -> c_int {
-        // SAFETY: argument `i` of the call, where the ABI put it.
-        let arg = |i: usize| unsafe {
-            if i < 6 {
-                *regs.add(i)
-            } else {
-                *stack.add(i - 6)
-            }
-        };
-        let path = arg(0) as *const c_char;
-        let mut argv: Vec<*const c_char> = Vec::new();
-        let mut i = 1;
-        loop {
-            let a = arg(i) as *const c_char;
-            argv.push(a);
-            i += 1;
-            if a.is_null() {
-                break;
-            }
+pub unsafe extern "C" fn exec_list(regs: *const usize, stack: *const usize, kind: c_int) -> c_int {
+    // SAFETY: argument `i` of the call, where the ABI put it.
+    let arg = |i: usize| unsafe {
+        if i < 6 {
+            *regs.add(i)
+        } else {
+            *stack.add(i - 6)
         }
-        // SAFETY: forwarded to the interposed list-less forms.
-        unsafe {
-            match kind {
-                0 => execv(path, argv.as_ptr()),
-                1 => execvp(path, argv.as_ptr()),
-                _ => execve(path, argv.as_ptr(), arg(i) as *const *const c_char),
-            }
+    };
+    let path = arg(0) as *const c_char;
+    let mut argv: Vec<*const c_char> = Vec::new();
+    let mut i = 1;
+    loop {
+        let a = arg(i) as *const c_char;
+        argv.push(a);
+        i += 1;
+        if a.is_null() {
+            break;
+        }
+    }
+    // SAFETY: forwarded to the interposed list-less forms.
+    unsafe {
+        match kind {
+            0 => execv(path, argv.as_ptr()),
+            1 => execvp(path, argv.as_ptr()),
+            _ => execve(path, argv.as_ptr(), arg(i) as *const *const c_char),
         }
     }
 }

@@ -44,7 +44,7 @@ fn slice_until(deadline: Option<Instant>, attach: impl Iterator<Item = Instant>)
 
 /// Accelerated entries of a pollfd array: (index, connection).
 fn accel_entries(fds: &[pollfd]) -> Vec<(usize, Arc<Conn>)> {
-    fds.iter().enumerate().filter_map(|(i, p)| crate::accel(p.fd).map(|c| (i, c))).collect()
+    fds.iter().enumerate().filter_map(|(i, p)| crate::calls::accel(p.fd).map(|c| (i, c))).collect()
 }
 
 fn conn_revents(c: &Conn, fd: c_int, events: i16) -> i16 {

@@ -57,7 +57,7 @@ fn udp_recv(
 
 /// The destination of a UDP send with an explicit address: `Err` when the kernel must
 /// handle it (an address this library does not accelerate).
-fn udp_dest(u: &UdpSock, addr: *const sockaddr, len: socklen_t) -> Result<Option<(discover::Key, bool)>, ()> {
+fn udp_dest(u: &UdpSock, addr: *const sockaddr, len: socklen_t) -> Result<Option<(crate::sock::Key, bool)>, ()> {
     if addr.is_null() || len == 0 {
         return Ok(None);
     }
@@ -1012,7 +1012,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
         let ids = conn
             .as_ref()
             .filter(|c| c.fdrefs.load(std::sync::atomic::Ordering::Acquire) == 1)
-            .and_then(|_| Some((discover::sock_key(fd, false)?, discover::sock_key(fd, true)?)));
+            .and_then(|_| Some((crate::sock::sock_key(fd, false)?, crate::sock::sock_key(fd, true)?)));
         forget(fd);
         let r = real();
         if let Some(c) = conn {

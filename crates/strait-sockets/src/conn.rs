@@ -1439,7 +1439,7 @@ impl Conn {
     /// process holds it and the peer must not see the close. When that process
     /// closes or exits, the peer learns it (its close, or the liveness socket's
     /// hang-up).
-    pub fn release_closed(&self, ids: Option<(crate::discover::Key, crate::discover::Key)>) {
+    pub fn release_closed(&self, ids: Option<(crate::sock::Key, crate::sock::Key)>) {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -1592,7 +1592,7 @@ pub(crate) fn vault_memfd(memfd: c_int) -> c_int {
     {
         return -1;
     }
-    let sent = crate::discover::send_fds(sp[1], b"memfd", &[memfd]);
+    let sent = crate::sock::send_fds(sp[1], b"memfd", &[memfd]);
     // SAFETY: our socket; the message stays queued at sp[0] after the sender closes.
     unsafe { real::close(sp[1]) };
     if !sent {

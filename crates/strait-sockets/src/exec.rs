@@ -38,7 +38,7 @@ use std::sync::Arc;
 use libc::{c_char, c_int, pid_t};
 
 use crate::conn::{self, Carriers, Conn, Shm, HDR};
-use crate::{discover, real, table};
+use crate::{real, table};
 
 const VAR: &str = "STRAIT_HANDOFF";
 
@@ -113,7 +113,7 @@ struct Handoff {
 impl Handoff {
     /// Closes the copies; `undo_holds` also gives back the spawned process's holds.
     fn finish(self, undo_holds: bool) {
-        discover::close_all(&self.fds);
+        crate::sock::close_all(&self.fds);
         if undo_holds {
             for c in &self.held {
                 c.drop_holder();
@@ -193,17 +193,17 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
 pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, [c_int; 4])> {
     let ino = inode(fd)?;
     let mut buf = [0u8; 8];
-    let memfd = match discover::recv_fds(c.vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+    let memfd = match crate::sock::recv_fds(c.vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
         Ok(m) if m.fds.len() == 1 => m.fds[0],
         Ok(m) => {
-            discover::close_all(&m.fds);
+            crate::sock::close_all(&m.fds);
             return None;
         }
         Err(_) => return None,
     };
     let copies = [memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd), inheritable_dup(c.unix())];
     if copies.iter().any(|&f| f < 0) {
-        discover::close_all(&copies.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
+        crate::sock::close_all(&copies.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
         return None;
     }
     let record = Record {
@@ -409,7 +409,7 @@ pub fn adopt() {
 pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
     // Only a sealed memfd of the right size is ours; anything else (a stale or forged
     // variable) is left alone, descriptors included.
-    if !discover::memfd_ok(r.memfd, HDR + 2 * r.ring) {
+    if !crate::sock::memfd_ok(r.memfd, HDR + 2 * r.ring) {
         return false;
     }
     let carriers = [r.memfd, r.my_efd, r.peer_efd, r.unix];
@@ -419,9 +419,9 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
     }
     let shm = Shm::map(r.memfd, r.ring).filter(|s| s.header_ok());
     let vault = if shm.is_some() { conn::vault_memfd(r.memfd) } else { -1 };
-    discover::close_all(&[r.memfd]);
+    crate::sock::close_all(&[r.memfd]);
     let Some(shm) = shm else {
-        discover::close_all(&carriers[1..]);
+        crate::sock::close_all(&carriers[1..]);
         return false;
     };
     let fds: Vec<c_int> = socks.iter().filter(|s| s.1 == r.ino).map(|s| s.0).collect();

@@ -24,6 +24,7 @@ mod pass;
 mod poll;
 mod real;
 mod remote;
+mod sock;
 mod stats;
 pub mod stdio;
 mod table;

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use libc::{c_int, msghdr};
 
 use crate::conn::Conn;
-use crate::discover::{close_all, recv_fds_max, send_fds};
+use crate::sock::{close_all, recv_fds_max, send_fds};
 use crate::exec::{adopt_one, inode, record_for, Record};
 use crate::{real, table};
 
@@ -271,7 +271,7 @@ pub unsafe fn after_recvmsg(msg: *mut msghdr) {
 /// What `fd` carries if it is a bundle (a seqpacket Unix socket holding one
 /// message that starts with [`MAGIC`]); `None` leaves it untouched.
 fn open_bundle(fd: c_int) -> Option<Bundle> {
-    let get = |opt| crate::discover::socket_option(fd, opt);
+    let get = |opt| crate::sock::socket_option(fd, opt);
     if get(libc::SO_DOMAIN) != Some(libc::AF_UNIX) || get(libc::SO_TYPE) != Some(libc::SOCK_SEQPACKET) {
         return None;
     }
@@ -329,7 +329,7 @@ fn adopt(records: Vec<Record>, fds: Vec<c_int>, passed: &[(c_int, u64)]) {
         (r.memfd, r.my_efd, r.peer_efd, r.unix) =
             (fds[idx[0] as usize], fds[idx[1] as usize], fds[idx[2] as usize], fds[idx[3] as usize]);
         let mine: Vec<(c_int, u64)> = passed.iter().copied().filter(|p| p.1 == r.ino).collect();
-        if mine.is_empty() || !crate::discover::memfd_ok(r.memfd, crate::conn::HDR + 2 * r.ring) {
+        if mine.is_empty() || !crate::sock::memfd_ok(r.memfd, crate::conn::HDR + 2 * r.ring) {
             // Not taken: the hold the sender took for us ends with these copies
             // (the liveness socket's copy closes with them).
             close_all(&[r.memfd, r.my_efd, r.peer_efd, r.unix]);

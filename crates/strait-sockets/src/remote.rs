@@ -51,7 +51,7 @@ use strait_xdp::{Mac, XdpChannel, XdpConfig, XdpPort};
 use crate::conn::{
     ctl, Carriers, Conn, Settings, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED, WSLEEP,
 };
-use crate::discover::{close_all, key_of, sock_key, Key};
+use crate::sock::{close_all, key_of, sock_key, Key};
 use crate::real;
 use strait_shm::stream::pieces;
 
@@ -607,11 +607,11 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
         return None;
     }
     let (dest, lo) = key_of(addr, len)?;
-    if lo || !listed(&dest.0) || crate::local::host_address(&dest.0) || !crate::discover::is_tcp_stream(fd) {
+    if lo || !listed(&dest.0) || crate::local::host_address(&dest.0) || !crate::sock::is_tcp_stream(fd) {
         return None;
     }
     let mut key = sock_key(fd, false);
-    if key.is_some_and(|k| k.1 == 0) && crate::discover::bind_ephemeral(fd) {
+    if key.is_some_and(|k| k.1 == 0) && crate::sock::bind_ephemeral(fd) {
         key = sock_key(fd, false);
     }
     let port = key.filter(|k| k.1 != 0)?.1;
@@ -1168,7 +1168,7 @@ fn markers() -> &'static Mutex<HashMap<c_int, Arc<Marker>>> {
 
 /// After a successful `listen(fd)`: binds the marker beside it.
 pub fn on_listen(fd: c_int) {
-    if !enabled() || !crate::discover::is_tcp_stream(fd) {
+    if !enabled() || !crate::sock::is_tcp_stream(fd) {
         return;
     }
     if markers().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&fd) {
@@ -1186,7 +1186,7 @@ pub fn on_listen(fd: c_int) {
     let v6 = ss.ss_family as c_int == libc::AF_INET6;
     let Some(udp) = udp_socket(v6) else { return };
     if v6 {
-        let only: c_int = c_int::from(wildcard && crate::discover::v6only(fd));
+        let only: c_int = c_int::from(wildcard && crate::sock::v6only(fd));
         // SAFETY: a local int option.
         unsafe {
             libc::setsockopt(

@@ -222,7 +222,7 @@ pub fn drop_ref(conn: Arc<Conn>) {
 
 /// One descriptor of a connection was really closed; `ids` are the TCP socket's
 /// (local, peer) addresses read before (see [`Conn::release_closed`]).
-pub fn drop_ref_closed(conn: Arc<Conn>, ids: Option<(crate::discover::Key, crate::discover::Key)>) {
+pub fn drop_ref_closed(conn: Arc<Conn>, ids: Option<(crate::sock::Key, crate::sock::Key)>) {
     if conn.fdrefs.fetch_sub(1, Ordering::AcqRel) == 1 {
         conn.release_closed(ids);
         crate::poll::forget_conn(&conn);

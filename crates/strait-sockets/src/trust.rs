@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libc::{c_int, socklen_t};
 
-use crate::discover::{close_all, Key};
+use crate::sock::{close_all, Key};
 use crate::real;
 
 /// Rendezvous partners refused because they could not be proven (a name held by

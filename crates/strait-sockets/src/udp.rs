@@ -46,10 +46,8 @@ use std::time::{Duration, Instant};
 use libc::{c_int, sockaddr, socklen_t, ssize_t};
 
 use crate::conn::{signals_restart, sock_timeout, Settings};
-use crate::discover::{
-    abstract_name, bind_ephemeral, close_all, key_of, listen_marker, memfd_ok, netns, recv_fds_now, send_fds,
-    sock_key, v6only, Key,
-};
+use crate::discover::listen_marker;
+use crate::sock::{abstract_name, bind_ephemeral, close_all, key_of, memfd_ok, netns, recv_fds_now, send_fds, sock_key, v6only, Key};
 use crate::real;
 use crate::table::FdTable;
 use crate::trust::{self, Proto};

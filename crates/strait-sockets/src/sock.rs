@@ -1,0 +1,187 @@
+//! What the library asks of kernel sockets, and how it moves descriptors: address
+//! keys, socket options, abstract Unix names, SCM_RIGHTS messages. The lowest layer
+//! of the crate (with [`crate::real`]): it imports nothing above it.
+
+use std::os::fd::IntoRawFd;
+use std::sync::OnceLock;
+
+use libc::{c_int, sockaddr, sockaddr_storage, socklen_t};
+
+use crate::real;
+
+/// Address key of a TCP endpoint: IPv4 (or v4-mapped IPv6) as `::ffff:a.b.c.d`.
+pub type Key = ([u8; 16], u16);
+
+pub(crate) fn netns() -> u64 {
+    static NS: OnceLock<u64> = OnceLock::new();
+    *NS.get_or_init(|| {
+        // SAFETY: stat is plain old data, filled by the call.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: NUL-terminated literal path and a local stat.
+        if unsafe { libc::stat(c"/proc/self/ns/net".as_ptr(), &mut st) } == 0 {
+            st.st_ino
+        } else {
+            0
+        }
+    })
+}
+
+pub(crate) fn v4_mapped(k: &Key) -> bool {
+    k.0[..10].iter().all(|&b| b == 0) && k.0[10] == 0xff && k.0[11] == 0xff
+}
+
+pub(crate) fn abstract_name(name: &str) -> (libc::sockaddr_un, socklen_t) {
+    // SAFETY: sockaddr_un is plain old data.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (i, b) in name.bytes().enumerate() {
+        sa.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    (sa, len as socklen_t)
+}
+
+/// The key and loopback-ness of a socket address.
+pub fn key_of(sa: *const sockaddr, len: socklen_t) -> Option<(Key, bool)> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes an address of `len` bytes; we read the family first
+    // and the rest only if `len` covers it.
+    unsafe {
+        match (*sa).sa_family as c_int {
+            libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+                let s = &*sa.cast::<libc::sockaddr_in>();
+                let ip = s.sin_addr.s_addr.to_ne_bytes();
+                let mut k = [0u8; 16];
+                k[10] = 0xff;
+                k[11] = 0xff;
+                k[12..].copy_from_slice(&ip);
+                Some(((k, u16::from_be(s.sin_port)), ip[0] == 127))
+            }
+            libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+                let s = &*sa.cast::<libc::sockaddr_in6>();
+                let a = s.sin6_addr.s6_addr;
+                let mapped = a[..10].iter().all(|&b| b == 0) && a[10] == 0xff && a[11] == 0xff;
+                let lo = a == std::net::Ipv6Addr::LOCALHOST.octets() || (mapped && a[12] == 127);
+                Some(((a, u16::from_be(s.sin6_port)), lo))
+            }
+            _ => None,
+        }
+    }
+}
+
+pub fn sock_key(fd: c_int, peer: bool) -> Option<Key> {
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut ss: sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<sockaddr_storage>() as socklen_t;
+    let p = (&mut ss as *mut sockaddr_storage).cast::<sockaddr>();
+    // SAFETY: a local sockaddr_storage and its length.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    };
+    if r != 0 {
+        return None;
+    }
+    key_of(p, len).map(|(k, _)| k)
+}
+
+pub(crate) fn is_tcp_stream(fd: c_int) -> bool {
+    socket_option(fd, libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && socket_option(fd, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+}
+
+/// An integer `SOL_SOCKET` option of `fd`, or `None` (not a socket, or refused).
+pub(crate) fn socket_option(fd: c_int, opt: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: a local int and its length.
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut c_int).cast(), &mut l) };
+    (r == 0).then_some(v)
+}
+
+pub(crate) fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
+    strait_sys::send_fds_with(real::sendmsg, sock, data, fds, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        .is_ok_and(|n| n == data.len())
+}
+
+/// One message received without waiting, with the descriptors it carried (all of
+/// them, close-on-exec, owned by the caller), and whether its control data was cut.
+pub(crate) struct FdMessage {
+    pub len: usize,
+    pub fds: Vec<c_int>,
+    pub truncated: bool,
+}
+
+/// `recvmsg` with SCM_RIGHTS, not waiting: `Err(errno)` when nothing came.
+pub(crate) fn recv_fds_now(sock: c_int, buf: &mut [u8]) -> Result<FdMessage, c_int> {
+    recv_fds(sock, buf, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT)
+}
+
+/// `recvmsg` with SCM_RIGHTS and `flags`: `Err(errno)` when nothing came.
+pub(crate) fn recv_fds(sock: c_int, buf: &mut [u8], flags: c_int) -> Result<FdMessage, c_int> {
+    recv_fds_max(sock, buf, flags, 12)
+}
+
+/// [`recv_fds`] with room for up to `max_fds` descriptors.
+pub(crate) fn recv_fds_max(
+    sock: c_int,
+    buf: &mut [u8],
+    flags: c_int,
+    max_fds: usize,
+) -> Result<FdMessage, c_int> {
+    let m = strait_sys::recv_fds_with(real::recvmsg, sock, buf, flags, max_fds)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let fds = m.fds.into_iter().map(IntoRawFd::into_raw_fd).collect();
+    Ok(FdMessage { len: m.len, fds, truncated: m.truncated })
+}
+
+pub(crate) fn close_all(fds: &[c_int]) {
+    for &fd in fds {
+        // SAFETY: descriptors we own.
+        unsafe { real::close(fd) };
+    }
+}
+
+/// An unspecified address (0.0.0.0, ::ffff:0.0.0.0 or ::), as in keys.
+#[cfg(test)]
+pub(crate) fn is_wildcard(a: &[u8; 16]) -> bool {
+    a.iter().all(|&b| b == 0) || (a[..10].iter().all(|&b| b == 0) && a[10..] == [255, 255, 0, 0, 0, 0])
+}
+
+/// True if the IPv6 socket `fd` accepts IPv6 only (IPV6_V6ONLY).
+pub(crate) fn v6only(fd: c_int) -> bool {
+    let mut v: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: a local int and its length.
+    unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, (&mut v as *mut c_int).cast(), &mut l)
+    };
+    v != 0
+}
+
+/// True if `fd` is a memfd of exactly `len` bytes carrying every seal strait puts on
+/// one (a peer that could resize it could make us fault).
+pub(crate) fn memfd_ok(fd: c_int, len: usize) -> bool {
+    strait_sys::check_sealed(fd, len).is_ok()
+}
+
+pub(crate) fn bind_ephemeral(fd: c_int) -> bool {
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut ss: sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<sockaddr_storage>() as socklen_t;
+    let p = (&mut ss as *mut sockaddr_storage).cast::<sockaddr>();
+    // SAFETY: a local sockaddr_storage and its length.
+    if unsafe { libc::getsockname(fd, p, &mut len) } != 0 {
+        return false;
+    }
+    // An unbound socket reports the wildcard address with port 0 in its own family:
+    // binding exactly that picks an ephemeral port and leaves the source address to
+    // the connect, as the kernel's automatic bind would.
+    // SAFETY: binds the socket to the address the kernel just reported.
+    unsafe { real::bind(fd, p, len) == 0 }
+}

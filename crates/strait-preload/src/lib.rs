@@ -163,7 +163,7 @@ mod variadic {
 
 /// Runs when the library is loaded, before the program's `main`.
 extern "C" fn init() {
-    strait_sockets::calls::init();
+    strait_sockets::init();
 }
 
 #[used]

@@ -6,7 +6,6 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libc::{
@@ -14,9 +13,9 @@ use libc::{
 };
 use libc::{sockaddr, socklen_t, timespec};
 
-use crate::conn::{self, Conn, IoErr};
+use crate::conn::{Conn, IoErr};
 use crate::udp::{self, UdpSock};
-use crate::{discover, exec, pass, poll, real, remote, stats, stdio, table};
+use crate::{discover, pass, poll, real, remote, table};
 
 /// Where a UDP receive reports a shared-memory datagram's source and flags.
 enum Name {
@@ -57,7 +56,11 @@ fn udp_recv(
 
 /// The destination of a UDP send with an explicit address: `Err` when the kernel must
 /// handle it (an address this library does not accelerate).
-fn udp_dest(u: &UdpSock, addr: *const sockaddr, len: socklen_t) -> Result<Option<(crate::sock::Key, bool)>, ()> {
+fn udp_dest(
+    u: &UdpSock,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> Result<Option<(crate::sock::Key, bool)>, ()> {
     if addr.is_null() || len == 0 {
         return Ok(None);
     }
@@ -70,36 +73,6 @@ fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
         Ok(v) => v,
         Err(_) => fallback(),
     }
-}
-
-/// The accelerated connection behind `fd`, after settling a pending connect.
-pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
-    check_new_process();
-    let c = table::lookup(fd)?;
-    // A connection to another host: the first use waits (bounded) for the other end.
-    if let Some(ok) = remote::settle(fd, &c) {
-        if !ok {
-            // Counted once, where it was decided.
-            table::remove_conn(&c);
-            return None;
-        }
-        return Some(c);
-    }
-    // A connector's first use waits (bounded) for the acceptor to attach; on a
-    // non-blocking socket it does not wait (the connection answers EAGAIN until then).
-    if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
-        let settled = if c.nonblock.load(Ordering::Relaxed) { c.try_settle(fd) } else { Some(c.settle(fd)) };
-        let Some(attached) = settled else { return Some(c) };
-        if !attached {
-            discover::give_up(fd, &c);
-            return None;
-        }
-        if !c.counted.swap(true, Ordering::Relaxed) {
-            conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
-            stats::note();
-        }
-    }
-    Some(c)
 }
 
 fn io_result(r: Result<usize, IoErr>, sigpipe: bool) -> ssize_t {
@@ -163,120 +136,6 @@ fn deadline_ts(t: *const timespec) -> Option<Instant> {
 
 // ------------------------------------------------------------------ setup
 
-extern "C" fn before_fork() {
-    // The child holds every connection too: the peer must not see end of stream
-    // until both have closed it.
-    let _ = catch_unwind(|| {
-        // (Connections still being settled too: a remote one settles in the parent
-        // after the fork, and the child must then count.)
-        for c in table::all_conns() {
-            c.add_holder();
-        }
-        for u in udp::all() {
-            u.add_holder();
-        }
-        table::lock_for_fork();
-    });
-}
-
-extern "C" fn in_parent() {
-    let _ = catch_unwind(table::unlock_after_fork);
-}
-
-extern "C" fn in_child() {
-    // This child was seen: the fork watch need not report it.
-    fork_watch_reset();
-    let _ = catch_unwind(table::unlock_after_fork);
-    conn::after_fork_child();
-    udp::after_fork_child();
-    remote::after_fork_child();
-}
-
-extern "C" fn at_exit() {
-    let _ = catch_unwind(udp::at_exit);
-    let _ = catch_unwind(remote::at_exit);
-}
-
-/// A page (`MADV_WIPEONFORK`, Linux 4.14) the kernel zeroes in every new process
-/// made without sharing memory
-/// (`fork`, raw `clone` and `clone3`): a zero there means this process was made
-/// since the library last looked, whether or not fork handlers ran (a raw `clone`
-/// runs none).
-static FORK_WATCH: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicU64> =
-    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
-
-/// Processes noticed by the fork watch (made without fork handlers).
-pub(crate) static UNSEEN_FORKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-fn watch_forks() {
-    // SAFETY: a fresh private anonymous page; the advice only affects it.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if p == libc::MAP_FAILED {
-            return;
-        }
-        if libc::madvise(p, 4096, libc::MADV_WIPEONFORK) != 0 {
-            libc::munmap(p, 4096);
-            return;
-        }
-        let w = p.cast::<std::sync::atomic::AtomicU64>();
-        (*w).store(1, Ordering::Relaxed);
-        FORK_WATCH.store(w, Ordering::Release);
-    }
-}
-
-fn fork_watch_reset() {
-    let w = FORK_WATCH.load(Ordering::Acquire);
-    if !w.is_null() {
-        // SAFETY: the watch page, mapped for the life of the process.
-        unsafe { (*w).store(1, Ordering::Relaxed) };
-    }
-}
-
-/// Notices a process made without fork handlers (a raw `clone`) at its first
-/// library call: it holds every connection its parent held (the kernel copied the
-/// descriptors), so it takes the holds the handlers would have taken, and forgets
-/// the parent's cached process id. One load when nothing happened.
-fn check_new_process() {
-    let w = FORK_WATCH.load(Ordering::Relaxed);
-    // SAFETY: the watch page, mapped for the life of the process.
-    if w.is_null() || unsafe { (*w).load(Ordering::Relaxed) } != 0 {
-        return;
-    }
-    fork_watch_reset();
-    for c in table::all_conns() {
-        c.add_holder();
-    }
-    for u in udp::all() {
-        u.add_holder();
-    }
-    conn::after_fork_child();
-    udp::after_fork_child();
-    remote::after_fork_child();
-    UNSEEN_FORKS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Sets the library up in a new process (called once, when it is loaded).
-pub fn init() {
-    watch_forks();
-    // SAFETY: registers plain extern "C" functions (they take and release library
-    // locks and touch atomics; nothing that could fail half-way).
-    unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
-    // SAFETY: registers a plain extern "C" function (before the statistics line, so
-    // it runs after it).
-    unsafe { libc::atexit(at_exit) };
-    stats::init();
-    let _ = catch_unwind(exec::adopt);
-    let _ = catch_unwind(stdio::adopt_standard_streams);
-}
-
 // ------------------------------------------------------------------ sockets
 
 /// # Safety
@@ -285,7 +144,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::connect(fd, addr, len) };
     guard(real, || {
-        if let Some(u) = udp::lookup(fd) {
+        if let Some(u) = crate::table::udp(fd) {
             let r = real();
             if r == 0 {
                 let e = real::errno();
@@ -336,7 +195,9 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
         || {
             if fd >= 0 {
                 let e = real::errno();
-                udp::on_socket(fd, domain, ty, proto);
+                if let Some(u) = udp::for_socket(domain, ty, proto) {
+                    table::insert_udp(fd, u);
+                }
                 real::set_errno(e);
             }
             fd
@@ -352,7 +213,7 @@ pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     guard(real, || {
         let r = real();
         if r == 0 {
-            if let Some(u) = udp::lookup(fd) {
+            if let Some(u) = crate::table::udp(fd) {
                 let e = real::errno();
                 udp::on_bind(&u, fd);
                 real::set_errno(e);
@@ -367,22 +228,16 @@ pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
 ///
 /// # Safety
 /// As for libc's `setsockopt`.
-pub unsafe fn setsockopt(
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> c_int {
+pub unsafe fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::setsockopt(fd, level, name, val, len) };
-    if !udp::any_live() {
+    if !crate::table::any_udp() {
         return real();
     }
     guard(real, || {
         let r = real();
         if r == 0 {
-            if let Some(u) = udp::lookup(fd) {
+            if let Some(u) = crate::table::udp(fd) {
                 let e = real::errno();
                 // SAFETY: the caller's option value of `len` bytes (an int, or a
                 // byte for some IP options).
@@ -452,9 +307,9 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::read(fd, buf, n) };
-    let r = guard(real, || match accel(fd) {
+    let r = guard(real, || match crate::settle::accel(fd) {
         Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], 0),
-        None => match udp::lookup(fd) {
+        None => match crate::table::udp(fd) {
             // SAFETY: forwarded arguments.
             Some(u) => udp_recv(&u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe {
                 real::recv(fd, buf, n, x)
@@ -483,9 +338,9 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     strait_probe::probe!(strait_probe::Stage::WriteEnter);
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::write(fd, buf, n) };
-    guard(real, || match accel(fd) {
+    guard(real, || match crate::settle::accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], 0),
-        None => match udp::lookup(fd) {
+        None => match crate::table::udp(fd) {
             Some(u) => u.send(fd, None, &[(buf.cast(), n)], 0, &mut || real()),
             None => real(),
         },
@@ -497,10 +352,10 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
 pub unsafe fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::readv(fd, iov, n) };
-    guard(real, || match accel(fd) {
+    guard(real, || match crate::settle::accel(fd) {
         // SAFETY: the caller's iovecs.
         Some(c) => do_recv(&c, fd, &unsafe { iovs_mut(iov, n) }, 0),
-        None => match udp::lookup(fd) {
+        None => match crate::table::udp(fd) {
             Some(u) => {
                 // SAFETY: the caller's iovecs.
                 let v = unsafe { iovs_mut(iov, n) };
@@ -523,14 +378,14 @@ pub unsafe fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
 pub unsafe fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::writev(fd, iov, n) };
-    guard(real, || match accel(fd) {
+    guard(real, || match crate::settle::accel(fd) {
         Some(c) => {
             // SAFETY: the caller's iovecs.
             let v: Vec<(*const u8, usize)> =
                 unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
             do_send(&c, fd, &v, 0)
         }
-        None => match udp::lookup(fd) {
+        None => match crate::table::udp(fd) {
             Some(u) => {
                 // SAFETY: the caller's iovecs.
                 let v: Vec<(*const u8, usize)> =
@@ -547,9 +402,9 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recv(fd, buf, n, flags) };
-    guard(real, || match accel(fd) {
+    guard(real, || match crate::settle::accel(fd) {
         Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], flags),
-        None => match udp::lookup(fd) {
+        None => match crate::table::udp(fd) {
             // SAFETY: forwarded arguments.
             Some(u) => udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
                 real::recv(fd, buf, n, flags | x)
@@ -561,13 +416,7 @@ pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssiz
 
 /// # Safety
 /// As for glibc's `__recv_chk`.
-pub unsafe fn __recv_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    buflen: size_t,
-    flags: c_int,
-) -> ssize_t {
+pub unsafe fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
     if n > buflen {
         // SAFETY: what glibc does on a fortify failure.
         unsafe { libc::abort() };
@@ -581,9 +430,9 @@ pub unsafe fn __recv_chk(
 pub unsafe fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::send(fd, buf, n, flags) };
-    guard(real, || match accel(fd) {
+    guard(real, || match crate::settle::accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        None => match udp::lookup(fd) {
+        None => match crate::table::udp(fd) {
             Some(u) => u.send(fd, None, &[(buf.cast(), n)], flags, &mut || real()),
             None => real(),
         },
@@ -602,7 +451,7 @@ pub unsafe fn recvfrom(
 ) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) };
-    guard(real, || match accel(fd) {
+    guard(real, || match crate::settle::accel(fd) {
         Some(c) => {
             let r = do_recv(&c, fd, &[(buf.cast(), n)], flags);
             if r >= 0 && !addr.is_null() && !alen.is_null() {
@@ -611,7 +460,7 @@ pub unsafe fn recvfrom(
             }
             r
         }
-        None => match udp::lookup(fd) {
+        None => match crate::table::udp(fd) {
             Some(u) => {
                 udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
                     // SAFETY: forwarded arguments.
@@ -655,9 +504,9 @@ pub unsafe fn sendto(
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendto(fd, buf, n, flags, addr, alen) };
     // A connected TCP socket ignores the address, as the kernel does.
-    guard(real, || match accel(fd) {
+    guard(real, || match crate::settle::accel(fd) {
         Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        None => match udp::lookup(fd) {
+        None => match crate::table::udp(fd) {
             Some(u) => match udp_dest(&u, addr, alen) {
                 Ok(d) => u.send(fd, d, &[(buf.cast(), n)], flags, &mut || real()),
                 Err(()) => real(),
@@ -672,7 +521,7 @@ pub unsafe fn sendto(
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendmsg(fd, msg, flags) };
-    guard(real, || match (accel(fd), msg.is_null()) {
+    guard(real, || match (crate::settle::accel(fd), msg.is_null()) {
         (Some(c), false) => {
             // SAFETY: the caller's msghdr and its iovecs.
             let v: Vec<(*const u8, usize)> = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) }
@@ -681,7 +530,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
                 .collect();
             do_send(&c, fd, &v, flags)
         }
-        (None, false) => match udp::lookup(fd) {
+        (None, false) => match crate::table::udp(fd) {
             // SAFETY: the caller's msghdr.
             Some(u) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
             // Accelerated sockets passed over a Unix socket take their rings along.
@@ -726,7 +575,7 @@ unsafe fn udp_sendmsg(
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvmsg(fd, msg, flags) };
-    guard(real, || match (accel(fd), msg.is_null()) {
+    guard(real, || match (crate::settle::accel(fd), msg.is_null()) {
         (Some(c), false) => {
             // SAFETY: the caller's msghdr and its iovecs.
             let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
@@ -741,7 +590,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
             }
             r
         }
-        (None, false) => match udp::lookup(fd) {
+        (None, false) => match crate::table::udp(fd) {
             Some(u) => {
                 // SAFETY: the caller's msghdr and its iovecs.
                 let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
@@ -769,7 +618,7 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, count: siz
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendfile(out, inp, off, count) };
     guard(real, || {
-        let Some(c) = accel(out) else { return real() };
+        let Some(c) = crate::settle::accel(out) else { return real() };
         let mut buf = vec![0u8; count.min(256 << 10)];
         let mut done = 0usize;
         while done < count {
@@ -855,7 +704,7 @@ pub unsafe fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags:
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendmmsg(fd, v, n, flags) };
     guard(real, || {
-        if let (None, Some(u)) = (table::lookup(fd), udp::lookup(fd)) {
+        if let (None, Some(u)) = (table::lookup(fd), crate::table::udp(fd)) {
             // SAFETY: the caller's array of `n` mmsghdrs.
             return unsafe {
                 each_mmsg(
@@ -870,7 +719,7 @@ pub unsafe fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags:
                 )
             };
         }
-        let Some(c) = accel(fd) else { return real() };
+        let Some(c) = crate::settle::accel(fd) else { return real() };
         // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
         unsafe {
             each_mmsg(
@@ -909,7 +758,7 @@ pub unsafe fn recvmmsg(
         f & !libc::MSG_WAITFORONE
     };
     guard(real, || {
-        if let (None, Some(u)) = (table::lookup(fd), udp::lookup(fd)) {
+        if let (None, Some(u)) = (table::lookup(fd), crate::table::udp(fd)) {
             // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
             return unsafe {
                 each_mmsg(
@@ -926,7 +775,7 @@ pub unsafe fn recvmmsg(
                 )
             };
         }
-        let Some(c) = accel(fd) else { return real() };
+        let Some(c) = crate::settle::accel(fd) else { return real() };
         // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
         unsafe {
             each_mmsg(
@@ -969,7 +818,7 @@ pub unsafe fn splice(
     guard(real, || {
         let nb = if flags & libc::SPLICE_F_NONBLOCK != 0 { libc::MSG_DONTWAIT } else { 0 };
         let mut buf = vec![0u8; len.min(64 << 10)];
-        if let Some(c) = accel(fd_out) {
+        if let Some(c) = crate::settle::accel(fd_out) {
             // SAFETY: reads from the caller's pipe into our buffer.
             let n = unsafe { real::read(fd_in, buf.as_mut_ptr().cast(), buf.len()) };
             if n <= 0 {
@@ -977,7 +826,7 @@ pub unsafe fn splice(
             }
             return do_send(&c, fd_out, &[(buf.as_ptr(), n as usize)], nb | libc::MSG_NOSIGNAL);
         }
-        if let Some(c) = accel(fd_in) {
+        if let Some(c) = crate::settle::accel(fd_in) {
             // Peek, hand the pipe what it takes, then consume exactly that much.
             let n = do_recv(&c, fd_in, &[(buf.as_mut_ptr(), buf.len())], nb | libc::MSG_PEEK);
             if n <= 0 {
@@ -1000,7 +849,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
     // SAFETY: forwarded argument.
     let real = || unsafe { real::close(fd) };
     guard(real, || {
-        if table::is_internal(fd) {
+        if crate::fds::is_internal(fd) {
             // Not the program's: as if it were not open.
             real::set_errno(libc::EBADF);
             return -1;
@@ -1028,10 +877,10 @@ fn forget(fd: c_int) {
     if let Some(c) = table::remove(fd) {
         table::drop_ref(c);
     }
-    table::remove_listener(fd);
+    discover::remove_listener(fd);
     remote::on_close(fd);
-    udp::on_close(fd);
-    poll::forget_set(fd);
+    table::remove_udp(fd);
+    crate::epoll::forget_set(fd);
 }
 
 /// The open descriptors in `first..=last`, or `None` if they cannot be listed.
@@ -1057,7 +906,11 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
             real::set_errno(libc::EINVAL);
             return -1;
         }
-        if !(table::any_live() || table::any_internal() || udp::any_live() || table::any_listener()) {
+        if !(table::any_live()
+            || crate::fds::any_internal()
+            || crate::table::any_udp()
+            || crate::discover::any_listener())
+        {
             return real();
         }
         if flags & libc::CLOSE_RANGE_UNSHARE as c_int != 0 {
@@ -1070,7 +923,7 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
         // listing's own descriptor is closed by the time we close, and skipped).
         let Some(fds) = open_fds_in(first, last) else { return real() };
         for fd in fds {
-            if table::is_internal(fd) {
+            if crate::fds::is_internal(fd) {
                 continue;
             }
             if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
@@ -1104,7 +957,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::shutdown(fd, how) };
     guard(real, || {
-        if let Some(c) = accel(fd) {
+        if let Some(c) = crate::settle::accel(fd) {
             if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
                 real::set_errno(libc::EINVAL);
                 return -1;
@@ -1118,31 +971,14 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     })
 }
 
-fn dup_into(old: c_int, new: c_int) {
-    if new < 0 || old == new {
-        return;
-    }
-    udp::on_dup(old, new);
-    let prev = match table::lookup(old) {
-        Some(c) => {
-            c.fdrefs.fetch_add(1, Ordering::AcqRel);
-            table::insert(new, c)
-        }
-        None => table::remove(new),
-    };
-    if let Some(p) = prev {
-        table::drop_ref(p);
-    }
-}
-
 /// After a successful dup-like call made `r` a copy of `fd`: `r` refers to what
 /// `fd` refers to. Returns `r`.
 fn after_dup(fd: c_int, r: c_int) -> c_int {
     guard(
         || r,
         || {
-            if r >= 0 && (table::any_live() || udp::any_live()) {
-                dup_into(fd, r);
+            if r >= 0 && (table::any_live() || crate::table::any_udp()) {
+                table::dup(fd, r);
             }
             r
         },
@@ -1176,19 +1012,19 @@ pub unsafe fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
 fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     // SAFETY: forwarded arguments.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
-    if r < 0 || !(table::any_live() || udp::any_live()) {
+    if r < 0 || !(table::any_live() || crate::table::any_udp()) {
         return r;
     }
     let e = real::errno();
     guard(
         || (),
         || match cmd {
-            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => dup_into(fd, r),
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => table::dup(fd, r),
             libc::F_SETFL => {
                 if let Some(c) = table::lookup(fd) {
                     c.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
                 }
-                if let Some(u) = udp::lookup(fd) {
+                if let Some(u) = crate::table::udp(fd) {
                     u.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
                 }
             }
@@ -1221,19 +1057,19 @@ pub unsafe fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::ioctl(fd, req, arg) };
-    if !(table::any_live() || udp::any_live()) {
+    if !(table::any_live() || crate::table::any_udp()) {
         return real();
     }
     guard(real, || {
         if req == libc::FIONREAD && arg != 0 {
-            if let Some(c) = accel(fd) {
+            if let Some(c) = crate::settle::accel(fd) {
                 // SAFETY: FIONREAD's argument is an int pointer.
                 unsafe { *(arg as *mut c_int) = c.fionread().min(c_int::MAX as usize) as c_int };
                 return 0;
             }
             // UDP: the size of the next datagram (shared memory first, as a receive
             // would take it).
-            if let Some(n) = udp::lookup(fd).and_then(|u| u.next_len()) {
+            if let Some(n) = crate::table::udp(fd).and_then(|u| u.next_len()) {
                 // SAFETY: FIONREAD's argument is an int pointer.
                 unsafe { *(arg as *mut c_int) = n as c_int };
                 return 0;
@@ -1246,7 +1082,7 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
             if let Some(c) = table::lookup(fd) {
                 c.nonblock.store(on, Ordering::Relaxed);
             }
-            if let Some(u) = udp::lookup(fd) {
+            if let Some(u) = crate::table::udp(fd) {
                 u.nonblock.store(on, Ordering::Relaxed);
             }
         }
@@ -1261,7 +1097,7 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::poll(fds, n, timeout) };
-    if !(table::any_live() || udp::any_live()) || fds.is_null() || n == 0 {
+    if !(table::any_live() || crate::table::any_udp()) || fds.is_null() || n == 0 {
         return real();
     }
     guard(real, || {
@@ -1284,15 +1120,10 @@ pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: si
 
 /// # Safety
 /// As for libc's `ppoll`.
-pub unsafe fn ppoll(
-    fds: *mut pollfd,
-    n: nfds_t,
-    t: *const timespec,
-    mask: *const sigset_t,
-) -> c_int {
+pub unsafe fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::ppoll(fds, n, t, mask) };
-    if !(table::any_live() || udp::any_live()) || fds.is_null() || n == 0 {
+    if !(table::any_live() || crate::table::any_udp()) || fds.is_null() || n == 0 {
         return real();
     }
     guard(real, || {
@@ -1314,7 +1145,7 @@ pub unsafe fn select(
 ) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::select(n, r, w, e, t) };
-    if !(table::any_live() || udp::any_live()) {
+    if !(table::any_live() || crate::table::any_udp()) {
         return real();
     }
     guard(real, || {
@@ -1345,7 +1176,7 @@ pub unsafe fn pselect(
 ) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::pselect(n, r, w, e, t, mask) };
-    if !(table::any_live() || udp::any_live()) {
+    if !(table::any_live() || crate::table::any_udp()) {
         return real();
     }
     guard(real, || {
@@ -1369,7 +1200,7 @@ pub unsafe fn epoll_pwait2(
     guard(real, || {
         let m = (!mask.is_null()).then_some(mask);
         // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { poll::wait(ep, ev, max, deadline_ts(t), m) }.unwrap_or_else(real)
+        unsafe { crate::epoll::wait(ep, ev, max, deadline_ts(t), m) }.unwrap_or_else(real)
     })
 }
 
@@ -1378,19 +1209,19 @@ pub unsafe fn epoll_pwait2(
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::epoll_ctl(ep, op, fd, ev) };
-    if !(table::any_live() || udp::any_live()) {
+    if !(table::any_live() || crate::table::any_udp()) {
         return real();
     }
-    guard(real, || match accel(fd) {
-        Some(c) => poll::ctl(ep, op, fd, c, ev),
-        None => match udp::lookup(fd) {
+    guard(real, || match crate::settle::accel(fd) {
+        Some(c) => crate::epoll::ctl(ep, op, fd, c, ev),
+        None => match crate::table::udp(fd) {
             // The kernel set keeps the socket (kernel datagrams); the library adds
             // its shared-memory side.
             Some(u) => {
                 let r = real();
                 if r == 0 {
                     let e = real::errno();
-                    poll::ctl_udp(ep, op, fd, u, ev);
+                    crate::epoll::ctl_udp(ep, op, fd, u, ev);
                     real::set_errno(e);
                 }
                 r
@@ -1407,7 +1238,7 @@ pub unsafe fn epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c
     let real = || unsafe { real::epoll_wait(ep, ev, max, timeout) };
     guard(real, || {
         // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { poll::wait(ep, ev, max, deadline_ms(timeout), None) }.unwrap_or_else(real)
+        unsafe { crate::epoll::wait(ep, ev, max, deadline_ms(timeout), None) }.unwrap_or_else(real)
     })
 }
 
@@ -1425,6 +1256,6 @@ pub unsafe fn epoll_pwait(
     guard(real, || {
         let m = (!mask.is_null()).then_some(mask);
         // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { poll::wait(ep, ev, max, deadline_ms(timeout), m) }.unwrap_or_else(real)
+        unsafe { crate::epoll::wait(ep, ev, max, deadline_ms(timeout), m) }.unwrap_or_else(real)
     })
 }

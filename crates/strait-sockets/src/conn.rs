@@ -45,17 +45,19 @@
 //! to the new program (see `exec.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::{c_int, c_void};
 
-use strait_core::spin::{Crowding, SpinPolicy, WaitOutcome};
+use strait_core::spin::{SpinPolicy, WaitOutcome};
 use strait_shm::area::MappedArea;
 use strait_shm::ring::{announce_sleep, peer_needs_wake};
 use strait_shm::stream::ByteRing;
 
 use crate::real;
+use crate::settings::{crowded, spin_policy, Settings};
+use crate::wait::{signals_restart, sock_timeout};
 
 pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
 pub const VERSION: u32 = 2;
@@ -120,109 +122,6 @@ pub struct PendingC {
     /// A path-B asker we answered (its socket becomes ours if it attaches).
     pub asked: c_int,
 }
-
-/// Connection-level settings, read once from `STRAIT_*` variables.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    pub ring: usize,
-    /// How long a blocked call spins before it sleeps, at most.
-    pub spin: Duration,
-    /// The spin adapts below [`Settings::spin`] (`STRAIT_SPIN_US` unset): see
-    /// [`spin_policy`].
-    pub spin_adaptive: bool,
-    pub attach_timeout: Duration,
-    pub announce_wait: Duration,
-    pub enabled: bool,
-    /// Message mode asked for (`STRAIT_MESSAGES`).
-    pub messages: bool,
-    /// Smallest read buffer posted for rendezvous (`STRAIT_RENDEZVOUS_MIN`).
-    pub rendezvous_min: usize,
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim();
-    let (num, mul) = match v.chars().last()? {
-        'k' | 'K' => (&v[..v.len() - 1], 1024),
-        'm' | 'M' => (&v[..v.len() - 1], 1024 * 1024),
-        _ => (v, 1),
-    };
-    num.parse::<u64>().ok().map(|n| n * mul)
-}
-
-impl Settings {
-    pub fn get() -> &'static Settings {
-        static S: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
-        S.get_or_init(|| {
-            let ring = env_u64("STRAIT_RING_SIZE")
-                .map(|v| v as usize)
-                .filter(|v| v.is_power_of_two() && (4096..=1 << 30).contains(v))
-                // 512K: iperf3's 128 KiB writes then overlap with the reads (256K:
-                // about half the throughput). Memory: twice this per connection.
-                .unwrap_or(512 << 10);
-            Settings {
-                ring,
-                spin: Duration::from_micros(env_u64("STRAIT_SPIN_US").unwrap_or(20)),
-                spin_adaptive: env_u64("STRAIT_SPIN_US").is_none(),
-                attach_timeout: Duration::from_millis(env_u64("STRAIT_ATTACH_TIMEOUT_MS").unwrap_or(1000)),
-                announce_wait: Duration::from_millis(env_u64("STRAIT_ANNOUNCE_WAIT_MS").unwrap_or(200)),
-                enabled: std::env::var("STRAIT_DISABLE").map(|v| v.is_empty() || v == "0").unwrap_or(true),
-                messages: std::env::var("STRAIT_MESSAGES").is_ok_and(|v| !v.is_empty() && v != "0"),
-                rendezvous_min: env_u64("STRAIT_RENDEZVOUS_MIN")
-                    .map(|v| v.max(1) as usize)
-                    .unwrap_or(64 << 10),
-            }
-        })
-    }
-}
-
-/// A new waiter's spin policy (strait-core's [`SpinPolicy`]): adaptive unless
-/// `STRAIT_SPIN_US` fixed the budget.
-pub(crate) fn spin_policy() -> SpinPolicy {
-    let s = Settings::get();
-    if s.spin_adaptive {
-        // Up to ten times the base for answers that keep coming just after it (a
-        // large write waiting for ring space): each would otherwise pay a sleep and
-        // a wake-up on both sides.
-        SpinPolicy::adaptive_up_to(s.spin, s.spin * SPIN_CEILING_FACTOR)
-    } else {
-        SpinPolicy::fixed(s.spin)
-    }
-}
-
-/// The adaptive spin may grow to this many times `STRAIT_SPIN_US`'s default.
-const SPIN_CEILING_FACTOR: u32 = 10;
-
-/// How often the process samples the machine's load for the spin policies.
-const LOAD_SAMPLE_EVERY: Duration = Duration::from_millis(100);
-
-/// True while the machine looks crowded (more runnable threads than cores): waiters
-/// then sleep at once. One sample per [`LOAD_SAMPLE_EVERY`] for the whole process
-/// (reading `/proc/loadavg`; where that fails, as in a chroot or a sandbox, the
-/// machine never counts as crowded). `now` is the waiter's clock reading; between
-/// samples this is two relaxed loads.
-pub(crate) fn crowded(now: Instant) -> bool {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    static NEXT_MS: AtomicU64 = AtomicU64::new(0);
-    static STATE: Mutex<Crowding> = Mutex::new(Crowding::new());
-    let ms = now.saturating_duration_since(*BASE.get_or_init(Instant::now)).as_millis() as u64;
-    if ms < NEXT_MS.load(Ordering::Relaxed) {
-        return CROWDED.load(Ordering::Relaxed);
-    }
-    // One thread samples; the others keep the verdict of a moment ago.
-    let Ok(mut c) = STATE.try_lock() else {
-        return CROWDED.load(Ordering::Relaxed);
-    };
-    NEXT_MS.store(ms + LOAD_SAMPLE_EVERY.as_millis() as u64, Ordering::Relaxed);
-    if let Some(l) = strait_core::spin::sample_load() {
-        c.sample(l);
-    }
-    CROWDED.store(c.crowded(), Ordering::Relaxed);
-    c.crowded()
-}
-
-/// The last verdict of [`crowded`].
-static CROWDED: AtomicBool = AtomicBool::new(false);
 
 /// A shared mapping (unmapped on drop).
 pub struct Shm {
@@ -303,6 +202,26 @@ impl Drop for Shm {
     }
 }
 
+/// The far side of a connection to another host: it plays the peer's side of the
+/// rings (the bridge of the `remote` module, over a strait device). The connection
+/// calls it after its own ring steps; it never knows what carries the bytes.
+pub(crate) trait FarEnd: Send + Sync {
+    /// True in the process that drives the device (not in a forked child).
+    fn owned_here(&self) -> bool;
+    /// A descriptor to sleep on, for a program thread waiting on this connection.
+    fn wake_fd(&self) -> Option<c_int>;
+    /// A program thread's turn: drives the device now.
+    fn pump_inline(&self);
+    /// After the program read: ring space may be credited back to the peer.
+    fn after_read(&self);
+    /// A program thread just wrote: the bytes may leave now.
+    fn push_inline(&self);
+}
+
+/// What a far end keeps with a connection until it is set up; the connection never
+/// looks inside (only the far end's module knows the type).
+pub(crate) type FarSetup = Box<dyn std::any::Any + Send>;
+
 /// Process-wide counters (printed at exit with `STRAIT_STATS=1`).
 pub static ACCELERATED: AtomicUsize = AtomicUsize::new(0);
 pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
@@ -362,10 +281,10 @@ pub struct Conn {
     rlock: Mutex<()>,
     wlock: Mutex<()>,
     /// A connection to another host: the bridge that plays the peer's side of the
-    /// rings (see [`crate::remote`]).
-    pub(crate) remote: std::sync::OnceLock<Arc<crate::remote::Bridge>>,
+    /// rings (see [`FarEnd`]).
+    pub(crate) remote: std::sync::OnceLock<Arc<dyn FarEnd>>,
     /// A connection to another host that is not settled yet.
-    pub(crate) remote_pending: Mutex<Option<crate::remote::Pending>>,
+    pub(crate) remote_pending: Mutex<Option<FarSetup>>,
     /// The process that settles `remote_pending` (a forked child reads the decision
     /// from the shared header instead: the parent's threads may hold the lock).
     pub(crate) remote_settler: std::sync::atomic::AtomicU32,
@@ -398,54 +317,6 @@ enum Waited {
     Interrupted,
 }
 
-/// The socket's SO_RCVTIMEO/SO_SNDTIMEO, if set.
-pub(crate) fn sock_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
-    let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
-    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-    // SAFETY: a local timeval and its length.
-    let r = unsafe {
-        libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut tv as *mut libc::timeval).cast(), &mut len)
-    };
-    if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
-        return None;
-    }
-    Some(Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec.max(0) as u64))
-}
-
-/// After a wait was interrupted by a signal: restart it (as SA_RESTART would) only if
-/// every installed handler has SA_RESTART. We cannot tell which signal it was, so a
-/// program with any non-restarting handler sees EINTR, as it would for that signal.
-pub(crate) fn signals_restart() -> bool {
-    for sig in 1..libc::SIGRTMAX() {
-        // Fault signals are synchronous: they never interrupt a blocked call (and
-        // runtimes such as Rust's install handlers for them without SA_RESTART).
-        if [
-            libc::SIGKILL,
-            libc::SIGSTOP,
-            libc::SIGSEGV,
-            libc::SIGBUS,
-            libc::SIGILL,
-            libc::SIGFPE,
-            libc::SIGTRAP,
-        ]
-        .contains(&sig)
-        {
-            continue;
-        }
-        // SAFETY: sigaction is plain old data; a query with a null new action.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0
-            && old.sa_sigaction != libc::SIG_DFL
-            && old.sa_sigaction != libc::SIG_IGN
-            && old.sa_flags & libc::SA_RESTART == 0
-        {
-            return false;
-        }
-    }
-    true
-}
-
 /// Readiness of a connection, as poll bits.
 pub struct Ready {
     pub bits: i16,
@@ -466,7 +337,7 @@ pub enum IoErr {
 impl Conn {
     pub fn new(shm: Shm, side: usize, fds: Carriers, nonblock: bool, pending: Option<PendingC>) -> Conn {
         let Carriers { my_efd, peer_efd, unix, vault } = fds;
-        let [my_efd, peer_efd, unix, vault] = [my_efd, peer_efd, unix, vault].map(crate::table::keep);
+        let [my_efd, peer_efd, unix, vault] = [my_efd, peer_efd, unix, vault].map(crate::fds::keep);
         Conn {
             shm,
             side,
@@ -785,7 +656,7 @@ impl Conn {
                 libc::pollfd { fd: self.unix(), events: libc::POLLRDHUP, revents: 0 },
                 libc::pollfd { fd: self.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 },
             ];
-            let r = crate::poll::kernel_poll(&mut p, ms, None);
+            let r = crate::wait::kernel_poll(&mut p, ms, None);
             let interrupted = r < 0 && real::errno() == libc::EINTR;
             self.pump_remote();
             if interrupted && !signals_restart() {
@@ -879,7 +750,7 @@ impl Conn {
         if st == ATTACHED_B {
             if let Some(c) = asked.take() {
                 // (The old one is the marker connection, held by another process.)
-                crate::table::let_go(&[self.unix.swap(crate::table::keep(c), Ordering::Relaxed)]);
+                crate::fds::let_go(&[self.unix.swap(crate::fds::keep(c), Ordering::Relaxed)]);
             }
         }
         if let Some(c) = asked {
@@ -1609,6 +1480,6 @@ impl Drop for Conn {
             p.close();
         }
         // These descriptors belong to this connection alone.
-        crate::table::let_go(&[self.my_efd, self.peer_efd, self.unix(), self.vault]);
+        crate::fds::let_go(&[self.my_efd, self.peer_efd, self.unix(), self.vault]);
     }
 }

@@ -34,19 +34,20 @@
 //!   timeout). A lost hello only costs a bounded delay, never data.
 
 use std::os::fd::IntoRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use libc::{c_int, sockaddr, socklen_t};
 
 use crate::conn::{
-    Carriers, Conn, PendingC, Settings, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
+    Carriers, Conn, PendingC, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
 };
 use crate::real;
+use crate::settings::Settings;
 use crate::sock::{
-    abstract_name, bind_ephemeral, close_all, is_tcp_stream, key_of, memfd_ok, netns, recv_fds_now,
-    send_fds, sock_key, socket_option, v4_mapped, v6only, Key,
+    abstract_name, bind_ephemeral, close_all, is_tcp_stream, key_of, listen_marker, memfd_ok, netns,
+    recv_fds_now, send_fds, sock_key, socket_option, v4_mapped, v6only, Key,
 };
 use crate::trust::{self, Proto};
 
@@ -97,7 +98,7 @@ fn conn_name(port: u16) -> (libc::sockaddr_un, socklen_t) {
 /// inherited from a program that ran without the library) is registered, so that
 /// its connections are claimed (by path B while another process holds the name).
 pub(crate) fn adopt_listener(fd: c_int) {
-    match crate::table::listener(fd) {
+    match listener(fd) {
         Some(l) => l.claim_name(),
         None if Settings::get().enabled && !known_other(fd) => {
             if is_listening(fd) {
@@ -113,7 +114,7 @@ pub(crate) fn adopt_listener(fd: c_int) {
 /// Before an `accept`: a registered listener without its name takes it if its
 /// holder has gone (no system call otherwise).
 pub(crate) fn before_accept(fd: c_int) {
-    if let Some(l) = crate::table::listener(fd) {
+    if let Some(l) = listener(fd) {
         l.claim_name();
     }
 }
@@ -258,27 +259,6 @@ impl Drop for Listener {
     }
 }
 
-/// A listening, non-blocking Unix seqpacket socket at `sa` (a marker), or `None`
-/// (nothing left open) if the name is taken or a call fails.
-pub(crate) fn listen_marker(sa: &libc::sockaddr_un, len: socklen_t) -> Option<c_int> {
-    // SAFETY: plain syscall.
-    let u = unsafe {
-        real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
-    };
-    if u < 0 {
-        return None;
-    }
-    // SAFETY: an initialised sockaddr_un of `len` bytes; plain syscalls.
-    let ok = unsafe {
-        real::bind(u, (sa as *const libc::sockaddr_un).cast(), len) == 0 && real::listen(u, 4096) == 0
-    };
-    if !ok {
-        close_all(&[u]);
-        return None;
-    }
-    Some(u)
-}
-
 /// After a successful `listen(fd)`: claims the rendezvous name for its port.
 pub fn on_listen(fd: c_int) {
     register_listener(fd, None);
@@ -287,7 +267,7 @@ pub fn on_listen(fd: c_int) {
 /// Registers the listening socket `fd` with the rendezvous name's socket `marker`
 /// (one passed along with it, see `pass.rs`), or binds the name itself.
 pub(crate) fn register_listener(fd: c_int, marker: Option<c_int>) {
-    if !Settings::get().enabled || crate::table::listener(fd).is_some() || !is_tcp_stream(fd) {
+    if !Settings::get().enabled || listener(fd).is_some() || !is_tcp_stream(fd) {
         close_all(&marker.into_iter().collect::<Vec<_>>());
         return;
     }
@@ -300,8 +280,8 @@ pub(crate) fn register_listener(fd: c_int, marker: Option<c_int>) {
     // the kernel spreads connections over both), hellos go to the other process,
     // and this one claims the connections the kernel gives it by asking their
     // connectors (path B) instead of leaving them to wait out the attach timeout.
-    let u = marker.map(crate::table::keep).or_else(|| listen_marker(&sa, len)).unwrap_or(-1);
-    crate::table::add_listener(
+    let u = marker.map(crate::fds::keep).or_else(|| listen_marker(&sa, len)).unwrap_or(-1);
+    add_listener(
         fd,
         Arc::new(Listener {
             unix: std::sync::atomic::AtomicI32::new(u),
@@ -509,7 +489,7 @@ fn ask_connector(fd: c_int) -> Option<Hello> {
 /// connecting strait peer announced, if any.
 pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     adopt_listener(lfd);
-    let Some(l) = crate::table::listener(lfd) else { return };
+    let Some(l) = listener(lfd) else { return };
     let (h, path_b) = match l.take(fd) {
         Some(h) => (h, false),
         None => match ask_connector(fd) {
@@ -571,7 +551,6 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     if path_b {
         crate::conn::PATH_B.fetch_add(1, Ordering::Relaxed);
     }
-    crate::stats::note();
     if let Some(old) = crate::table::insert(fd, conn) {
         crate::table::drop_ref(old);
     }
@@ -783,7 +762,54 @@ pub fn give_up(fd: c_int, conn: &Arc<Conn>) {
     crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
     crate::table::remove_conn(conn);
     // A non-blocking connector may already be in epoll sets: its socket joins them.
-    crate::poll::to_kernel(conn);
+    crate::epoll::to_kernel(conn);
+}
+
+
+// ------------------------------------------------------------------ listeners
+
+/// Listening sockets with a strait side, by descriptor (few: looked up by `accept`
+/// and `close` only, never by a data call).
+static LISTENERS_LIVE: AtomicUsize = AtomicUsize::new(0);
+static LISTENERS: Mutex<Vec<(c_int, Arc<Listener>)>> = Mutex::new(Vec::new());
+
+/// The strait side of the listening socket `fd`, if it has one.
+pub fn listener(fd: c_int) -> Option<Arc<Listener>> {
+    if LISTENERS_LIVE.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let l = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+    l.iter().find(|(f, _)| *f == fd).map(|(_, l)| l.clone())
+}
+
+fn add_listener(fd: c_int, l: Arc<Listener>) {
+    let mut v = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+    v.retain(|(f, _)| *f != fd);
+    v.push((fd, l));
+    LISTENERS_LIVE.store(v.len(), Ordering::Relaxed);
+}
+
+/// The descriptors of every registered listening socket.
+pub fn listener_fds() -> Vec<c_int> {
+    if LISTENERS_LIVE.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    LISTENERS.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(f, _)| *f).collect()
+}
+
+/// True if any strait listener is open.
+pub fn any_listener() -> bool {
+    LISTENERS_LIVE.load(Ordering::Relaxed) != 0
+}
+
+/// `close(fd)` of a listening socket.
+pub fn remove_listener(fd: c_int) {
+    if LISTENERS_LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut v = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+    v.retain(|(f, _)| *f != fd);
+    LISTENERS_LIVE.store(v.len(), Ordering::Relaxed);
 }
 
 #[cfg(test)]

@@ -150,7 +150,7 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
         if c.awaiting_attach() {
             c.settle(*fd);
         }
-        let Some(c) = crate::calls::accel(*fd) else { continue };
+        let Some(c) = crate::settle::accel(*fd) else { continue };
         if done.contains(&Arc::as_ptr(&c)) {
             continue;
         }
@@ -308,7 +308,7 @@ fn call_keeping_preload(
     call: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
     // SAFETY: plain fcntl on the library's own record of listening descriptors.
-    let survives = table::listener_fds()
+    let survives = crate::discover::listener_fds()
         .into_iter()
         .any(|fd| unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0);
     if !survives {

@@ -15,19 +15,45 @@
 //! accelerated connection goes straight to the real libc function. A panic inside
 //! this library never crosses into the host program: the call falls back to libc.
 
-pub mod calls;
-mod conn;
-mod discover;
-pub mod exec;
+// Layers, lowest first; a module imports only modules of its own or a lower layer.
+// System: what the library asks of the kernel and keeps for itself.
+mod fds;
+mod fdtable;
 mod local;
-mod pass;
-mod poll;
 mod real;
-mod remote;
+mod settings;
 mod sock;
+mod trust;
+mod wait;
+// Transports: one connection or socket over shared memory (or a far end).
+mod conn;
+mod udp;
+// One entry type for every kind of socket, and the epoll interest lists.
+mod epoll;
+mod socket;
+// The descriptor table.
+mod table;
+// Setup: discovery on this host and to other hosts.
+mod discover;
+mod remote;
+// Process events and settling.
+mod process;
+mod settle;
+// Handing connections over: exec, descriptor passing.
+pub mod exec;
+mod pass;
+// Readiness over mixed sets.
+mod poll;
+// The calls.
+pub mod calls;
 mod stats;
 pub mod stdio;
-mod table;
-mod trust;
-mod udp;
 
+/// Sets the library up in a new process (called once, when it is loaded, by the
+/// cdylib's initialiser).
+pub fn init() {
+    process::start();
+    stats::init();
+    let _ = std::panic::catch_unwind(exec::adopt);
+    let _ = std::panic::catch_unwind(stdio::adopt_standard_streams);
+}

@@ -36,8 +36,8 @@ use std::sync::Arc;
 use libc::{c_int, msghdr};
 
 use crate::conn::Conn;
-use crate::sock::{close_all, recv_fds_max, send_fds};
 use crate::exec::{adopt_one, inode, record_for, Record};
+use crate::sock::{close_all, recv_fds_max, send_fds};
 use crate::{real, table};
 
 /// First bytes of a bundle's message.
@@ -85,7 +85,7 @@ unsafe fn rights(msg: *const msghdr) -> Vec<c_int> {
 /// # Safety
 /// `msg` is a valid msghdr.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isize> {
-    if !table::any_live() && !table::any_listener() && !crate::udp::any_live() {
+    if !table::any_live() && !crate::discover::any_listener() && !crate::table::any_udp() {
         return None;
     }
     // SAFETY: per the caller.
@@ -93,13 +93,13 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isi
     // A UDP socket's shared-memory channels stay with this process's library:
     // from now on it receives through the kernel, which both processes read.
     for &f in &passed {
-        if let Some(u) = crate::udp::lookup(f) {
+        if let Some(u) = crate::table::udp(f) {
             u.receive_through_kernel();
         }
     }
     let mut conns: Vec<(c_int, Arc<Conn>)> = Vec::new();
     for f in passed {
-        if let Some(c) = crate::calls::accel(f) {
+        if let Some(c) = crate::settle::accel(f) {
             if c.vault >= 0 && c.attached() && !conns.iter().any(|(_, x)| Arc::ptr_eq(x, &c)) {
                 conns.push((f, c));
             }
@@ -111,7 +111,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isi
     let mut listeners: Vec<(u64, c_int)> = Vec::new();
     // SAFETY: per the caller.
     for f in unsafe { rights(msg) } {
-        if let (Some(l), Some(ino)) = (table::listener(f), inode(f)) {
+        if let (Some(l), Some(ino)) = (crate::discover::listener(f), inode(f)) {
             if let Some(m) = l.marker() {
                 listeners.push((ino, m));
             }

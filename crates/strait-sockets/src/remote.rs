@@ -49,10 +49,12 @@ use strait_wire::auth::TAG_LEN;
 use strait_xdp::{Mac, XdpChannel, XdpConfig, XdpPort};
 
 use crate::conn::{
-    ctl, Carriers, Conn, Settings, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED, WSLEEP,
+    ctl, Carriers, Conn, FarEnd, FarSetup, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED,
+    WSLEEP,
 };
-use crate::sock::{close_all, key_of, sock_key, Key};
 use crate::real;
+use crate::settings::Settings;
+use crate::sock::{close_all, key_of, sock_key, Key};
 use strait_shm::stream::pieces;
 
 const MSG_MAGIC: u64 = 0x3230_5652_5454_5253; // "SRTTRV02"
@@ -526,7 +528,7 @@ const ACCEPTOR_WAIT_FACTOR: u32 = 2;
 fn new_conn(side: usize, nonblock: bool) -> Option<(Arc<Conn>, c_int, c_int)> {
     let efd = eventfd();
     let bg = background().efd;
-    let peer_efd = crate::table::dup_high(bg);
+    let peer_efd = crate::fds::dup_high(bg);
     let mut sp = [-1; 2];
     // SAFETY: a local array of two descriptors.
     let paired = unsafe {
@@ -655,7 +657,7 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
 /// to another host, which the background thread settles as soon as it can (so the
 /// other end never waits for this program to use the socket).
 pub fn register(fd: c_int, conn: Arc<Conn>, p: Pending) {
-    *conn.remote_pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    *conn.remote_pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(p));
     conn.remote_settler.store(current_pid(), Ordering::Release);
     let bg = background();
     bg.pending.lock().unwrap_or_else(|e| e.into_inner()).push(conn.clone());
@@ -855,7 +857,7 @@ pub fn settle(_fd: c_int, conn: &Arc<Conn>) -> Option<bool> {
     if conn.state() == KERNEL && conn.is_remote_kernel() {
         return Some(false);
     }
-    let p = slot.as_mut()?;
+    let p = slot.as_mut()?.downcast_mut::<Pending>()?;
     loop {
         match step(conn, p) {
             Step::Done(ok) => {
@@ -872,7 +874,7 @@ pub fn settle(_fd: c_int, conn: &Arc<Conn>) -> Option<bool> {
 }
 
 /// Records the decision (the pending state and its descriptors go).
-fn finish(conn: &Conn, slot: &mut Option<Pending>, ok: bool) {
+fn finish(conn: &Conn, slot: &mut Option<FarSetup>, ok: bool) {
     *slot = None;
     if !ok {
         conn.mark_remote_kernel();
@@ -1097,7 +1099,7 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
         Via::Udp => {
             // The link's socket lives as long as the connection: above the program's
             // descriptor numbers, as the library's others.
-            let sock = crate::table::dup_high(p.udp.as_raw_fd());
+            let sock = crate::fds::dup_high(p.udp.as_raw_fd());
             if sock < 0 {
                 return None;
             }
@@ -1115,7 +1117,7 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
         }
     };
     let shm = Shm::map(memfd, Settings::get().ring)?;
-    let (app_efd, unix) = (crate::table::dup_high(conn.my_efd), crate::table::dup_high(bridge_unix));
+    let (app_efd, unix) = (crate::fds::dup_high(conn.my_efd), crate::fds::dup_high(bridge_unix));
     if app_efd < 0 || unix < 0 {
         close_all(&[app_efd, unix].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
         return None;
@@ -1368,6 +1370,51 @@ impl Drop for Bridge {
     }
 }
 
+impl FarEnd for Bridge {
+    /// True in the process that drives the device (not in a forked child).
+    fn owned_here(&self) -> bool {
+        self.owner == current_pid()
+    }
+
+    /// The UDP socket to sleep on, for a program thread waiting on this connection.
+    fn wake_fd(&self) -> Option<c_int> {
+        (self.owner == current_pid() && self.link_fd >= 0).then_some(self.link_fd)
+    }
+
+    /// A program thread's turn: drives the device now (not in a forked child).
+    fn pump_inline(&self) {
+        if self.owner != current_pid() || self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        self.last_inline_ms.store(self.started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+        let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
+        self.pump(&mut st);
+    }
+
+    /// After the program read: return credit once a quarter of the ring was freed.
+    fn after_read(&self) {
+        let consumed = self.w(1 - self.side, HEAD).load(Ordering::Acquire);
+        let ring = self.shm.ring as u64;
+        if let Ok(st) = self.st.try_lock() {
+            if consumed.saturating_sub(st.credit_sent) < ring / 4 {
+                return;
+            }
+        }
+        self.pump_inline();
+    }
+
+    /// A program thread just wrote: sends it now, without first looking for
+    /// arrivals (that costs a system call; whoever waits for data looks anyway).
+    fn push_inline(&self) {
+        if self.owner != current_pid() || self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        self.last_inline_ms.store(self.started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+        let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
+        self.pump_with(&mut st, false);
+    }
+}
+
 impl Bridge {
     fn w(&self, d: usize, off: usize) -> &AtomicU64 {
         self.shm.word(ctl(d) + off)
@@ -1380,59 +1427,16 @@ impl Bridge {
         }
     }
 
-    /// True in the process that drives the device (not in a forked child).
-    pub fn owned_here(&self) -> bool {
-        self.owner == current_pid()
-    }
-
-    /// The UDP socket to sleep on, for a program thread waiting on this connection.
-    pub fn wake_fd(&self) -> Option<c_int> {
-        (self.owner == current_pid() && self.link_fd >= 0).then_some(self.link_fd)
-    }
-
-    /// A program thread's turn: drives the device now (not in a forked child).
-    pub fn pump_inline(&self) {
-        if self.owner != current_pid() || self.retired.load(Ordering::Relaxed) {
-            return;
-        }
-        self.last_inline_ms.store(self.started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-        let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
-        self.pump(&mut st);
-    }
-
     /// True if a program thread drove the device within the grace period.
     fn driven_inline(&self) -> bool {
         let last = self.last_inline_ms.load(Ordering::Relaxed);
         last != 0 && (self.started.elapsed().as_millis() as u64) < last + INLINE_GRACE_MS
     }
 
-    /// After the program read: return credit once a quarter of the ring was freed.
-    pub fn after_read(&self) {
-        let consumed = self.w(1 - self.side, HEAD).load(Ordering::Acquire);
-        let ring = self.shm.ring as u64;
-        if let Ok(st) = self.st.try_lock() {
-            if consumed.saturating_sub(st.credit_sent) < ring / 4 {
-                return;
-            }
-        }
-        self.pump_inline();
-    }
-
     /// Moves everything that can move now; true once the bridge is finished (closed
     /// and drained, or failed).
     fn pump(&self, st: &mut BridgeState) -> bool {
         self.pump_with(st, true)
-    }
-
-    /// A program thread just wrote: sends it now, without first looking for
-    /// arrivals (that costs a system call; whoever waits for data looks anyway).
-    pub fn push_inline(&self) {
-        if self.owner != current_pid() || self.retired.load(Ordering::Relaxed) {
-            return;
-        }
-        self.last_inline_ms.store(self.started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-        let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
-        self.pump_with(&mut st, false);
     }
 
     fn pump_with(&self, st: &mut BridgeState, arrivals: bool) -> bool {
@@ -1693,7 +1697,7 @@ impl Background {
                 *ms = (*ms).min(5);
                 continue;
             };
-            let Some(p) = slot.as_mut() else {
+            let Some(p) = slot.as_mut().and_then(|p| p.downcast_mut::<Pending>()) else {
                 done.push(conn.clone());
                 continue;
             };

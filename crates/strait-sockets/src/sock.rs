@@ -185,3 +185,24 @@ pub(crate) fn bind_ephemeral(fd: c_int) -> bool {
     // SAFETY: binds the socket to the address the kernel just reported.
     unsafe { real::bind(fd, p, len) == 0 }
 }
+
+/// A listening, non-blocking Unix seqpacket socket at `sa` (a marker), or `None`
+/// (nothing left open) if the name is taken or a call fails.
+pub(crate) fn listen_marker(sa: &libc::sockaddr_un, len: socklen_t) -> Option<c_int> {
+    // SAFETY: plain syscall.
+    let u = unsafe {
+        real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
+    };
+    if u < 0 {
+        return None;
+    }
+    // SAFETY: an initialised sockaddr_un of `len` bytes; plain syscalls.
+    let ok = unsafe {
+        real::bind(u, (sa as *const libc::sockaddr_un).cast(), len) == 0 && real::listen(u, 4096) == 0
+    };
+    if !ok {
+        close_all(&[u]);
+        return None;
+    }
+    Some(u)
+}

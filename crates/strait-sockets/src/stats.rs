@@ -45,7 +45,7 @@ extern "C" fn at_exit() {
             crate::conn::REMOTE_FORGED.load(Ordering::Relaxed),
             crate::pass::PASSED_OUT.load(Ordering::Relaxed),
             crate::pass::PASSED_IN.load(Ordering::Relaxed),
-            crate::calls::UNSEEN_FORKS.load(Ordering::Relaxed),
+            crate::process::UNSEEN_FORKS.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };
@@ -59,6 +59,3 @@ pub fn init() {
         unsafe { libc::atexit(at_exit) };
     }
 }
-
-/// A connection was accelerated (hook for future per-connection records).
-pub fn note() {}

@@ -135,7 +135,7 @@ pub fn adopt_standard_streams() {
 /// # Safety
 /// As for libc's `fdopen`.
 pub unsafe fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
-    if crate::calls::accel(fd).is_some() {
+    if crate::settle::accel(fd).is_some() {
         return open(fd, mode);
     }
     // SAFETY: forwarded arguments.

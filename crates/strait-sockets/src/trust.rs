@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libc::{c_int, socklen_t};
 
-use crate::sock::{close_all, Key};
 use crate::real;
+use crate::sock::{close_all, Key};
 
 /// Rendezvous partners refused because they could not be proven (a name held by
 /// another user, a token that names another socket, a doorbell that is not one).

@@ -45,12 +45,15 @@ use std::time::{Duration, Instant};
 
 use libc::{c_int, sockaddr, socklen_t, ssize_t};
 
-use crate::conn::{signals_restart, sock_timeout, Settings};
-use crate::discover::listen_marker;
-use crate::sock::{abstract_name, bind_ephemeral, close_all, key_of, memfd_ok, netns, recv_fds_now, send_fds, sock_key, v6only, Key};
 use crate::real;
-use crate::table::FdTable;
+use crate::settings::Settings;
+use crate::sock::listen_marker;
+use crate::sock::{
+    abstract_name, bind_ephemeral, close_all, key_of, memfd_ok, netns, recv_fds_now, send_fds, sock_key,
+    v6only, Key,
+};
 use crate::trust::{self, Proto};
+use crate::wait::{signals_restart, sock_timeout};
 use strait_core::spin::{SpinPolicy, WaitOutcome};
 use strait_shm::area::MappedArea;
 use strait_shm::dgram::{DgramRing, Pushed};
@@ -270,7 +273,7 @@ impl InChan {
 
 impl Drop for InChan {
     fn drop(&mut self) {
-        crate::table::let_go(&[self.unix]);
+        crate::fds::let_go(&[self.unix]);
     }
 }
 
@@ -321,7 +324,7 @@ impl OutChan {
                     self.dead.store(true, Ordering::Relaxed);
                     return false;
                 }
-                self.efd.store(crate::table::keep(m.fds[0]), Ordering::Relaxed);
+                self.efd.store(crate::fds::keep(m.fds[0]), Ordering::Relaxed);
                 true
             }
             Err(e) if e == libc::EAGAIN || e == libc::EINTR => true,
@@ -366,8 +369,8 @@ impl OutChan {
         }
         // SAFETY: plain fcntl on our socket (answers are read without waiting).
         unsafe { real::fcntl(u, libc::F_SETFL, libc::O_NONBLOCK as usize) };
-        let u = crate::table::keep(u);
-        crate::table::let_go(&[self.unix.swap(u, Ordering::Relaxed), self.efd.swap(-1, Ordering::Relaxed)]);
+        let u = crate::fds::keep(u);
+        crate::fds::let_go(&[self.unix.swap(u, Ordering::Relaxed), self.efd.swap(-1, Ordering::Relaxed)]);
         self.dead.store(false, Ordering::Relaxed);
         true
     }
@@ -447,7 +450,7 @@ impl Drop for OutChan {
         if self.gen == GEN.load(Ordering::Relaxed) {
             self.map.word(TXCLOSED).store(1, Ordering::Release);
         }
-        crate::table::let_go(&[
+        crate::fds::let_go(&[
             self.unix.load(Ordering::Relaxed),
             self.memfd,
             self.efd.load(Ordering::Relaxed),
@@ -488,7 +491,7 @@ impl Rx {
 
     /// Takes the marker down: no new sender finds this socket.
     fn withdraw(&self) {
-        crate::table::let_go(&[self.marker.swap(-1, Ordering::Relaxed)]);
+        crate::fds::let_go(&[self.marker.swap(-1, Ordering::Relaxed)]);
     }
 }
 
@@ -531,7 +534,7 @@ impl UdpSock {
             rr: AtomicUsize::new(0),
             next_check: AtomicU64::new(0),
             last_gc: AtomicU64::new(0),
-            spin: crate::conn::spin_policy(),
+            spin: crate::settings::spin_policy(),
             receives: AtomicUsize::new(0),
             kernel_rx: AtomicBool::new(false),
             kernel_tx: AtomicBool::new(false),
@@ -563,9 +566,9 @@ impl UdpSock {
             close_all(&[u]);
             return;
         }
-        let (u, efd) = (crate::table::keep(u), crate::table::keep(efd));
+        let (u, efd) = (crate::fds::keep(u), crate::fds::keep(efd));
         if self.rx.set(Rx { marker: AtomicI32::new(u), efd, v6only, port: key.1 }).is_err() {
-            crate::table::let_go(&[u, efd]);
+            crate::fds::let_go(&[u, efd]);
         }
     }
 
@@ -765,7 +768,7 @@ impl UdpSock {
             return give(g, deliver);
         }
         let spin_start = Instant::now();
-        let budget = self.spin.next_budget(self.spin.is_adaptive() && crate::conn::crowded(spin_start));
+        let budget = self.spin.next_budget(self.spin.is_adaptive() && crate::settings::crowded(spin_start));
         let spin_end = spin_start + budget;
         // Tells the socket's spin policy how this receive's wait ended.
         let learn = |slept: bool| {
@@ -967,7 +970,7 @@ impl UdpSock {
     }
 
     /// The last descriptor of this process was closed.
-    fn release(&self) {
+    pub(crate) fn release(&self) {
         let out = {
             let mut st = self.st();
             if st.released {
@@ -1021,7 +1024,7 @@ impl Drop for UdpSock {
     fn drop(&mut self) {
         if let Some(rx) = self.rx.get() {
             rx.withdraw();
-            crate::table::let_go(&[rx.efd]);
+            crate::fds::let_go(&[rx.efd]);
         }
     }
 }
@@ -1200,8 +1203,8 @@ fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
     unsafe { real::fcntl(u, libc::F_SETFL, libc::O_NONBLOCK as usize) };
     Some(OutChan {
         map,
-        unix: AtomicI32::new(crate::table::keep(u)),
-        memfd: crate::table::keep(memfd),
+        unix: AtomicI32::new(crate::fds::keep(u)),
+        memfd: crate::fds::keep(memfd),
         hello: h,
         efd: AtomicI32::new(-1),
         gen,
@@ -1273,89 +1276,22 @@ fn attach(rx: &Rx, c: c_int) -> Option<InChan> {
     // datagrams it sent are in the ring and are read as a kernel socket's queue
     // would be; the channel is freed once drained.
     let _ = send_fds(c, &reply, &[rx.efd]);
-    Some(InChan { map, unix: crate::table::keep(c), src, dead: AtomicBool::new(false) })
+    Some(InChan { map, unix: crate::fds::keep(c), src, dead: AtomicBool::new(false) })
 }
 
 // ------------------------------------------------------------------ table
 
-static SOCKS: FdTable<UdpSock> = FdTable::new();
-
-/// The UDP socket behind `fd`, if it is one of ours (one relaxed load when this
-/// process has none).
-pub fn lookup(fd: c_int) -> Option<Arc<UdpSock>> {
-    SOCKS.lookup(fd)
-}
-
-/// Any UDP socket in this process (else the interposed calls skip every UDP lookup).
-pub fn any_live() -> bool {
-    SOCKS.any_live()
-}
-
-fn insert(fd: c_int, s: Arc<UdpSock>) -> Option<Arc<UdpSock>> {
-    SOCKS.insert(fd, s)
-}
-
-fn remove(fd: c_int) -> Option<Arc<UdpSock>> {
-    SOCKS.remove(fd)
-}
-
-fn drop_ref(s: Arc<UdpSock>) {
-    if s.fdrefs.fetch_sub(1, Ordering::AcqRel) == 1 {
-        s.release();
-        crate::poll::forget_udp(&s);
-    }
-}
-
-/// After `socket()` returned `fd`.
-pub fn on_socket(fd: c_int, domain: c_int, ty: c_int, proto: c_int) {
-    if fd < 0
-        || !Settings::get().enabled
+/// The strait side of a socket `socket(domain, ty, proto)` just made, if strait
+/// carries sockets of that kind (UDP over IPv4 or IPv6).
+pub fn for_socket(domain: c_int, ty: c_int, proto: c_int) -> Option<Arc<UdpSock>> {
+    if !Settings::get().enabled
         || !(domain == libc::AF_INET || domain == libc::AF_INET6)
         || ty & 0xff != libc::SOCK_DGRAM
         || !(proto == 0 || proto == libc::IPPROTO_UDP)
     {
-        return;
+        return None;
     }
-    if let Some(old) = insert(fd, Arc::new(UdpSock::new(domain, ty & libc::SOCK_NONBLOCK != 0))) {
-        drop_ref(old);
-    }
-}
-
-/// `close(fd)`.
-pub fn on_close(fd: c_int) {
-    if let Some(s) = remove(fd) {
-        drop_ref(s);
-    }
-}
-
-/// `dup`-like calls: `new` now refers to what `old` refers to.
-pub fn on_dup(old: c_int, new: c_int) {
-    if new < 0 || old == new || !any_live() {
-        return;
-    }
-    let prev = match lookup(old) {
-        Some(s) => {
-            s.fdrefs.fetch_add(1, Ordering::AcqRel);
-            insert(new, s)
-        }
-        None => remove(new),
-    };
-    if let Some(p) = prev {
-        drop_ref(p);
-    }
-}
-
-/// At exit: this process no longer receives (senders go back to the kernel unless
-/// another process holds the socket) nor sends.
-pub fn at_exit() {
-    for s in all() {
-        s.release();
-    }
-}
-
-/// All distinct sockets (for fork).
-pub fn all() -> Vec<Arc<UdpSock>> {
-    SOCKS.all()
+    Some(Arc::new(UdpSock::new(domain, ty & libc::SOCK_NONBLOCK != 0)))
 }
 
 /// After a successful `bind(fd)`.

@@ -1,0 +1,522 @@
+//! `epoll` over sets with accelerated members: the interest list of each set (its
+//! accelerated members, kept beside the kernel set, which holds their doorbells) and
+//! `epoll_wait` answered from the rings.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use libc::{c_int, epoll_event, sigset_t};
+
+use crate::conn::Conn;
+use crate::fdtable::Shared;
+use crate::real;
+use crate::socket::Socket;
+use crate::udp::UdpSock;
+use crate::wait::{remaining, slice_until};
+
+// ---------------------------------------------------------------- epoll
+
+const MAGIC_BELL: u64 = 0x5354_5241_4954_0000 << 16;
+const MAGIC_HUP: u64 = 0x5354_5241_4955_0000 << 16;
+const MAGIC_MARK: u64 = 0x5354_5241_4956_0000 << 16;
+const MAGIC_MASK: u64 = !0xffff_ffff;
+
+/// The descriptors that wake a sleeper for this member, with their tags; `None`
+/// if it has none yet (a UDP socket not bound yet).
+fn wakers(m: &Socket) -> Option<Vec<(c_int, u64, i32)>> {
+    match m {
+        Socket::Tcp(c) => {
+            let mut w = vec![(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)];
+            // A connection to another host: its UDP socket rings like a bell.
+            w.extend(c.remote_fd().map(|fd| (fd, MAGIC_BELL, libc::EPOLLIN)));
+            // A connector not attached yet: an acceptor asking by path B (the
+            // listener closes at settling, which takes it out of the set).
+            w.extend(c.pending_listener().map(|fd| (fd, MAGIC_BELL, libc::EPOLLIN)));
+            Some(w)
+        }
+        Socket::Udp(u) => u
+            .rx()
+            .map(|rx| vec![(rx.efd, MAGIC_BELL, libc::EPOLLIN), (rx.marker(), MAGIC_MARK, libc::EPOLLIN)]),
+    }
+}
+
+/// True if `fd` is one of this member's bells.
+fn has_bell(m: &Socket, fd: c_int) -> bool {
+    match m {
+        Socket::Tcp(c) => c.my_efd == fd || c.remote_fd() == Some(fd) || c.pending_listener() == Some(fd),
+        Socket::Udp(u) => u.rx().is_some_and(|rx| rx.efd == fd),
+    }
+}
+
+struct Entry {
+    fd: c_int,
+    conn: Socket,
+    events: u32,
+    data: u64,
+    last_bits: i16,
+    last_rx: u64,
+    last_tx: u64,
+    disabled: bool,
+    /// May have changed since it was last looked at: scan it.
+    dirty: bool,
+    /// Our sleeping flags are set for it, so any change rings its bell. Every entry
+    /// is dirty or armed, so a scan only touches dirty entries (a connection's
+    /// shared lines are not pulled from the peer on every epoll_wait).
+    armed: bool,
+}
+
+/// The accelerated members of one epoll set.
+#[derive(Default)]
+pub struct EpSet {
+    entries: Vec<Entry>,
+    /// Connections whose bell and Unix socket are in the kernel set. They stay
+    /// after EPOLL_CTL_DEL (programs such as hiredis delete and re-add on every
+    /// request) until the connection is closed: a bell with no entry is drained
+    /// and ignored.
+    wakers: Vec<Socket>,
+    /// A UDP member had no wakers yet (not bound when added): look again.
+    pending_udp: bool,
+}
+
+impl EpSet {
+    fn live(&self) -> bool {
+        !self.entries.is_empty() || !self.wakers.is_empty()
+    }
+}
+
+static SETS_LIVE: AtomicUsize = AtomicUsize::new(0);
+static SETS: Mutex<Option<HashMap<c_int, EpSet>>> = Mutex::new(None);
+
+fn sets() -> std::sync::MutexGuard<'static, Option<HashMap<c_int, EpSet>>> {
+    SETS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Puts the member's wakers in the kernel set; false if it has none yet.
+fn add_wakers(epfd: c_int, c: &Socket) -> bool {
+    let Some(w) = wakers(c) else { return false };
+    for (fd, magic, ev) in w {
+        let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
+        // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
+        // connection) is fine.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
+    }
+    true
+}
+
+fn del_wakers(epfd: c_int, c: &Socket) {
+    let Some(w) = wakers(c) else { return };
+    for (fd, _, _) in w {
+        let mut e = epoll_event { events: 0, u64: 0 };
+        // SAFETY: a local epoll_event.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, &mut e) };
+    }
+}
+
+/// `epoll_ctl` on an accelerated descriptor (never handed to the kernel set).
+/// True if `epfd` is an epoll descriptor (asked once per set, not per call).
+fn is_epoll(epfd: c_int) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{epfd}"))
+        .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[eventpoll]")
+}
+
+pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_event) -> c_int {
+    ctl_member(epfd, op, fd, Socket::Tcp(conn), ev)
+}
+
+/// `epoll_ctl` on a strait UDP socket, after the kernel set took the socket itself.
+pub fn ctl_udp(epfd: c_int, op: c_int, fd: c_int, u: Arc<UdpSock>, ev: *const epoll_event) {
+    ctl_member(epfd, op, fd, Socket::Udp(u), ev);
+}
+
+fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_event) -> c_int {
+    // The first time a set meets an accelerated descriptor, check it is a set (the
+    // calls on it after that cost no system call unless wakers come or go).
+    let known = sets().as_ref().is_some_and(|m| m.contains_key(&epfd));
+    if !known && !is_epoll(epfd) {
+        // SAFETY: plain fcntl to tell EBADF from EINVAL.
+        let bad = unsafe { real::fcntl(epfd, libc::F_GETFD, 0) } < 0;
+        real::set_errno(if bad { libc::EBADF } else { libc::EINVAL });
+        return -1;
+    }
+    let (events, data) = if ev.is_null() {
+        (0, 0)
+    } else {
+        // SAFETY: the caller's event (read unaligned: epoll_event is packed on x86-64).
+        let e = unsafe { std::ptr::read_unaligned(ev) };
+        (e.events, e.u64)
+    };
+    let mut g = sets();
+    let map = g.get_or_insert_with(HashMap::new);
+    let set = map.entry(epfd).or_default();
+    let pos = set.entries.iter().position(|e| e.fd == fd);
+    match op {
+        libc::EPOLL_CTL_ADD => {
+            if pos.is_some() {
+                real::set_errno(libc::EEXIST);
+                return -1;
+            }
+            if !set.wakers.iter().any(|x| x.same(&conn)) {
+                if add_wakers(epfd, &conn) {
+                    set.wakers.push(conn.clone());
+                } else {
+                    set.pending_udp = true;
+                }
+            }
+            set.entries.push(Entry {
+                fd,
+                conn,
+                events,
+                data,
+                last_bits: 0,
+                last_rx: 0,
+                last_tx: 0,
+                disabled: false,
+                dirty: true,
+                armed: false,
+            });
+        }
+        libc::EPOLL_CTL_MOD => {
+            let Some(i) = pos else {
+                real::set_errno(libc::ENOENT);
+                return -1;
+            };
+            let e = &mut set.entries[i];
+            e.events = events;
+            e.data = data;
+            e.last_bits = 0;
+            e.disabled = false;
+            e.dirty = true;
+            e.armed = false;
+        }
+        libc::EPOLL_CTL_DEL => {
+            let Some(i) = pos else {
+                real::set_errno(libc::ENOENT);
+                return -1;
+            };
+            set.entries.swap_remove(i);
+        }
+        _ => {
+            real::set_errno(libc::EINVAL);
+            return -1;
+        }
+    }
+    let n = map.values().filter(|s| s.live()).count();
+    SETS_LIVE.store(n, Ordering::Relaxed);
+    0
+}
+
+/// The connection's last descriptor was closed: the kernel would drop it from every
+/// epoll set.
+pub fn forget_conn(conn: &Arc<Conn>) {
+    forget_member(&Socket::Tcp(conn.clone()));
+}
+
+/// A UDP socket's last descriptor was closed.
+pub fn forget_udp(u: &Arc<UdpSock>) {
+    forget_member(&Socket::Udp(u.clone()));
+}
+
+fn forget_member(conn: &Socket) {
+    if SETS_LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut g = sets();
+    if let Some(map) = g.as_mut() {
+        for (&epfd, set) in map.iter_mut() {
+            set.entries.retain(|e| !e.conn.same(conn));
+            let before = set.wakers.len();
+            set.wakers.retain(|c| !c.same(conn));
+            if set.wakers.len() != before {
+                del_wakers(epfd, conn);
+            }
+        }
+        let n = map.values().filter(|s| s.live()).count();
+        SETS_LIVE.store(n, Ordering::Relaxed);
+    }
+}
+
+/// A connection went back to the kernel after it joined epoll sets: its socket
+/// joins the kernel sets in its place, with the same events and data.
+pub fn to_kernel(conn: &Arc<Conn>) {
+    if SETS_LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let m = Socket::Tcp(conn.clone());
+    let joins: Vec<(c_int, c_int, epoll_event)> = sets()
+        .as_ref()
+        .map(|map| {
+            map.iter()
+                .flat_map(|(&epfd, set)| {
+                    set.entries.iter().filter(|e| e.conn.same(&m)).map(move |e| {
+                        (
+                            epfd,
+                            e.fd,
+                            epoll_event { events: if e.disabled { 0 } else { e.events }, u64: e.data },
+                        )
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for (epfd, fd, mut ev) in joins {
+        // SAFETY: a local epoll_event; the program's descriptor and set.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
+    forget_member(&m);
+}
+
+/// `close(epfd)`.
+pub fn forget_set(epfd: c_int) {
+    if SETS_LIVE.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut g = sets();
+    if let Some(map) = g.as_mut() {
+        map.remove(&epfd);
+        let n = map.values().filter(|s| s.live()).count();
+        SETS_LIVE.store(n, Ordering::Relaxed);
+    }
+}
+
+fn evaluate(e: &mut Entry) -> i16 {
+    let r = e.conn.readiness(e.fd);
+    let mask = (e.events as i16) | libc::POLLHUP | libc::POLLERR;
+    let bits = r.bits & mask;
+    if e.events & libc::EPOLLET as u32 == 0 {
+        return bits;
+    }
+    let mut fresh = bits & !(libc::POLLIN | libc::POLLOUT) & !e.last_bits;
+    if bits & libc::POLLIN != 0 && (e.last_bits & libc::POLLIN == 0 || r.rx_tail != e.last_rx) {
+        fresh |= libc::POLLIN;
+    }
+    if bits & libc::POLLOUT != 0 && (e.last_bits & libc::POLLOUT == 0 || r.tx_head != e.last_tx) {
+        fresh |= libc::POLLOUT;
+    }
+    e.last_bits = r.bits;
+    e.last_rx = r.rx_tail;
+    e.last_tx = r.tx_head;
+    fresh
+}
+
+/// Ready accelerated members (level- or edge-triggered, one-shot), at most `max`.
+/// Only dirty entries are looked at; an entry found not ready is armed (its
+/// sleeping flags set, then looked at once more, closing the race with the peer).
+fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
+    for e in set.entries.iter_mut() {
+        if out.len() >= max {
+            break;
+        }
+        if e.disabled || !e.dirty {
+            continue;
+        }
+        let mut bits = evaluate(e);
+        if bits == 0 && !e.armed {
+            e.conn.announce(e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
+            e.armed = true;
+            bits = evaluate(e);
+        }
+        let level = e.events & libc::EPOLLET as u32 == 0;
+        if bits != 0 {
+            out.push(epoll_event { events: bits as u16 as u32, u64: e.data });
+            if e.events & libc::EPOLLONESHOT as u32 != 0 {
+                e.disabled = true;
+            }
+        }
+        // Level-triggered entries that were ready stay dirty (still ready next time
+        // unless drained); others wait for their bell, armed. A connector still
+        // waiting for its acceptor is looked at every time (its deadline rings no
+        // bell).
+        e.dirty = (bits != 0 && level) || matches!(&e.conn, Socket::Tcp(c) if c.awaiting_attach());
+        if !e.dirty && !e.armed {
+            e.conn.announce(e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
+            e.armed = true;
+            // A change between the evaluation and the arming rang no bell.
+            e.dirty = true;
+        }
+    }
+}
+
+/// A bell (or hang-up) of connection `c` came: its entries may have changed.
+fn touch(set: &mut EpSet, pred: impl Fn(&Socket) -> bool) {
+    for e in set.entries.iter_mut() {
+        if pred(&e.conn) {
+            e.dirty = true;
+            e.armed = false;
+        }
+    }
+}
+
+fn with_set<T>(epfd: c_int, f: impl FnOnce(&mut EpSet) -> T) -> Option<T> {
+    let mut g = sets();
+    g.as_mut().and_then(|m| m.get_mut(&epfd)).map(f)
+}
+
+/// `epoll_wait`/`epoll_pwait` on a set with accelerated members; `None`: none.
+///
+/// # Safety
+/// `events` has room for `max` entries.
+pub unsafe fn wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    deadline: Option<Instant>,
+    mask: Option<*const sigset_t>,
+) -> Option<c_int> {
+    if SETS_LIVE.load(Ordering::Relaxed) == 0 || max <= 0 {
+        return None;
+    }
+    if !with_set(epfd, |s| s.live())? {
+        return None;
+    }
+    let max = max as usize;
+    let mut first = true;
+    loop {
+        let mut acc = Vec::new();
+        with_set(epfd, |set| {
+            // UDP members bound since they were added: their wakers join the set now.
+            if set.pending_udp {
+                set.pending_udp = false;
+                let members: Vec<Socket> = set.entries.iter().map(|e| e.conn.clone()).collect();
+                for m in members {
+                    if set.wakers.iter().any(|x| x.same(&m)) {
+                        continue;
+                    }
+                    if add_wakers(epfd, &m) {
+                        set.wakers.push(m);
+                    } else {
+                        set.pending_udp = true;
+                    }
+                }
+            }
+            collect(set, &mut acc, max)
+        });
+        // Entries armed just now are dirty once more: look again before sleeping.
+        if acc.is_empty() {
+            with_set(epfd, |set| collect(set, &mut acc, max));
+        }
+        let sleep = acc.is_empty() && (first || remaining(deadline) != Some(Duration::ZERO));
+        first = false;
+        let room = max - acc.len();
+        let ms = if sleep {
+            let attach = with_set(epfd, |set| {
+                set.entries
+                    .iter()
+                    .filter_map(|e| match &e.conn {
+                        Socket::Tcp(c) => c.attach_deadline(),
+                        _ => None,
+                    })
+                    .min()
+            })
+            .flatten();
+            slice_until(deadline, attach.into_iter())
+        } else {
+            0
+        };
+        // Kernel events go straight into the caller's buffer (no copy of a possibly
+        // huge maxevents array); ours are appended after them.
+        let r = if room == 0 {
+            0
+        } else {
+            // SAFETY: the caller's buffer has room for `max >= room` entries.
+            unsafe {
+                match mask {
+                    None => real::epoll_wait(epfd, events, room as c_int, ms),
+                    Some(m) => real::epoll_pwait(epfd, events, room as c_int, ms, m),
+                }
+            }
+        };
+        if r < 0 {
+            if !acc.is_empty() {
+                break finish(events, 0, &acc);
+            }
+            return Some(-1);
+        }
+        let mut kernel = 0usize;
+        let mut woke = false;
+        for i in 0..r as usize {
+            // SAFETY: the kernel filled `r` entries (read unaligned: packed struct).
+            let e = unsafe { std::ptr::read_unaligned(events.add(i)) };
+            let data = e.u64;
+            let fd = (data & 0xffff_ffff) as c_int;
+            if data & MAGIC_MASK == MAGIC_BELL {
+                woke = true;
+                with_set(epfd, |set| {
+                    if let Some(c) = set.wakers.iter().find(|c| has_bell(c, fd)) {
+                        c.drain_bell();
+                    }
+                    touch(set, |c| has_bell(c, fd));
+                });
+            } else if data & MAGIC_MASK == MAGIC_MARK {
+                woke = true;
+                with_set(epfd, |set| {
+                    let u = set.wakers.iter().find_map(|c| match c {
+                        Socket::Udp(u) if u.rx().is_some_and(|rx| rx.marker() == fd) => Some(u.clone()),
+                        _ => None,
+                    });
+                    if let Some(u) = u {
+                        u.pump();
+                        touch(set, |c| matches!(c, Socket::Udp(x) if Arc::ptr_eq(x, &u)));
+                    }
+                });
+            } else if data & MAGIC_MASK == MAGIC_HUP {
+                woke = true;
+                with_set(epfd, |set| {
+                    let found = set.wakers.iter().find_map(|c| match c {
+                        Socket::Tcp(t) if t.unix() == fd => Some(t.clone()),
+                        _ => None,
+                    });
+                    if let Some(c) = found {
+                        c.check_peer();
+                        let m = Socket::Tcp(c);
+                        // A hang-up stays reported: a connection without entries
+                        // leaves the kernel set, or every wait would return at once.
+                        if !set.entries.iter().any(|e| e.conn.same(&m)) {
+                            del_wakers(epfd, &m);
+                            set.wakers.retain(|x| !x.same(&m));
+                        }
+                    }
+                    touch(set, |c| matches!(c, Socket::Tcp(t) if t.unix() == fd));
+                });
+            } else {
+                // SAFETY: compacting in place, `kernel <= i`.
+                unsafe { std::ptr::write_unaligned(events.add(kernel), e) };
+                kernel += 1;
+            }
+        }
+        // After a sleep, look at what the bells marked (nothing was reported yet in
+        // this call, so no entry is reported twice).
+        if sleep && (woke || kernel > 0) {
+            let left = max - acc.len() - kernel.min(max - acc.len());
+            let mut more = Vec::new();
+            with_set(epfd, |set| collect(set, &mut more, left));
+            acc.extend(more);
+        }
+        if !acc.is_empty() || kernel > 0 || remaining(deadline) == Some(Duration::ZERO) || !sleep {
+            break finish(events, kernel, &acc);
+        }
+    }
+}
+
+fn finish(events: *mut epoll_event, kernel: usize, acc: &[epoll_event]) -> Option<c_int> {
+    let mut n = kernel;
+    'next: for e in acc {
+        // A UDP socket the kernel reported too (kernel datagrams): one event.
+        for i in 0..kernel {
+            // SAFETY: the kernel filled `kernel` entries (read unaligned: packed struct).
+            let mut k = unsafe { std::ptr::read_unaligned(events.add(i)) };
+            if k.u64 == e.u64 {
+                k.events |= e.events;
+                // SAFETY: as above.
+                unsafe { std::ptr::write_unaligned(events.add(i), k) };
+                continue 'next;
+            }
+        }
+        // SAFETY: the caller's buffer has room for `max` entries and we produce at
+        // most that many (kernel events were limited to the room left).
+        unsafe { std::ptr::write_unaligned(events.add(n), *e) };
+        n += 1;
+    }
+    Some(n as c_int)
+}

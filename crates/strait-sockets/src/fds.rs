@@ -1,0 +1,144 @@
+//! The library's own long-lived descriptors (a connection's doorbells, Unix socket
+//! and vault): kept above the program's numbers and hidden from its `close` and
+//! `close_range` sweeps.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::RwLock;
+
+use libc::c_int;
+
+/// Descriptors the library holds for its own use (a connection's eventfds, Unix
+/// socket and vault). A program that closes every descriptor it did not open (a
+/// daemon, or a `close_fds` before exec, as Python's subprocess does) must not take
+/// them: `close` answers EBADF for them, as if they were not open, and
+/// `close_range`/`closefrom` step over them. While none exist a lookup is one load.
+pub struct InternalFds {
+    live: AtomicUsize,
+    bits: RwLock<Vec<u64>>,
+}
+
+impl InternalFds {
+    const fn new() -> Self {
+        InternalFds { live: AtomicUsize::new(0), bits: RwLock::new(Vec::new()) }
+    }
+
+    fn set(&self, fd: c_int, on: bool) {
+        if fd < 0 {
+            return;
+        }
+        let (w, b) = (fd as usize / 64, 1u64 << (fd as usize % 64));
+        let mut t = self.bits.write().unwrap_or_else(|e| e.into_inner());
+        if t.len() <= w {
+            t.resize(w + 1, 0);
+        }
+        let was = t[w] & b != 0;
+        if on && !was {
+            t[w] |= b;
+            self.live.fetch_add(1, Ordering::Relaxed);
+        } else if !on && was {
+            t[w] &= !b;
+            self.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn contains(&self, fd: c_int) -> bool {
+        if self.live.load(Ordering::Relaxed) == 0 || fd < 0 {
+            return false;
+        }
+        let t = self.bits.read().unwrap_or_else(|e| e.into_inner());
+        t.get(fd as usize / 64).is_some_and(|w| w & (1u64 << (fd as usize % 64)) != 0)
+    }
+}
+
+static INTERNAL: InternalFds = InternalFds::new();
+
+/// Marks descriptors as the library's own.
+pub fn add_internal(fds: &[c_int]) {
+    for &fd in fds {
+        INTERNAL.set(fd, true);
+    }
+}
+
+/// The library is closing (or giving away) these descriptors of its own.
+pub fn remove_internal(fds: &[c_int]) {
+    for &fd in fds {
+        INTERNAL.set(fd, false);
+    }
+}
+
+/// True if the library holds descriptors of its own.
+pub fn any_internal() -> bool {
+    INTERNAL.live.load(Ordering::Relaxed) != 0
+}
+
+/// True if `fd` is one of the library's own descriptors.
+pub fn is_internal(fd: c_int) -> bool {
+    INTERNAL.contains(fd)
+}
+
+/// Where the library's long-lived descriptors go: above the numbers programs use.
+/// Programs size tables by descriptor number (wrk's event loop holds 10 + 3 per
+/// connection; select() stops at 1024), so a connection's eventfds, Unix socket and
+/// vault must not crowd the low numbers. Half the soft descriptor limit, at most 4096
+/// (the kernel sizes a process's descriptor table to its highest descriptor).
+fn high_base() -> c_int {
+    static BASE: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| {
+        // SAFETY: rlimit is plain old data; getrlimit fills it.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: a local rlimit.
+        let soft =
+            if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 { r.rlim_cur } else { 1024 };
+        (soft / 2).clamp(64, 4096) as c_int
+    })
+}
+
+/// A close-on-exec duplicate of `fd` for the library's own use, above the program's
+/// numbers (see [`high_base`]) if there is room there, else anywhere; -1 on failure.
+pub fn dup_high(fd: c_int) -> c_int {
+    // SAFETY: plain syscalls duplicating a descriptor the caller holds.
+    unsafe {
+        let d = crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_base() as usize);
+        if d >= 0 {
+            d
+        } else {
+            crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0)
+        }
+    }
+}
+
+/// Keeps a long-lived descriptor of the library: above the program's numbers and
+/// marked internal (the program's `close`/`close_range` pass it by). Undo with
+/// [`let_go`].
+pub fn keep(fd: c_int) -> c_int {
+    let fd = to_high(fd);
+    if fd >= 0 {
+        add_internal(&[fd]);
+    }
+    fd
+}
+
+/// Closes descriptors taken with [`keep`] (negative ones are skipped).
+pub fn let_go(fds: &[c_int]) {
+    for &fd in fds.iter().filter(|&&fd| fd >= 0) {
+        remove_internal(&[fd]);
+        // SAFETY: a descriptor the library kept and no longer uses.
+        unsafe { crate::real::close(fd) };
+    }
+}
+
+/// Moves one of the library's own descriptors above the program's numbers (see
+/// [`high_base`]); keeps it where it is if that fails (descriptors are short).
+pub fn to_high(fd: c_int) -> c_int {
+    if fd < 0 || fd >= high_base() {
+        return fd;
+    }
+    // SAFETY: plain syscall on a descriptor the library owns.
+    let moved = unsafe { crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, high_base() as usize) };
+    if moved < 0 {
+        return fd;
+    }
+    // SAFETY: the old number of the descriptor just duplicated.
+    unsafe { crate::real::close(fd) };
+    moved
+}

@@ -1,0 +1,40 @@
+//! The accelerated connection behind a descriptor, once it is settled: a connector's
+//! first use waits (bounded) for its acceptor, a connection to another host for the
+//! far end's answer; one that settled on the kernel leaves the table.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use libc::c_int;
+
+use crate::conn::{self, Conn};
+use crate::{discover, process, remote, table};
+
+/// The accelerated connection behind `fd`, after settling a pending connect.
+pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
+    process::check_new_process();
+    let c = table::lookup(fd)?;
+    // A connection to another host: the first use waits (bounded) for the other end.
+    if let Some(ok) = remote::settle(fd, &c) {
+        if !ok {
+            // Counted once, where it was decided.
+            table::remove_conn(&c);
+            return None;
+        }
+        return Some(c);
+    }
+    // A connector's first use waits (bounded) for the acceptor to attach; on a
+    // non-blocking socket it does not wait (the connection answers EAGAIN until then).
+    if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
+        let settled = if c.nonblock.load(Ordering::Relaxed) { c.try_settle(fd) } else { Some(c.settle(fd)) };
+        let Some(attached) = settled else { return Some(c) };
+        if !attached {
+            discover::give_up(fd, &c);
+            return None;
+        }
+        if !c.counted.swap(true, Ordering::Relaxed) {
+            conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Some(c)
+}

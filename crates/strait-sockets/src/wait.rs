@@ -1,0 +1,135 @@
+//! How a blocked call waits: deadlines cut into slices, the kernel's own poll (the
+//! real one, never the interposed), and what a signal or a socket timeout means for
+//! a wait the library does in the program's place.
+
+use std::time::{Duration, Instant};
+
+use libc::{c_int, nfds_t, pollfd, sigset_t};
+
+use crate::real;
+
+/// Longest single sleep: a safety net against a wake-up taken by another thread
+/// waiting on the same connection.
+pub(crate) const SLICE: Duration = Duration::from_millis(1000);
+
+pub(crate) fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()))
+}
+
+pub(crate) fn slice_ms(deadline: Option<Instant>) -> c_int {
+    match remaining(deadline) {
+        None => SLICE.as_millis() as c_int,
+        Some(r) => r.min(SLICE).as_micros().div_ceil(1000) as c_int,
+    }
+}
+
+/// [`slice_ms`], also ending when the earliest of `attach` deadlines passes (a
+/// pending connector decides for the kernel then, and its program must hear it).
+pub(crate) fn slice_until(deadline: Option<Instant>, attach: impl Iterator<Item = Instant>) -> c_int {
+    let ms = slice_ms(deadline);
+    match attach.min() {
+        Some(a) => ms.min(a.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000) as c_int),
+        None => ms,
+    }
+}
+
+/// The kernel's `poll` (or `ppoll` with `mask`) over `fds` for at most `ms`
+/// milliseconds, within the process's descriptor limit. The kernel refuses a set
+/// longer than `RLIMIT_NOFILE` (EINVAL), and the library adds its own descriptors
+/// to the program's: a sandboxed process that lowered the limit (OpenSSH's
+/// pre-authentication child sets it to 1) would see every wait fail. Then the
+/// entries that name a descriptor are polled without waiting, in pieces the limit
+/// allows (one at a time), and the call waits at most a millisecond before it
+/// answers 0 (callers wait in slices and come back).
+pub(crate) fn kernel_poll(fds: &mut [pollfd], ms: c_int, mask: Option<*const sigset_t>) -> c_int {
+    // SAFETY: a slice of pollfds and its length; the mask is the caller's.
+    let r = unsafe {
+        match mask {
+            None => real::poll(fds.as_mut_ptr(), fds.len() as nfds_t, ms),
+            Some(m) => {
+                let ts = libc::timespec {
+                    tv_sec: (ms / 1000) as _,
+                    tv_nsec: ((ms % 1000) as i64 * 1_000_000) as _,
+                };
+                real::ppoll(fds.as_mut_ptr(), fds.len() as nfds_t, &ts, m)
+            }
+        }
+    };
+    if r >= 0 || real::errno() != libc::EINVAL {
+        return r;
+    }
+    // One descriptor at a time is within any limit but 0 (asking the limit is a
+    // system call a sandbox may forbid: OpenSSH's kills the process for it).
+    let live: Vec<usize> = (0..fds.len()).filter(|&i| fds[i].fd >= 0).collect();
+    let mut ready = 0;
+    for &i in &live {
+        let mut one = [fds[i]];
+        // SAFETY: one pollfd, no waiting.
+        if unsafe { real::poll(one.as_mut_ptr(), 1, 0) } < 0 {
+            return -1;
+        }
+        fds[i].revents = one[0].revents;
+        ready += (one[0].revents != 0) as c_int;
+    }
+    if ready == 0 && ms != 0 {
+        // Wait a millisecond at most on the first descriptor (the library puts a
+        // doorbell first where it sleeps), then answer: callers come back.
+        if let Some(&i) = live.first() {
+            let mut one = [fds[i]];
+            // SAFETY: one pollfd.
+            if unsafe { real::poll(one.as_mut_ptr(), 1, 1) } > 0 {
+                fds[i].revents = one[0].revents;
+                ready = 1;
+            }
+        }
+    }
+    ready
+}
+
+/// The socket's SO_RCVTIMEO/SO_SNDTIMEO, if set.
+pub(crate) fn sock_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
+    let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
+    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: a local timeval and its length.
+    let r = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut tv as *mut libc::timeval).cast(), &mut len)
+    };
+    if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
+        return None;
+    }
+    Some(Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec.max(0) as u64))
+}
+
+/// After a wait was interrupted by a signal: restart it (as SA_RESTART would) only if
+/// every installed handler has SA_RESTART. We cannot tell which signal it was, so a
+/// program with any non-restarting handler sees EINTR, as it would for that signal.
+pub(crate) fn signals_restart() -> bool {
+    for sig in 1..libc::SIGRTMAX() {
+        // Fault signals are synchronous: they never interrupt a blocked call (and
+        // runtimes such as Rust's install handlers for them without SA_RESTART).
+        if [
+            libc::SIGKILL,
+            libc::SIGSTOP,
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGILL,
+            libc::SIGFPE,
+            libc::SIGTRAP,
+        ]
+        .contains(&sig)
+        {
+            continue;
+        }
+        // SAFETY: sigaction is plain old data; a query with a null new action.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0
+            && old.sa_sigaction != libc::SIG_DFL
+            && old.sa_sigaction != libc::SIG_IGN
+            && old.sa_flags & libc::SA_RESTART == 0
+        {
+            return false;
+        }
+    }
+    true
+}

@@ -765,7 +765,6 @@ pub fn give_up(fd: c_int, conn: &Arc<Conn>) {
     crate::epoll::to_kernel(conn);
 }
 
-
 // ------------------------------------------------------------------ listeners
 
 /// Listening sockets with a strait side, by descriptor (few: looked up by `accept`

@@ -177,3 +177,34 @@ impl<T> Shared for Arc<T> {
         Arc::ptr_eq(self, other)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_found_replaced_and_removed_by_descriptor_and_by_identity() {
+        let t: FdTable<Arc<u32>> = FdTable::new();
+        assert!(t.lookup(3).is_none() && !t.any_live());
+        let a = Arc::new(1);
+        let b = Arc::new(2);
+        // Descriptors in different shards and slots, and one far beyond the first.
+        for fd in [3, 3 + SHARDS as c_int, 1000] {
+            assert!(t.insert(fd, a.clone()).is_none());
+        }
+        assert!(t.insert(7, b.clone()).is_none());
+        assert!(t.insert(7, b.clone()).is_some_and(|o| o.same(&b)), "a replaced entry is handed back");
+        assert_eq!(
+            t.entries().iter().map(|e| e.0).collect::<Vec<_>>(),
+            vec![3, 7, 3 + SHARDS as c_int, 1000]
+        );
+        assert_eq!(t.all().len(), 2, "distinct objects");
+        assert!(t.remove_if(7, |v| **v == 1).is_none(), "the predicate keeps what it refuses");
+        assert!(t.lookup(7).is_some());
+        assert_eq!(t.remove_all(&a), 3);
+        assert!(t.lookup(1000).is_none() && t.lookup(3).is_none());
+        assert!(t.remove(7).is_some_and(|o| o.same(&b)));
+        assert!(!t.any_live(), "every entry counted out");
+        assert!(t.lookup(-1).is_none() && t.insert(-1, a).is_none());
+    }
+}

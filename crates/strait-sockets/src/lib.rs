@@ -57,3 +57,28 @@ pub fn init() {
     let _ = std::panic::catch_unwind(exec::adopt);
     let _ = std::panic::catch_unwind(stdio::adopt_standard_streams);
 }
+
+/// How the library carries a descriptor of the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carried {
+    /// A TCP connection over shared memory with a process on this host.
+    SharedMemory,
+    /// A TCP connection to another host over a strait device.
+    OtherHost,
+    /// A TCP connection still being set up (a connector whose acceptor has not
+    /// answered yet).
+    Settling,
+    /// A UDP socket (datagrams to strait receivers go through shared memory).
+    Udp,
+}
+
+/// How the library carries `fd`, or `None` if the kernel alone does (for tests and
+/// diagnostics; answers from the descriptor table, without settling anything).
+pub fn carried(fd: libc::c_int) -> Option<Carried> {
+    Some(match table::get(fd)? {
+        socket::Socket::Udp(_) => Carried::Udp,
+        socket::Socket::Tcp(c) if c.remote.get().is_some() => Carried::OtherHost,
+        socket::Socket::Tcp(c) if c.attached() => Carried::SharedMemory,
+        socket::Socket::Tcp(_) => Carried::Settling,
+    })
+}

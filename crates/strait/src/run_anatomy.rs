@@ -163,7 +163,7 @@ pub fn run(
     }
 }
 
-/// The library's probe controls (see `strait-preload/src/probes.rs`).
+/// The library's probe controls (see `crates/strait-preload/src/probes.rs`).
 #[derive(Clone, Copy)]
 struct Controls {
     set: extern "C" fn(libc::c_int),

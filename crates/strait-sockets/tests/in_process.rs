@@ -1,0 +1,146 @@
+//! The library's logic driven in-process, without the cdylib or `LD_PRELOAD`: both
+//! ends of a TCP connection are threads of this test, calling `strait_sockets::calls`
+//! as the shims would. The connection must be carried over shared memory (the
+//! descriptor table says so), move a hashed stream both ways, survive `dup` and
+//! `close` of the original, and end with end-of-stream as the kernel would. UDP
+//! sockets get one table entry of the UDP kind.
+
+use std::sync::Once;
+use std::thread;
+
+use libc::{c_int, c_void, sockaddr, sockaddr_in, socklen_t};
+use strait_sockets::{calls, carried, Carried};
+
+fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(strait_sockets::init);
+}
+
+fn loopback(port: u16) -> sockaddr_in {
+    // SAFETY: sockaddr_in is plain old data.
+    let mut a: sockaddr_in = unsafe { std::mem::zeroed() };
+    a.sin_family = libc::AF_INET as libc::sa_family_t;
+    a.sin_port = port.to_be();
+    a.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    a
+}
+
+fn ok(r: c_int, what: &str) -> c_int {
+    assert!(r >= 0, "{what}: {}", std::io::Error::last_os_error());
+    r
+}
+
+/// A listening TCP socket on 127.0.0.1 made through the library; (fd, port).
+fn listener() -> (c_int, u16) {
+    // SAFETY: the library's stand-ins for libc's calls, with valid arguments.
+    unsafe {
+        let l = ok(calls::socket(libc::AF_INET, libc::SOCK_STREAM, 0), "socket");
+        let a = loopback(0);
+        let len = std::mem::size_of::<sockaddr_in>() as socklen_t;
+        ok(calls::bind(l, (&a as *const sockaddr_in).cast(), len), "bind");
+        ok(calls::listen(l, 16), "listen");
+        let mut got = loopback(0);
+        let mut glen = len;
+        ok(libc::getsockname(l, (&mut got as *mut sockaddr_in).cast::<sockaddr>(), &mut glen), "getsockname");
+        (l, u16::from_be(got.sin_port))
+    }
+}
+
+fn connect(port: u16) -> c_int {
+    // SAFETY: as above.
+    unsafe {
+        let c = ok(calls::socket(libc::AF_INET, libc::SOCK_STREAM, 0), "socket");
+        let a = loopback(port);
+        let len = std::mem::size_of::<sockaddr_in>() as socklen_t;
+        ok(calls::connect(c, (&a as *const sockaddr_in).cast(), len), "connect");
+        c
+    }
+}
+
+fn write_all(fd: c_int, mut buf: &[u8]) {
+    while !buf.is_empty() {
+        // SAFETY: a live buffer of buf.len() bytes.
+        let n = unsafe { calls::write(fd, buf.as_ptr().cast::<c_void>(), buf.len()) };
+        assert!(n > 0, "write: {}", std::io::Error::last_os_error());
+        buf = &buf[n as usize..];
+    }
+}
+
+/// Reads until end of stream.
+fn read_to_end(fd: c_int) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        // SAFETY: a live buffer of buf.len() bytes.
+        let n = unsafe { calls::read(fd, buf.as_mut_ptr().cast::<c_void>(), buf.len()) };
+        assert!(n >= 0, "read: {}", std::io::Error::last_os_error());
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+}
+
+#[test]
+fn a_tcp_connection_between_two_threads_is_carried_by_shared_memory() {
+    init();
+    let (l, port) = listener();
+    let out = strait_sys::pattern(1, 4 << 20);
+    let back = strait_sys::pattern(2, 3 << 20);
+    let (out2, back2) = (out.clone(), back.clone());
+    let client = thread::spawn(move || {
+        let c = connect(port);
+        write_all(c, &out2);
+        // SAFETY: the library's shutdown on our descriptor.
+        unsafe { ok(calls::shutdown(c, libc::SHUT_WR), "shutdown") };
+        let got = read_to_end(c);
+        let how = carried(c);
+        // SAFETY: our descriptor.
+        unsafe { calls::close(c) };
+        (got, how)
+    });
+    // SAFETY: accept on our listener, no address wanted.
+    let a = unsafe { ok(calls::accept(l, std::ptr::null_mut(), std::ptr::null_mut()), "accept") };
+    assert_eq!(carried(a), Some(Carried::SharedMemory), "the acceptor attached");
+    // A duplicate is the same connection; closing the original keeps it open.
+    // SAFETY: the library's dup and close on our descriptors.
+    let d = unsafe { ok(calls::dup(a), "dup") };
+    assert_eq!(carried(d), Some(Carried::SharedMemory));
+    // SAFETY: as above.
+    unsafe { ok(calls::close(a), "close") };
+    assert_eq!(carried(a), None, "a closed descriptor leaves the table");
+    let got = read_to_end(d);
+    assert!(got == out, "client -> server stream intact ({} of {} bytes)", got.len(), out.len());
+    write_all(d, &back2);
+    // SAFETY: our descriptors.
+    unsafe {
+        calls::close(d);
+        calls::close(l);
+    }
+    let (got_back, how) = client.join().expect("client thread");
+    assert!(got_back == back, "server -> client stream intact ({} of {} bytes)", got_back.len(), back.len());
+    assert_eq!(how, Some(Carried::SharedMemory), "the connector was carried too");
+}
+
+#[test]
+fn a_udp_socket_is_one_table_entry_of_the_udp_kind_and_dup_shares_it() {
+    init();
+    // SAFETY: the library's socket, dup and close with valid arguments.
+    unsafe {
+        let u = ok(calls::socket(libc::AF_INET, libc::SOCK_DGRAM, 0), "socket");
+        assert_eq!(carried(u), Some(Carried::Udp));
+        let d = ok(calls::dup(u), "dup");
+        assert_eq!(carried(d), Some(Carried::Udp));
+        calls::close(u);
+        assert_eq!(carried(u), None);
+        assert_eq!(carried(d), Some(Carried::Udp), "the duplicate still holds the socket");
+        // A TCP socket is not carried until it connects or is accepted.
+        let t = ok(calls::socket(libc::AF_INET, libc::SOCK_STREAM, 0), "socket");
+        assert_eq!(carried(t), None);
+        // dup2 of a plain socket onto the UDP socket's number replaces the entry.
+        ok(calls::dup2(t, d), "dup2");
+        assert_eq!(carried(d), None, "dup2 over a carried number takes it out of the table");
+        calls::close(t);
+        calls::close(d);
+    }
+}

@@ -64,6 +64,22 @@ impl Socket {
         }
     }
 
+    /// The TCP connection, if this is one.
+    pub(crate) fn tcp(self) -> Option<Arc<Conn>> {
+        match self {
+            Socket::Tcp(c) => Some(c),
+            Socket::Udp(_) => None,
+        }
+    }
+
+    /// The UDP socket, if this is one.
+    pub(crate) fn udp(self) -> Option<Arc<UdpSock>> {
+        match self {
+            Socket::Udp(u) => Some(u),
+            Socket::Tcp(_) => None,
+        }
+    }
+
     /// Descriptors of this process that refer to the socket.
     pub(crate) fn fdrefs(&self) -> &AtomicUsize {
         match self {

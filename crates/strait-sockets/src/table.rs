@@ -61,10 +61,7 @@ pub fn lookup(fd: c_int) -> Option<Arc<Conn>> {
     if TCP_FDS.load(Ordering::Relaxed) == 0 {
         return None;
     }
-    match SOCKETS.lookup(fd)? {
-        Socket::Tcp(c) => Some(c),
-        Socket::Udp(_) => None,
-    }
+    SOCKETS.lookup(fd)?.tcp()
 }
 
 /// The UDP socket behind `fd`, if it is one of ours (one relaxed load when this
@@ -73,10 +70,7 @@ pub fn udp(fd: c_int) -> Option<Arc<UdpSock>> {
     if UDP_FDS.load(Ordering::Relaxed) == 0 {
         return None;
     }
-    match SOCKETS.lookup(fd)? {
-        Socket::Udp(u) => Some(u),
-        Socket::Tcp(_) => None,
-    }
+    SOCKETS.lookup(fd)?.udp()
 }
 
 /// True if any descriptor is a TCP connection of ours.
@@ -116,10 +110,7 @@ pub fn remove(fd: c_int) -> Option<Arc<Conn>> {
     }
     let s = SOCKETS.remove_if(fd, |s| matches!(s, Socket::Tcp(_)))?;
     counted_out(&s);
-    match s {
-        Socket::Tcp(c) => Some(c),
-        Socket::Udp(_) => None,
-    }
+    s.tcp()
 }
 
 /// `close(fd)` of a UDP socket of ours: one descriptor fewer.
@@ -182,14 +173,7 @@ pub fn all_conns() -> Vec<Arc<Conn>> {
     if !any_live() {
         return Vec::new();
     }
-    SOCKETS
-        .all()
-        .into_iter()
-        .filter_map(|s| match s {
-            Socket::Tcp(c) => Some(c),
-            Socket::Udp(_) => None,
-        })
-        .collect()
+    SOCKETS.all().into_iter().filter_map(Socket::tcp).collect()
 }
 
 /// All distinct UDP sockets (for fork and exit).
@@ -197,14 +181,7 @@ pub fn all_udp() -> Vec<Arc<UdpSock>> {
     if !any_udp() {
         return Vec::new();
     }
-    SOCKETS
-        .all()
-        .into_iter()
-        .filter_map(|s| match s {
-            Socket::Udp(u) => Some(u),
-            Socket::Tcp(_) => None,
-        })
-        .collect()
+    SOCKETS.all().into_iter().filter_map(Socket::udp).collect()
 }
 
 /// Every TCP descriptor with its connection (for exec).
@@ -212,14 +189,7 @@ pub fn entries() -> Vec<(c_int, Arc<Conn>)> {
     if !any_live() {
         return Vec::new();
     }
-    SOCKETS
-        .entries()
-        .into_iter()
-        .filter_map(|(fd, s)| match s {
-            Socket::Tcp(c) => Some((fd, c)),
-            Socket::Udp(_) => None,
-        })
-        .collect()
+    SOCKETS.entries().into_iter().filter_map(|(fd, s)| Some((fd, s.tcp()?))).collect()
 }
 
 /// One descriptor of a socket went away: the last one releases it and takes it out

@@ -877,8 +877,7 @@ fn forget(fd: c_int) {
     if let Some(c) = table::remove(fd) {
         table::drop_ref(c);
     }
-    discover::remove_listener(fd);
-    remote::on_close(fd);
+    table::remove_listening(fd);
     table::remove_udp(fd);
     crate::epoll::forget_set(fd);
 }
@@ -909,7 +908,7 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
         if !(table::any_live()
             || crate::fds::any_internal()
             || crate::table::any_udp()
-            || crate::discover::any_listener())
+            || table::any_listening())
         {
             return real();
         }

@@ -34,7 +34,7 @@
 //!   timeout). A lost hello only costs a bounded delay, never data.
 
 use std::os::fd::IntoRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -43,6 +43,7 @@ use libc::{c_int, sockaddr, socklen_t};
 use crate::conn::{
     Carriers, Conn, PendingC, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
 };
+use crate::listening::{Claims, Hello, Listener};
 use crate::real;
 use crate::settings::Settings;
 use crate::sock::{
@@ -165,34 +166,6 @@ fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
     Some(Ok((out, fds)))
 }
 
-struct Hello {
-    ring: usize,
-    /// memfd, connector's eventfd, acceptor's eventfd.
-    fds: [c_int; 3],
-    /// `O_PATH` token of the connector's TCP socket ([`trust::socket_token`]).
-    token: c_int,
-    /// The connector's TCP port, as it said (a cheap filter before the proof).
-    port: u16,
-    /// The connector's user (SO_PEERCRED), for the per-user cap.
-    uid: u32,
-    unix: c_int,
-    at: Instant,
-}
-
-impl Hello {
-    /// The hello's token names the other end of the accepted connection `fd`: the
-    /// socket the kernel has at `fd`'s peer address, connected to `fd`'s address.
-    fn is_for(&self, fd: c_int) -> bool {
-        let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };
-        peer.1 == self.port && trust::token_names(self.token, Proto::Tcp, peer, local)
-    }
-
-    fn close(&self) {
-        close_all(&self.fds);
-        close_all(&[self.unix, self.token]);
-    }
-}
-
 /// Checks a hello's header and descriptors; `None` (all closed) if anything is off:
 /// a ring larger than ours (a peer may not make us map more than we would), a
 /// doorbell that is not an eventfd, a token that is not a socket's.
@@ -217,86 +190,6 @@ fn parse_hello(h: &[u8; HELLO_LEN], fds: Vec<c_int>, unix: c_int, uid: u32) -> O
     Some(Hello { ring, fds: [fds[0], fds[1], fds[2]], token: fds[3], port, uid, unix, at: Instant::now() })
 }
 
-#[derive(Default)]
-struct Pending {
-    hellos: Vec<Hello>,
-    /// Unix connections at the marker that have not sent their hello yet, with
-    /// their users.
-    waiting: Vec<(c_int, u32)>,
-    /// When this listener last tried to take its name (see `Listener::claim_name`).
-    last_claim: Option<Instant>,
-}
-
-impl Pending {
-    /// Hellos and waiting connections of user `uid`.
-    fn held_by(&self, uid: u32) -> usize {
-        self.hellos.iter().filter(|h| h.uid == uid).count()
-            + self.waiting.iter().filter(|w| w.1 == uid).count()
-    }
-}
-
-/// The strait side of a listening TCP socket.
-pub struct Listener {
-    /// The rendezvous name's listening socket (-1: another process holds the name).
-    unix: std::sync::atomic::AtomicI32,
-    /// The name, to claim it later when its holder has gone (a listener passed on
-    /// by a process that then exited).
-    name: (libc::sockaddr_un, socklen_t),
-    pending: Mutex<Pending>,
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        let p = self.pending.get_mut().unwrap_or_else(|e| e.into_inner());
-        for h in p.hellos.drain(..) {
-            h.close();
-        }
-        close_all(&p.waiting.iter().map(|w| w.0).collect::<Vec<_>>());
-        let u = *self.unix.get_mut();
-        if u >= 0 {
-            close_all(&[u]);
-        }
-    }
-}
-
-/// After a successful `listen(fd)`: claims the rendezvous name for its port.
-pub fn on_listen(fd: c_int) {
-    register_listener(fd, None);
-}
-
-/// Registers the listening socket `fd` with the rendezvous name's socket `marker`
-/// (one passed along with it, see `pass.rs`), or binds the name itself.
-pub(crate) fn register_listener(fd: c_int, marker: Option<c_int>) {
-    if !Settings::get().enabled || listener(fd).is_some() || !is_tcp_stream(fd) {
-        close_all(&marker.into_iter().collect::<Vec<_>>());
-        return;
-    }
-    let Some(key) = sock_key(fd, false) else {
-        close_all(&marker.into_iter().collect::<Vec<_>>());
-        return;
-    };
-    let (sa, len) = unix_name(key, key.0 == [0u8; 16] && v6only(fd));
-    // Without the name (another process's listener holds it: SO_REUSEPORT, where
-    // the kernel spreads connections over both), hellos go to the other process,
-    // and this one claims the connections the kernel gives it by asking their
-    // connectors (path B) instead of leaving them to wait out the attach timeout.
-    let u = marker.map(crate::fds::keep).or_else(|| listen_marker(&sa, len)).unwrap_or(-1);
-    add_listener(
-        fd,
-        Arc::new(Listener {
-            unix: std::sync::atomic::AtomicI32::new(u),
-            name: (sa, len),
-            pending: Mutex::new(Pending::default()),
-        }),
-    );
-}
-
-/// Unclaimed hellos at which a listener looks for ones whose connectors hung up.
-const HELLOS_BEFORE_SWEEP: usize = 16;
-
-/// How often a listener without its name tries to take it.
-const CLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
-
 impl Listener {
     /// The rendezvous name's socket, if this listener holds the name.
     pub(crate) fn marker(&self) -> Option<c_int> {
@@ -320,7 +213,7 @@ impl Listener {
     }
 
     /// Accepts queued Unix connections and reads the hellos that arrived.
-    fn pump(&self, p: &mut Pending) {
+    fn pump(&self, p: &mut Claims) {
         let unix = self.unix.load(Ordering::Relaxed);
         if unix < 0 {
             // No name of our own (see `on_listen`): no hellos come here.
@@ -434,6 +327,44 @@ impl Listener {
         }
     }
 }
+
+/// After a successful `listen(fd)`: claims the rendezvous name for its port.
+pub fn on_listen(fd: c_int) {
+    register_listener(fd, None);
+}
+
+/// Registers the listening socket `fd` with the rendezvous name's socket `marker`
+/// (one passed along with it, see `pass.rs`), or binds the name itself.
+pub(crate) fn register_listener(fd: c_int, marker: Option<c_int>) {
+    if !Settings::get().enabled || listener(fd).is_some() || !is_tcp_stream(fd) {
+        close_all(&marker.into_iter().collect::<Vec<_>>());
+        return;
+    }
+    let Some(key) = sock_key(fd, false) else {
+        close_all(&marker.into_iter().collect::<Vec<_>>());
+        return;
+    };
+    let (sa, len) = unix_name(key, key.0 == [0u8; 16] && v6only(fd));
+    // Without the name (another process's listener holds it: SO_REUSEPORT, where
+    // the kernel spreads connections over both), hellos go to the other process,
+    // and this one claims the connections the kernel gives it by asking their
+    // connectors (path B) instead of leaving them to wait out the attach timeout.
+    let u = marker.map(crate::fds::keep).or_else(|| listen_marker(&sa, len)).unwrap_or(-1);
+    add_listener(
+        fd,
+        Arc::new(Listener {
+            unix: std::sync::atomic::AtomicI32::new(u),
+            name: (sa, len),
+            pending: Mutex::new(Claims::default()),
+        }),
+    );
+}
+
+/// Unclaimed hellos at which a listener looks for ones whose connectors hung up.
+const HELLOS_BEFORE_SWEEP: usize = 16;
+
+/// How often a listener without its name tries to take it.
+const CLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 const REQ_MAGIC: u64 = 0x3130_5145_5254_5253; // "SRTREQ01"
 
@@ -767,48 +698,23 @@ pub fn give_up(fd: c_int, conn: &Arc<Conn>) {
 
 // ------------------------------------------------------------------ listeners
 
-/// Listening sockets with a strait side, by descriptor (few: looked up by `accept`
-/// and `close` only, never by a data call).
-static LISTENERS_LIVE: AtomicUsize = AtomicUsize::new(0);
-static LISTENERS: Mutex<Vec<(c_int, Arc<Listener>)>> = Mutex::new(Vec::new());
-
-/// The strait side of the listening socket `fd`, if it has one.
+/// The strait side of the listening socket `fd` on this host, if it has one.
 pub fn listener(fd: c_int) -> Option<Arc<Listener>> {
-    if LISTENERS_LIVE.load(Ordering::Relaxed) == 0 {
-        return None;
-    }
-    let l = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
-    l.iter().find(|(f, _)| *f == fd).map(|(_, l)| l.clone())
+    crate::table::listening(fd)?.local.get().cloned()
 }
 
 fn add_listener(fd: c_int, l: Arc<Listener>) {
-    let mut v = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
-    v.retain(|(f, _)| *f != fd);
-    v.push((fd, l));
-    LISTENERS_LIVE.store(v.len(), Ordering::Relaxed);
+    // Set once: a second registration was refused before it made a marker.
+    let _ = crate::table::listening_or_new(fd).local.set(l);
 }
 
-/// The descriptors of every registered listening socket.
+/// The descriptors of every listening socket with a strait side on this host.
 pub fn listener_fds() -> Vec<c_int> {
-    if LISTENERS_LIVE.load(Ordering::Relaxed) == 0 {
-        return Vec::new();
-    }
-    LISTENERS.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(f, _)| *f).collect()
-}
-
-/// True if any strait listener is open.
-pub fn any_listener() -> bool {
-    LISTENERS_LIVE.load(Ordering::Relaxed) != 0
-}
-
-/// `close(fd)` of a listening socket.
-pub fn remove_listener(fd: c_int) {
-    if LISTENERS_LIVE.load(Ordering::Relaxed) == 0 {
-        return;
-    }
-    let mut v = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
-    v.retain(|(f, _)| *f != fd);
-    LISTENERS_LIVE.store(v.len(), Ordering::Relaxed);
+    crate::table::listening_entries()
+        .into_iter()
+        .filter(|(_, l)| l.local.get().is_some())
+        .map(|(fd, _)| fd)
+        .collect()
 }
 
 #[cfg(test)]

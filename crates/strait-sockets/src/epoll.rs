@@ -39,6 +39,8 @@ fn wakers(m: &Socket) -> Option<Vec<(c_int, u64, i32)>> {
         Socket::Udp(u) => u
             .rx()
             .map(|rx| vec![(rx.efd, MAGIC_BELL, libc::EPOLLIN), (rx.marker(), MAGIC_MARK, libc::EPOLLIN)]),
+        // Never a member (the kernel's set holds a listening socket itself).
+        Socket::Listening(_) => None,
     }
 }
 
@@ -47,6 +49,7 @@ fn has_bell(m: &Socket, fd: c_int) -> bool {
     match m {
         Socket::Tcp(c) => c.my_efd == fd || c.remote_fd() == Some(fd) || c.pending_listener() == Some(fd),
         Socket::Udp(u) => u.rx().is_some_and(|rx| rx.efd == fd),
+        Socket::Listening(_) => false,
     }
 }
 

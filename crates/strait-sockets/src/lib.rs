@@ -28,8 +28,10 @@ mod wait;
 // Transports: one connection or socket over shared memory (or a far end).
 mod conn;
 mod udp;
-// One entry type for every kind of socket, and the epoll interest lists.
+// One entry type for every kind of socket (and a listening socket's sides), and
+// the epoll interest lists.
 mod epoll;
+mod listening;
 mod socket;
 // The descriptor table.
 mod table;
@@ -80,5 +82,6 @@ pub fn carried(fd: libc::c_int) -> Option<Carried> {
         socket::Socket::Tcp(c) if c.remote.get().is_some() => Carried::OtherHost,
         socket::Socket::Tcp(c) if c.attached() => Carried::SharedMemory,
         socket::Socket::Tcp(_) => Carried::Settling,
+        socket::Socket::Listening(_) => return None,
     })
 }

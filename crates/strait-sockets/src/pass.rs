@@ -85,7 +85,7 @@ unsafe fn rights(msg: *const msghdr) -> Vec<c_int> {
 /// # Safety
 /// `msg` is a valid msghdr.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isize> {
-    if !table::any_live() && !crate::discover::any_listener() && !crate::table::any_udp() {
+    if !table::any_live() && !crate::table::any_listening() && !crate::table::any_udp() {
         return None;
     }
     // SAFETY: per the caller.

@@ -52,6 +52,7 @@ use crate::conn::{
     ctl, Carriers, Conn, FarEnd, FarSetup, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED,
     WSLEEP,
 };
+use crate::listening::Marker;
 use crate::real;
 use crate::settings::Settings;
 use crate::sock::{close_all, key_of, sock_key, Key};
@@ -1158,22 +1159,12 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
 
 // ------------------------------------------------------------------ listeners
 
-/// The marker of one listening socket: connectors' HELLOs arrive there.
-struct Marker {
-    udp: UdpSocket,
-}
-
-fn markers() -> &'static Mutex<HashMap<c_int, Arc<Marker>>> {
-    static R: OnceLock<Mutex<HashMap<c_int, Arc<Marker>>>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
 /// After a successful `listen(fd)`: binds the marker beside it.
 pub fn on_listen(fd: c_int) {
     if !enabled() || !crate::sock::is_tcp_stream(fd) {
         return;
     }
-    if markers().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&fd) {
+    if crate::table::listening(fd).is_some_and(|l| l.far.get().is_some()) {
         return;
     }
     let Some(key) = sock_key(fd, false) else { return };
@@ -1218,18 +1209,7 @@ pub fn on_listen(fd: c_int) {
         }
         return;
     }
-    markers().lock().unwrap_or_else(|e| e.into_inner()).insert(fd, Arc::new(Marker { udp }));
-}
-
-/// The listening socket `fd` was closed.
-pub fn on_close(fd: c_int) {
-    if !enabled() {
-        return;
-    }
-    let gone = markers().lock().unwrap_or_else(|e| e.into_inner()).remove(&fd);
-    // Dropped after the lock: closing the marker's socket comes through `close`, and
-    // so through here, once more.
-    drop(gone);
+    let _ = crate::table::listening_or_new(fd).far.set(Arc::new(Marker { udp }));
 }
 
 /// After a kernel `accept` on `lfd` returned `fd`: a connection from a listed host
@@ -1238,7 +1218,7 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
     if !enabled() {
         return false;
     }
-    let Some(marker) = markers().lock().unwrap_or_else(|e| e.into_inner()).get(&lfd).cloned() else {
+    let Some(marker) = crate::table::listening(lfd).and_then(|l| l.far.get().cloned()) else {
         return false;
     };
     let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };

@@ -1,5 +1,6 @@
-//! One entry type for every kind of socket the library carries: what the
-//! descriptor table holds and what an epoll set's accelerated members are.
+//! One entry type for every kind of socket the library carries (TCP connections,
+//! UDP sockets, listening sockets): what the descriptor table holds, and what an
+//! epoll set's accelerated members are.
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use libc::c_int;
 
 use crate::conn::{Conn, Ready};
 use crate::fdtable::Shared;
+use crate::listening::Listening;
 use crate::udp::UdpSock;
 
 /// What one of the program's descriptors is to the library.
@@ -18,6 +20,9 @@ pub enum Socket {
     Tcp(Arc<Conn>),
     /// A UDP socket (its datagrams to strait receivers go through shared memory).
     Udp(Arc<UdpSock>),
+    /// A listening TCP socket with a strait side (its connections are claimed at
+    /// `accept`); never a member of an epoll set of ours (the kernel's set holds it).
+    Listening(Arc<Listening>),
 }
 
 impl Shared for Socket {
@@ -25,6 +30,7 @@ impl Shared for Socket {
         match (self, other) {
             (Socket::Tcp(a), Socket::Tcp(b)) => Arc::ptr_eq(a, b),
             (Socket::Udp(a), Socket::Udp(b)) => Arc::ptr_eq(a, b),
+            (Socket::Listening(a), Socket::Listening(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -40,6 +46,7 @@ impl Socket {
                 rx_tail: u.rx_mark(),
                 tx_head: 0,
             },
+            Socket::Listening(_) => Ready { bits: 0, rx_tail: 0, tx_head: 0 },
         }
     }
 
@@ -53,6 +60,7 @@ impl Socket {
                     u.announce();
                 }
             }
+            Socket::Listening(_) => {}
         }
     }
 
@@ -61,6 +69,7 @@ impl Socket {
         match self {
             Socket::Tcp(c) => c.drain_bell(),
             Socket::Udp(u) => u.drain_bell(),
+            Socket::Listening(_) => {}
         }
     }
 
@@ -68,7 +77,7 @@ impl Socket {
     pub(crate) fn tcp(self) -> Option<Arc<Conn>> {
         match self {
             Socket::Tcp(c) => Some(c),
-            Socket::Udp(_) => None,
+            _ => None,
         }
     }
 
@@ -76,15 +85,25 @@ impl Socket {
     pub(crate) fn udp(self) -> Option<Arc<UdpSock>> {
         match self {
             Socket::Udp(u) => Some(u),
-            Socket::Tcp(_) => None,
+            _ => None,
         }
     }
 
-    /// Descriptors of this process that refer to the socket.
-    pub(crate) fn fdrefs(&self) -> &AtomicUsize {
+    /// The listening socket's strait sides, if this is one.
+    pub(crate) fn listening(self) -> Option<Arc<Listening>> {
         match self {
-            Socket::Tcp(c) => &c.fdrefs,
-            Socket::Udp(u) => &u.fdrefs,
+            Socket::Listening(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// Descriptors of this process that refer to the socket (`None`: not counted; a
+    /// listening socket's sides live as long as a descriptor holds them).
+    pub(crate) fn fdrefs(&self) -> Option<&AtomicUsize> {
+        match self {
+            Socket::Tcp(c) => Some(&c.fdrefs),
+            Socket::Udp(u) => Some(&u.fdrefs),
+            Socket::Listening(_) => None,
         }
     }
 }

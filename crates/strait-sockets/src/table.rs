@@ -1,7 +1,6 @@
 //! The descriptor table: which of the program's descriptors are sockets strait
-//! carries, with one entry type ([`Socket`]) for every kind (TCP connections and UDP
-//! sockets). Listening sockets are discovery's (see `discover::listener`): no data
-//! call ever looks them up.
+//! carries, with one entry type ([`Socket`]) for every kind (TCP connections, UDP
+//! sockets, listening sockets).
 //!
 //! Every interposed call first asks [`get`] (or [`lookup`] / [`udp`] for one kind);
 //! while no socket is carried that is one relaxed load, so programs that never meet a
@@ -15,6 +14,7 @@ use libc::c_int;
 use crate::conn::Conn;
 use crate::epoll;
 use crate::fdtable::FdTable;
+use crate::listening::Listening;
 use crate::sock::Key;
 pub use crate::socket::Socket;
 use crate::udp::UdpSock;
@@ -24,12 +24,15 @@ static SOCKETS: FdTable<Socket> = FdTable::new();
 static TCP_FDS: AtomicUsize = AtomicUsize::new(0);
 /// Descriptors in the table that are UDP sockets.
 static UDP_FDS: AtomicUsize = AtomicUsize::new(0);
+/// Descriptors in the table that are listening sockets.
+static LISTENING_FDS: AtomicUsize = AtomicUsize::new(0);
 
 /// The count of descriptors of `s`'s kind.
 fn kind_count(s: &Socket) -> &'static AtomicUsize {
     match s {
         Socket::Tcp(_) => &TCP_FDS,
         Socket::Udp(_) => &UDP_FDS,
+        Socket::Listening(_) => &LISTENING_FDS,
     }
 }
 
@@ -89,7 +92,7 @@ pub fn any_udp() -> bool {
 pub fn insert(fd: c_int, conn: Arc<Conn>) -> Option<Arc<Conn>> {
     match put(fd, Socket::Tcp(conn))? {
         Socket::Tcp(c) => Some(c),
-        old @ Socket::Udp(_) => {
+        old => {
             drop_socket_ref(old);
             None
         }
@@ -132,13 +135,59 @@ pub fn dup(old: c_int, new: c_int) {
     }
     let prev = match get(old) {
         Some(s) => {
-            s.fdrefs().fetch_add(1, Ordering::AcqRel);
+            if let Some(refs) = s.fdrefs() {
+                refs.fetch_add(1, Ordering::AcqRel);
+            }
             put(new, s)
         }
         None => SOCKETS.remove(new).inspect(counted_out),
     };
     if let Some(p) = prev {
         drop_socket_ref(p);
+    }
+}
+
+/// The strait sides of the listening socket `fd`, if it has any (one relaxed load
+/// when this process has none).
+pub fn listening(fd: c_int) -> Option<Arc<Listening>> {
+    if LISTENING_FDS.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    SOCKETS.lookup(fd)?.listening()
+}
+
+/// The strait sides of the listening socket `fd`, made empty if it had none.
+pub fn listening_or_new(fd: c_int) -> Arc<Listening> {
+    if let Some(l) = listening(fd) {
+        return l;
+    }
+    let l = Arc::new(Listening::default());
+    if let Some(old) = put(fd, Socket::Listening(l.clone())) {
+        drop_socket_ref(old);
+    }
+    l
+}
+
+/// True if any listening socket has a strait side.
+pub fn any_listening() -> bool {
+    LISTENING_FDS.load(Ordering::Relaxed) != 0
+}
+
+/// Every listening socket's descriptor, with its strait sides.
+pub fn listening_entries() -> Vec<(c_int, Arc<Listening>)> {
+    if !any_listening() {
+        return Vec::new();
+    }
+    SOCKETS.entries().into_iter().filter_map(|(fd, s)| Some((fd, s.listening()?))).collect()
+}
+
+/// `close(fd)` of a listening socket.
+pub fn remove_listening(fd: c_int) {
+    if !any_listening() {
+        return;
+    }
+    if let Some(s) = SOCKETS.remove_if(fd, |s| matches!(s, Socket::Listening(_))) {
+        counted_out(&s);
     }
 }
 
@@ -203,6 +252,8 @@ fn drop_socket_ref(s: Socket) {
                 epoll::forget_udp(&u);
             }
         }
+        // Its sides go (their descriptors closed) with the last entry that holds them.
+        Socket::Listening(_) => {}
     }
 }
 

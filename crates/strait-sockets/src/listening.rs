@@ -1,0 +1,102 @@
+//! The strait sides of a listening TCP socket, held by the descriptor table: the
+//! marker on this host (discovery's abstract Unix name, where connectors' hellos
+//! wait to be claimed by an `accept`) and the marker for other hosts (a UDP socket
+//! where connectors' HELLOs arrive). The types live here, beneath the table; what
+//! they do is in `discover` and `remote`.
+
+use std::net::UdpSocket;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use libc::{c_int, socklen_t};
+
+use crate::sock::{close_all, sock_key};
+use crate::trust::{self, Proto};
+
+/// A listening TCP socket's strait sides; set once each, dropped (and their
+/// descriptors closed) with the last descriptor of the socket.
+#[derive(Default)]
+pub struct Listening {
+    /// The marker on this host (`None`: the socket could not be registered).
+    pub(crate) local: OnceLock<Arc<Listener>>,
+    /// The marker for connections from other hosts (`--peers`).
+    pub(crate) far: OnceLock<Arc<Marker>>,
+}
+
+/// A connector's hello, waiting at a listener's marker to be claimed by the
+/// `accept` of its connection.
+pub(crate) struct Hello {
+    pub(crate) ring: usize,
+    /// memfd, connector's eventfd, acceptor's eventfd.
+    pub(crate) fds: [c_int; 3],
+    /// `O_PATH` token of the connector's TCP socket ([`trust::socket_token`]).
+    pub(crate) token: c_int,
+    /// The connector's TCP port, as it said (a cheap filter before the proof).
+    pub(crate) port: u16,
+    /// The connector's user (SO_PEERCRED), for the per-user cap.
+    pub(crate) uid: u32,
+    pub(crate) unix: c_int,
+    pub(crate) at: Instant,
+}
+
+impl Hello {
+    /// The hello's token names the other end of the accepted connection `fd`: the
+    /// socket the kernel has at `fd`'s peer address, connected to `fd`'s address.
+    pub(crate) fn is_for(&self, fd: c_int) -> bool {
+        let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };
+        peer.1 == self.port && trust::token_names(self.token, Proto::Tcp, peer, local)
+    }
+
+    pub(crate) fn close(&self) {
+        close_all(&self.fds);
+        close_all(&[self.unix, self.token]);
+    }
+}
+
+/// What waits at a listener's marker.
+#[derive(Default)]
+pub(crate) struct Claims {
+    pub(crate) hellos: Vec<Hello>,
+    /// Unix connections at the marker that have not sent their hello yet, with
+    /// their users.
+    pub(crate) waiting: Vec<(c_int, u32)>,
+    /// When this listener last tried to take its name (see `Listener::claim_name`).
+    pub(crate) last_claim: Option<Instant>,
+}
+
+impl Claims {
+    /// Hellos and waiting connections of user `uid`.
+    pub(crate) fn held_by(&self, uid: u32) -> usize {
+        self.hellos.iter().filter(|h| h.uid == uid).count()
+            + self.waiting.iter().filter(|w| w.1 == uid).count()
+    }
+}
+
+/// The strait side of a listening TCP socket.
+pub struct Listener {
+    /// The rendezvous name's listening socket (-1: another process holds the name).
+    pub(crate) unix: std::sync::atomic::AtomicI32,
+    /// The name, to claim it later when its holder has gone (a listener passed on
+    /// by a process that then exited).
+    pub(crate) name: (libc::sockaddr_un, socklen_t),
+    pub(crate) pending: Mutex<Claims>,
+}
+
+/// The marker of one listening socket: connectors' HELLOs arrive there.
+pub(crate) struct Marker {
+    pub(crate) udp: UdpSocket,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let p = self.pending.get_mut().unwrap_or_else(|e| e.into_inner());
+        for h in p.hellos.drain(..) {
+            h.close();
+        }
+        close_all(&p.waiting.iter().map(|w| w.0).collect::<Vec<_>>());
+        let u = *self.unix.get_mut();
+        if u >= 0 {
+            close_all(&[u]);
+        }
+    }
+}

@@ -708,15 +708,6 @@ fn add_listener(fd: c_int, l: Arc<Listener>) {
     let _ = crate::table::listening_or_new(fd).local.set(l);
 }
 
-/// The descriptors of every listening socket with a strait side on this host.
-pub fn listener_fds() -> Vec<c_int> {
-    crate::table::listening_entries()
-        .into_iter()
-        .filter(|(_, l)| l.local.get().is_some())
-        .map(|(fd, _)| fd)
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

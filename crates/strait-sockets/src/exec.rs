@@ -41,6 +41,9 @@ use crate::conn::{self, Carriers, Conn, Shm, HDR};
 use crate::{real, table};
 
 const VAR: &str = "STRAIT_HANDOFF";
+/// Listening sockets that survive an exec, with inheritable copies of their markers
+/// (`<socket>:<marker>,...`; see [`listener_handoff`]).
+const LISTENERS_VAR: &str = "STRAIT_LISTENERS";
 
 extern "C" {
     static environ: *const *const c_char;
@@ -241,8 +244,8 @@ struct Env {
 impl Env {
     /// # Safety
     /// `envp` is null or a NULL-terminated array of C strings.
-    unsafe fn new(envp: *const *const c_char, entry: Option<&CString>) -> Env {
-        let mut owned: Vec<CString> = entry.into_iter().cloned().collect();
+    unsafe fn new(envp: *const *const c_char, entries: &[&CString]) -> Env {
+        let mut owned: Vec<CString> = entries.iter().map(|&c| c.clone()).collect();
         let mut ptrs: Vec<*const c_char> = Vec::new();
         let lib = library_path();
         let mut preload_ok = false;
@@ -256,7 +259,7 @@ impl Env {
             i += 1;
             // SAFETY: an entry of the environment array is a C string.
             let s = unsafe { CStr::from_ptr(p) }.to_bytes();
-            if s.starts_with(b"STRAIT_HANDOFF=") {
+            if s.starts_with(b"STRAIT_HANDOFF=") || s.starts_with(b"STRAIT_LISTENERS=") {
                 continue;
             }
             if let (Some(v), Some(lib)) = (s.strip_prefix(b"LD_PRELOAD="), lib.as_ref()) {
@@ -307,16 +310,95 @@ fn call_keeping_preload(
     envp: *const *const c_char,
     call: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
-    // SAFETY: plain fcntl on the library's own record of listening descriptors.
-    let survives = crate::discover::listener_fds()
-        .into_iter()
-        .any(|fd| unsafe { real::fcntl(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC == 0);
+    let survives =
+        table::listening_entries().iter().any(|(fd, l)| l.local.get().is_some() && survives_exec(*fd));
     if !survives {
         return call(envp);
     }
+    let handoff = listener_handoff();
+    let entries: Vec<&CString> = handoff.as_ref().map(|h| &h.0).into_iter().collect();
     // SAFETY: `envp` comes from the caller of exec, who promises a valid array.
-    let env = unsafe { Env::new(envp, None) };
-    call(env.as_ptr())
+    let env = unsafe { Env::new(envp, &entries) };
+    let r = call(env.as_ptr());
+    // Only reached if the exec failed.
+    let e = real::errno();
+    crate::sock::close_all(&handoff.map(|h| h.1).unwrap_or_default());
+    real::set_errno(e);
+    r
+}
+
+/// True if `fd` stays open across an exec (no close-on-exec).
+fn survives_exec(fd: c_int) -> bool {
+    // SAFETY: plain fcntl on a descriptor number.
+    let flags = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    flags >= 0 && flags & libc::FD_CLOEXEC == 0
+}
+
+/// The `STRAIT_LISTENERS` entry for an exec, with the inheritable copies it names of
+/// the markers of listening sockets that survive it (`None` if none does). The new
+/// program takes each name over in its constructor, so a connector that arrives
+/// between the exec and the new program's first `accept` (socket activation:
+/// `systemd-socket-activate` execs the service when the first connection comes)
+/// still finds the name held, and its hello waits there instead of going nowhere.
+fn listener_handoff() -> Option<(CString, Vec<c_int>)> {
+    let mut parts = Vec::new();
+    let mut dups = Vec::new();
+    let mut seen: Vec<Arc<crate::listening::Listening>> = Vec::new();
+    for (fd, l) in table::listening_entries() {
+        // One descriptor per listening socket takes the marker (the others of the
+        // same socket are adopted at their first accept).
+        if !survives_exec(fd) || seen.iter().any(|s| Arc::ptr_eq(s, &l)) {
+            continue;
+        }
+        let Some(marker) = l.local.get().map(|x| x.unix.load(Ordering::Relaxed)).filter(|&m| m >= 0) else {
+            continue;
+        };
+        let d = inheritable_dup(marker);
+        if d >= 0 {
+            parts.push(format!("{fd}:{d}"));
+            dups.push(d);
+            seen.push(l);
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    match CString::new(format!("{LISTENERS_VAR}={}", parts.join(","))) {
+        Ok(c) => Some((c, dups)),
+        Err(_) => {
+            crate::sock::close_all(&dups);
+            None
+        }
+    }
+}
+
+/// In the library's constructor: takes over the markers of the listening sockets
+/// the previous program handed over (see [`listener_handoff`]). A pair whose socket
+/// is not a listening TCP socket, or whose marker is not a listening Unix seqpacket
+/// socket, is dropped (the marker closed).
+fn adopt_listeners() {
+    let Some(v) = std::env::var_os(LISTENERS_VAR) else { return };
+    // SAFETY: as in `adopt`: the constructor runs alone, before the program.
+    unsafe { libc::unsetenv(c"STRAIT_LISTENERS".as_ptr()) };
+    for pair in v.to_string_lossy().split(',') {
+        let Some((fd, marker)) = pair.split_once(':') else { continue };
+        let (Ok(fd), Ok(marker)) = (fd.parse::<c_int>(), marker.parse::<c_int>()) else { continue };
+        if fd < 0 || marker < 0 || fd == marker {
+            continue;
+        }
+        let opt = |s, o| crate::sock::socket_option(s, o);
+        let marker_ok = opt(marker, libc::SO_DOMAIN) == Some(libc::AF_UNIX)
+            && opt(marker, libc::SO_TYPE) == Some(libc::SOCK_SEQPACKET)
+            && opt(marker, libc::SO_ACCEPTCONN) == Some(1);
+        if !marker_ok {
+            continue;
+        }
+        if opt(fd, libc::SO_ACCEPTCONN) == Some(1) && crate::sock::is_tcp_stream(fd) {
+            crate::discover::register_listener(fd, Some(marker));
+        } else {
+            crate::sock::close_all(&[marker]);
+        }
+    }
 }
 
 /// Runs an exec-like `call` with the handoff in its environment `envp`.
@@ -338,12 +420,15 @@ fn exec_with(envp: *const *const c_char, call: impl FnOnce(*const *const c_char)
         h.finish(false);
         return call_keeping_preload(envp, call);
     };
+    let listeners = listener_handoff();
+    let entries: Vec<&CString> = std::iter::once(entry).chain(listeners.as_ref().map(|l| &l.0)).collect();
     // SAFETY: `envp` comes from the caller of exec, who promises a valid array.
-    let env = unsafe { Env::new(envp, Some(entry)) };
+    let env = unsafe { Env::new(envp, &entries) };
     let r = call(env.as_ptr());
     // Only reached if the exec failed.
     let e = real::errno();
     h.finish(false);
+    crate::sock::close_all(&listeners.map(|l| l.1).unwrap_or_default());
     real::set_errno(e);
     r
 }
@@ -363,7 +448,7 @@ fn spawn_with(
         return call(envp);
     };
     // SAFETY: `envp` comes from the caller, who promises a valid array.
-    let env = unsafe { Env::new(envp, Some(entry)) };
+    let env = unsafe { Env::new(envp, &[entry]) };
     let r = call(env.as_ptr());
     h.finish(r != 0);
     r
@@ -388,6 +473,7 @@ fn socket_fds() -> Vec<(c_int, u64)> {
 /// In the library's constructor: takes over the connections the previous program
 /// (or the spawning process) handed over.
 pub fn adopt() {
+    adopt_listeners();
     let Some(v) = std::env::var_os(VAR) else { return };
     // SAFETY: the constructor runs before the program's code, on its only thread, so
     // nothing else reads the environment now. The variable must not reach the next

@@ -610,10 +610,16 @@ fn a_listening_socket_passed_over_a_unix_socket_accelerates_its_connections() {
 /// connection execs the service with the listening socket as descriptor 3
 /// (`LISTEN_FDS=1`), as systemd starts socket-activated daemons. Chosen because
 /// socket activation is how many Debian services start, and the service never calls
-/// `listen` itself: its library must find the listener it inherited.
+/// `listen` itself: its library must find the listener it inherited. The service
+/// starts slowly (half a second before its first `accept`, as a daemon loading its
+/// configuration would), so the client's first connections arrive between the exec
+/// and that accept: they are carried only if the listener's name stayed held across
+/// the exec (the activator's marker handed to the service, `STRAIT_LISTENERS`).
 const ACTIVATED_SERVER: &str = r#"
-import os, socket, sys
+import os, socket, sys, time
 assert os.environ.get('LISTEN_FDS') == '1', os.environ.get('LISTEN_FDS')
+assert 'STRAIT_LISTENERS' not in os.environ, 'the library took its handoff out of the environment'
+time.sleep(0.5)
 l = socket.socket(fileno=3)
 for _ in range(int(sys.argv[1])):
     c, _ = l.accept()

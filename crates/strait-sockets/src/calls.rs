@@ -5,7 +5,6 @@
 //! never crosses into the host program: the call falls back to libc.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use libc::{
@@ -14,6 +13,7 @@ use libc::{
 use libc::{sockaddr, socklen_t, timespec};
 
 use crate::conn::{Conn, IoErr};
+use crate::socket::Socket;
 use crate::udp::{self, UdpSock};
 use crate::{discover, pass, poll, real, remote, table};
 
@@ -144,21 +144,22 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::connect(fd, addr, len) };
     guard(real, || {
-        if let Some(u) = crate::table::udp(fd) {
-            let r = real();
-            if r == 0 {
-                let e = real::errno();
-                // SAFETY: the caller's address (at least its family when non-null).
-                let unspec = addr.is_null() || unsafe { (*addr).sa_family } as c_int == libc::AF_UNSPEC;
-                u.on_connect(fd, if unspec { None } else { udp::peer_of(addr, len) });
-                real::set_errno(e);
+        match table::get(fd) {
+            Some(Socket::Udp(u)) => {
+                let r = real();
+                if r == 0 {
+                    let e = real::errno();
+                    // SAFETY: the caller's address (at least its family when non-null).
+                    let unspec = addr.is_null() || unsafe { (*addr).sa_family } as c_int == libc::AF_UNSPEC;
+                    u.on_connect(fd, if unspec { None } else { udp::peer_of(addr, len) });
+                    real::set_errno(e);
+                }
+                return r;
             }
-            return r;
-        }
-        // A second connect() on a socket already announced (e.g. to complete a
-        // non-blocking connect) only asks the kernel.
-        if table::lookup(fd).is_some() {
-            return real();
+            // A second connect() on a socket already announced (e.g. to complete a
+            // non-blocking connect) only asks the kernel.
+            Some(_) => return real(),
+            None => {}
         }
         if let Some((conn, p)) = remote::pre_connect(fd, addr, len) {
             let r = real();
@@ -307,15 +308,13 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::read(fd, buf, n) };
-    let r = guard(real, || match crate::settle::accel(fd) {
-        Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], 0),
-        None => match crate::table::udp(fd) {
-            // SAFETY: forwarded arguments.
-            Some(u) => udp_recv(&u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe {
-                real::recv(fd, buf, n, x)
-            }),
-            None => real(),
-        },
+    let r = guard(real, || match crate::settle::socket(fd) {
+        Some(Socket::Tcp(c)) => do_recv(&c, fd, &[(buf.cast(), n)], 0),
+        // SAFETY: forwarded arguments.
+        Some(Socket::Udp(u)) => {
+            udp_recv(&u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe { real::recv(fd, buf, n, x) })
+        }
+        _ => real(),
     });
     strait_probe::probe!(strait_probe::Stage::ReadReturn);
     r
@@ -338,12 +337,10 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     strait_probe::probe!(strait_probe::Stage::WriteEnter);
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::write(fd, buf, n) };
-    guard(real, || match crate::settle::accel(fd) {
-        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], 0),
-        None => match crate::table::udp(fd) {
-            Some(u) => u.send(fd, None, &[(buf.cast(), n)], 0, &mut || real()),
-            None => real(),
-        },
+    guard(real, || match crate::settle::socket(fd) {
+        Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], 0),
+        Some(Socket::Udp(u)) => u.send(fd, None, &[(buf.cast(), n)], 0, &mut || real()),
+        _ => real(),
     })
 }
 
@@ -352,24 +349,22 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
 pub unsafe fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::readv(fd, iov, n) };
-    guard(real, || match crate::settle::accel(fd) {
+    guard(real, || match crate::settle::socket(fd) {
         // SAFETY: the caller's iovecs.
-        Some(c) => do_recv(&c, fd, &unsafe { iovs_mut(iov, n) }, 0),
-        None => match crate::table::udp(fd) {
-            Some(u) => {
-                // SAFETY: the caller's iovecs.
-                let v = unsafe { iovs_mut(iov, n) };
-                udp_recv(&u, fd, &v, 0, Name::None, &mut |x| {
-                    // SAFETY: msghdr is plain old data; it points at the caller's iovecs.
-                    let mut m: msghdr = unsafe { std::mem::zeroed() };
-                    m.msg_iov = iov.cast_mut();
-                    m.msg_iovlen = n.max(0) as _;
-                    // SAFETY: as above.
-                    unsafe { real::recvmsg(fd, &mut m, x) }
-                })
-            }
-            None => real(),
-        },
+        Some(Socket::Tcp(c)) => do_recv(&c, fd, &unsafe { iovs_mut(iov, n) }, 0),
+        Some(Socket::Udp(u)) => {
+            // SAFETY: the caller's iovecs.
+            let v = unsafe { iovs_mut(iov, n) };
+            udp_recv(&u, fd, &v, 0, Name::None, &mut |x| {
+                // SAFETY: msghdr is plain old data; it points at the caller's iovecs.
+                let mut m: msghdr = unsafe { std::mem::zeroed() };
+                m.msg_iov = iov.cast_mut();
+                m.msg_iovlen = n.max(0) as _;
+                // SAFETY: as above.
+                unsafe { real::recvmsg(fd, &mut m, x) }
+            })
+        }
+        _ => real(),
     })
 }
 
@@ -378,22 +373,20 @@ pub unsafe fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
 pub unsafe fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::writev(fd, iov, n) };
-    guard(real, || match crate::settle::accel(fd) {
-        Some(c) => {
+    guard(real, || match crate::settle::socket(fd) {
+        Some(Socket::Tcp(c)) => {
             // SAFETY: the caller's iovecs.
             let v: Vec<(*const u8, usize)> =
                 unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
             do_send(&c, fd, &v, 0)
         }
-        None => match crate::table::udp(fd) {
-            Some(u) => {
-                // SAFETY: the caller's iovecs.
-                let v: Vec<(*const u8, usize)> =
-                    unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
-                u.send(fd, None, &v, 0, &mut || real())
-            }
-            None => real(),
-        },
+        Some(Socket::Udp(u)) => {
+            // SAFETY: the caller's iovecs.
+            let v: Vec<(*const u8, usize)> =
+                unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
+            u.send(fd, None, &v, 0, &mut || real())
+        }
+        _ => real(),
     })
 }
 
@@ -402,15 +395,13 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recv(fd, buf, n, flags) };
-    guard(real, || match crate::settle::accel(fd) {
-        Some(c) => do_recv(&c, fd, &[(buf.cast(), n)], flags),
-        None => match crate::table::udp(fd) {
-            // SAFETY: forwarded arguments.
-            Some(u) => udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
-                real::recv(fd, buf, n, flags | x)
-            }),
-            None => real(),
-        },
+    guard(real, || match crate::settle::socket(fd) {
+        Some(Socket::Tcp(c)) => do_recv(&c, fd, &[(buf.cast(), n)], flags),
+        // SAFETY: forwarded arguments.
+        Some(Socket::Udp(u)) => udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
+            real::recv(fd, buf, n, flags | x)
+        }),
+        _ => real(),
     })
 }
 
@@ -430,12 +421,10 @@ pub unsafe fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t,
 pub unsafe fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::send(fd, buf, n, flags) };
-    guard(real, || match crate::settle::accel(fd) {
-        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        None => match crate::table::udp(fd) {
-            Some(u) => u.send(fd, None, &[(buf.cast(), n)], flags, &mut || real()),
-            None => real(),
-        },
+    guard(real, || match crate::settle::socket(fd) {
+        Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], flags),
+        Some(Socket::Udp(u)) => u.send(fd, None, &[(buf.cast(), n)], flags, &mut || real()),
+        _ => real(),
     })
 }
 
@@ -451,8 +440,8 @@ pub unsafe fn recvfrom(
 ) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) };
-    guard(real, || match crate::settle::accel(fd) {
-        Some(c) => {
+    guard(real, || match crate::settle::socket(fd) {
+        Some(Socket::Tcp(c)) => {
             let r = do_recv(&c, fd, &[(buf.cast(), n)], flags);
             if r >= 0 && !addr.is_null() && !alen.is_null() {
                 // SAFETY: the caller's length word. TCP reports no source address.
@@ -460,15 +449,13 @@ pub unsafe fn recvfrom(
             }
             r
         }
-        None => match crate::table::udp(fd) {
-            Some(u) => {
-                udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
-                    // SAFETY: forwarded arguments.
-                    unsafe { real::recvfrom(fd, buf, n, flags | x, addr, alen) }
-                })
-            }
-            None => real(),
-        },
+        Some(Socket::Udp(u)) => {
+            udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
+                // SAFETY: forwarded arguments.
+                unsafe { real::recvfrom(fd, buf, n, flags | x, addr, alen) }
+            })
+        }
+        _ => real(),
     })
 }
 
@@ -504,15 +491,13 @@ pub unsafe fn sendto(
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendto(fd, buf, n, flags, addr, alen) };
     // A connected TCP socket ignores the address, as the kernel does.
-    guard(real, || match crate::settle::accel(fd) {
-        Some(c) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        None => match crate::table::udp(fd) {
-            Some(u) => match udp_dest(&u, addr, alen) {
-                Ok(d) => u.send(fd, d, &[(buf.cast(), n)], flags, &mut || real()),
-                Err(()) => real(),
-            },
-            None => real(),
+    guard(real, || match crate::settle::socket(fd) {
+        Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], flags),
+        Some(Socket::Udp(u)) => match udp_dest(&u, addr, alen) {
+            Ok(d) => u.send(fd, d, &[(buf.cast(), n)], flags, &mut || real()),
+            Err(()) => real(),
         },
+        _ => real(),
     })
 }
 
@@ -521,23 +506,26 @@ pub unsafe fn sendto(
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendmsg(fd, msg, flags) };
-    guard(real, || match (crate::settle::accel(fd), msg.is_null()) {
-        (Some(c), false) => {
-            // SAFETY: the caller's msghdr and its iovecs.
-            let v: Vec<(*const u8, usize)> = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) }
-                .iter()
-                .map(|&(p, l)| (p.cast_const(), l))
-                .collect();
-            do_send(&c, fd, &v, flags)
+    guard(real, || {
+        if msg.is_null() {
+            return real();
         }
-        (None, false) => match crate::table::udp(fd) {
+        match crate::settle::socket(fd) {
+            Some(Socket::Tcp(c)) => {
+                // SAFETY: the caller's msghdr and its iovecs.
+                let v: Vec<(*const u8, usize)> =
+                    unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) }
+                        .iter()
+                        .map(|&(p, l)| (p.cast_const(), l))
+                        .collect();
+                do_send(&c, fd, &v, flags)
+            }
             // SAFETY: the caller's msghdr.
-            Some(u) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
+            Some(Socket::Udp(u)) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
             // Accelerated sockets passed over a Unix socket take their rings along.
             // SAFETY: the caller's msghdr.
-            None => unsafe { pass::sendmsg(fd, msg, flags) }.unwrap_or_else(real),
-        },
-        _ => real(),
+            _ => unsafe { pass::sendmsg(fd, msg, flags) }.unwrap_or_else(real),
+        }
     })
 }
 
@@ -575,23 +563,26 @@ unsafe fn udp_sendmsg(
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvmsg(fd, msg, flags) };
-    guard(real, || match (crate::settle::accel(fd), msg.is_null()) {
-        (Some(c), false) => {
-            // SAFETY: the caller's msghdr and its iovecs.
-            let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
-            let r = do_recv(&c, fd, &v, flags);
-            if r >= 0 {
-                // SAFETY: the caller's msghdr: no address, no control data for TCP.
-                unsafe {
-                    (*msg).msg_namelen = 0;
-                    (*msg).msg_controllen = 0;
-                    (*msg).msg_flags = 0;
-                }
-            }
-            r
+    guard(real, || {
+        if msg.is_null() {
+            return real();
         }
-        (None, false) => match crate::table::udp(fd) {
-            Some(u) => {
+        match crate::settle::socket(fd) {
+            Some(Socket::Tcp(c)) => {
+                // SAFETY: the caller's msghdr and its iovecs.
+                let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
+                let r = do_recv(&c, fd, &v, flags);
+                if r >= 0 {
+                    // SAFETY: the caller's msghdr: no address, no control data for TCP.
+                    unsafe {
+                        (*msg).msg_namelen = 0;
+                        (*msg).msg_controllen = 0;
+                        (*msg).msg_flags = 0;
+                    }
+                }
+                r
+            }
+            Some(Socket::Udp(u)) => {
                 // SAFETY: the caller's msghdr and its iovecs.
                 let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
                 // SAFETY: forwarded arguments.
@@ -599,7 +590,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
                     real::recvmsg(fd, msg, flags | x)
                 })
             }
-            None => {
+            _ => {
                 let r = real();
                 if r >= 0 {
                     // SAFETY: the msghdr the kernel just filled.
@@ -607,8 +598,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
                 }
                 r
             }
-        },
-        _ => real(),
+        }
     })
 }
 
@@ -704,7 +694,7 @@ pub unsafe fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags:
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendmmsg(fd, v, n, flags) };
     guard(real, || {
-        if let (None, Some(u)) = (table::lookup(fd), crate::table::udp(fd)) {
+        if let Some(u) = crate::table::udp(fd) {
             // SAFETY: the caller's array of `n` mmsghdrs.
             return unsafe {
                 each_mmsg(
@@ -758,7 +748,7 @@ pub unsafe fn recvmmsg(
         f & !libc::MSG_WAITFORONE
     };
     guard(real, || {
-        if let (None, Some(u)) = (table::lookup(fd), crate::table::udp(fd)) {
+        if let Some(u) = crate::table::udp(fd) {
             // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
             return unsafe {
                 each_mmsg(
@@ -1020,11 +1010,8 @@ fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
         || match cmd {
             libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => table::dup(fd, r),
             libc::F_SETFL => {
-                if let Some(c) = table::lookup(fd) {
-                    c.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
-                }
-                if let Some(u) = crate::table::udp(fd) {
-                    u.nonblock.store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
+                if let Some(s) = table::get(fd) {
+                    s.set_nonblock(arg as c_int & libc::O_NONBLOCK != 0);
                 }
             }
             _ => {}
@@ -1061,14 +1048,14 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
     }
     guard(real, || {
         if req == libc::FIONREAD && arg != 0 {
-            if let Some(c) = crate::settle::accel(fd) {
-                // SAFETY: FIONREAD's argument is an int pointer.
-                unsafe { *(arg as *mut c_int) = c.fionread().min(c_int::MAX as usize) as c_int };
-                return 0;
-            }
-            // UDP: the size of the next datagram (shared memory first, as a receive
-            // would take it).
-            if let Some(n) = crate::table::udp(fd).and_then(|u| u.next_len()) {
+            let queued = match crate::settle::socket(fd) {
+                Some(Socket::Tcp(c)) => Some(c.fionread().min(c_int::MAX as usize)),
+                // UDP: the size of the next datagram (shared memory first, as a
+                // receive would take it).
+                Some(Socket::Udp(u)) => u.next_len(),
+                _ => None,
+            };
+            if let Some(n) = queued {
                 // SAFETY: FIONREAD's argument is an int pointer.
                 unsafe { *(arg as *mut c_int) = n as c_int };
                 return 0;
@@ -1078,11 +1065,8 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
         if r == 0 && req == libc::FIONBIO && arg != 0 {
             // SAFETY: FIONBIO's argument is an int pointer.
             let on = unsafe { *(arg as *const c_int) } != 0;
-            if let Some(c) = table::lookup(fd) {
-                c.nonblock.store(on, Ordering::Relaxed);
-            }
-            if let Some(u) = crate::table::udp(fd) {
-                u.nonblock.store(on, Ordering::Relaxed);
+            if let Some(s) = table::get(fd) {
+                s.set_nonblock(on);
             }
         }
         r
@@ -1211,22 +1195,20 @@ pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -
     if !(table::any_live() || crate::table::any_udp()) {
         return real();
     }
-    guard(real, || match crate::settle::accel(fd) {
-        Some(c) => crate::epoll::ctl(ep, op, fd, c, ev),
-        None => match crate::table::udp(fd) {
-            // The kernel set keeps the socket (kernel datagrams); the library adds
-            // its shared-memory side.
-            Some(u) => {
-                let r = real();
-                if r == 0 {
-                    let e = real::errno();
-                    crate::epoll::ctl_udp(ep, op, fd, u, ev);
-                    real::set_errno(e);
-                }
-                r
+    guard(real, || match crate::settle::socket(fd) {
+        Some(Socket::Tcp(c)) => crate::epoll::ctl(ep, op, fd, c, ev),
+        // The kernel set keeps the socket (kernel datagrams); the library adds
+        // its shared-memory side.
+        Some(Socket::Udp(u)) => {
+            let r = real();
+            if r == 0 {
+                let e = real::errno();
+                crate::epoll::ctl_udp(ep, op, fd, u, ev);
+                real::set_errno(e);
             }
-            None => real(),
-        },
+            r
+        }
+        _ => real(),
     })
 }
 

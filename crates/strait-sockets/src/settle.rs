@@ -8,12 +8,28 @@ use std::sync::Arc;
 use libc::c_int;
 
 use crate::conn::{self, Conn};
+use crate::socket::Socket;
 use crate::{discover, process, remote, table};
 
-/// The accelerated connection behind `fd`, after settling a pending connect.
+/// What the library carries behind `fd` (one look-up of the descriptor table for
+/// every kind), a TCP connection only once settled: `None` for a descriptor the
+/// kernel alone carries, or a connection that settled on the kernel.
+pub(crate) fn socket(fd: c_int) -> Option<Socket> {
+    process::check_new_process();
+    match table::get(fd)? {
+        Socket::Tcp(c) => settled(fd, c).map(Socket::Tcp),
+        other => Some(other),
+    }
+}
+
+/// The accelerated TCP connection behind `fd`, after settling a pending connect.
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     process::check_new_process();
-    let c = table::lookup(fd)?;
+    settled(fd, table::lookup(fd)?)
+}
+
+/// `c`, the connection behind `fd`, once settled (`None`: it settled on the kernel).
+fn settled(fd: c_int, c: Arc<Conn>) -> Option<Arc<Conn>> {
     // A connection to another host: the first use waits (bounded) for the other end.
     if let Some(ok) = remote::settle(fd, &c) {
         if !ok {

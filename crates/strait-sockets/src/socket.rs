@@ -2,7 +2,7 @@
 //! UDP sockets, listening sockets): what the descriptor table holds, and what an
 //! epoll set's accelerated members are.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use libc::c_int;
@@ -94,6 +94,15 @@ impl Socket {
         match self {
             Socket::Listening(l) => Some(l),
             _ => None,
+        }
+    }
+
+    /// `O_NONBLOCK` was set or cleared on a descriptor of the socket.
+    pub(crate) fn set_nonblock(&self, on: bool) {
+        match self {
+            Socket::Tcp(c) => c.nonblock.store(on, Ordering::Relaxed),
+            Socket::Udp(u) => u.nonblock.store(on, Ordering::Relaxed),
+            Socket::Listening(_) => {}
         }
     }
 

@@ -14,7 +14,7 @@ use crate::api::{Completion, EpId, OpKind, Status};
 use crate::config::{Config, RndvMode};
 use crate::device::{Device, DeviceError, RxFrame};
 use crate::region::Buf;
-use crate::worker::EndpointStats;
+use crate::sansio::EndpointStats;
 
 pub(crate) struct PostedRecv {
     tag: u64,

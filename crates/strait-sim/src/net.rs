@@ -542,8 +542,8 @@ impl SimNet {
         rcfg: &ReliableConfig,
     ) -> (Reliable<SimLink>, Reliable<SimLink>) {
         let (la, lb) = self.link_pair(a, b, params.clone(), params, cfg);
-        let ra = Reliable::new(la, ReliableConfig { nonce: Some(self.draw()), ..rcfg.clone() });
-        let rb = Reliable::new(lb, ReliableConfig { nonce: Some(self.draw()), ..rcfg.clone() });
+        let ra = Reliable::with_nonce(la, rcfg.clone(), self.draw());
+        let rb = Reliable::with_nonce(lb, rcfg.clone(), self.draw());
         (ra, rb)
     }
 

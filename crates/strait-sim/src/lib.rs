@@ -27,7 +27,8 @@ pub mod traffic;
 
 pub use driver::{Handler, Limits, RunStats, Sim, SimError};
 pub use net::{
-    DirId, DirStats, LinkConfig, LinkParams, PairId, SimLink, SimNet, TraceEvent, TraceKind, Tracer, START_NS,
+    DirId, DirStats, Fault, LinkConfig, LinkParams, PairId, SimLink, SimNet, TraceEvent, TraceKind, Tracer,
+    START_NS,
 };
 pub use rng::SimRng;
 

@@ -685,7 +685,7 @@ impl<D: Device> Endpoint<D> {
     pub(crate) fn device_failed(&mut self, e: DeviceError, cq: &mut VecDeque<Completion>) {
         let status = match e {
             DeviceError::Corrupt(why) => {
-                // Keep the first violation for `Worker::endpoint_error`.
+                // Keep the first violation for `Engine::endpoint_error`.
                 self.st.corrupt.get_or_insert(why);
                 Status::Corrupt
             }

@@ -3,20 +3,21 @@
 //! the engine's.
 
 use std::io;
-use std::ops::Range;
+use std::ops::{Deref, DerefMut};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::api::{Completion, EpId, PostError, Status, WaitError};
+use crate::api::{Completion, EpId, WaitError};
 use crate::config::Config;
 use crate::device::Device;
 use crate::notifier::Notifier;
-use crate::region::MemoryRegion;
 pub use crate::sansio::EndpointStats;
 use crate::sansio::Engine;
 use crate::spin::{Crowding, SpinPolicy, WaitOutcome};
 
-/// A progress engine with its endpoints and its completion queue.
+/// A progress engine with its endpoints and its completion queue, on real time: a
+/// sans-IO [`Engine`] (which it dereferences to, for attaching, posting, closing and
+/// queries) plus the eventfd peers ring, the clock, and the wait.
 ///
 /// A worker is single-threaded: it is `Send` if its device is, but not `Sync`; use one
 /// worker per thread. Completions of every endpoint land in the worker's queue, in
@@ -78,17 +79,6 @@ impl<D: Device> Worker<D> {
         })
     }
 
-    /// The sans-IO engine inside (endpoints and completions without the clock and
-    /// the sleep).
-    pub fn engine(&self) -> &Engine<D> {
-        &self.engine
-    }
-
-    /// The sans-IO engine inside, to drive or query it directly.
-    pub fn engine_mut(&mut self) -> &mut Engine<D> {
-        &mut self.engine
-    }
-
     /// The spin budget the next [`Worker::wait`] will use (adaptive unless a budget
     /// was configured explicitly: [`crate::spin`]).
     pub fn spin_budget(&self) -> Duration {
@@ -99,46 +89,18 @@ impl<D: Device> Worker<D> {
         }
     }
 
-    /// The settings in force.
-    pub fn config(&self) -> &Config {
-        self.engine.config()
-    }
-
     /// The eventfd peers signal to wake this worker; devices hand a duplicate of it to
     /// the peer at connection setup.
     pub fn notifier(&self) -> &Notifier {
         &self.notifier
     }
 
-    /// Adds a connected device as a new endpoint.
+    /// Adds a connected device as a new endpoint ([`Engine::attach`]). The worker's
+    /// own method, not reached through `Deref`, so that
+    /// `w.attach(connect(w.notifier()))` compiles: a two-phase borrow does not pass
+    /// through `DerefMut`.
     pub fn attach(&mut self, dev: D) -> EpId {
         self.engine.attach(dev)
-    }
-
-    /// Posts a send of `mr[range]` with `tag`: [`Engine::post_send`].
-    pub fn post_send(
-        &mut self,
-        ep: EpId,
-        mr: &MemoryRegion,
-        range: Range<usize>,
-        tag: u64,
-        ctx: u64,
-    ) -> Result<(), PostError> {
-        self.engine.post_send(ep, mr, range, tag, ctx)
-    }
-
-    /// Posts a receive into `mr[range]` for a message whose tag satisfies
-    /// `msg_tag & mask == tag & mask`: [`Engine::post_recv`].
-    pub fn post_recv(
-        &mut self,
-        ep: EpId,
-        mr: &mut MemoryRegion,
-        range: Range<usize>,
-        tag: u64,
-        mask: u64,
-        ctx: u64,
-    ) -> Result<(), PostError> {
-        self.engine.post_recv(ep, mr, range, tag, mask, ctx)
     }
 
     /// Advances every endpoint without blocking; returns how much work was done.
@@ -155,11 +117,6 @@ impl<D: Device> Worker<D> {
         }
         self.progress();
         self.engine.poll()
-    }
-
-    /// True while some operation on some endpoint is unfinished.
-    pub fn has_outstanding(&self) -> bool {
-        self.engine.has_outstanding()
     }
 
     /// Waits for the next completion: polls for up to the spin budget (the
@@ -210,18 +167,6 @@ impl<D: Device> Worker<D> {
             slept = true;
             self.sleep(deadline)?;
         }
-    }
-
-    /// Nanoseconds until some device needs a progress pass although nothing arrives
-    /// (retransmission, acknowledgement and liveness timers of lossy links), or
-    /// `None`: [`Engine::next_timer_ns`].
-    pub fn next_timer_ns(&self) -> Option<u64> {
-        self.engine.next_timer_ns()
-    }
-
-    /// Closed endpoints whose devices still work to deliver what they accepted.
-    pub fn closing(&self) -> usize {
-        self.engine.closing()
     }
 
     /// Drives closed endpoints' devices until they have delivered everything (or
@@ -294,31 +239,21 @@ impl<D: Device> Worker<D> {
         }
         Ok(())
     }
+}
 
-    /// Closes an endpoint: tells the peer (best effort), and completes every
-    /// outstanding operation with [`Status::Canceled`].
-    pub fn close(&mut self, ep: EpId) {
-        self.engine.close(ep)
+/// A worker is its engine plus the means to wait: attaching devices, posting, closing
+/// and every query are the [`Engine`]'s. ([`Worker::progress`] and [`Worker::poll`]
+/// are the worker's own: they read the clock, and `poll` makes progress first.)
+impl<D: Device> Deref for Worker<D> {
+    type Target = Engine<D>;
+
+    fn deref(&self) -> &Engine<D> {
+        &self.engine
     }
+}
 
-    /// Counters of one endpoint.
-    pub fn stats(&self, ep: EpId) -> Option<EndpointStats> {
-        self.engine.stats(ep)
-    }
-
-    /// Why an endpoint failed, if it did: its status, and the reason (a corrupt
-    /// peer's first violation, or the device's account of a lost peer).
-    pub fn endpoint_error(&self, ep: EpId) -> Option<(Status, Option<String>)> {
-        self.engine.endpoint_error(ep)
-    }
-
-    /// A diagnostic line about an endpoint's device ([`Device::describe`]).
-    pub fn describe(&self, ep: EpId) -> Option<String> {
-        self.engine.describe(ep)
-    }
-
-    /// Borrow an endpoint's device (for device-specific queries).
-    pub fn device(&self, ep: EpId) -> Option<&D> {
-        self.engine.device(ep)
+impl<D: Device> DerefMut for Worker<D> {
+    fn deref_mut(&mut self) -> &mut Engine<D> {
+        &mut self.engine
     }
 }

@@ -605,11 +605,12 @@ impl SimNet {
     /// If `dir` does not exist.
     pub fn inject(&self, dir: DirId, at_ns: u64, bytes: &[u8]) {
         let mut n = self.inner.borrow_mut();
-        let at = at_ns.max(n.now);
+        let now = n.now;
+        let at = at_ns.max(now);
         let seq = n.next_seq;
         n.next_seq += 1;
         n.dirs[dir.0 as usize].stats.injected += 1;
-        trace(&mut n.tracer, at, dir.0 as usize, TraceKind::Scheduled { at_ns: at }, bytes);
+        trace(&mut n.tracer, now, dir.0 as usize, TraceKind::Scheduled { at_ns: at }, bytes);
         n.events.push(Ev { at, seq, dir: dir.0, data: bytes.to_vec() });
     }
 

@@ -14,7 +14,7 @@ use crate::api::{Completion, EpId, OpKind, Status};
 use crate::config::{Config, RndvMode};
 use crate::device::{Device, DeviceError, RxFrame};
 use crate::region::Buf;
-use crate::worker::EndpointStats;
+use crate::sansio::EndpointStats;
 
 pub(crate) struct PostedRecv {
     tag: u64,
@@ -685,7 +685,7 @@ impl<D: Device> Endpoint<D> {
     pub(crate) fn device_failed(&mut self, e: DeviceError, cq: &mut VecDeque<Completion>) {
         let status = match e {
             DeviceError::Corrupt(why) => {
-                // Keep the first violation for `Worker::endpoint_error`.
+                // Keep the first violation for `Engine::endpoint_error`.
                 self.st.corrupt.get_or_insert(why);
                 Status::Corrupt
             }

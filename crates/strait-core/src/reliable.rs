@@ -98,8 +98,9 @@ pub struct ReliableConfig {
     /// Cover payloads with the CRC even where the link's carrier checks them itself
     /// ([`Link::carrier_checksum`]). `STRAIT_REL_PAYLOAD_CRC` = 0/1, default 0.
     pub payload_crc: bool,
-    /// Connection id and first sequence number seed; `None` draws them from the
-    /// kernel's random pool. The simulator sets it for reproducible runs.
+    /// Connection id and first sequence number seed; `None` lets [`Reliable::new`]
+    /// draw them from the kernel's random pool. (The simulator passes seeded nonces
+    /// to [`Reliable::with_nonce`] instead, for reproducible runs.)
     pub nonce: Option<u64>,
     /// Authenticate every packet with these keys (the peer's `tx` is our `rx`);
     /// `None`: CRC only. Set by the caller (never from the environment).
@@ -844,8 +845,17 @@ pub struct Reliable<L: Link> {
 
 impl<L: Link> Reliable<L> {
     /// Wraps a link and starts the connection handshake (both sides do the same).
+    /// The connection nonce is `cfg.nonce`, or drawn from the kernel's random pool.
     pub fn new(link: L, cfg: ReliableConfig) -> Self {
         let nonce = cfg.nonce.unwrap_or_else(random_u64);
+        Self::with_nonce(link, cfg, nonce)
+    }
+
+    /// [`Reliable::new`] with the connection nonce (connection id and first
+    /// sequence number) from the caller, whatever `cfg.nonce` says: draws no
+    /// randomness, so a caller with a seeded generator (the simulator) gets the same
+    /// connection from the same seed. Time comes from the link ([`Link::now_ns`]).
+    pub fn with_nonce(link: L, cfg: ReliableConfig, nonce: u64) -> Self {
         let my_id = (nonce as u32).max(1);
         let isn = (nonce >> 32) as u32;
         // At most the link's slots less 16 (see `Link::tx_slots`): a larger window

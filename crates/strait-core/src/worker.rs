@@ -1,45 +1,23 @@
-//! The worker: endpoints, the completion queue, and the loop that drives the
-//! protocol engine, including the bounded-spin-then-sleep wait.
+//! The worker: a sans-IO [`Engine`] on real time. It owns the eventfd peers ring,
+//! reads the clock, and runs the bounded-spin-then-sleep wait; everything else is
+//! the engine's.
 
-use std::collections::VecDeque;
 use std::io;
-use std::ops::Range;
+use std::ops::{Deref, DerefMut};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::api::{Completion, EpId, PostError, Status, WaitError};
+use crate::api::{Completion, EpId, WaitError};
 use crate::config::Config;
-use crate::device::{Device, DeviceStats};
-use crate::engine::{complete_send, Endpoint, EpState, PostedRecv};
+use crate::device::Device;
 use crate::notifier::Notifier;
-use crate::region::{Buf, MemoryRegion, RECV, SEND};
+pub use crate::sansio::EndpointStats;
+use crate::sansio::Engine;
 use crate::spin::{Crowding, SpinPolicy, WaitOutcome};
 
-/// Per-endpoint protocol counters.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct EndpointStats {
-    /// Messages sent eagerly.
-    pub eager_sent: u64,
-    /// Messages sent by rendezvous.
-    pub rndv_sent: u64,
-    /// Messages that arrived before a matching receive was posted.
-    pub unexpected: u64,
-    /// Stand-alone credit frames sent (credits not piggybacked).
-    pub credit_frames_sent: u64,
-    /// Frames dropped as malformed.
-    pub frames_rejected: u64,
-    /// Device counters.
-    pub device: DeviceStats,
-}
-
-/// How many idle progress passes go by between liveness checks of endpoints that
-/// have work outstanding (a check is a system call; a pass is ~10-100 ns).
-const LIVENESS_EVERY: u32 = 1 << 14;
-
-/// Shortest time between two liveness checks of a spinning worker.
-const LIVENESS_INTERVAL: Duration = Duration::from_millis(5);
-
-/// A progress engine with its endpoints and its completion queue.
+/// A progress engine with its endpoints and its completion queue, on real time: a
+/// sans-IO [`Engine`] (which it dereferences to, for attaching, posting, closing and
+/// queries) plus the eventfd peers ring, the clock, and the wait.
 ///
 /// A worker is single-threaded: it is `Send` if its device is, but not `Sync`; use one
 /// worker per thread. Completions of every endpoint land in the worker's queue, in
@@ -62,16 +40,11 @@ const LIVENESS_INTERVAL: Duration = Duration::from_millis(5);
 /// # Ok(()) }
 /// ```
 pub struct Worker<D: Device> {
-    cfg: Config,
+    engine: Engine<D>,
     notifier: Notifier,
-    eps: Vec<Option<Endpoint<D>>>,
-    cq: VecDeque<Completion>,
-    idle_passes: u32,
-    last_liveness: Instant,
+    /// The origin of the time handed to the engine.
+    epoch: Instant,
     pollfds: Vec<libc::pollfd>,
-    /// Devices of closed endpoints that still deliver what they accepted (lossy
-    /// links retransmit until the peer acknowledges).
-    closing: Vec<D>,
     /// How long the next wait spins (see [`crate::spin`]).
     spin: SpinPolicy,
     /// The machine's load, as this worker sampled it.
@@ -83,17 +56,18 @@ pub struct Worker<D: Device> {
 /// How often an adaptive waiter samples the machine's load (three system calls).
 const LOAD_SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
+/// Nanoseconds from `epoch` to now: the engine's time.
+fn ns_since(epoch: Instant) -> u64 {
+    epoch.elapsed().as_nanos() as u64
+}
+
 impl<D: Device> Worker<D> {
-    /// Creates a worker.
+    /// Creates a worker (and its eventfd).
     pub fn new(cfg: Config) -> io::Result<Self> {
         Ok(Worker {
             notifier: Notifier::new()?,
-            eps: Vec::new(),
-            cq: VecDeque::with_capacity(1024),
-            idle_passes: 0,
-            last_liveness: Instant::now(),
+            epoch: Instant::now(),
             pollfds: Vec::new(),
-            closing: Vec::new(),
             spin: if cfg.spin_adaptive {
                 SpinPolicy::adaptive(cfg.spin)
             } else {
@@ -101,23 +75,18 @@ impl<D: Device> Worker<D> {
             },
             crowding: Crowding::new(),
             load_sampled: None,
-            cfg,
+            engine: Engine::new(cfg),
         })
     }
 
     /// The spin budget the next [`Worker::wait`] will use (adaptive unless a budget
     /// was configured explicitly: [`crate::spin`]).
     pub fn spin_budget(&self) -> Duration {
-        if self.cfg.spin_adaptive && self.crowding.crowded() {
+        if self.engine.config().spin_adaptive && self.crowding.crowded() {
             Duration::ZERO
         } else {
             self.spin.budget()
         }
-    }
-
-    /// The settings in force.
-    pub fn config(&self) -> &Config {
-        &self.cfg
     }
 
     /// The eventfd peers signal to wake this worker; devices hand a duplicate of it to
@@ -126,157 +95,28 @@ impl<D: Device> Worker<D> {
         &self.notifier
     }
 
-    /// Adds a connected device as a new endpoint.
+    /// Adds a connected device as a new endpoint ([`Engine::attach`]). The worker's
+    /// own method, not reached through `Deref`, so that
+    /// `w.attach(connect(w.notifier()))` compiles: a two-phase borrow does not pass
+    /// through `DerefMut`.
     pub fn attach(&mut self, dev: D) -> EpId {
-        let id = EpId(self.eps.len() as u32);
-        let st = EpState::new(id, &self.cfg, dev.max_frame_len(), dev.credits_hint());
-        self.eps.push(Some(Endpoint { dev, st }));
-        id
-    }
-
-    fn check_range(mr: &MemoryRegion, range: &Range<usize>) -> Result<(), PostError> {
-        if range.start > range.end || range.end > mr.len() {
-            return Err(PostError::OutOfBounds { start: range.start, end: range.end, region_len: mr.len() });
-        }
-        if range.end - range.start > u32::MAX as usize {
-            return Err(PostError::TooLong(range.end - range.start));
-        }
-        Ok(())
-    }
-
-    /// Posts a send of `mr[range]` with `tag`. Messages up to the eager threshold are
-    /// copied out at once (the completion follows immediately when the device has
-    /// room and a credit is available); larger ones use rendezvous, and `mr` must not
-    /// be written until the send completes (the region refuses `bytes_mut` meanwhile).
-    pub fn post_send(
-        &mut self,
-        ep: EpId,
-        mr: &MemoryRegion,
-        range: Range<usize>,
-        tag: u64,
-        ctx: u64,
-    ) -> Result<(), PostError> {
-        strait_probe::probe!(strait_probe::Stage::SendPost);
-        Self::check_range(mr, &range)?;
-        let cq = &mut self.cq;
-        let e =
-            self.eps.get_mut(ep.0 as usize).and_then(|e| e.as_mut()).ok_or(PostError::UnknownEndpoint(ep))?;
-        if let Some(status) = e.st.failed {
-            return Err(PostError::Closed { ep, status });
-        }
-        let buf = Buf::hold(mr, SEND, range.start, range.end - range.start);
-        let Some(buf) = e.try_send_eager_now(tag, buf, ctx, cq) else { return Ok(()) };
-        if let Some(status) = e.st.failed {
-            // The device failed during the attempt: the message ends like the rest.
-            complete_send(cq, ep, buf, ctx, tag, status);
-            return Ok(());
-        }
-        e.st.queue_send(tag, buf, ctx);
-        e.progress_tx(cq, 0);
-        if e.st.tx_waiting() {
-            // Out of credits or ring room: what frees them arrives on the receive side.
-            e.progress(cq);
-        }
-        Ok(())
-    }
-
-    /// Posts a receive into `mr[range]` for a message whose tag satisfies
-    /// `msg_tag & mask == tag & mask` (mask 0 matches any tag). Receives on one
-    /// endpoint match messages in arrival order, each against the receives in post
-    /// order.
-    pub fn post_recv(
-        &mut self,
-        ep: EpId,
-        mr: &mut MemoryRegion,
-        range: Range<usize>,
-        tag: u64,
-        mask: u64,
-        ctx: u64,
-    ) -> Result<(), PostError> {
-        strait_probe::probe!(strait_probe::Stage::RecvPost);
-        Self::check_range(mr, &range)?;
-        let cq = &mut self.cq;
-        let e =
-            self.eps.get_mut(ep.0 as usize).and_then(|e| e.as_mut()).ok_or(PostError::UnknownEndpoint(ep))?;
-        let buf = Buf::hold(mr, RECV, range.start, range.end - range.start);
-        let recv = PostedRecv::new(tag, mask, buf, ctx);
-        if let Some(status) = e.st.failed {
-            return match e.st.post_recv_after_close(recv, cq) {
-                Ok(()) => Ok(()),
-                Err(r) => {
-                    r.into_buf_release();
-                    Err(PostError::Closed { ep, status })
-                }
-            };
-        }
-        e.st.post_recv(recv, cq);
-        if e.st.has_rndv_starts() {
-            // It matched a rendezvous that already arrived: start moving data now.
-            e.progress_tx(cq, 0);
-        }
-        Ok(())
+        self.engine.attach(dev)
     }
 
     /// Advances every endpoint without blocking; returns how much work was done.
     pub fn progress(&mut self) -> usize {
-        let mut work = 0;
-        let cq = &mut self.cq;
-        for e in self.eps.iter_mut().flatten() {
-            work += e.progress(cq);
-        }
-        if !self.closing.is_empty() {
-            self.closing.retain_mut(|d| d.drain());
-        }
-        if work == 0 {
-            self.idle_passes += 1;
-            if self.idle_passes >= LIVENESS_EVERY {
-                self.idle_passes = 0;
-                // At most once per LIVENESS_INTERVAL: when this process spins while
-                // its peer is descheduled (a loaded machine), passes come fast and a
-                // check per 2^14 of them would be a system call every ~0.3 ms.
-                let now = Instant::now();
-                if now.duration_since(self.last_liveness) >= LIVENESS_INTERVAL {
-                    self.last_liveness = now;
-                    self.check_liveness();
-                }
-            }
-        } else {
-            self.idle_passes = 0;
-        }
-        work
-    }
-
-    /// Asks every endpoint with unfinished work whether its peer still lives.
-    fn check_liveness(&mut self) {
-        let cq = &mut self.cq;
-        for e in self.eps.iter_mut().flatten() {
-            if e.st.failed.is_none() && (e.st.outstanding() || e.st.tx_blocked) {
-                if let Err(err) = e.dev.check_peer() {
-                    // Frames the peer wrote before it went away are still delivered.
-                    e.progress(cq);
-                    if e.st.failed.is_none() && !e.st.peer_closed() {
-                        e.device_failed(err, cq);
-                    }
-                }
-            }
-        }
+        let epoch = self.epoch;
+        // The clock is read only when the engine needs the time (rarely), not per pass.
+        self.engine.progress_at(|| ns_since(epoch))
     }
 
     /// Makes progress and returns the oldest completion, if any.
     pub fn poll(&mut self) -> Option<Completion> {
-        if let Some(c) = self.cq.pop_front() {
-            strait_probe::probe!(if c.op == crate::api::OpKind::Recv => strait_probe::Stage::PollRecv);
+        if let Some(c) = self.engine.poll() {
             return Some(c);
         }
         self.progress();
-        let c = self.cq.pop_front();
-        strait_probe::probe!(if c.is_some_and(|c| c.op == crate::api::OpKind::Recv) => strait_probe::Stage::PollRecv);
-        c
-    }
-
-    /// True while some operation on some endpoint is unfinished.
-    pub fn has_outstanding(&self) -> bool {
-        !self.cq.is_empty() || self.eps.iter().flatten().any(|e| e.st.failed.is_none() && e.st.outstanding())
+        self.engine.poll()
     }
 
     /// Waits for the next completion: polls for up to the spin budget (the
@@ -291,7 +131,7 @@ impl<D: Device> Worker<D> {
         if let Some(c) = self.poll() {
             return Ok(c);
         }
-        if self.cfg.spin_adaptive
+        if self.engine.config().spin_adaptive
             && self.load_sampled.is_none_or(|t| start.duration_since(t) >= LOAD_SAMPLE_EVERY)
         {
             self.load_sampled = Some(start);
@@ -329,54 +169,32 @@ impl<D: Device> Worker<D> {
         }
     }
 
-    /// Nanoseconds until some device needs a progress pass although nothing arrives
-    /// (retransmission, acknowledgement and liveness timers of lossy links), or
-    /// `None`. A program that drives the worker by [`Worker::progress`] alone (the
-    /// simulator) uses it to know when to come back.
-    pub fn next_timer_ns(&self) -> Option<u64> {
-        let eps = self.eps.iter().flatten().filter(|e| e.st.failed.is_none()).map(|e| &e.dev);
-        eps.chain(self.closing.iter()).filter_map(|d| d.timer_ns()).min()
-    }
-
-    /// Closed endpoints whose devices still work to deliver what they accepted.
-    pub fn closing(&self) -> usize {
-        self.closing.len()
-    }
-
     /// Drives closed endpoints' devices until they have delivered everything (or
     /// given up on the peer), for at most `timeout`. Returns how many are still
     /// draining. Dropping a worker does not wait; call this first for a clean
     /// close over a lossy link.
     pub fn linger(&mut self, timeout: Duration) -> usize {
         let end = Instant::now() + timeout;
-        while !self.closing.is_empty() && Instant::now() < end {
+        while self.engine.closing() > 0 && Instant::now() < end {
             self.progress();
-            if !self.closing.is_empty() {
-                let wait = self.closing.iter().filter_map(|d| d.timer_ns()).min().unwrap_or(1_000_000);
+            if self.engine.closing() > 0 {
+                let wait = self.engine.closing_timer_ns().unwrap_or(1_000_000);
                 std::thread::sleep(Duration::from_nanos(wait.clamp(1_000, 1_000_000)));
             }
         }
-        self.closing.len()
+        self.engine.closing()
     }
 
     /// Announces sleep on every endpoint, re-checks, and blocks in `ppoll`.
     fn sleep(&mut self, deadline: Option<Instant>) -> Result<(), WaitError> {
-        let mut must_stay_awake = false;
         self.pollfds.clear();
         self.pollfds.push(libc::pollfd { fd: self.notifier.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-        for e in self.eps.iter_mut().flatten() {
-            if e.st.failed.is_some() {
-                continue;
-            }
-            match e.dev.arm_sleep() {
-                Ok(true) => {}
-                Ok(false) | Err(_) => must_stay_awake = true,
-            }
-            if let Some(fd) = e.dev.event_fd() {
-                self.pollfds.push(libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 });
-            }
-        }
-        let timer = self.next_timer_ns().map(|ns| Instant::now() + Duration::from_nanos(ns));
+        let pollfds = &mut self.pollfds;
+        let armed = self.engine.arm_sleep(|fd| {
+            pollfds.push(libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 })
+        });
+        let mut must_stay_awake = !armed;
+        let timer = self.engine.next_timer_ns().map(|ns| Instant::now() + Duration::from_nanos(ns));
         if timer.is_some_and(|t| t <= Instant::now()) {
             must_stay_awake = true;
         }
@@ -384,7 +202,8 @@ impl<D: Device> Worker<D> {
             (Some(d), Some(t)) => Some(d.min(t)),
             (d, t) => d.or(t),
         };
-        if !must_stay_awake && self.cq.is_empty() {
+        let mut peer_woke = false;
+        if !must_stay_awake && !self.engine.has_completions() {
             let ts = wake.map(|d| {
                 let left = d.saturating_duration_since(Instant::now());
                 libc::timespec {
@@ -406,81 +225,35 @@ impl<D: Device> Worker<D> {
             if r < 0 {
                 let err = io::Error::last_os_error();
                 if err.kind() != io::ErrorKind::Interrupted {
-                    self.disarm_all();
+                    self.engine.disarm_sleep();
                     return Err(WaitError::Io(err));
                 }
             }
-            if r > 0 && self.pollfds[1..].iter().any(|p| p.revents != 0) {
-                self.idle_passes = LIVENESS_EVERY;
-            }
+            peer_woke = r > 0 && self.pollfds[1..].iter().any(|p| p.revents != 0);
         }
-        self.disarm_all();
+        self.engine.disarm_sleep();
         self.notifier.drain();
-        if self.idle_passes >= LIVENESS_EVERY {
-            self.idle_passes = 0;
-            self.check_liveness();
+        if peer_woke {
+            // A peer's descriptor (not the doorbell) woke us: it may have died.
+            self.engine.check_peers();
         }
         Ok(())
     }
+}
 
-    fn disarm_all(&mut self) {
-        for e in self.eps.iter_mut().flatten() {
-            e.dev.disarm_sleep();
-        }
-    }
+/// A worker is its engine plus the means to wait: attaching devices, posting, closing
+/// and every query are the [`Engine`]'s. ([`Worker::progress`] and [`Worker::poll`]
+/// are the worker's own: they read the clock, and `poll` makes progress first.)
+impl<D: Device> Deref for Worker<D> {
+    type Target = Engine<D>;
 
-    /// Closes an endpoint: tells the peer (best effort), and completes every
-    /// outstanding operation with [`Status::Canceled`].
-    pub fn close(&mut self, ep: EpId) {
-        let cq = &mut self.cq;
-        let Some(slot) = self.eps.get_mut(ep.0 as usize) else { return };
-        if let Some(mut e) = slot.take() {
-            if e.st.failed.is_none() {
-                e.st.fail(Status::Canceled, cq);
-                e.st.failed = None;
-                e.st.queue_close();
-                // Transmit only: receiving now could only bring frames for the
-                // transfers just canceled (which would read as a protocol violation).
-                e.progress_tx(cq, 0);
-            }
-            e.dev.shutdown();
-            if e.dev.drain() {
-                self.closing.push(e.dev);
-            }
-        }
-    }
-
-    /// Counters of one endpoint.
-    pub fn stats(&self, ep: EpId) -> Option<EndpointStats> {
-        let e = self.eps.get(ep.0 as usize)?.as_ref()?;
-        let mut s = e.st.stats;
-        s.device = e.dev.stats();
-        Some(s)
-    }
-
-    /// Why an endpoint failed, if it did: its status, and the reason (a corrupt
-    /// peer's first violation, or the device's account of a lost peer).
-    pub fn endpoint_error(&self, ep: EpId) -> Option<(Status, Option<String>)> {
-        let e = self.eps.get(ep.0 as usize)?.as_ref()?;
-        e.st.failed.map(|s| (s, e.st.last_error().map(str::to_owned)))
-    }
-
-    /// A diagnostic line about an endpoint's device ([`Device::describe`]).
-    pub fn describe(&self, ep: EpId) -> Option<String> {
-        let e = self.eps.get(ep.0 as usize)?.as_ref()?;
-        Some(format!("engine: {}; device: {}", e.st.describe(), e.dev.describe()))
-    }
-
-    /// Borrow an endpoint's device (for device-specific queries).
-    pub fn device(&self, ep: EpId) -> Option<&D> {
-        self.eps.get(ep.0 as usize)?.as_ref().map(|e| &e.dev)
+    fn deref(&self) -> &Engine<D> {
+        &self.engine
     }
 }
 
-impl<D: Device> Drop for Worker<D> {
-    fn drop(&mut self) {
-        for i in 0..self.eps.len() {
-            self.close(EpId(i as u32));
-        }
+impl<D: Device> DerefMut for Worker<D> {
+    fn deref_mut(&mut self) -> &mut Engine<D> {
+        &mut self.engine
     }
 }

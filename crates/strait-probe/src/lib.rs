@@ -29,9 +29,9 @@ pub const ENV: &str = "STRAIT_PROBES";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Stage {
-    /// `Worker::post_send` entered.
+    /// `Engine::post_send` entered (a `Worker`'s too).
     SendPost = 0,
-    /// `Worker::post_recv` entered.
+    /// `Engine::post_recv` entered (a `Worker`'s too).
     RecvPost,
     /// The engine is about to write a message's first frame (eager data or RTS),
     /// after the API checks, credit accounting and queueing decisions.
@@ -52,7 +52,8 @@ pub enum Stage {
     CopyDone,
     /// A receive completion was pushed on the completion queue.
     CqPushRecv,
-    /// `Worker::poll` is returning a receive completion to the application.
+    /// `Engine::poll` (inside `Worker::poll`) is returning a receive completion to
+    /// the application.
     PollRecv,
     /// `strait run` path (the interposer): the application is about to call
     /// `write` (stamped by the measuring program, through the library's log).

@@ -570,7 +570,8 @@ enum Side {
     Acceptor,
 }
 
-/// One end of an shm connection: a [`Device`] for [`strait_core::Worker::attach`].
+/// One end of an shm connection: a [`Device`] for [`strait_core::Engine::attach`] (a
+/// `Worker`'s too).
 pub struct ShmDevice {
     map: Mapping,
     sock: OwnedFd,

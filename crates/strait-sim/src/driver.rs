@@ -1,11 +1,13 @@
-//! The driver: runs many [`Worker`]s over one [`SimNet`] deterministically.
+//! The driver: runs many sans-IO [`Engine`]s (one per simulated host) over one
+//! [`SimNet`] deterministically, on the net's virtual clock. A host is an engine
+//! only: no eventfd, no clock read, no sleep.
 //!
 //! One step at virtual time `t`: deliver the datagrams due by `t`, then give a
 //! progress pass (and drain the completion queue) to every host that has something
 //! to do: datagrams waiting, a timer due, work left from its last pass, or
 //! completions just handled. When no host has anything to do at `t`, the clock jumps
 //! to the earliest of the next arrival and every worker's next timer
-//! ([`Worker::next_timer_ns`]). Hosts with nothing to do are not visited, so a
+//! ([`Engine::poll_timeout`]). Hosts with nothing to do are not visited, so a
 //! step costs what happens in it, not the size of the network.
 //!
 //! Every run is bounded by virtual time, by steps, and by passes at one instant, and
@@ -15,7 +17,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use strait_core::{Completion, Device, Worker};
+use strait_core::{Completion, Device, Engine};
 use thiserror::Error;
 
 use crate::net::SimNet;
@@ -126,14 +128,14 @@ pub struct RunStats {
 }
 
 /// The application side of a simulation: receives completions (and may post new
-/// operations on the worker that produced them) and says when the run is over.
+/// operations on the engine that produced them) and says when the run is over.
 pub trait Handler<D: Device> {
-    /// One completion from host `host`'s worker, at virtual time `now_ns`.
-    fn on_completion(&mut self, now_ns: u64, host: usize, worker: &mut Worker<D>, c: Completion);
+    /// One completion from host `host`'s engine, at virtual time `now_ns`.
+    fn on_completion(&mut self, now_ns: u64, host: usize, engine: &mut Engine<D>, c: Completion);
 
-    /// True when the run should stop (checked before every step); `workers` are the
-    /// hosts' workers, by host number.
-    fn done(&mut self, now_ns: u64, workers: &[Worker<D>]) -> bool;
+    /// True when the run should stop (checked before every step); `engines` are the
+    /// hosts' engines, by host number.
+    fn done(&mut self, now_ns: u64, engines: &[Engine<D>]) -> bool;
 }
 
 /// A handler that stops after a fixed virtual time and hands completions to a
@@ -144,18 +146,18 @@ struct ForTime<F> {
 }
 
 impl<D: Device, F: FnMut(usize, Completion)> Handler<D> for ForTime<F> {
-    fn on_completion(&mut self, _now: u64, host: usize, _w: &mut Worker<D>, c: Completion) {
+    fn on_completion(&mut self, _now: u64, host: usize, _e: &mut Engine<D>, c: Completion) {
         (self.f)(host, c)
     }
-    fn done(&mut self, now: u64, _workers: &[Worker<D>]) -> bool {
+    fn done(&mut self, now: u64, _engines: &[Engine<D>]) -> bool {
         now >= self.until
     }
 }
 
-/// Workers (hosts) over a [`SimNet`], driven deterministically.
+/// Hosts (sans-IO engines) over a [`SimNet`], driven deterministically.
 pub struct Sim<D: Device> {
     net: SimNet,
-    workers: Vec<Worker<D>>,
+    engines: Vec<Engine<D>>,
     /// Per host: absolute time of its next timer (`u64::MAX`: none).
     deadline: Vec<u64>,
     timers: BinaryHeap<Reverse<(u64, usize)>>,
@@ -172,7 +174,7 @@ impl<D: Device> Sim<D> {
     pub fn new(net: SimNet) -> Self {
         Sim {
             net,
-            workers: Vec::new(),
+            engines: Vec::new(),
             deadline: Vec::new(),
             timers: BinaryHeap::new(),
             active: Vec::new(),
@@ -193,11 +195,11 @@ impl<D: Device> Sim<D> {
         self.net.now_ns()
     }
 
-    /// Adds a worker as the next host; returns its host number (0, 1, ...), which is
+    /// Adds an engine as the next host; returns its host number (0, 1, ...), which is
     /// what [`SimNet::link_pair`] expects for the links of its endpoints.
-    pub fn add_host(&mut self, w: Worker<D>) -> usize {
-        let h = self.workers.len();
-        self.workers.push(w);
+    pub fn add_host(&mut self, e: Engine<D>) -> usize {
+        let h = self.engines.len();
+        self.engines.push(e);
         self.deadline.push(u64::MAX);
         self.is_active.push(false);
         self.wake(h);
@@ -206,22 +208,22 @@ impl<D: Device> Sim<D> {
 
     /// Number of hosts.
     pub fn hosts(&self) -> usize {
-        self.workers.len()
+        self.engines.len()
     }
 
-    /// A host's worker, to post operations or attach endpoints; the host gets a pass
+    /// A host's engine, to post operations or attach endpoints; the host gets a pass
     /// in the next step.
     ///
     /// # Panics
     /// If `host` does not exist.
-    pub fn worker(&mut self, host: usize) -> &mut Worker<D> {
+    pub fn engine(&mut self, host: usize) -> &mut Engine<D> {
         self.wake(host);
-        &mut self.workers[host]
+        &mut self.engines[host]
     }
 
-    /// A host's worker, read-only (statistics, device queries).
-    pub fn worker_ref(&self, host: usize) -> &Worker<D> {
-        &self.workers[host]
+    /// A host's engine, read-only (statistics, device queries).
+    pub fn engine_ref(&self, host: usize) -> &Engine<D> {
+        &self.engines[host]
     }
 
     /// Totals over every run so far.
@@ -236,14 +238,14 @@ impl<D: Device> Sim<D> {
         }
     }
 
+    /// Files host `h`'s next timer; call right after its pass at `now`.
     fn set_timer(&mut self, h: usize, now: u64) {
-        match self.workers[h].next_timer_ns() {
-            Some(0) => {
+        match self.engines[h].poll_timeout() {
+            Some(at) if at <= now => {
                 self.deadline[h] = u64::MAX;
                 self.wake(h);
             }
-            Some(d) => {
-                let at = now.saturating_add(d);
+            Some(at) => {
                 if at != self.deadline[h] {
                     self.deadline[h] = at;
                     self.timers.push(Reverse((at, h)));
@@ -298,7 +300,7 @@ impl<D: Device> Sim<D> {
         let mut result = Ok(());
         loop {
             let now = self.net.now_ns();
-            if handler.done(now, &self.workers) {
+            if handler.done(now, &self.engines) {
                 break;
             }
             st.steps += 1;
@@ -312,7 +314,7 @@ impl<D: Device> Sim<D> {
             }
             self.net.take_woken(&mut self.scratch);
             for h in std::mem::take(&mut self.scratch) {
-                if h < self.workers.len() {
+                if h < self.engines.len() {
                     self.wake(h);
                 }
             }
@@ -345,12 +347,12 @@ impl<D: Device> Sim<D> {
             if passes_here > self.limits.passes_per_instant {
                 let busy: Vec<usize> = self.active.iter().copied().take(8).collect();
                 let h = busy[0];
-                let w = &mut self.workers[h];
-                let work = w.progress();
+                let e = &mut self.engines[h];
+                let work = e.progress(now);
                 let why = format!(
                     "host {h}: progress work {work}, completion {:?}, next timer {:?} ns, datagrams waiting {}",
-                    w.poll(),
-                    w.next_timer_ns(),
+                    e.poll(),
+                    e.next_timer_ns(),
                     self.net.host_pending(h)
                 );
                 result = Err(SimError::Livelock { seed, passes: passes_here, now_ns: now, busy, why });
@@ -361,11 +363,11 @@ impl<D: Device> Sim<D> {
                 self.is_active[h] = false;
             }
             for &h in &act {
-                let w = &mut self.workers[h];
-                let work = w.progress();
+                let e = &mut self.engines[h];
+                let work = e.progress(now);
                 let mut n = 0u64;
-                while let Some(c) = w.poll() {
-                    handler.on_completion(now, h, w, c);
+                while let Some(c) = e.poll() {
+                    handler.on_completion(now, h, e, c);
                     n += 1;
                 }
                 st.host_passes += 1;
@@ -416,8 +418,8 @@ mod tests {
     struct Never;
 
     impl<D: Device> Handler<D> for Never {
-        fn on_completion(&mut self, _: u64, _: usize, _: &mut Worker<D>, _: Completion) {}
-        fn done(&mut self, _: u64, _: &[Worker<D>]) -> bool {
+        fn on_completion(&mut self, _: u64, _: usize, _: &mut Engine<D>, _: Completion) {}
+        fn done(&mut self, _: u64, _: &[Engine<D>]) -> bool {
             false
         }
     }
@@ -427,9 +429,9 @@ mod tests {
         let mut sim = Sim::new(SimNet::new(77));
         let (a, b) = LoopbackDevice::pair(1 << 16);
         for d in [a, b] {
-            let mut w = Worker::new(Config::default()).unwrap();
-            w.attach(d);
-            sim.add_host(w);
+            let mut e = Engine::new(Config::default());
+            e.attach(d);
+            sim.add_host(e);
         }
         let e = sim.run(&mut Never).unwrap_err();
         assert!(matches!(e, SimError::Stalled { seed: 77, .. }), "{e}");
@@ -448,9 +450,9 @@ mod tests {
             &ReliableConfig::default(),
         );
         for d in [a, b] {
-            let mut w = Worker::new(Config::default()).unwrap();
-            w.attach(d);
-            sim.add_host(w);
+            let mut e = Engine::new(Config::default());
+            e.attach(d);
+            sim.add_host(e);
         }
         sim.limits.virtual_ns = 3_000_000_000;
         let e = sim.run(&mut Never).unwrap_err();
@@ -472,15 +474,15 @@ mod tests {
         );
         let mut eps = Vec::new();
         for d in [a, b] {
-            let mut w = Worker::new(Config::default()).unwrap();
-            eps.push(w.attach(d));
-            sim.add_host(w);
+            let mut e = Engine::new(Config::default());
+            eps.push(e.attach(d));
+            sim.add_host(e);
         }
         let mut inbox = MemoryRegion::new(64).unwrap();
         let mut outbox = MemoryRegion::new(5).unwrap();
         outbox.write_at(0, b"hello").unwrap();
-        sim.worker(1).post_recv(eps[1], &mut inbox, 0..64, 9, u64::MAX, 1).unwrap();
-        sim.worker(0).post_send(eps[0], &outbox, 0..5, 9, 2).unwrap();
+        sim.engine(1).post_recv(eps[1], &mut inbox, 0..64, 9, u64::MAX, 1).unwrap();
+        sim.engine(0).post_send(eps[0], &outbox, 0..5, 9, 2).unwrap();
         let start = sim.now_ns();
         let mut got = Vec::new();
         sim.run_for(1_000_000, |h, c| got.push((h, c.op, c.status, c.len))).unwrap();

@@ -4,7 +4,8 @@
 //! jitter, bandwidth, loss, duplication, reordering, corruption, truncation and
 //! scheduled partitions; [`SimLink`], the [`strait_core::Link`] the reliability
 //! layer ([`strait_core::reliable::Reliable`]) runs over; and a driver ([`Sim`]) that
-//! runs the real protocol engine in many [`strait_core::Worker`]s on virtual time.
+//! runs the real protocol engine in many sans-IO [`strait_core::Engine`]s on virtual
+//! time (no eventfd, clock read or sleep per simulated host).
 //! Every run is a pure function of its seed: rerun a failure with the seed it
 //! prints (`STRAIT_SIM_SEED`, see [`seed_from_env`]).
 //!
@@ -26,7 +27,8 @@ pub mod traffic;
 
 pub use driver::{Handler, Limits, RunStats, Sim, SimError};
 pub use net::{
-    DirId, DirStats, LinkConfig, LinkParams, PairId, SimLink, SimNet, TraceEvent, TraceKind, Tracer, START_NS,
+    DirId, DirStats, Fault, LinkConfig, LinkParams, PairId, SimLink, SimNet, TraceEvent, TraceKind, Tracer,
+    START_NS,
 };
 pub use rng::SimRng;
 

@@ -108,7 +108,8 @@ impl Default for LinkConfig {
 
 /// Counters of one direction. A datagram that is sent is either delivered, or
 /// counted in exactly one of the drop counters (lost, partition, queue, overflow,
-/// no receiver), or still in flight; duplicates add one delivery or drop each.
+/// no receiver), or still in flight; duplicates add one delivery or drop each, and
+/// so do injected datagrams ([`SimNet::inject`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct DirStats {
     /// Datagrams handed to the direction by the sending link.
@@ -136,6 +137,8 @@ pub struct DirStats {
     pub rx_overflow: u64,
     /// Datagrams that arrived after the receiving link was dropped.
     pub no_receiver: u64,
+    /// Datagrams put on the direction by [`SimNet::inject`] (not sent by a link).
+    pub injected: u64,
 }
 
 impl DirStats {
@@ -152,6 +155,7 @@ impl DirStats {
         self.queue_drops += o.queue_drops;
         self.rx_overflow += o.rx_overflow;
         self.no_receiver += o.no_receiver;
+        self.injected += o.injected;
     }
 }
 
@@ -194,6 +198,12 @@ pub struct TraceEvent<'a> {
 /// A tracer: sees every datagram event. It must not call into the net.
 pub type Tracer = Box<dyn FnMut(&TraceEvent<'_>)>;
 
+/// A test's own deterministic fault on one direction ([`SimNet::set_fault`]): called
+/// with the datagram's number on the direction (0, 1, ...) and its bytes, which it
+/// may change; returns how many copies go on (0: lost). It must not call into the
+/// net.
+pub type Fault = Box<dyn FnMut(u64, &mut Vec<u8>) -> usize>;
+
 /// One direction of a link: the wire from one [`SimLink`] to its peer.
 struct Dir {
     params: LinkParams,
@@ -211,6 +221,10 @@ struct Dir {
     dst_host: usize,
     receiver_alive: bool,
     stats: DirStats,
+    /// The test's own fault, applied before the random ones.
+    fault: Option<Fault>,
+    /// Datagrams the fault has seen.
+    faulted: u64,
 }
 
 impl Dir {
@@ -290,8 +304,17 @@ impl NetInner {
             trace(&mut self.tracer, now, dir, TraceKind::PartitionDrop, bytes);
             return;
         }
+        let mut copies = 1;
+        let mut changed = None;
+        if let Some(f) = d.fault.as_mut() {
+            let mut v = bytes.to_vec();
+            copies = f(d.faulted, &mut v);
+            d.faulted += 1;
+            changed = Some(v);
+        }
+        let bytes = changed.as_deref().unwrap_or(bytes);
         let p = &d.params;
-        if d.rng.chance(p.loss) {
+        if copies == 0 || d.rng.chance(p.loss) {
             d.stats.lost += 1;
             trace(&mut self.tracer, now, dir, TraceKind::Lost, bytes);
             return;
@@ -314,12 +337,10 @@ impl NetInner {
             ready = *busy;
         }
         let base = ready + p.latency_ns;
-        let copies = if d.rng.chance(p.duplicate) {
-            d.stats.duplicated += 1;
-            2
-        } else {
-            1
-        };
+        if d.rng.chance(p.duplicate) {
+            copies += 1;
+        }
+        d.stats.duplicated += copies as u64 - 1;
         for _ in 0..copies {
             let p = &d.params;
             let mut at = base;
@@ -514,6 +535,8 @@ impl SimNet {
                 dst_host: dst,
                 receiver_alive: true,
                 stats: DirStats::default(),
+                fault: None,
+                faulted: 0,
             });
         }
         drop(n);
@@ -526,6 +549,7 @@ impl SimNet {
             ring: cfg.ring,
             mtu: cfg.mtu,
             stats: LinkStats::default(),
+            carrier_checksum: false,
         };
         (mk(pair * 2, pair * 2 + 1), mk(pair * 2 + 1, pair * 2))
     }
@@ -542,8 +566,8 @@ impl SimNet {
         rcfg: &ReliableConfig,
     ) -> (Reliable<SimLink>, Reliable<SimLink>) {
         let (la, lb) = self.link_pair(a, b, params.clone(), params, cfg);
-        let ra = Reliable::new(la, ReliableConfig { nonce: Some(self.draw()), ..rcfg.clone() });
-        let rb = Reliable::new(lb, ReliableConfig { nonce: Some(self.draw()), ..rcfg.clone() });
+        let ra = Reliable::with_nonce(la, rcfg.clone(), self.draw());
+        let rb = Reliable::with_nonce(lb, rcfg.clone(), self.draw());
         (ra, rb)
     }
 
@@ -555,6 +579,49 @@ impl SimNet {
     pub fn set_params(&self, dir: DirId, params: LinkParams) {
         assert!(params.is_valid(), "link probabilities must lie in [0, 1]");
         self.inner.borrow_mut().dirs[dir.0 as usize].params = params;
+    }
+
+    /// Installs (or removes) a test's own deterministic fault on one direction,
+    /// applied to every datagram sent on it (not dropped by a partition) before the
+    /// random fates of its [`LinkParams`]: the fault may change the bytes (not
+    /// counted as corruption) and says how many copies go on (0 counts as lost, each
+    /// extra copy as duplicated). For faults a probability cannot express: "every
+    /// 7th datagram", "flip this header bit", a forger who fixes the checksum.
+    ///
+    /// # Panics
+    /// If `dir` does not exist.
+    pub fn set_fault(&self, dir: DirId, fault: Option<Fault>) {
+        let mut n = self.inner.borrow_mut();
+        let d = &mut n.dirs[dir.0 as usize];
+        d.fault = fault;
+        d.faulted = 0;
+    }
+
+    /// Puts `bytes` on `dir` as a forger on the path would: they arrive at `at_ns`
+    /// (at the earliest now), past the direction's faults but not its partitions,
+    /// as if the direction's sender had sent them.
+    ///
+    /// # Panics
+    /// If `dir` does not exist.
+    pub fn inject(&self, dir: DirId, at_ns: u64, bytes: &[u8]) {
+        let mut n = self.inner.borrow_mut();
+        let now = n.now;
+        let at = at_ns.max(now);
+        let seq = n.next_seq;
+        n.next_seq += 1;
+        n.dirs[dir.0 as usize].stats.injected += 1;
+        trace(&mut n.tracer, now, dir.0 as usize, TraceKind::Scheduled { at_ns: at }, bytes);
+        n.events.push(Ev { at, seq, dir: dir.0, data: bytes.to_vec() });
+    }
+
+    /// Datagrams on `dir` that its receiver has not taken yet: in flight, or arrived
+    /// and waiting in its queue.
+    ///
+    /// # Panics
+    /// If `dir` does not exist.
+    pub fn unreceived(&self, dir: DirId) -> usize {
+        let n = self.inner.borrow();
+        n.dirs[dir.0 as usize].rx.len() + n.events.iter().filter(|e| e.dir == dir.0).count()
     }
 
     /// Makes `dirs` share one bottleneck (one serialization queue): datagrams of
@@ -670,6 +737,8 @@ pub struct SimLink {
     ring: usize,
     mtu: usize,
     stats: LinkStats,
+    /// What [`Link::carrier_checksum`] claims.
+    carrier_checksum: bool,
 }
 
 impl std::fmt::Debug for SimLink {
@@ -702,6 +771,15 @@ impl SimLink {
     /// Transmit slots in use (taken and not yet recycled).
     pub fn slots_in_use(&self) -> usize {
         self.pool.in_use()
+    }
+
+    /// Makes this end claim (or not, the default) a carrier that checks payloads
+    /// itself, as UDP's checksum does ([`Link::carrier_checksum`]): the reliability
+    /// layer over it may then cover headers only. The net does not check payloads,
+    /// so random corruption ([`LinkParams::corrupt`]) then models damage the
+    /// carrier's checksum missed.
+    pub fn set_carrier_checksum(&mut self, claimed: bool) {
+        self.carrier_checksum = claimed;
     }
 }
 
@@ -788,6 +866,10 @@ impl Link for SimLink {
 
     fn stats(&self) -> LinkStats {
         self.stats
+    }
+
+    fn carrier_checksum(&self) -> bool {
+        self.carrier_checksum
     }
 }
 
@@ -1009,6 +1091,41 @@ mod tests {
         assert!(a.send(s, 10).unwrap());
         assert!(matches!(a.send(s, 1501), Err(LinkError::BadSlot { .. })));
         assert!(matches!(a.send(99, 10), Err(LinkError::BadSlot { .. })));
+    }
+
+    #[test]
+    fn a_fault_numbers_datagrams_and_injected_ones_arrive_untouched() {
+        let net = SimNet::new(8);
+        let (mut a, mut b) = pair(&net, LinkParams::default());
+        // Every 3rd datagram lost, every 4th doubled, the first byte of all marked.
+        net.set_fault(
+            a.tx_dir(),
+            Some(Box::new(|n, d| {
+                d[0] = 0xee;
+                match n % 12 {
+                    0 | 3 | 6 | 9 => 0,
+                    4 | 8 => 2,
+                    _ => 1,
+                }
+            })),
+        );
+        for i in 0..12u8 {
+            send(&mut a, &[i, i]);
+        }
+        a.flush().unwrap();
+        net.inject(a.tx_dir(), 0, b"forged");
+        assert_eq!(net.unreceived(a.tx_dir()), 11);
+        let got: Vec<Vec<u8>> = run(&net, &mut b).into_iter().map(|(_, d)| d).collect();
+        assert_eq!(got[0], b"forged", "injected now, it arrives first");
+        let rest: Vec<u8> = got[1..].iter().map(|d| d[1]).collect();
+        assert_eq!(rest, [1, 2, 4, 4, 5, 7, 8, 8, 10, 11]);
+        assert!(got[1..].iter().all(|d| d[0] == 0xee));
+        let s = net.dir_stats(a.tx_dir());
+        assert_eq!((s.sent, s.lost, s.duplicated, s.injected, s.delivered), (12, 4, 2, 1, 11));
+        assert_eq!(net.unreceived(a.tx_dir()), 0);
+        assert!(!a.carrier_checksum());
+        a.set_carrier_checksum(true);
+        assert!(a.carrier_checksum());
     }
 
     #[test]

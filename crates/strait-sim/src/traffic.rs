@@ -15,14 +15,14 @@
 use std::time::{Duration, Instant};
 
 use strait_core::reliable::{Reliable, ReliableConfig, ReliableStats};
-use strait_core::{Completion, Config, EpId, MemoryRegion, OpKind, PostError, Status, Worker};
+use strait_core::{Completion, Config, Engine, EpId, MemoryRegion, OpKind, PostError, Status};
 
 use crate::driver::{Handler, Limits, RunStats, Sim, SimError};
 use crate::net::{DirStats, LinkConfig, LinkParams, PairId, SimLink, SimNet, Tracer};
 use crate::rng::{mix, SimRng};
 
-/// The worker type of a simulation over the reliability layer.
-pub type SimWorker = Worker<Reliable<SimLink>>;
+/// A simulated host's engine over the reliability layer.
+pub type SimEngine = Engine<Reliable<SimLink>>;
 
 /// Length of the header at the start of every message (shorter messages carry a
 /// prefix of it).
@@ -36,8 +36,8 @@ pub struct Scenario {
     pub seed: u64,
     /// Endpoint pairs (two endpoints each).
     pub pairs: usize,
-    /// Workers the endpoints are spread over; 0 puts each endpoint in its own
-    /// worker. Pair `i`'s endpoints live on hosts `2i % hosts` and `(2i+1) % hosts`.
+    /// Hosts (engines) the endpoints are spread over; 0 puts each endpoint on its
+    /// own host. Pair `i`'s endpoints live on hosts `2i % hosts` and `(2i+1) % hosts`.
     pub hosts: usize,
     /// Messages per direction per pair.
     pub msgs: u64,
@@ -355,7 +355,7 @@ impl App {
     }
 
     /// Posts sends while the window has room.
-    fn fill_sends(&mut self, now: u64, si: usize, w: &mut SimWorker) {
+    fn fill_sends(&mut self, now: u64, si: usize, w: &mut SimEngine) {
         loop {
             let st = &mut self.streams[si];
             if st.send_closed || st.next_send >= self.msgs {
@@ -393,7 +393,7 @@ impl App {
     }
 
     /// Posts receives while the window has room.
-    fn fill_recvs(&mut self, now: u64, si: usize, w: &mut SimWorker) {
+    fn fill_recvs(&mut self, now: u64, si: usize, w: &mut SimEngine) {
         loop {
             let st = &mut self.streams[si];
             if st.recv_closed || st.next_recv >= self.msgs {
@@ -435,7 +435,7 @@ impl App {
         }
     }
 
-    fn on_send(&mut self, now: u64, si: usize, w: &mut SimWorker, c: Completion) {
+    fn on_send(&mut self, now: u64, si: usize, w: &mut SimEngine, c: Completion) {
         let seq = c.ctx >> 16;
         let slot = (c.ctx & 0xffff) as usize;
         let st = &mut self.streams[si];
@@ -469,7 +469,7 @@ impl App {
         self.finish_check(si);
     }
 
-    fn on_recv(&mut self, now: u64, si: usize, w: &mut SimWorker, c: Completion) {
+    fn on_recv(&mut self, now: u64, si: usize, w: &mut SimEngine, c: Completion) {
         let k = c.ctx >> 16;
         let slot = (c.ctx & 0xffff) as usize;
         let st = &mut self.streams[si];
@@ -534,7 +534,7 @@ impl App {
 }
 
 impl Handler<Reliable<SimLink>> for App {
-    fn on_completion(&mut self, now: u64, host: usize, w: &mut SimWorker, c: Completion) {
+    fn on_completion(&mut self, now: u64, host: usize, w: &mut SimEngine, c: Completion) {
         let role = self.roles.get(host).and_then(|r| r.get(c.ep.0 as usize)).copied();
         let Some((tx, rx)) = role else {
             self.violation(now, format!("completion for unknown host {host} endpoint {:?}", c.ep));
@@ -547,7 +547,7 @@ impl Handler<Reliable<SimLink>> for App {
         }
     }
 
-    fn done(&mut self, _now: u64, _workers: &[SimWorker]) -> bool {
+    fn done(&mut self, _now: u64, _engines: &[SimEngine]) -> bool {
         self.unfinished == 0
     }
 }
@@ -555,9 +555,9 @@ impl Handler<Reliable<SimLink>> for App {
 struct UntilClosed;
 
 impl Handler<Reliable<SimLink>> for UntilClosed {
-    fn on_completion(&mut self, _: u64, _: usize, _: &mut SimWorker, _: Completion) {}
-    fn done(&mut self, _now: u64, workers: &[SimWorker]) -> bool {
-        workers.iter().all(|w| w.closing() == 0)
+    fn on_completion(&mut self, _: u64, _: usize, _: &mut SimEngine, _: Completion) {}
+    fn done(&mut self, _now: u64, engines: &[SimEngine]) -> bool {
+        engines.iter().all(|e| e.closing() == 0)
     }
 }
 
@@ -578,15 +578,14 @@ pub struct Built {
     pub max_frame: usize,
 }
 
-/// Builds the network and workers of a scenario (before any traffic).
+/// Builds the network and hosts of a scenario (before any traffic).
 pub fn build(sc: &Scenario) -> Built {
     let net = SimNet::new(sc.seed);
     let mut sim = Sim::new(net.clone());
     sim.limits = sc.limits.clone();
     let hosts = if sc.hosts == 0 { sc.pairs * 2 } else { sc.hosts };
     for _ in 0..hosts {
-        let w = Worker::new(sc.engine.clone()).expect("worker (eventfd)");
-        sim.add_host(w);
+        sim.add_host(Engine::new(sc.engine.clone()));
     }
     let mut pairs = Vec::with_capacity(sc.pairs);
     let mut ends = Vec::with_capacity(sc.pairs);
@@ -598,8 +597,8 @@ pub fn build(sc: &Scenario) -> Built {
             .min(strait_core::Device::max_frame_len(&da))
             .min(strait_core::Device::max_frame_len(&db));
         pairs.push(da.link().pair());
-        let ea = sim.worker(ha).attach(da);
-        let eb = sim.worker(hb).attach(db);
+        let ea = sim.engine(ha).attach(da);
+        let eb = sim.engine(hb).attach(db);
         ends.push([(ha, ea), (hb, eb)]);
     }
     Built { sim, pairs, ends, max_frame }
@@ -608,7 +607,7 @@ pub fn build(sc: &Scenario) -> Built {
 /// One line about an endpoint's reliability state (for failure reports).
 pub fn describe_endpoint(sim: &Sim<Reliable<SimLink>>, h: usize, ep: EpId) -> String {
     use strait_core::Device;
-    let w = sim.worker_ref(h);
+    let w = sim.engine_ref(h);
     let out = match w.device(ep) {
         Some(d) => format!(
             "host {h} {ep:?}: established {}, failure {:?}, unacked {}, link slots in use {}, timer {:?} ns, \
@@ -631,7 +630,7 @@ pub fn rel_stats(sim: &Sim<Reliable<SimLink>>, ends: &[PairEnds]) -> ReliableSta
     let mut t = ReliableStats::default();
     for pair in ends {
         for &(h, ep) in pair {
-            if let Some(d) = sim.worker_ref(h).device(ep) {
+            if let Some(d) = sim.engine_ref(h).device(ep) {
                 let s = d.rstats();
                 t.packets_sent += s.packets_sent;
                 t.packets_delivered += s.packets_delivered;
@@ -753,8 +752,8 @@ fn run_inner(sc: &Scenario, tracer: Option<Tracer>) -> Report {
     app.report.messages = sc.msgs * app.streams.len() as u64;
     for si in 0..app.streams.len() {
         let (rh, th) = (app.streams[si].rx_host, app.streams[si].tx_host);
-        app.fill_recvs(start_ns, si, sim.worker(rh));
-        app.fill_sends(start_ns, si, sim.worker(th));
+        app.fill_recvs(start_ns, si, sim.engine(rh));
+        app.fill_sends(start_ns, si, sim.engine(th));
         app.finish_check(si);
     }
     let r = sim.run(&mut app);
@@ -784,13 +783,13 @@ fn run_inner(sc: &Scenario, tracer: Option<Tracer>) -> Report {
     if sc.close && report.error.is_none() {
         for pair in &ends {
             for &(h, ep) in pair {
-                sim.worker(h).close(ep);
+                sim.engine(h).close(ep);
             }
         }
         if let Err(e) = sim.run(&mut UntilClosed) {
             report.error = Some(e);
         }
-        report.still_closing = (0..sim.hosts()).map(|h| sim.worker_ref(h).closing()).sum();
+        report.still_closing = (0..sim.hosts()).map(|h| sim.engine_ref(h).closing()).sum();
         report.run = sim.total_stats();
     }
     report.net = sim.net().stats();

@@ -52,6 +52,7 @@ use libc::{c_int, c_void};
 
 use strait_core::spin::{SpinPolicy, WaitOutcome};
 use strait_shm::area::MappedArea;
+use strait_sys::mmap::Mapping;
 use strait_shm::ring::{announce_sleep, peer_needs_wake};
 use strait_shm::stream::ByteRing;
 
@@ -125,42 +126,32 @@ pub struct PendingC {
 
 /// A shared mapping (unmapped on drop).
 pub struct Shm {
-    base: *mut u8,
-    len: usize,
+    map: Mapping,
     pub(crate) ring: usize,
     /// The data areas of the two directions.
     areas: [MappedArea; 2],
 }
 
-// SAFETY: the pointer is into a shared mapping owned by this value; every word both
+// SAFETY: the areas point into the shared mapping this value owns; every word both
 // processes write is accessed atomically, data bytes only by copying.
 unsafe impl Send for Shm {}
 // SAFETY: as above.
 unsafe impl Sync for Shm {}
 
-/// Maps the first `len` bytes of the file `fd` shared and read-write. Not
-/// populated: pages come as the rings reach them, once per connection. Populating
-/// both ends' 1 MiB at every connect cost ~0.7 ms of page clearing and mapping per
-/// connection (a client that connects per request ran at 1/20 of the kernel's
-/// rate); a long-lived connection pays the same faults once, spread over its first
-/// pass through the ring.
-pub(crate) fn map_shared(fd: c_int, len: usize) -> Option<*mut u8> {
-    // SAFETY: maps `len` bytes of a file the caller holds; the result is checked.
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-    };
-    (p != libc::MAP_FAILED).then_some(p.cast())
-}
-
 impl Shm {
-    /// Maps a memfd of `HDR + 2 * ring` bytes.
+    /// Maps a memfd of `HDR + 2 * ring` bytes. Not populated: pages come as the
+    /// rings reach them, once per connection. Populating both ends' 1 MiB at every
+    /// connect cost ~0.7 ms of page clearing and mapping per connection (a client
+    /// that connects per request ran at 1/20 of the kernel's rate); a long-lived
+    /// connection pays the same faults once, spread over its first pass through the
+    /// ring.
     pub fn map(fd: c_int, ring: usize) -> Option<Shm> {
-        let len = HDR + 2 * ring;
-        let base = map_shared(fd, len)?;
+        let map = Mapping::shared_on_demand(fd, HDR + 2 * ring, 0).ok()?;
+        let base = map.ptr();
         // SAFETY: both data areas lie inside the mapping (after the header page, so
         // page-aligned), which this value owns and unmaps only when dropped.
         let areas = [0, 1].map(|d| unsafe { MappedArea::new(base.add(HDR + d * ring), ring) });
-        Some(Shm { base, len, ring, areas })
+        Some(Shm { map, ring, areas })
     }
 
     /// The byte ring of direction `d` (0: connector to acceptor).
@@ -171,7 +162,7 @@ impl Shm {
     pub(crate) fn word(&self, off: usize) -> &AtomicU64 {
         debug_assert!(off < HDR && off.is_multiple_of(8));
         // SAFETY: `off` is an 8-aligned offset inside the page-aligned header page.
-        unsafe { &*self.base.add(off).cast::<AtomicU64>() }
+        unsafe { &*self.map.ptr().add(off).cast::<AtomicU64>() }
     }
 
     pub fn init_header(&self) {
@@ -195,12 +186,6 @@ impl Shm {
     }
 }
 
-impl Drop for Shm {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly our mapping; nothing refers to it any more.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
 
 /// The far side of a connection to another host: it plays the peer's side of the
 /// rings (the bridge of the `remote` module, over a strait device). The connection

@@ -55,6 +55,7 @@ use crate::sock::{
 use crate::trust::{self, Proto};
 use crate::wait::{signals_restart, sock_timeout};
 use strait_core::spin::{SpinPolicy, WaitOutcome};
+use strait_sys::mmap::Mapping;
 use strait_shm::area::MappedArea;
 use strait_shm::dgram::{DgramRing, Pushed};
 
@@ -119,14 +120,13 @@ fn now_ns() -> u64 {
 
 /// A channel's shared mapping (unmapped on drop).
 struct Map {
-    base: *mut u8,
-    len: usize,
+    map: Mapping,
     ring: usize,
     /// The ring's data area.
     area: MappedArea,
 }
 
-// SAFETY: the pointer is into a shared mapping owned by this value; every word both
+// SAFETY: the area points into the shared mapping this value owns; every word both
 // processes write is accessed atomically, payload bytes only by copying.
 unsafe impl Send for Map {}
 // SAFETY: as above.
@@ -134,12 +134,12 @@ unsafe impl Sync for Map {}
 
 impl Map {
     fn open(fd: c_int, ring: usize) -> Option<Map> {
-        let len = HDR + ring;
-        let base = crate::conn::map_shared(fd, len)?;
+        // Not populated: pages come as the ring reaches them (see `Shm::map`).
+        let map = Mapping::shared_on_demand(fd, HDR + ring, 0).ok()?;
         // SAFETY: the data area follows the header page inside the mapping (so it is
         // page-aligned), which this value owns and unmaps only when dropped.
-        let area = unsafe { MappedArea::new(base.add(HDR), ring) };
-        Some(Map { base, len, ring, area })
+        let area = unsafe { MappedArea::new(map.ptr().add(HDR), ring) };
+        Some(Map { map, ring, area })
     }
 
     /// The channel's datagram ring.
@@ -150,7 +150,7 @@ impl Map {
     fn word(&self, off: usize) -> &AtomicU64 {
         debug_assert!(off < HDR && off.is_multiple_of(8));
         // SAFETY: `off` is an 8-aligned offset inside the page-aligned header page.
-        unsafe { &*self.base.add(off).cast::<AtomicU64>() }
+        unsafe { &*self.map.ptr().add(off).cast::<AtomicU64>() }
     }
 
     fn header_ok(&self) -> bool {
@@ -159,12 +159,6 @@ impl Map {
     }
 }
 
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly our mapping; nothing refers to it any more.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
 
 // ------------------------------------------------------------------ channels
 

@@ -22,6 +22,14 @@ impl Mapping {
         Self::map(len, libc::MAP_SHARED | libc::MAP_POPULATE, fd, offset)
     }
 
+    /// Maps `len` bytes of `fd` from byte `offset`, shared and read-write, not
+    /// populated: pages come on first touch (for mappings made per connection,
+    /// where populating every page up front costs more than the connection's own
+    /// work; see strait-sockets' `Shm::map`).
+    pub fn shared_on_demand(fd: RawFd, len: usize, offset: u64) -> io::Result<Mapping> {
+        Self::map(len, libc::MAP_SHARED, fd, offset)
+    }
+
     /// Maps `len` zeroed private bytes, not populated (pages come on first touch).
     pub fn anonymous(len: usize) -> io::Result<Mapping> {
         Self::map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)

@@ -1,0 +1,859 @@
+//! Can strait-core's engine carry `strait run --peers`' TCP byte stream as well as
+//! the bridge's own framing does? Both carry the same byte stream over the same
+//! device (`Reliable<UdpLink>`, set up as `remote.rs` sets it up: the `mmsg` backend,
+//! no send coalescing) between two network namespaces joined by a veth pair (made and
+//! removed here; needs root), in interleaved rounds.
+//!
+//! Each side is what the preload has in one thread of a program: a "program" that
+//! writes into a transmit byte ring and reads from a receive byte ring
+//! (`strait_shm::stream::ByteRing`, 512 KiB per direction as `STRAIT_RING_SIZE`), and
+//! the carrier that plays the other end of those rings inline (a write pushes at
+//! once; a waiting read pumps the device; a read that freed a quarter of the ring
+//! returns credit). Two carriers:
+//!
+//! * `bridge`: a replica of the data path of `remote.rs`' `Bridge::pump_with`: frames
+//!   of one kind byte and the bytes (`F_DATA`, up to the device's largest frame), copied
+//!   from the transmit ring straight into the device's packets and from an arrival
+//!   straight into the receive ring; flow control by byte credit (`F_CREDIT` with the
+//!   consumed total every quarter ring; never more outstanding than the far ring holds).
+//! * `engine`: the ring's bytes as engine messages (`Worker::post_send` from the
+//!   transmit ring itself: its data area is a `MemoryRegion`, so no staging copy; the
+//!   tag is the message's stream position), into posted receive buffers (as many as
+//!   the ring holds, any tag), whose completions the carrier copies into the receive
+//!   ring in stream order (by tag: a rendezvous completion may overtake an earlier
+//!   message's) and reposts; flow control by
+//!   the engine's credits (per message) and the posted buffers. Variants by message
+//!   size: `engine` (the default eager limit, 32 KiB), `engine-64k` (eager up to the
+//!   largest frame, as the bridge's frames) and `engine-rndv` (128 KiB messages, the
+//!   program's write size: rendezvous).
+//!
+//! Measured: one-way latency (half the round trip) of 16-byte write/read ping-pong,
+//! median and p99 per round; and 128 KiB-write streaming, MB/s at the reader (every
+//! byte checked). Both ends busy-poll (no sleep), so the wake-up policy, the same for
+//! both, is out of the figures.
+//!
+//! `cargo run --release -p strait-udp --example xhost_stream -- [--rounds N]
+//! [--pings N] [--stream-mib N]` (defaults 5, 20000, 256), or `scripts/bench-xhost-stream`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use strait_core::{
+    Config, Device, EpId, MemoryRegion, OpKind, ReliableConfig, ReliableStats, Status, Worker,
+};
+use strait_shm::area::MappedArea;
+use strait_shm::stream::{pieces, ByteRing};
+use strait_udp::netns::VethPair;
+use strait_udp::{Backend, UdpConfig, UdpDevice, UdpLink};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The `p` quantile (0..=1) of `v`.
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Bytes of each direction's ring (`STRAIT_RING_SIZE`'s default).
+const RING: usize = 512 * 1024;
+/// The program's write (and read) size while streaming.
+const WRITE: usize = 128 * 1024;
+/// The ping-pong message.
+const PING: usize = 16;
+/// Pings before the measured ones.
+const WARM: usize = 1000;
+/// Longest any wait may take before the run is declared stuck.
+const STUCK: Duration = Duration::from_secs(20);
+/// Bridge frame kinds (as remote.rs).
+const F_DATA: u8 = 0;
+const F_CREDIT: u8 = 1;
+
+// ------------------------------------------------------------------ rings
+
+/// One direction's byte ring: positions and a data area, which is a `MemoryRegion`
+/// (so the engine carrier can send straight from it).
+struct Ring {
+    mr: MemoryRegion,
+    area: MappedArea,
+    tail: AtomicU64,
+    head: AtomicU64,
+}
+
+impl Ring {
+    fn new() -> Res<Ring> {
+        let mr = MemoryRegion::new(RING)?;
+        // SAFETY: the region is a page-aligned mapping of RING bytes that lives in the
+        // same struct as the area and is only dropped with it.
+        let area = unsafe { MappedArea::new(mr.addr() as *mut u8, RING) };
+        Ok(Ring { mr, area, tail: AtomicU64::new(0), head: AtomicU64::new(0) })
+    }
+
+    fn get(&self) -> ByteRing<'_, MappedArea> {
+        ByteRing::new(&self.tail, &self.head, &self.area)
+    }
+}
+
+/// The program's side of one connection: it writes `tx`, reads `rx`.
+struct Rings {
+    tx: Ring,
+    rx: Ring,
+}
+
+impl Rings {
+    fn new() -> Res<Rings> {
+        Ok(Rings { tx: Ring::new()?, rx: Ring::new()? })
+    }
+}
+
+// ------------------------------------------------------------------ carriers
+
+/// What plays the far end of a side's rings.
+trait Carrier {
+    /// A reader or writer waits: takes arrivals, sends what can go, returns credit.
+    fn pump(&mut self, r: &Rings) -> Res<()>;
+    /// The program just wrote: sends it now.
+    fn push(&mut self, r: &Rings) -> Res<()>;
+    /// The program just read (ring room freed).
+    fn after_read(&mut self, r: &Rings) -> Res<()>;
+    /// Keeps the carrier going (what the program wrote still goes out) until the
+    /// other side is done too, then closes.
+    fn finish(self, meet: &Meet, r: &Rings) -> ReliableStats;
+    /// The carrier's state, for a stuck run's report.
+    fn describe(&self) -> String;
+}
+
+/// The bridge's framing: a replica of `remote.rs`' `Bridge::pump_with` data path.
+struct BridgeCarrier {
+    dev: UdpDevice,
+    peer_consumed: u64,
+    credit_sent: u64,
+    max_data: usize,
+}
+
+impl BridgeCarrier {
+    fn new(mut dev: UdpDevice) -> Res<Self> {
+        let t = Instant::now();
+        while !dev.is_established() {
+            dev.recv_frame(&mut |_| {})?;
+            dev.doorbell()?;
+            if t.elapsed() > Duration::from_secs(5) {
+                return Err("the device did not come up in 5 s".into());
+            }
+        }
+        let max_data = dev.max_frame_len().saturating_sub(1).max(1);
+        Ok(BridgeCarrier { dev, peer_consumed: 0, credit_sent: 0, max_data })
+    }
+
+    fn pump_with(&mut self, r: &Rings, arrivals: bool) -> Res<()> {
+        let ring = RING as u64;
+        let mut more = arrivals;
+        while more {
+            let mut broke: Option<&'static str> = None;
+            let BridgeCarrier { dev, peer_consumed, .. } = self;
+            let rx = r.rx.get();
+            let base = r.rx.area.base();
+            let got = dev.recv_frame(&mut |f| {
+                let mut kind = [0u8; 1];
+                if !f.read(0, &mut kind) {
+                    broke = Some("empty frame");
+                    return;
+                }
+                match kind[0] {
+                    F_DATA => {
+                        let n = f.len() - 1;
+                        match rx.writable() {
+                            Ok(w) if w.len >= n as u64 => {
+                                let mut done = 0;
+                                for (off, m) in pieces(w.pos, n, RING) {
+                                    // SAFETY: `off + m <= RING` inside the receive
+                                    // ring's data area, past its tail (ours to write).
+                                    if !unsafe { f.read_raw(1 + done, base.add(off), m) } {
+                                        broke = Some("short frame");
+                                        return;
+                                    }
+                                    done += m;
+                                }
+                                rx.publish_to(w.pos + n as u64);
+                            }
+                            _ => broke = Some("data beyond the credit"),
+                        }
+                    }
+                    F_CREDIT => {
+                        let mut v = [0u8; 8];
+                        if f.len() == 9 && f.read(1, &mut v) {
+                            *peer_consumed = (*peer_consumed).max(u64::from_le_bytes(v));
+                        } else {
+                            broke = Some("bad credit frame");
+                        }
+                    }
+                    _ => broke = Some("unknown frame kind"),
+                }
+            })?;
+            if let Some(why) = broke {
+                return Err(why.into());
+            }
+            more = got;
+        }
+        // Departures: as much as the peer's ring has room for.
+        let tx = r.tx.get();
+        let base = r.tx.area.base();
+        loop {
+            let waiting = tx.readable()?;
+            let head = waiting.pos;
+            let credit = (self.peer_consumed + ring).saturating_sub(head);
+            let n = waiting.len.min(credit).min(self.max_data as u64) as usize;
+            if n == 0 {
+                break;
+            }
+            let sent = self.dev.send_frame(1 + n, &mut |w| {
+                w.write(0, &[F_DATA]);
+                let mut done = 0;
+                for (off, m) in pieces(head, n, RING) {
+                    // SAFETY: `off + m <= RING` inside the transmit ring's data area,
+                    // below its published tail (not rewritten before the head moves).
+                    let src = unsafe { std::slice::from_raw_parts(base.add(off), m) };
+                    w.write(1 + done, src);
+                    done += m;
+                }
+            })?;
+            if !sent {
+                break;
+            }
+            tx.consume_to(head + n as u64);
+        }
+        // Credit for what the program read.
+        let consumed = r.rx.head.load(Ordering::Acquire);
+        if consumed.saturating_sub(self.credit_sent) >= ring / 4 {
+            let mut m = [0u8; 9];
+            m[0] = F_CREDIT;
+            m[1..].copy_from_slice(&consumed.to_le_bytes());
+            if self.dev.send_frame(9, &mut |w| w.write(0, &m))? {
+                self.credit_sent = consumed;
+            }
+        }
+        self.dev.doorbell()?;
+        Ok(())
+    }
+}
+
+impl Carrier for BridgeCarrier {
+    fn describe(&self) -> String {
+        format!(
+            "bridge: peer_consumed {} credit_sent {}; device: {}",
+            self.peer_consumed,
+            self.credit_sent,
+            self.dev.describe()
+        )
+    }
+
+    fn pump(&mut self, r: &Rings) -> Res<()> {
+        self.pump_with(r, true)
+    }
+
+    fn push(&mut self, r: &Rings) -> Res<()> {
+        self.pump_with(r, false)
+    }
+
+    fn after_read(&mut self, r: &Rings) -> Res<()> {
+        let consumed = r.rx.head.load(Ordering::Acquire);
+        if consumed.saturating_sub(self.credit_sent) >= RING as u64 / 4 {
+            self.pump_with(r, true)?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, meet: &Meet, r: &Rings) -> ReliableStats {
+        meet.done.fetch_add(1, Ordering::SeqCst);
+        while meet.done.load(Ordering::SeqCst) < 2 {
+            if self.pump_with(r, true).is_err() {
+                break;
+            }
+        }
+        let stats = self.dev.rstats();
+        self.dev.shutdown();
+        let t = Instant::now();
+        while self.dev.drain() && t.elapsed() < Duration::from_secs(1) {
+            let _ = self.dev.recv_frame(&mut |_| {});
+        }
+        stats
+    }
+}
+
+/// The engine: ring bytes as tagged messages into posted receive buffers.
+struct EngineCarrier {
+    w: Worker<UdpDevice>,
+    ep: EpId,
+    /// Largest message.
+    max_msg: usize,
+    /// Receive buffers (`max_msg` bytes each, as many as the ring holds).
+    bufs: Vec<MemoryRegion>,
+    /// Completed receives by stream position (their tag): (buffer, length), waiting
+    /// for their turn and ring room. Completions do not come in send order: a
+    /// rendezvous transfer may overtake an earlier one.
+    filled: BTreeMap<u64, (usize, usize)>,
+    /// Transmit ring position up to which bytes were handed to the engine.
+    sent_upto: u64,
+    /// Sends in flight: (end position, completed), in ring order.
+    inflight: VecDeque<(u64, bool)>,
+}
+
+impl EngineCarrier {
+    fn new(dev: UdpDevice, cfg: Config, max_msg: usize) -> Res<Self> {
+        let mut w = Worker::new(cfg)?;
+        let ep = w.attach(dev);
+        let t = Instant::now();
+        while !w.device(ep).is_some_and(|d| d.is_established()) {
+            w.progress();
+            if t.elapsed() > Duration::from_secs(5) {
+                return Err("the device did not come up in 5 s".into());
+            }
+        }
+        let n = (RING / max_msg).max(1);
+        let mut bufs = Vec::with_capacity(n);
+        for _ in 0..n {
+            bufs.push(MemoryRegion::new(max_msg)?);
+        }
+        for (i, b) in bufs.iter_mut().enumerate() {
+            w.post_recv(ep, b, 0..max_msg, 0, 0, i as u64)?;
+        }
+        Ok(EngineCarrier {
+            w,
+            ep,
+            max_msg,
+            bufs,
+            filled: BTreeMap::new(),
+            sent_upto: 0,
+            inflight: VecDeque::new(),
+        })
+    }
+
+    /// Takes every completion there is.
+    fn reap(&mut self, r: &Rings) -> Res<()> {
+        while let Some(c) = self.w.poll() {
+            if c.status != Status::Ok {
+                return Err(format!("completion {c:?}").into());
+            }
+            match c.op {
+                OpKind::Recv => {
+                    self.filled.insert(c.tag, (c.ctx as usize, c.len));
+                }
+                OpKind::Send => {
+                    let Some(s) = self.inflight.iter_mut().find(|s| s.0 == c.ctx) else {
+                        return Err("completion of an unknown send".into());
+                    };
+                    s.1 = true;
+                    let mut head = None;
+                    while self.inflight.front().is_some_and(|s| s.1) {
+                        head = self.inflight.pop_front().map(|s| s.0);
+                    }
+                    if let Some(h) = head {
+                        r.tx.get().consume_to(h);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies completed receives into the receive ring, in order, while it has room,
+    /// and reposts their buffers.
+    fn deliver(&mut self, r: &Rings) -> Res<()> {
+        let rx = r.rx.get();
+        loop {
+            let room = rx.writable()?;
+            let Some(&(i, len)) = self.filled.get(&room.pos) else { break };
+            if room.len < len as u64 {
+                break;
+            }
+            let bytes = self.bufs[i].bytes().map_err(|e| format!("{e:?}"))?;
+            rx.write_at(room.pos, &bytes[..len]);
+            rx.publish_to(room.pos + len as u64);
+            self.filled.remove(&room.pos);
+            self.w.post_recv(self.ep, &mut self.bufs[i], 0..self.max_msg, 0, 0, i as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the transmit ring's new bytes to the engine as messages (never across the
+    /// ring's end: a message is one range of the region).
+    fn send_new(&mut self, r: &Rings) -> Res<()> {
+        let tail = r.tx.tail.load(Ordering::Acquire);
+        while self.sent_upto < tail {
+            let off = (self.sent_upto % RING as u64) as usize;
+            let n = ((tail - self.sent_upto) as usize).min(self.max_msg).min(RING - off);
+            let end = self.sent_upto + n as u64;
+            self.inflight.push_back((end, false));
+            self.w.post_send(self.ep, &r.tx.mr, off..off + n, self.sent_upto, end)?;
+            self.sent_upto = end;
+        }
+        Ok(())
+    }
+}
+
+impl Carrier for EngineCarrier {
+    fn describe(&self) -> String {
+        format!(
+            "engine: filled {} sent_upto {} inflight {}; {}",
+            self.filled.len(),
+            self.sent_upto,
+            self.inflight.len(),
+            self.w.describe(self.ep).unwrap_or_default()
+        )
+    }
+
+    fn pump(&mut self, r: &Rings) -> Res<()> {
+        self.reap(r)?;
+        self.deliver(r)?;
+        self.send_new(r)
+    }
+
+    fn push(&mut self, r: &Rings) -> Res<()> {
+        self.send_new(r)
+    }
+
+    fn after_read(&mut self, r: &Rings) -> Res<()> {
+        if !self.filled.is_empty() {
+            self.deliver(r)?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, meet: &Meet, r: &Rings) -> ReliableStats {
+        meet.done.fetch_add(1, Ordering::SeqCst);
+        while meet.done.load(Ordering::SeqCst) < 2 {
+            if self.pump(r).is_err() {
+                break;
+            }
+        }
+        let stats = self.w.device(self.ep).map(|d| d.rstats()).unwrap_or_default();
+        self.w.close(self.ep);
+        self.w.linger(Duration::from_secs(1));
+        stats
+    }
+}
+
+// ------------------------------------------------------------------ the program
+
+/// Writes all of `src` into the transmit ring, as a blocking `write` would.
+fn write_all<C: Carrier>(c: &mut C, r: &Rings, src: &[u8]) -> Res<()> {
+    let tx = r.tx.get();
+    let mut off = 0;
+    let t = Instant::now();
+    let mut spins = 0u32;
+    while off < src.len() {
+        let room = tx.writable()?;
+        let n = (room.len as usize).min(src.len() - off);
+        if n > 0 {
+            tx.write_at(room.pos, &src[off..off + n]);
+            tx.publish_to(room.pos + n as u64);
+            off += n;
+            c.push(r)?;
+        } else {
+            c.pump(r)?;
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) && t.elapsed() > STUCK {
+                return Err(format!("write: no ring room for 20 s; {}", c.describe()).into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads what is there (at most `dst.len()`, at least one byte), as a blocking `read`.
+fn read_some<C: Carrier>(c: &mut C, r: &Rings, dst: &mut [u8]) -> Res<usize> {
+    let rx = r.rx.get();
+    let t = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        let got = rx.readable()?;
+        if got.len > 0 {
+            let n = (got.len as usize).min(dst.len());
+            rx.read_at(got.pos, &mut dst[..n]);
+            rx.consume_to(got.pos + n as u64);
+            c.after_read(r)?;
+            return Ok(n);
+        }
+        c.pump(r)?;
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(1024) && t.elapsed() > STUCK {
+            return Err(format!("read: nothing for 20 s; {}", c.describe()).into());
+        }
+    }
+}
+
+fn read_exact<C: Carrier>(c: &mut C, r: &Rings, dst: &mut [u8]) -> Res<()> {
+    let mut off = 0;
+    while off < dst.len() {
+        off += read_some(c, r, &mut dst[off..])?;
+    }
+    Ok(())
+}
+
+/// Where the two sides of a measurement meet: before the timed part, and at the end.
+struct Meet {
+    start: Barrier,
+    done: AtomicUsize,
+}
+
+/// Which carrier, and for the engine which largest message and configuration.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Bridge,
+    Engine,
+    Engine64k,
+    EngineRndv,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Bridge => "bridge",
+            Kind::Engine => "engine",
+            Kind::Engine64k => "engine-64k",
+            Kind::EngineRndv => "engine-rndv",
+        }
+    }
+}
+
+/// One side's device over its socket, made on the thread that drives it.
+fn device(sock: UdpSocket) -> Res<UdpDevice> {
+    // As remote.rs' `udp_config`: several threads may drive a connection's link, so
+    // the plain-syscall backend; datagrams go out at once.
+    let mut cfg = UdpConfig::from_env()?;
+    cfg.backend = Backend::Mmsg;
+    cfg.coalesce_ns = 0;
+    Ok(UdpLink::from_socket(sock, &cfg)?.reliable(ReliableConfig::from_env()?))
+}
+
+/// Runs `f` on a side with the carrier of `kind`, then finishes it; also returns
+/// the side's device counters.
+fn side<T>(
+    kind: Kind,
+    sock: UdpSocket,
+    meet: &Meet,
+    f: impl FnOnce(&mut dyn FnMut(Op<'_>) -> Res<()>) -> Res<T>,
+) -> Res<(T, ReliableStats)> {
+    let dev = device(sock)?;
+    let rings = Rings::new()?;
+    let max_payload = dev.max_frame_len() - strait_wire::MAX_HEADER_LEN;
+    let base = Config::from_env()?;
+    let (out, stats);
+    match kind {
+        Kind::Bridge => {
+            let mut c = BridgeCarrier::new(dev)?;
+            meet.start.wait();
+            out = f(&mut |op| op.run(&mut c, &rings));
+            stats = c.finish(meet, &rings);
+        }
+        _ => {
+            let (cfg, max_msg) = match kind {
+                Kind::Engine => {
+                    let m = base.eager_threshold.min(max_payload);
+                    (base, m)
+                }
+                Kind::Engine64k => (Config { eager_threshold: max_payload, ..base }, max_payload),
+                _ => (base, WRITE),
+            };
+            let mut c = EngineCarrier::new(dev, cfg, max_msg)?;
+            meet.start.wait();
+            out = f(&mut |op| op.run(&mut c, &rings));
+            stats = c.finish(meet, &rings);
+        }
+    }
+    Ok((out?, stats))
+}
+
+/// One program operation on a side.
+enum Op<'a> {
+    Write(&'a [u8]),
+    ReadExact(&'a mut [u8]),
+    ReadSome(&'a mut [u8], &'a mut usize),
+}
+
+impl Op<'_> {
+    fn run<C: Carrier>(self, c: &mut C, r: &Rings) -> Res<()> {
+        match self {
+            Op::Write(src) => write_all(c, r, src),
+            Op::ReadExact(dst) => read_exact(c, r, dst),
+            Op::ReadSome(dst, n) => {
+                *n = read_some(c, r, dst)?;
+                Ok(())
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ measurements
+
+fn meet() -> Meet {
+    Meet { start: Barrier::new(2), done: AtomicUsize::new(0) }
+}
+
+/// Device counters of both sides of one measurement, added.
+#[derive(Debug, Default, Clone, Copy)]
+struct Cost {
+    /// Frames (the carrier's messages, credits and control frames).
+    frames: u64,
+    /// Datagrams on the wire (retransmissions and acknowledgements included).
+    datagrams: u64,
+    /// Packets resent (timeouts and fast retransmissions).
+    retransmits: u64,
+    /// Congestion window reductions.
+    cc_reductions: u64,
+}
+
+fn cost(a: &ReliableStats, b: &ReliableStats) -> Cost {
+    let one = |s: &ReliableStats| Cost {
+        frames: s.frames_sent,
+        datagrams: s.link.datagrams_sent,
+        retransmits: s.timeout_retransmits + s.fast_retransmits,
+        cc_reductions: s.cc_reductions + s.cc_timeouts,
+    };
+    let (x, y) = (one(a), one(b));
+    Cost {
+        frames: x.frames + y.frames,
+        datagrams: x.datagrams + y.datagrams,
+        retransmits: x.retransmits + y.retransmits,
+        cc_reductions: x.cc_reductions + y.cc_reductions,
+    }
+}
+
+/// Joins the two sides' outcomes.
+fn both<T>(a: Res<((), ReliableStats)>, b: Res<(T, ReliableStats)>) -> Res<(T, Cost)> {
+    match (a, b) {
+        (Ok(((), sa)), Ok((t, sb))) => Ok((t, cost(&sa, &sb))),
+        (Err(e), Ok(_)) => Err(format!("first side: {e}").into()),
+        (Ok(_), Err(e)) => Err(format!("second side: {e}").into()),
+        (Err(x), Err(y)) => Err(format!("first side: {x}; second side: {y}").into()),
+    }
+}
+
+/// One-way latencies (half the round trip) of `pings` 16-byte ping-pongs, ns.
+fn pingpong(pair: &VethPair, kind: Kind, pings: usize) -> Res<(Vec<f64>, Cost)> {
+    let (sa, sb) = pair.udp_pair(false)?;
+    let m = meet();
+    let r = std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            side(kind, sb, &m, |op| {
+                let mut buf = [0u8; PING];
+                for _ in 0..WARM + pings {
+                    op(Op::ReadExact(&mut buf))?;
+                    op(Op::Write(&buf))?;
+                }
+                Ok(())
+            })
+        });
+        let lat = side(kind, sa, &m, |op| {
+            let mut lat = Vec::with_capacity(pings);
+            let mut back = [0u8; PING];
+            for i in 0..WARM + pings {
+                let ping = [(i % 251) as u8; PING];
+                let t = Instant::now();
+                op(Op::Write(&ping))?;
+                op(Op::ReadExact(&mut back))?;
+                let el = t.elapsed();
+                if back != ping {
+                    return Err(format!("ping {i}: wrong bytes back").into());
+                }
+                if i >= WARM {
+                    lat.push(el.as_nanos() as f64 / 2.0);
+                }
+            }
+            Ok(lat)
+        });
+        let srv = server.join().map_err(|_| "server side panicked")?;
+        both(srv, lat)
+    });
+    r.map_err(|e| format!("ping-pong over {}: {e}", kind.name()).into())
+}
+
+/// Streams `total` bytes in 128 KiB writes; MB/s at the reader (every byte checked).
+fn stream(pair: &VethPair, kind: Kind, total: usize) -> Res<(f64, Cost)> {
+    let (sa, sb) = pair.udp_pair(false)?;
+    let m = meet();
+    // Byte at stream position p is p % 251 (a period prime to every size here).
+    let pat: Vec<u8> = (0..WRITE + 251).map(|i| (i % 251) as u8).collect();
+    let r = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            side(kind, sa, &m, |op| {
+                let mut pos = 0;
+                while pos < total {
+                    let n = WRITE.min(total - pos);
+                    let o = pos % 251;
+                    op(Op::Write(&pat[o..o + n]))?;
+                    pos += n;
+                }
+                Ok(())
+            })
+        });
+        let secs = side(kind, sb, &m, |op| {
+            let mut buf = vec![0u8; WRITE];
+            let mut pos = 0;
+            let t = Instant::now();
+            while pos < total {
+                let mut n = 0;
+                let want = WRITE.min(total - pos);
+                op(Op::ReadSome(&mut buf[..want], &mut n))?;
+                let o = pos % 251;
+                if buf[..n] != pat[o..o + n] {
+                    return Err(format!("stream: wrong bytes at {pos}").into());
+                }
+                pos += n;
+            }
+            Ok(total as f64 / t.elapsed().as_secs_f64() / 1e6)
+        });
+        let w = writer.join().map_err(|_| "writer side panicked")?;
+        both(w, secs)
+    });
+    r.map_err(|e| format!("stream over {}: {e}", kind.name()).into())
+}
+
+// ------------------------------------------------------------------ main
+
+fn arg(args: &[String], name: &str, default: usize) -> Res<usize> {
+    match args.iter().position(|a| a == name) {
+        Some(i) => Ok(args.get(i + 1).ok_or(format!("{name} needs a value"))?.parse()?),
+        None => Ok(default),
+    }
+}
+
+fn cpu_model() -> String {
+    let out =
+        std::process::Command::new("lscpu").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    out.ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Model name:"))
+                .map(|l| l["Model name:".len()..].trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn loadavg() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+fn med(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    pct(&mut v, 0.5)
+}
+
+/// Per-round figures of one carrier.
+#[derive(Default)]
+struct Series {
+    vals: Vec<f64>,
+    p99: Vec<f64>,
+    costs: Vec<Cost>,
+}
+
+impl Series {
+    /// Medians over rounds of a counter, divided by `per`.
+    fn cost(&self, f: impl Fn(&Cost) -> u64, per: f64) -> f64 {
+        med(&self.costs.iter().map(|c| f(c) as f64 / per).collect::<Vec<_>>())
+    }
+}
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rounds = arg(&args, "--rounds", 5)?;
+    let pings = arg(&args, "--pings", 20000)?;
+    let total = arg(&args, "--stream-mib", 256)? << 20;
+    if rounds == 0 || pings == 0 || total == 0 {
+        return Err("--rounds, --pings and --stream-mib must be positive".into());
+    }
+    println!(
+        "xhost_stream: CPU {} ({} cpus), kernel {}, load {}",
+        cpu_model(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        loadavg()
+    );
+    println!(
+        "{rounds} interleaved rounds; ring {} KiB per direction; ping-pong {PING} B x {pings} (+{WARM} warm-up); \
+         stream {} MiB in {} KiB writes; Reliable<UdpLink> (mmsg, no coalescing) across a veth pair",
+        RING >> 10,
+        total >> 20,
+        WRITE >> 10
+    );
+    let pair = VethPair::create()?;
+    let pp_kinds = [Kind::Bridge, Kind::Engine];
+    let st_kinds = [Kind::Bridge, Kind::Engine, Kind::Engine64k, Kind::EngineRndv];
+    let mut pp: Vec<Series> = pp_kinds.iter().map(|_| Series::default()).collect();
+    let mut st: Vec<Series> = st_kinds.iter().map(|_| Series::default()).collect();
+    for round in 0..rounds {
+        // The order alternates from round to round (drift hits both alike).
+        let flip = round % 2 == 1;
+        let mut order: Vec<usize> = (0..pp_kinds.len()).collect();
+        if flip {
+            order.reverse();
+        }
+        let mut line = format!("round {}:", round + 1);
+        for &k in &order {
+            let (mut lat, c) = pingpong(&pair, pp_kinds[k], pings)?;
+            let (a, b) = (pct(&mut lat, 0.5) / 1e3, pct(&mut lat, 0.99) / 1e3);
+            pp[k].vals.push(a);
+            pp[k].p99.push(b);
+            pp[k].costs.push(c);
+            line += &format!("  pp {} {a:.2}/{b:.2} us (rexmit {})", pp_kinds[k].name(), c.retransmits);
+        }
+        let mut order: Vec<usize> = (0..st_kinds.len()).collect();
+        if flip {
+            order.reverse();
+        }
+        for &k in &order {
+            let (v, c) = stream(&pair, st_kinds[k], total)?;
+            st[k].vals.push(v);
+            st[k].costs.push(c);
+            line += &format!("  st {} {v:.0} MB/s (rexmit {})", st_kinds[k].name(), c.retransmits);
+        }
+        println!("{line}");
+    }
+    let n = (WARM + pings) as f64;
+    let mib = (total >> 20) as f64;
+    println!("\nmedians over {rounds} rounds (counters: both sides added)");
+    println!(
+        "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10}",
+        "16 B pp", "p50 us", "p99 us", "frames/ping", "datagrams/ping", "rexmits"
+    );
+    for (k, kind) in pp_kinds.iter().enumerate() {
+        let s = &pp[k];
+        println!(
+            "  {:<12} {:>10.2} {:>10.2} {:>12.2} {:>14.2} {:>10.0}",
+            kind.name(),
+            med(&s.vals),
+            med(&s.p99),
+            s.cost(|c| c.frames, n),
+            s.cost(|c| c.datagrams, n),
+            s.cost(|c| c.retransmits, 1.0)
+        );
+    }
+    println!(
+        "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10} {:>8}",
+        "128 KiB st", "MB/s", "", "frames/MiB", "datagrams/MiB", "rexmits", "cc cuts"
+    );
+    for (k, kind) in st_kinds.iter().enumerate() {
+        let s = &st[k];
+        println!(
+            "  {:<12} {:>10.0} {:>10} {:>12.2} {:>14.1} {:>10.0} {:>8.0}",
+            kind.name(),
+            med(&s.vals),
+            "",
+            s.cost(|c| c.frames, mib),
+            s.cost(|c| c.datagrams, mib),
+            s.cost(|c| c.retransmits, 1.0),
+            s.cost(|c| c.cc_reductions, 1.0)
+        );
+    }
+    let (b50, b99, bst) = (med(&pp[0].vals), med(&pp[0].p99), med(&st[0].vals));
+    println!("engine / bridge (latency above 1: slower; throughput below 1: slower)");
+    println!("  16 B one-way p50 {:.3}, p99 {:.3}", med(&pp[1].vals) / b50, med(&pp[1].p99) / b99);
+    for (k, kind) in st_kinds.iter().enumerate().skip(1) {
+        println!("  128 KiB streaming, {} {:.3}", kind.name(), med(&st[k].vals) / bst);
+    }
+    println!("load after: {}", loadavg());
+    Ok(())
+}

@@ -24,16 +24,23 @@
 //!   message's) and reposts; flow control by
 //!   the engine's credits (per message) and the posted buffers. Variants by message
 //!   size: `engine` (the default eager limit, 32 KiB), `engine-64k` (eager up to the
-//!   largest frame, as the bridge's frames) and `engine-rndv` (128 KiB messages, the
-//!   program's write size: rendezvous).
+//!   largest frame, as the bridge's frames), `engine-cred` (32 KiB, and only as many
+//!   credits as posted buffers, 16, so that no message waits unexpected) and
+//!   `engine-rndv` (128 KiB messages, the program's write size: rendezvous).
 //!
 //! Measured: one-way latency (half the round trip) of 16-byte write/read ping-pong,
 //! median and p99 per round; and 128 KiB-write streaming, MB/s at the reader (every
 //! byte checked). Both ends busy-poll (no sleep), so the wake-up policy, the same for
 //! both, is out of the figures.
 //!
+//! With `--strait-dir DIR` (where `strait` and `libstrait_preload.so` are), each
+//! round also runs the real thing between the same namespaces: sockperf TCP
+//! ping-pong (16 B) and iperf3 (one stream, 128 KiB writes) under `strait run
+//! --peers` and plain (kernel TCP), as an anchor for the replica.
+//!
 //! `cargo run --release -p strait-udp --example xhost_stream -- [--rounds N]
-//! [--pings N] [--stream-mib N]` (defaults 5, 20000, 256), or `scripts/bench-xhost-stream`.
+//! [--pings N] [--stream-mib N] [--strait-dir DIR [--real-seconds S]]` (defaults 5,
+//! 20000, 256, none, 2), or `scripts/bench-xhost-stream`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::UdpSocket;
@@ -120,7 +127,7 @@ trait Carrier {
     fn after_read(&mut self, r: &Rings) -> Res<()>;
     /// Keeps the carrier going (what the program wrote still goes out) until the
     /// other side is done too, then closes.
-    fn finish(self, meet: &Meet, r: &Rings) -> ReliableStats;
+    fn finish(self, meet: &Meet, r: &Rings) -> Cost;
     /// The carrier's state, for a stuck run's report.
     fn describe(&self) -> String;
 }
@@ -131,6 +138,8 @@ struct BridgeCarrier {
     peer_consumed: u64,
     credit_sent: u64,
     max_data: usize,
+    /// Credit frames sent.
+    credit_frames: u64,
 }
 
 impl BridgeCarrier {
@@ -144,7 +153,7 @@ impl BridgeCarrier {
             }
         }
         let max_data = dev.max_frame_len().saturating_sub(1).max(1);
-        Ok(BridgeCarrier { dev, peer_consumed: 0, credit_sent: 0, max_data })
+        Ok(BridgeCarrier { dev, peer_consumed: 0, credit_sent: 0, max_data, credit_frames: 0 })
     }
 
     fn pump_with(&mut self, r: &Rings, arrivals: bool) -> Res<()> {
@@ -232,6 +241,7 @@ impl BridgeCarrier {
             m[1..].copy_from_slice(&consumed.to_le_bytes());
             if self.dev.send_frame(9, &mut |w| w.write(0, &m))? {
                 self.credit_sent = consumed;
+                self.credit_frames += 1;
             }
         }
         self.dev.doorbell()?;
@@ -265,14 +275,15 @@ impl Carrier for BridgeCarrier {
         Ok(())
     }
 
-    fn finish(mut self, meet: &Meet, r: &Rings) -> ReliableStats {
+    fn finish(mut self, meet: &Meet, r: &Rings) -> Cost {
         meet.done.fetch_add(1, Ordering::SeqCst);
         while meet.done.load(Ordering::SeqCst) < 2 {
             if self.pump_with(r, true).is_err() {
                 break;
             }
         }
-        let stats = self.dev.rstats();
+        let mut stats = Cost::of(&self.dev.rstats());
+        stats.credit_frames = self.credit_frames;
         self.dev.shutdown();
         let t = Instant::now();
         while self.dev.drain() && t.elapsed() < Duration::from_secs(1) {
@@ -298,6 +309,8 @@ struct EngineCarrier {
     sent_upto: u64,
     /// Sends in flight: (end position, completed), in ring order.
     inflight: VecDeque<(u64, bool)>,
+    /// Time spent copying completed receives into the ring.
+    copy_ns: u64,
 }
 
 impl EngineCarrier {
@@ -327,6 +340,7 @@ impl EngineCarrier {
             filled: BTreeMap::new(),
             sent_upto: 0,
             inflight: VecDeque::new(),
+            copy_ns: 0,
         })
     }
 
@@ -369,7 +383,9 @@ impl EngineCarrier {
                 break;
             }
             let bytes = self.bufs[i].bytes().map_err(|e| format!("{e:?}"))?;
+            let t = Instant::now();
             rx.write_at(room.pos, &bytes[..len]);
+            self.copy_ns += t.elapsed().as_nanos() as u64;
             rx.publish_to(room.pos + len as u64);
             self.filled.remove(&room.pos);
             self.w.post_recv(self.ep, &mut self.bufs[i], 0..self.max_msg, 0, 0, i as u64)?;
@@ -421,14 +437,17 @@ impl Carrier for EngineCarrier {
         Ok(())
     }
 
-    fn finish(mut self, meet: &Meet, r: &Rings) -> ReliableStats {
+    fn finish(mut self, meet: &Meet, r: &Rings) -> Cost {
         meet.done.fetch_add(1, Ordering::SeqCst);
         while meet.done.load(Ordering::SeqCst) < 2 {
             if self.pump(r).is_err() {
                 break;
             }
         }
-        let stats = self.w.device(self.ep).map(|d| d.rstats()).unwrap_or_default();
+        let mut stats = Cost::of(&self.w.device(self.ep).map(|d| d.rstats()).unwrap_or_default());
+        stats.unexpected = self.w.stats(self.ep).map_or(0, |s| s.unexpected);
+        stats.credit_frames = self.w.stats(self.ep).map_or(0, |s| s.credit_frames_sent);
+        stats.copy_ns = self.copy_ns;
         self.w.close(self.ep);
         self.w.linger(Duration::from_secs(1));
         stats
@@ -504,6 +523,7 @@ enum Kind {
     Bridge,
     Engine,
     Engine64k,
+    EngineCredits,
     EngineRndv,
 }
 
@@ -513,6 +533,7 @@ impl Kind {
             Kind::Bridge => "bridge",
             Kind::Engine => "engine",
             Kind::Engine64k => "engine-64k",
+            Kind::EngineCredits => "engine-cred",
             Kind::EngineRndv => "engine-rndv",
         }
     }
@@ -535,7 +556,7 @@ fn side<T>(
     sock: UdpSocket,
     meet: &Meet,
     f: impl FnOnce(&mut dyn FnMut(Op<'_>) -> Res<()>) -> Res<T>,
-) -> Res<(T, ReliableStats)> {
+) -> Res<(T, Cost)> {
     let dev = device(sock)?;
     let rings = Rings::new()?;
     let max_payload = dev.max_frame_len() - strait_wire::MAX_HEADER_LEN;
@@ -555,6 +576,12 @@ fn side<T>(
                     (base, m)
                 }
                 Kind::Engine64k => (Config { eager_threshold: max_payload, ..base }, max_payload),
+                Kind::EngineCredits => {
+                    // As many credits as posted buffers: the sender never has more
+                    // messages out than the receiver has buffers for.
+                    let m = base.eager_threshold.min(max_payload);
+                    (Config { credits: (RING / m) as u16, ..base }, m)
+                }
                 _ => (base, WRITE),
             };
             let mut c = EngineCarrier::new(dev, cfg, max_msg)?;
@@ -592,7 +619,7 @@ fn meet() -> Meet {
     Meet { start: Barrier::new(2), done: AtomicUsize::new(0) }
 }
 
-/// Device counters of both sides of one measurement, added.
+/// Counters of one side of a measurement, or of both added.
 #[derive(Debug, Default, Clone, Copy)]
 struct Cost {
     /// Frames (the carrier's messages, credits and control frames).
@@ -603,28 +630,43 @@ struct Cost {
     retransmits: u64,
     /// Congestion window reductions.
     cc_reductions: u64,
+    /// Engine: messages that arrived before a receive buffer was posted for them
+    /// (copied into the unexpected queue, and out again when a buffer is posted).
+    unexpected: u64,
+    /// Engine: stand-alone credit frames.
+    credit_frames: u64,
+    /// Engine: time spent copying completed receives into the receive ring.
+    copy_ns: u64,
 }
 
-fn cost(a: &ReliableStats, b: &ReliableStats) -> Cost {
-    let one = |s: &ReliableStats| Cost {
-        frames: s.frames_sent,
-        datagrams: s.link.datagrams_sent,
-        retransmits: s.timeout_retransmits + s.fast_retransmits,
-        cc_reductions: s.cc_reductions + s.cc_timeouts,
-    };
-    let (x, y) = (one(a), one(b));
-    Cost {
-        frames: x.frames + y.frames,
-        datagrams: x.datagrams + y.datagrams,
-        retransmits: x.retransmits + y.retransmits,
-        cc_reductions: x.cc_reductions + y.cc_reductions,
+impl Cost {
+    fn of(s: &ReliableStats) -> Cost {
+        Cost {
+            frames: s.frames_sent,
+            datagrams: s.link.datagrams_sent,
+            retransmits: s.timeout_retransmits + s.fast_retransmits,
+            cc_reductions: s.cc_reductions + s.cc_timeouts,
+            ..Cost::default()
+        }
+    }
+
+    fn add(self, o: Cost) -> Cost {
+        Cost {
+            frames: self.frames + o.frames,
+            datagrams: self.datagrams + o.datagrams,
+            retransmits: self.retransmits + o.retransmits,
+            cc_reductions: self.cc_reductions + o.cc_reductions,
+            unexpected: self.unexpected + o.unexpected,
+            credit_frames: self.credit_frames + o.credit_frames,
+            copy_ns: self.copy_ns + o.copy_ns,
+        }
     }
 }
 
 /// Joins the two sides' outcomes.
-fn both<T>(a: Res<((), ReliableStats)>, b: Res<(T, ReliableStats)>) -> Res<(T, Cost)> {
+fn both<T>(a: Res<((), Cost)>, b: Res<(T, Cost)>) -> Res<(T, Cost)> {
     match (a, b) {
-        (Ok(((), sa)), Ok((t, sb))) => Ok((t, cost(&sa, &sb))),
+        (Ok(((), ca)), Ok((t, cb))) => Ok((t, ca.add(cb))),
         (Err(e), Ok(_)) => Err(format!("first side: {e}").into()),
         (Ok(_), Err(e)) => Err(format!("second side: {e}").into()),
         (Err(x), Err(y)) => Err(format!("first side: {x}; second side: {y}").into()),
@@ -711,6 +753,143 @@ fn stream(pair: &VethPair, kind: Kind, total: usize) -> Res<(f64, Cost)> {
     r.map_err(|e| format!("stream over {}: {e}", kind.name()).into())
 }
 
+// ------------------------------------------------------------------ real programs
+
+/// Where `strait` and `libstrait_preload.so` are (`--strait-dir`): then each round
+/// also runs sockperf (TCP ping-pong, 16 B) and iperf3 (one stream, its default
+/// 128 KiB writes) between the same namespaces under `strait run --peers` (the real
+/// bridge, in `remote.rs`) and plain (kernel TCP).
+struct Real {
+    dir: std::path::PathBuf,
+    seconds: u32,
+    port: std::cell::Cell<u16>,
+}
+
+/// A started server in its own process group (killed whole at the end).
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let pid = self.0.id() as libc::pid_t;
+        // SAFETY: signals the process group this harness started for the server.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+impl Real {
+    /// `prog` in namespace `ns`, under `strait run --peers` if `strait`.
+    fn argv(&self, pair: &VethPair, ns: usize, strait: bool, prog: &[&str]) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        let mut c = pair.command(ns);
+        if strait {
+            c.arg(self.dir.join("strait"))
+                .args(["run", "--stats", "--peers", &pair.subnet_v4(), "--preload"])
+                .arg(self.dir.join("libstrait_preload.so"))
+                .arg("--");
+        }
+        c.args(prog).env_remove("LD_PRELOAD").stdin(std::process::Stdio::null()).process_group(0);
+        c
+    }
+
+    fn next_port(&self) -> String {
+        self.port.set(self.port.get() + 1);
+        self.port.get().to_string()
+    }
+
+    fn serve(&self, pair: &VethPair, strait: bool, prog: &[&str], port: &str) -> Res<Server> {
+        let child = self
+            .argv(pair, 0, strait, prog)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let srv = Server(child);
+        let t = Instant::now();
+        loop {
+            let out = pair.exec(0, &["ss", "-Htln", &format!("sport = :{port}")])?;
+            if !out.stdout.is_empty() {
+                return Ok(srv);
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(format!("nothing listens on port {port} after 10 s: {prog:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn client(&self, pair: &VethPair, strait: bool, prog: &[&str]) -> Res<(String, String)> {
+        let out = self.argv(pair, 1, strait, prog).output()?;
+        let (o, e) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        if !out.status.success() {
+            return Err(format!("{prog:?} failed ({}): {o}{e}", out.status).into());
+        }
+        if strait && carried(&e) == 0 {
+            return Err(format!(
+                "{prog:?} under strait: the connection was not carried across (remote 0): {e}"
+            )
+            .into());
+        }
+        Ok((o, e))
+    }
+
+    /// sockperf TCP ping-pong, 16 B: one-way median and p99 (us), as sockperf reports.
+    fn sockperf(&self, pair: &VethPair, strait: bool) -> Res<(f64, f64)> {
+        let port = self.next_port();
+        let a = pair.v4[0].to_string();
+        let _srv = self.serve(pair, strait, &["sockperf", "sr", "--tcp", "-i", &a, "-p", &port], &port)?;
+        let secs = self.seconds.to_string();
+        let m = PING.to_string();
+        let args = ["sockperf", "pp", "--tcp", "-i", &a, "-p", &port, "-t", &secs, "-m", &m, "--mps", "max"];
+        let (o, e) = self.client(pair, strait, &args)?;
+        let text = o + &e;
+        let p = |q: &str| {
+            text.lines()
+                .find(|l| l.contains(&format!("percentile {q} =")))
+                .and_then(|l| l.rsplit('=').next())
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        match (p("50.000"), p("99.000")) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(format!("no percentiles from sockperf: {text}").into()),
+        }
+    }
+
+    /// iperf3, one stream: MB/s the server received.
+    fn iperf3(&self, pair: &VethPair, strait: bool) -> Res<f64> {
+        let port = self.next_port();
+        let a = pair.v4[0].to_string();
+        let _srv = self.serve(pair, strait, &["iperf3", "-s", "-1", "-p", &port, "-B", &a], &port)?;
+        let secs = self.seconds.to_string();
+        let (o, _) = self.client(pair, strait, &["iperf3", "-c", &a, "-p", &port, "-t", &secs, "-J"])?;
+        let bps = o
+            .find("\"sum_received\"")
+            .and_then(|i| o[i..].find("\"bits_per_second\":").map(|j| i + j + "\"bits_per_second\":".len()))
+            .and_then(|k| o[k..].split([',', '\n', '}']).next())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or_else(|| format!("no sum_received in iperf3's output: {o}"))?;
+        Ok(bps / 8.0 / 1e6)
+    }
+}
+
+/// The real runs' names: under strait, plain.
+const REAL: [&str; 2] = ["strait run --peers (bridge)", "kernel TCP"];
+
+/// The `remote` count of the stats line(s) in `stderr`: connections strait carried
+/// across hosts.
+fn carried(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .filter(|l| l.contains("strait-preload:"))
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.windows(2).find(|p| p[0] == "remote").and_then(|p| p[1].parse::<u64>().ok())
+        })
+        .sum()
+}
+
 // ------------------------------------------------------------------ main
 
 fn arg(args: &[String], name: &str, default: usize) -> Res<usize> {
@@ -759,6 +938,14 @@ impl Series {
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let real = match args.iter().position(|a| a == "--strait-dir") {
+        Some(i) => Some(Real {
+            dir: args.get(i + 1).ok_or("--strait-dir needs a value")?.into(),
+            seconds: arg(&args, "--real-seconds", 2)? as u32,
+            port: std::cell::Cell::new(12000),
+        }),
+        None => None,
+    };
     let rounds = arg(&args, "--rounds", 5)?;
     let pings = arg(&args, "--pings", 20000)?;
     let total = arg(&args, "--stream-mib", 256)? << 20;
@@ -781,9 +968,11 @@ fn main() -> Res<()> {
     );
     let pair = VethPair::create()?;
     let pp_kinds = [Kind::Bridge, Kind::Engine];
-    let st_kinds = [Kind::Bridge, Kind::Engine, Kind::Engine64k, Kind::EngineRndv];
+    let st_kinds = [Kind::Bridge, Kind::Engine, Kind::Engine64k, Kind::EngineCredits, Kind::EngineRndv];
     let mut pp: Vec<Series> = pp_kinds.iter().map(|_| Series::default()).collect();
     let mut st: Vec<Series> = st_kinds.iter().map(|_| Series::default()).collect();
+    let mut real_pp = [Series::default(), Series::default()];
+    let mut real_st = [Series::default(), Series::default()];
     for round in 0..rounds {
         // The order alternates from round to round (drift hits both alike).
         let flip = round % 2 == 1;
@@ -810,6 +999,18 @@ fn main() -> Res<()> {
             st[k].costs.push(c);
             line += &format!("  st {} {v:.0} MB/s (rexmit {})", st_kinds[k].name(), c.retransmits);
         }
+        if let Some(real) = &real {
+            // Under strait (the real bridge) and plain (kernel TCP), alternating.
+            for strait in if flip { [false, true] } else { [true, false] } {
+                let k = usize::from(!strait);
+                let (a, b) = real.sockperf(&pair, strait)?;
+                real_pp[k].vals.push(a);
+                real_pp[k].p99.push(b);
+                let v = real.iperf3(&pair, strait)?;
+                real_st[k].vals.push(v);
+                line += &format!("  {} sockperf {a:.2}/{b:.2} us iperf3 {v:.0} MB/s", REAL[k]);
+            }
+        }
         println!("{line}");
     }
     let n = (WARM + pings) as f64;
@@ -832,21 +1033,46 @@ fn main() -> Res<()> {
         );
     }
     println!(
-        "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10} {:>8}",
-        "128 KiB st", "MB/s", "", "frames/MiB", "datagrams/MiB", "rexmits", "cc cuts"
+        "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10} {:>8} {:>10} {:>10} {:>12}",
+        "128 KiB st",
+        "MB/s",
+        "us/MiB",
+        "frames/MiB",
+        "datagrams/MiB",
+        "rexmits",
+        "cc cuts",
+        "unexp/MiB",
+        "credit/MiB",
+        "ring-copy us/MiB"
     );
     for (k, kind) in st_kinds.iter().enumerate() {
         let s = &st[k];
+        let v = med(&s.vals);
         println!(
-            "  {:<12} {:>10.0} {:>10} {:>12.2} {:>14.1} {:>10.0} {:>8.0}",
+            "  {:<12} {:>10.0} {:>10.1} {:>12.2} {:>14.1} {:>10.0} {:>8.0} {:>10.2} {:>10.2} {:>12.1}",
             kind.name(),
-            med(&s.vals),
-            "",
+            v,
+            1048576.0 / v,
             s.cost(|c| c.frames, mib),
             s.cost(|c| c.datagrams, mib),
             s.cost(|c| c.retransmits, 1.0),
-            s.cost(|c| c.cc_reductions, 1.0)
+            s.cost(|c| c.cc_reductions, 1.0),
+            s.cost(|c| c.unexpected, mib),
+            s.cost(|c| c.credit_frames, mib),
+            s.cost(|c| c.copy_ns, mib * 1000.0)
         );
+    }
+    if real.is_some() {
+        println!("  real programs between the same namespaces (sockperf pp --tcp -m {PING}; iperf3, 128 KiB writes):");
+        for k in 0..2 {
+            println!(
+                "  {:<26} sockperf p50 {:.2} us, p99 {:.2} us; iperf3 {:.0} MB/s",
+                REAL[k],
+                med(&real_pp[k].vals),
+                med(&real_pp[k].p99),
+                med(&real_st[k].vals)
+            );
+        }
     }
     let (b50, b99, bst) = (med(&pp[0].vals), med(&pp[0].p99), med(&st[0].vals));
     println!("engine / bridge (latency above 1: slower; throughput below 1: slower)");

@@ -38,9 +38,14 @@
 //! ping-pong (16 B) and iperf3 (one stream, 128 KiB writes) under `strait run
 //! --peers` and plain (kernel TCP), as an anchor for the replica.
 //!
+//! Before each round it waits (at most `--quiet-wait` s) until no compiler (`rustc`,
+//! `cargo`) runs; a round during which one ran anyway is marked, and the summary is
+//! given over all rounds and over the quiet ones. No round starts after `--budget` s.
+//!
 //! `cargo run --release -p strait-udp --example xhost_stream -- [--rounds N]
-//! [--pings N] [--stream-mib N] [--strait-dir DIR [--real-seconds S]]` (defaults 5,
-//! 20000, 256, none, 2), or `scripts/bench-xhost-stream`.
+//! [--pings N] [--stream-mib N] [--strait-dir DIR [--real-seconds S]] [--quiet-wait S]
+//! [--budget S]` (defaults 5, 20000, 256, none, 2, 60, 240), or
+//! `scripts/bench-xhost-stream`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::UdpSocket;
@@ -921,18 +926,157 @@ fn med(v: &[f64]) -> f64 {
     pct(&mut v, 0.5)
 }
 
-/// Per-round figures of one carrier.
-#[derive(Default)]
-struct Series {
-    vals: Vec<f64>,
-    p99: Vec<f64>,
-    costs: Vec<Cost>,
+/// How many compilers (`rustc`, `cargo`) run on the machine now.
+fn compilers() -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|c| matches!(c.trim(), "rustc" | "cargo"))
+        .count()
 }
 
-impl Series {
-    /// Medians over rounds of a counter, divided by `per`.
-    fn cost(&self, f: impl Fn(&Cost) -> u64, per: f64) -> f64 {
-        med(&self.costs.iter().map(|c| f(c) as f64 / per).collect::<Vec<_>>())
+/// Everything one round measured.
+struct Round {
+    /// No compiler ran at any of its checks (start, after each measurement).
+    quiet: bool,
+    load: String,
+    /// Per ping-pong carrier: p50 and p99 one-way (us), counters.
+    pp: Vec<(f64, f64, Cost)>,
+    /// Per streaming carrier: MB/s, counters.
+    st: Vec<(f64, Cost)>,
+    /// Real programs, under strait and plain: sockperf p50, p99 (us), iperf3 MB/s.
+    real: Option<[(f64, f64, f64); 2]>,
+}
+
+const PP_KINDS: [Kind; 2] = [Kind::Bridge, Kind::Engine];
+const ST_KINDS: [Kind; 5] =
+    [Kind::Bridge, Kind::Engine, Kind::Engine64k, Kind::EngineCredits, Kind::EngineRndv];
+
+fn round(pair: &VethPair, real: Option<&Real>, flip: bool, pings: usize, total: usize) -> Res<Round> {
+    let mut busy = compilers() > 0;
+    let load = loadavg();
+    let order = |n: usize| -> Vec<usize> {
+        if flip {
+            (0..n).rev().collect()
+        } else {
+            (0..n).collect()
+        }
+    };
+    let mut pp = vec![(0.0, 0.0, Cost::default()); PP_KINDS.len()];
+    for k in order(PP_KINDS.len()) {
+        let (mut lat, c) = pingpong(pair, PP_KINDS[k], pings)?;
+        pp[k] = (pct(&mut lat, 0.5) / 1e3, pct(&mut lat, 0.99) / 1e3, c);
+        busy |= compilers() > 0;
+    }
+    let mut st = vec![(0.0, Cost::default()); ST_KINDS.len()];
+    for k in order(ST_KINDS.len()) {
+        st[k] = stream(pair, ST_KINDS[k], total)?;
+        busy |= compilers() > 0;
+    }
+    let real = match real {
+        Some(r) => {
+            let mut out = [(0.0, 0.0, 0.0); 2];
+            // Under strait (the real bridge) and plain (kernel TCP), alternating.
+            for strait in if flip { [false, true] } else { [true, false] } {
+                let (a, b) = r.sockperf(pair, strait)?;
+                let v = r.iperf3(pair, strait)?;
+                out[usize::from(!strait)] = (a, b, v);
+                busy |= compilers() > 0;
+            }
+            Some(out)
+        }
+        None => None,
+    };
+    Ok(Round { quiet: !busy, load, pp, st, real })
+}
+
+fn print_round(i: usize, r: &Round) {
+    let mut line =
+        format!("round {:>2} ({}, load {}):", i + 1, if r.quiet { "quiet" } else { "COMPILING" }, r.load);
+    for (k, (a, b, c)) in r.pp.iter().enumerate() {
+        line += &format!(" pp {} {a:.2}/{b:.2} us rx{};", PP_KINDS[k].name(), c.retransmits);
+    }
+    for (k, (v, c)) in r.st.iter().enumerate() {
+        line += &format!(" st {} {v:.0} MB/s rx{};", ST_KINDS[k].name(), c.retransmits);
+    }
+    if let Some(real) = &r.real {
+        for (k, (a, b, v)) in real.iter().enumerate() {
+            line += &format!(" {}: sockperf {a:.2}/{b:.2} us, iperf3 {v:.0} MB/s;", REAL[k]);
+        }
+    }
+    println!("{line}");
+}
+
+/// Medians over `rounds` (counters: both sides added).
+fn summary(what: &str, rounds: &[&Round], pings: usize, total: usize) {
+    let n = (WARM + pings) as f64;
+    let mib = (total >> 20) as f64;
+    let m = |f: &dyn Fn(&Round) -> f64| med(&rounds.iter().map(|r| f(r)).collect::<Vec<_>>());
+    println!("\nmedians over {} {what} rounds (counters: both sides added)", rounds.len());
+    println!(
+        "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10}",
+        "16 B pp", "p50 us", "p99 us", "frames/ping", "datagrams/ping", "rexmits"
+    );
+    for (k, kind) in PP_KINDS.iter().enumerate() {
+        println!(
+            "  {:<12} {:>10.2} {:>10.2} {:>12.2} {:>14.2} {:>10.0}",
+            kind.name(),
+            m(&|r| r.pp[k].0),
+            m(&|r| r.pp[k].1),
+            m(&|r| r.pp[k].2.frames as f64 / n),
+            m(&|r| r.pp[k].2.datagrams as f64 / n),
+            m(&|r| r.pp[k].2.retransmits as f64)
+        );
+    }
+    println!(
+        "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10} {:>8} {:>10} {:>10} {:>12}",
+        "128 KiB st",
+        "MB/s",
+        "us/MiB",
+        "frames/MiB",
+        "datagrams/MiB",
+        "rexmits",
+        "cc cuts",
+        "unexp/MiB",
+        "credit/MiB",
+        "ring-copy us/MiB"
+    );
+    for (k, kind) in ST_KINDS.iter().enumerate() {
+        let v = m(&|r| r.st[k].0);
+        println!(
+            "  {:<12} {:>10.0} {:>10.1} {:>12.2} {:>14.1} {:>10.0} {:>8.0} {:>10.2} {:>10.2} {:>12.1}",
+            kind.name(),
+            v,
+            1048576.0 / v,
+            m(&|r| r.st[k].1.frames as f64 / mib),
+            m(&|r| r.st[k].1.datagrams as f64 / mib),
+            m(&|r| r.st[k].1.retransmits as f64),
+            m(&|r| r.st[k].1.cc_reductions as f64),
+            m(&|r| r.st[k].1.unexpected as f64 / mib),
+            m(&|r| r.st[k].1.credit_frames as f64 / mib),
+            m(&|r| r.st[k].1.copy_ns as f64 / mib / 1000.0)
+        );
+    }
+    if rounds.iter().all(|r| r.real.is_some()) {
+        println!("  real programs between the same namespaces (sockperf pp --tcp -m {PING}; iperf3, 128 KiB writes):");
+        for (k, name) in REAL.iter().enumerate() {
+            let g = |f: fn(&(f64, f64, f64)) -> f64| m(&|r| r.real.as_ref().map_or(0.0, |x| f(&x[k])));
+            println!(
+                "  {:<28} sockperf one-way p50 {:.2} us, p99 {:.2} us; iperf3 {:.0} MB/s",
+                name,
+                g(|x| x.0),
+                g(|x| x.1),
+                g(|x| x.2)
+            );
+        }
+    }
+    println!("  engine / bridge, median of the per-round ratios (latency above 1: slower; throughput below 1: slower)");
+    println!(
+        "    16 B one-way p50 {:.3}, p99 {:.3}",
+        m(&|r| r.pp[1].0 / r.pp[0].0),
+        m(&|r| r.pp[1].1 / r.pp[0].1)
+    );
+    for (k, kind) in ST_KINDS.iter().enumerate().skip(1) {
+        println!("    128 KiB streaming, {} {:.3}", kind.name(), m(&|r| r.st[k].0 / r.st[0].0));
     }
 }
 
@@ -949,6 +1093,8 @@ fn main() -> Res<()> {
     let rounds = arg(&args, "--rounds", 5)?;
     let pings = arg(&args, "--pings", 20000)?;
     let total = arg(&args, "--stream-mib", 256)? << 20;
+    let quiet_wait = arg(&args, "--quiet-wait", 60)? as u64;
+    let budget = arg(&args, "--budget", 240)? as u64;
     if rounds == 0 || pings == 0 || total == 0 {
         return Err("--rounds, --pings and --stream-mib must be positive".into());
     }
@@ -967,118 +1113,34 @@ fn main() -> Res<()> {
         WRITE >> 10
     );
     let pair = VethPair::create()?;
-    let pp_kinds = [Kind::Bridge, Kind::Engine];
-    let st_kinds = [Kind::Bridge, Kind::Engine, Kind::Engine64k, Kind::EngineCredits, Kind::EngineRndv];
-    let mut pp: Vec<Series> = pp_kinds.iter().map(|_| Series::default()).collect();
-    let mut st: Vec<Series> = st_kinds.iter().map(|_| Series::default()).collect();
-    let mut real_pp = [Series::default(), Series::default()];
-    let mut real_st = [Series::default(), Series::default()];
-    for round in 0..rounds {
-        // The order alternates from round to round (drift hits both alike).
-        let flip = round % 2 == 1;
-        let mut order: Vec<usize> = (0..pp_kinds.len()).collect();
-        if flip {
-            order.reverse();
+    let started = Instant::now();
+    let mut done: Vec<Round> = Vec::new();
+    for i in 0..rounds {
+        // Before each round, wait (bounded) until no compiler runs; rounds with a
+        // compiler at any check are marked and summed up apart.
+        let t = Instant::now();
+        while compilers() > 0 && t.elapsed().as_secs() < quiet_wait && started.elapsed().as_secs() < budget {
+            std::thread::sleep(Duration::from_secs(1));
         }
-        let mut line = format!("round {}:", round + 1);
-        for &k in &order {
-            let (mut lat, c) = pingpong(&pair, pp_kinds[k], pings)?;
-            let (a, b) = (pct(&mut lat, 0.5) / 1e3, pct(&mut lat, 0.99) / 1e3);
-            pp[k].vals.push(a);
-            pp[k].p99.push(b);
-            pp[k].costs.push(c);
-            line += &format!("  pp {} {a:.2}/{b:.2} us (rexmit {})", pp_kinds[k].name(), c.retransmits);
+        if started.elapsed().as_secs() >= budget {
+            println!("time budget of {budget} s spent: {i} of {rounds} rounds done");
+            break;
         }
-        let mut order: Vec<usize> = (0..st_kinds.len()).collect();
-        if flip {
-            order.reverse();
-        }
-        for &k in &order {
-            let (v, c) = stream(&pair, st_kinds[k], total)?;
-            st[k].vals.push(v);
-            st[k].costs.push(c);
-            line += &format!("  st {} {v:.0} MB/s (rexmit {})", st_kinds[k].name(), c.retransmits);
-        }
-        if let Some(real) = &real {
-            // Under strait (the real bridge) and plain (kernel TCP), alternating.
-            for strait in if flip { [false, true] } else { [true, false] } {
-                let k = usize::from(!strait);
-                let (a, b) = real.sockperf(&pair, strait)?;
-                real_pp[k].vals.push(a);
-                real_pp[k].p99.push(b);
-                let v = real.iperf3(&pair, strait)?;
-                real_st[k].vals.push(v);
-                line += &format!("  {} sockperf {a:.2}/{b:.2} us iperf3 {v:.0} MB/s", REAL[k]);
-            }
-        }
-        println!("{line}");
+        // The order alternates from round to round (drift hits all alike).
+        let r = round(&pair, real.as_ref(), i % 2 == 1, pings, total)?;
+        print_round(i, &r);
+        done.push(r);
     }
-    let n = (WARM + pings) as f64;
-    let mib = (total >> 20) as f64;
-    println!("\nmedians over {rounds} rounds (counters: both sides added)");
-    println!(
-        "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10}",
-        "16 B pp", "p50 us", "p99 us", "frames/ping", "datagrams/ping", "rexmits"
-    );
-    for (k, kind) in pp_kinds.iter().enumerate() {
-        let s = &pp[k];
-        println!(
-            "  {:<12} {:>10.2} {:>10.2} {:>12.2} {:>14.2} {:>10.0}",
-            kind.name(),
-            med(&s.vals),
-            med(&s.p99),
-            s.cost(|c| c.frames, n),
-            s.cost(|c| c.datagrams, n),
-            s.cost(|c| c.retransmits, 1.0)
-        );
+    if done.is_empty() {
+        return Err("no round done".into());
     }
-    println!(
-        "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10} {:>8} {:>10} {:>10} {:>12}",
-        "128 KiB st",
-        "MB/s",
-        "us/MiB",
-        "frames/MiB",
-        "datagrams/MiB",
-        "rexmits",
-        "cc cuts",
-        "unexp/MiB",
-        "credit/MiB",
-        "ring-copy us/MiB"
-    );
-    for (k, kind) in st_kinds.iter().enumerate() {
-        let s = &st[k];
-        let v = med(&s.vals);
-        println!(
-            "  {:<12} {:>10.0} {:>10.1} {:>12.2} {:>14.1} {:>10.0} {:>8.0} {:>10.2} {:>10.2} {:>12.1}",
-            kind.name(),
-            v,
-            1048576.0 / v,
-            s.cost(|c| c.frames, mib),
-            s.cost(|c| c.datagrams, mib),
-            s.cost(|c| c.retransmits, 1.0),
-            s.cost(|c| c.cc_reductions, 1.0),
-            s.cost(|c| c.unexpected, mib),
-            s.cost(|c| c.credit_frames, mib),
-            s.cost(|c| c.copy_ns, mib * 1000.0)
-        );
-    }
-    if real.is_some() {
-        println!("  real programs between the same namespaces (sockperf pp --tcp -m {PING}; iperf3, 128 KiB writes):");
-        for k in 0..2 {
-            println!(
-                "  {:<26} sockperf p50 {:.2} us, p99 {:.2} us; iperf3 {:.0} MB/s",
-                REAL[k],
-                med(&real_pp[k].vals),
-                med(&real_pp[k].p99),
-                med(&real_st[k].vals)
-            );
-        }
-    }
-    let (b50, b99, bst) = (med(&pp[0].vals), med(&pp[0].p99), med(&st[0].vals));
-    println!("engine / bridge (latency above 1: slower; throughput below 1: slower)");
-    println!("  16 B one-way p50 {:.3}, p99 {:.3}", med(&pp[1].vals) / b50, med(&pp[1].p99) / b99);
-    for (k, kind) in st_kinds.iter().enumerate().skip(1) {
-        println!("  128 KiB streaming, {} {:.3}", kind.name(), med(&st[k].vals) / bst);
+    let all: Vec<&Round> = done.iter().collect();
+    summary("interleaved", &all, pings, total);
+    let quiet: Vec<&Round> = done.iter().filter(|r| r.quiet).collect();
+    if quiet.len() >= 3 && quiet.len() < all.len() {
+        summary("quiet (no compiler running)", &quiet, pings, total);
+    } else if quiet.len() < all.len() {
+        println!("only {} of {} rounds ran without a compiler on the machine", quiet.len(), all.len());
     }
     println!("load after: {}", loadavg());
     Ok(())

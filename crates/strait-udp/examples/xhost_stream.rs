@@ -47,7 +47,7 @@
 //!
 //! `cargo run --release -p strait-udp --example xhost_stream -- [--rounds N]
 //! [--pings N] [--stream-mib N] [--strait-dir DIR [--real-seconds S]] [--quiet-wait S]
-//! [--budget S]` (defaults 5, 20000, 256, none, 2, 60, 240), or
+//! [--budget S] [--write-kib N]` (defaults 5, 20000, 256, none, 2, 60, 240, 128), or
 //! `scripts/bench-xhost-stream`.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -76,6 +76,9 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 const RING: usize = 512 * 1024;
 /// The program's write (and read) size while streaming.
 const WRITE: usize = 128 * 1024;
+/// The streaming writer's write size (`--write-kib`, default [`WRITE`]); reads and
+/// `engine-rndv`'s messages stay at 128 KiB.
+static WRITE_SIZE: AtomicUsize = AtomicUsize::new(WRITE);
 /// The ping-pong message.
 const PING: usize = 16;
 /// Pings before the measured ones.
@@ -720,18 +723,19 @@ fn pingpong(pair: &VethPair, kind: Kind, pings: usize) -> Res<(Vec<f64>, Cost)> 
     r.map_err(|e| format!("ping-pong over {}: {e}", kind.name()).into())
 }
 
-/// Streams `total` bytes in 128 KiB writes; MB/s at the reader (every byte checked).
+/// Streams `total` bytes in writes of `--write-kib` (128 KiB); MB/s at the reader (every byte checked).
 fn stream(pair: &VethPair, kind: Kind, total: usize) -> Res<(f64, Cost)> {
     let (sa, sb) = pair.udp_pair(false)?;
     let m = meet();
     // Byte at stream position p is p % 251 (a period prime to every size here).
-    let pat: Vec<u8> = (0..WRITE + 251).map(|i| (i % 251) as u8).collect();
+    let write = WRITE_SIZE.load(Ordering::Relaxed);
+    let pat: Vec<u8> = (0..write.max(WRITE) + 251).map(|i| (i % 251) as u8).collect();
     let r = std::thread::scope(|s| {
         let writer = s.spawn(|| {
             side(kind, sa, &m, |op| {
                 let mut pos = 0;
                 while pos < total {
-                    let n = WRITE.min(total - pos);
+                    let n = write.min(total - pos);
                     let o = pos % 251;
                     op(Op::Write(&pat[o..o + n]))?;
                     pos += n;
@@ -1032,7 +1036,7 @@ fn summary(what: &str, rounds: &[&Round], pings: usize, total: usize) {
     }
     println!(
         "  {:<12} {:>10} {:>10} {:>12} {:>14} {:>10} {:>8} {:>10} {:>10} {:>12}",
-        "128 KiB st",
+        "streaming",
         "MB/s",
         "us/MiB",
         "frames/MiB",
@@ -1079,7 +1083,7 @@ fn summary(what: &str, rounds: &[&Round], pings: usize, total: usize) {
         m(&|r| r.pp[1].1 / r.pp[0].1)
     );
     for (k, kind) in ST_KINDS.iter().enumerate().skip(1) {
-        println!("    128 KiB streaming, {} {:.3}", kind.name(), m(&|r| r.st[k].0 / r.st[0].0));
+        println!("    streaming, {} {:.3}", kind.name(), m(&|r| r.st[k].0 / r.st[0].0));
     }
 }
 
@@ -1097,6 +1101,11 @@ fn main() -> Res<()> {
     let pings = arg(&args, "--pings", 20000)?;
     let total = arg(&args, "--stream-mib", 256)? << 20;
     let quiet_wait = arg(&args, "--quiet-wait", 60)? as u64;
+    let write_kib = arg(&args, "--write-kib", WRITE >> 10)?;
+    if write_kib == 0 || write_kib << 10 > RING {
+        return Err("--write-kib must be 1..512".into());
+    }
+    WRITE_SIZE.store(write_kib << 10, Ordering::Relaxed);
     let budget = arg(&args, "--budget", 240)? as u64;
     if rounds == 0 || pings == 0 || total == 0 {
         return Err("--rounds, --pings and --stream-mib must be positive".into());
@@ -1113,7 +1122,7 @@ fn main() -> Res<()> {
          stream {} MiB in {} KiB writes; Reliable<UdpLink> (mmsg, no coalescing) across a veth pair",
         RING >> 10,
         total >> 20,
-        WRITE >> 10
+        WRITE_SIZE.load(Ordering::Relaxed) >> 10
     );
     let pair = VethPair::create()?;
     // Time spent measuring (the waits for quiet not counted).

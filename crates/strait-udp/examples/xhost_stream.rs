@@ -21,16 +21,18 @@
 //!   tag is the message's stream position), into posted receive buffers (as many as
 //!   the ring holds, any tag), whose completions the carrier copies into the receive
 //!   ring in stream order (by tag: a rendezvous completion may overtake an earlier
-//!   message's) and reposts; flow control by
-//!   the engine's credits (per message) and the posted buffers. Variants by message
+//!   message's) and reposts; flow control by the engine's credits (per message) and
+//!   the posted buffers. Variants by message
 //!   size: `engine` (the default eager limit, 32 KiB), `engine-64k` (eager up to the
 //!   largest frame, as the bridge's frames), `engine-cred` (32 KiB, and only as many
-//!   credits as posted buffers, 16, so that no message waits unexpected) and
+//!   credits as posted buffers, 16, so that fewer messages wait unexpected) and
 //!   `engine-rndv` (128 KiB messages, the program's write size: rendezvous).
 //!
 //! Measured: one-way latency (half the round trip) of 16-byte write/read ping-pong,
-//! median and p99 per round; and 128 KiB-write streaming, MB/s at the reader (every
-//! byte checked). Both ends busy-poll (no sleep), so the wake-up policy, the same for
+//! median and p99 per round; and streaming in 128 KiB writes (`--write-kib`), MB/s
+//! at the reader (every byte checked); and what each carrier did (frames, datagrams,
+//! retransmissions, unexpected messages, credit frames, time in the copy into the
+//! receive ring). Both ends busy-poll (no sleep), so the wake-up policy, the same for
 //! both, is out of the figures.
 //!
 //! With `--strait-dir DIR` (where `strait` and `libstrait_preload.so` are), each

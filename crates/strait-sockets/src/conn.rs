@@ -52,9 +52,9 @@ use libc::{c_int, c_void};
 
 use strait_core::spin::{SpinPolicy, WaitOutcome};
 use strait_shm::area::MappedArea;
-use strait_sys::mmap::Mapping;
 use strait_shm::ring::{announce_sleep, peer_needs_wake};
 use strait_shm::stream::ByteRing;
+use strait_sys::mmap::Mapping;
 
 use crate::real;
 use crate::settings::{crowded, spin_policy, Settings};
@@ -185,7 +185,6 @@ impl Shm {
         self.areas[d].base()
     }
 }
-
 
 /// The far side of a connection to another host: it plays the peer's side of the
 /// rings (the bridge of the `remote` module, over a strait device). The connection

@@ -55,9 +55,9 @@ use crate::sock::{
 use crate::trust::{self, Proto};
 use crate::wait::{signals_restart, sock_timeout};
 use strait_core::spin::{SpinPolicy, WaitOutcome};
-use strait_sys::mmap::Mapping;
 use strait_shm::area::MappedArea;
 use strait_shm::dgram::{DgramRing, Pushed};
+use strait_sys::mmap::Mapping;
 
 const MAGIC: u64 = 0x3130_5044_5554_5253; // "SRTUDP01"
 const VERSION: u32 = 1;
@@ -158,7 +158,6 @@ impl Map {
             && self.word(8).load(Ordering::Relaxed) == VERSION as u64 | ((self.ring as u64) << 32)
     }
 }
-
 
 // ------------------------------------------------------------------ channels
 

@@ -39,7 +39,8 @@ fn imports(src: &str, modules: &BTreeMap<String, usize>) -> BTreeSet<String> {
         if let Some(group) = rest.strip_prefix('{') {
             let end = group.find('}').unwrap_or(group.len());
             for item in group[..end].split(',') {
-                let name: String = item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                let name: String =
+                    item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
                 out.insert(name);
             }
         } else {

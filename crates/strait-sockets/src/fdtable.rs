@@ -36,6 +36,7 @@ impl<T: Shared> FdTable<T> {
         }
     }
 
+    #[inline]
     fn read(&self, shard: usize) -> std::sync::RwLockReadGuard<'_, Vec<Option<T>>> {
         self.shards[shard].fds.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -45,6 +46,7 @@ impl<T: Shared> FdTable<T> {
     }
 
     /// What `fd` refers to, if anything.
+    #[inline]
     pub fn lookup(&self, fd: c_int) -> Option<T> {
         if self.live.load(Ordering::Relaxed) == 0 || fd < 0 {
             return None;

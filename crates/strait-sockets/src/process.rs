@@ -90,12 +90,20 @@ fn fork_watch_reset() {
 /// library call: it holds every connection its parent held (the kernel copied the
 /// descriptors), so it takes the holds the handlers would have taken, and forgets
 /// the parent's cached process id. One load when nothing happened.
+#[inline]
 pub(crate) fn check_new_process() {
     let w = FORK_WATCH.load(Ordering::Relaxed);
     // SAFETY: the watch page, mapped for the life of the process.
     if w.is_null() || unsafe { (*w).load(Ordering::Relaxed) } != 0 {
         return;
     }
+    new_process_seen();
+}
+
+/// The fork watch found this process new: take the holds the fork handlers would
+/// have taken.
+#[cold]
+fn new_process_seen() {
     fork_watch_reset();
     for c in table::all_conns() {
         c.add_holder();

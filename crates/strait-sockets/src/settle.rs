@@ -14,6 +14,7 @@ use crate::{discover, process, remote, table};
 /// What the library carries behind `fd` (one look-up of the descriptor table for
 /// every kind), a TCP connection only once settled: `None` for a descriptor the
 /// kernel alone carries, or a connection that settled on the kernel.
+#[inline]
 pub(crate) fn socket(fd: c_int) -> Option<Socket> {
     process::check_new_process();
     match table::get(fd)? {
@@ -23,12 +24,14 @@ pub(crate) fn socket(fd: c_int) -> Option<Socket> {
 }
 
 /// The accelerated TCP connection behind `fd`, after settling a pending connect.
+#[inline]
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     process::check_new_process();
     settled(fd, table::lookup(fd)?)
 }
 
 /// `c`, the connection behind `fd`, once settled (`None`: it settled on the kernel).
+#[inline]
 fn settled(fd: c_int, c: Arc<Conn>) -> Option<Arc<Conn>> {
     // A connection to another host: the first use waits (bounded) for the other end.
     if let Some(ok) = remote::settle(fd, &c) {

@@ -55,11 +55,13 @@ fn put(fd: c_int, s: Socket) -> Option<Socket> {
 }
 
 /// What `fd` is, if the library carries it.
+#[inline]
 pub fn get(fd: c_int) -> Option<Socket> {
     SOCKETS.lookup(fd)
 }
 
 /// The TCP connection behind `fd`, if it is one of ours.
+#[inline]
 pub fn lookup(fd: c_int) -> Option<Arc<Conn>> {
     if TCP_FDS.load(Ordering::Relaxed) == 0 {
         return None;

@@ -147,6 +147,7 @@ impl Shm {
     /// ring.
     pub fn map(fd: c_int, ring: usize) -> Option<Shm> {
         let map = Mapping::shared_on_demand(fd, HDR + 2 * ring, 0).ok()?;
+        crate::fds::shm_mapped(map.len());
         let base = map.ptr();
         // SAFETY: both data areas lie inside the mapping (after the header page, so
         // page-aligned), which this value owns and unmaps only when dropped.
@@ -183,6 +184,13 @@ impl Shm {
 
     pub(crate) fn data(&self, d: usize) -> *mut u8 {
         self.areas[d].base()
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        // (The mapping itself goes with `map`.)
+        crate::fds::shm_unmapped(self.map.len());
     }
 }
 

@@ -90,9 +90,30 @@ impl EpSet {
 }
 
 static SETS_LIVE: AtomicUsize = AtomicUsize::new(0);
-static SETS: Mutex<Option<HashMap<c_int, EpSet>>> = Mutex::new(None);
+/// Hashes a descriptor number by one multiplication: the sets are looked up on every
+/// `epoll_wait`, where SipHash cost more than the rest of a zero-timeout call.
+#[derive(Default, Clone, Copy)]
+struct FdHasher(u64);
 
-fn sets() -> std::sync::MutexGuard<'static, Option<HashMap<c_int, EpSet>>> {
+impl std::hash::Hasher for FdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_i32(&mut self, v: i32) {
+        self.0 = u64::from(v as u32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type Sets = HashMap<c_int, EpSet, std::hash::BuildHasherDefault<FdHasher>>;
+
+static SETS: Mutex<Option<Sets>> = Mutex::new(None);
+
+fn sets() -> std::sync::MutexGuard<'static, Option<Sets>> {
     SETS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -151,7 +172,7 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
         (e.events, e.u64)
     };
     let mut g = sets();
-    let map = g.get_or_insert_with(HashMap::new);
+    let map = g.get_or_insert_with(Sets::default);
     let set = map.entry(epfd).or_default();
     let pos = set.entries.iter().position(|e| e.fd == fd);
     match op {
@@ -351,6 +372,53 @@ fn touch(set: &mut EpSet, pred: impl Fn(&Socket) -> bool) {
     }
 }
 
+/// One pass over a live set: UDP members bound since they were added get their
+/// wakers, then what is ready (looked at twice when nothing is: entries armed by
+/// the first look are dirty once more) and, if `may_sleep` and nothing is, the
+/// earliest attach deadline of a pending connector. `None` if the set has no
+/// accelerated member.
+fn gather(
+    epfd: c_int,
+    set: &mut EpSet,
+    max: usize,
+    may_sleep: bool,
+) -> Option<(Vec<epoll_event>, Option<Instant>)> {
+    if !set.live() {
+        return None;
+    }
+    if set.pending_udp {
+        set.pending_udp = false;
+        let members: Vec<Socket> = set.entries.iter().map(|e| e.conn.clone()).collect();
+        for m in members {
+            if set.wakers.iter().any(|x| x.same(&m)) {
+                continue;
+            }
+            if add_wakers(epfd, &m) {
+                set.wakers.push(m);
+            } else {
+                set.pending_udp = true;
+            }
+        }
+    }
+    let mut acc = Vec::new();
+    collect(set, &mut acc, max);
+    if acc.is_empty() {
+        collect(set, &mut acc, max);
+    }
+    let attach = if acc.is_empty() && may_sleep {
+        set.entries
+            .iter()
+            .filter_map(|e| match &e.conn {
+                Socket::Tcp(c) => c.attach_deadline(),
+                _ => None,
+            })
+            .min()
+    } else {
+        None
+    };
+    Some((acc, attach))
+}
+
 fn with_set<T>(epfd: c_int, f: impl FnOnce(&mut EpSet) -> T) -> Option<T> {
     let mut g = sets();
     g.as_mut().and_then(|m| m.get_mut(&epfd)).map(f)
@@ -370,53 +438,25 @@ pub unsafe fn wait(
     if SETS_LIVE.load(Ordering::Relaxed) == 0 || max <= 0 {
         return None;
     }
-    if !with_set(epfd, |s| s.live())? {
-        return None;
-    }
     let max = max as usize;
+    // A zero timeout (an event loop polling): one pass, one clock reading.
+    let poll_only = deadline.is_some_and(|d| d <= Instant::now());
     let mut first = true;
     loop {
-        let mut acc = Vec::new();
-        with_set(epfd, |set| {
-            // UDP members bound since they were added: their wakers join the set now.
-            if set.pending_udp {
-                set.pending_udp = false;
-                let members: Vec<Socket> = set.entries.iter().map(|e| e.conn.clone()).collect();
-                for m in members {
-                    if set.wakers.iter().any(|x| x.same(&m)) {
-                        continue;
-                    }
-                    if add_wakers(epfd, &m) {
-                        set.wakers.push(m);
-                    } else {
-                        set.pending_udp = true;
-                    }
-                }
-            }
-            collect(set, &mut acc, max)
-        });
-        // Entries armed just now are dirty once more: look again before sleeping.
-        if acc.is_empty() {
-            with_set(epfd, |set| collect(set, &mut acc, max));
-        }
-        let sleep = acc.is_empty() && (first || remaining(deadline) != Some(Duration::ZERO));
+        // One visit to the set per pass (each is a lock and a look-up): what is
+        // ready, and when the earliest pending connector decides (only if this call
+        // may sleep).
+        let now_due = poll_only || (!first && remaining(deadline) == Some(Duration::ZERO));
+        let (mut acc, attach) = match with_set(epfd, |set| gather(epfd, set, max, !now_due)) {
+            Some(Some(g)) => g,
+            // Not one of ours (any more), or nothing accelerated in it: the kernel's.
+            _ if first => return None,
+            _ => (Vec::new(), None),
+        };
+        let sleep = acc.is_empty() && !poll_only && (first || !now_due);
         first = false;
         let room = max - acc.len();
-        let ms = if sleep {
-            let attach = with_set(epfd, |set| {
-                set.entries
-                    .iter()
-                    .filter_map(|e| match &e.conn {
-                        Socket::Tcp(c) => c.attach_deadline(),
-                        _ => None,
-                    })
-                    .min()
-            })
-            .flatten();
-            slice_until(deadline, attach.into_iter())
-        } else {
-            0
-        };
+        let ms = if sleep { slice_until(deadline, attach.into_iter()) } else { 0 };
         // Kernel events go straight into the caller's buffer (no copy of a possibly
         // huge maxevents array); ours are appended after them.
         let r = if room == 0 {
@@ -488,15 +528,15 @@ pub unsafe fn wait(
                 kernel += 1;
             }
         }
-        // After a sleep, look at what the bells marked (nothing was reported yet in
-        // this call, so no entry is reported twice).
-        if sleep && (woke || kernel > 0) {
+        // After a sleep (or a poll that found nothing of ours), look at what the bells
+        // marked (nothing was reported yet in this call, so no entry is reported twice).
+        if (sleep || poll_only) && acc.is_empty() && (woke || kernel > 0) {
             let left = max - acc.len() - kernel.min(max - acc.len());
             let mut more = Vec::new();
             with_set(epfd, |set| collect(set, &mut more, left));
             acc.extend(more);
         }
-        if !acc.is_empty() || kernel > 0 || remaining(deadline) == Some(Duration::ZERO) || !sleep {
+        if !acc.is_empty() || kernel > 0 || !sleep || remaining(deadline) == Some(Duration::ZERO) {
             break finish(events, kernel, &acc);
         }
     }

@@ -1,6 +1,7 @@
-//! The library's own long-lived descriptors (a connection's doorbells, Unix socket
-//! and vault): kept above the program's numbers and hidden from its `close` and
-//! `close_range` sweeps.
+//! What the library holds for itself: its long-lived descriptors (a connection's
+//! doorbells, Unix socket and vault), kept above the program's numbers and hidden
+//! from its `close` and `close_range` sweeps, and the shared memory it has mapped;
+//! both counted, with their peaks, for `STRAIT_STATS`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::RwLock;
@@ -34,7 +35,8 @@ impl InternalFds {
         let was = t[w] & b != 0;
         if on && !was {
             t[w] |= b;
-            self.live.fetch_add(1, Ordering::Relaxed);
+            let now = self.live.fetch_add(1, Ordering::Relaxed) + 1;
+            FDS_PEAK.fetch_max(now, Ordering::Relaxed);
         } else if !on && was {
             t[w] &= !b;
             self.live.fetch_sub(1, Ordering::Relaxed);
@@ -51,6 +53,46 @@ impl InternalFds {
 }
 
 static INTERNAL: InternalFds = InternalFds::new();
+/// The most descriptors the library held at once.
+static FDS_PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of shared memory the library has mapped now (connections' and channels'
+/// rings), and the most at once.
+static SHM_BYTES: AtomicUsize = AtomicUsize::new(0);
+static SHM_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// A shared mapping of `len` bytes was made (undo with [`shm_unmapped`]).
+pub(crate) fn shm_mapped(len: usize) {
+    let now = SHM_BYTES.fetch_add(len, Ordering::Relaxed) + len;
+    SHM_PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+/// A shared mapping of `len` bytes was unmapped.
+pub(crate) fn shm_unmapped(len: usize) {
+    SHM_BYTES.fetch_sub(len, Ordering::Relaxed);
+}
+
+/// What the library holds for itself now, and at most so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Descriptors of the library's own.
+    pub fds: usize,
+    /// The most descriptors held at once.
+    pub fds_peak: usize,
+    /// Bytes of shared memory mapped.
+    pub shm_bytes: usize,
+    /// The most bytes mapped at once.
+    pub shm_peak: usize,
+}
+
+/// What the library holds for itself.
+pub fn held() -> Held {
+    Held {
+        fds: INTERNAL.live.load(Ordering::Relaxed),
+        fds_peak: FDS_PEAK.load(Ordering::Relaxed),
+        shm_bytes: SHM_BYTES.load(Ordering::Relaxed),
+        shm_peak: SHM_PEAK.load(Ordering::Relaxed),
+    }
+}
 
 /// Marks descriptors as the library's own.
 pub fn add_internal(fds: &[c_int]) {

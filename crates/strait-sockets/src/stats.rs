@@ -14,7 +14,9 @@
 //! (`remote-forged`); accelerated connections passed to another process over a
 //! Unix socket (`pass-out`) and taken over from one (`pass-in`); whether this
 //! process was made without fork handlers (a raw `clone`) and noticed by the fork
-//! watch (`unseen-forks`).
+//! watch (`unseen-forks`); what the library holds for itself at exit and at most
+//! (`lib-fds`, `lib-fds-peak`: its own descriptors; `shm-bytes`, `shm-bytes-peak`:
+//! shared memory mapped for rings).
 
 use std::sync::atomic::Ordering;
 
@@ -23,10 +25,12 @@ use crate::udp;
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        let held = crate::fds::held();
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
              udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
-             refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {}\n",
+             refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {} \
+             lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -46,6 +50,10 @@ extern "C" fn at_exit() {
             crate::pass::PASSED_OUT.load(Ordering::Relaxed),
             crate::pass::PASSED_IN.load(Ordering::Relaxed),
             crate::process::UNSEEN_FORKS.load(Ordering::Relaxed),
+            held.fds,
+            held.fds_peak,
+            held.shm_bytes,
+            held.shm_peak,
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -136,6 +136,7 @@ impl Map {
     fn open(fd: c_int, ring: usize) -> Option<Map> {
         // Not populated: pages come as the ring reaches them (see `Shm::map`).
         let map = Mapping::shared_on_demand(fd, HDR + ring, 0).ok()?;
+        crate::fds::shm_mapped(map.len());
         // SAFETY: the data area follows the header page inside the mapping (so it is
         // page-aligned), which this value owns and unmaps only when dropped.
         let area = unsafe { MappedArea::new(map.ptr().add(HDR), ring) };
@@ -156,6 +157,13 @@ impl Map {
     fn header_ok(&self) -> bool {
         self.word(0).load(Ordering::Relaxed) == MAGIC
             && self.word(8).load(Ordering::Relaxed) == VERSION as u64 | ((self.ring as u64) << 32)
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // (The mapping itself goes with `map`.)
+        crate::fds::shm_unmapped(self.map.len());
     }
 }
 

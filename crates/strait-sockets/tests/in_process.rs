@@ -144,3 +144,51 @@ fn a_udp_socket_is_one_table_entry_of_the_udp_kind_and_dup_shares_it() {
         calls::close(d);
     }
 }
+
+#[test]
+fn an_event_loop_polling_epoll_with_a_zero_timeout_sees_each_arrival_once() {
+    init();
+    let (l, port) = listener();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let client = thread::spawn(move || {
+        let c = connect(port);
+        for _ in 0..3 {
+            go_rx.recv().expect("go");
+            write_all(c, b"x");
+        }
+        go_rx.recv().expect("done");
+        // SAFETY: our descriptor.
+        unsafe { calls::close(c) };
+    });
+    // SAFETY: the library's calls with valid arguments and a local event buffer.
+    unsafe {
+        let a = ok(calls::accept(l, std::ptr::null_mut(), std::ptr::null_mut()), "accept");
+        assert_eq!(carried(a), Some(Carried::SharedMemory));
+        let ep = ok(libc::epoll_create1(libc::EPOLL_CLOEXEC), "epoll_create1");
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 7 };
+        ok(calls::epoll_ctl(ep, libc::EPOLL_CTL_ADD, a, &mut ev), "epoll_ctl");
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        assert_eq!(calls::epoll_wait(ep, out.as_mut_ptr(), 8, 0), 0, "nothing yet");
+        for round in 0..3 {
+            go_tx.send(()).expect("go");
+            // Busy-poll as an event loop does (bounded: a lost bell fails here).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let n = loop {
+                let n = calls::epoll_wait(ep, out.as_mut_ptr(), 8, 0);
+                if n != 0 || std::time::Instant::now() > deadline {
+                    break n;
+                }
+            };
+            assert_eq!(n, 1, "round {round}: the arrival was reported");
+            assert_eq!({ out[0].u64 }, 7);
+            let mut b = [0u8; 8];
+            assert_eq!(calls::read(a, b.as_mut_ptr().cast::<c_void>(), 8), 1);
+            assert_eq!(calls::epoll_wait(ep, out.as_mut_ptr(), 8, 0), 0, "round {round}: drained, not ready");
+        }
+        go_tx.send(()).expect("done");
+        client.join().expect("client");
+        calls::close(a);
+        calls::close(ep);
+        calls::close(l);
+    }
+}

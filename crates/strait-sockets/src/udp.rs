@@ -790,7 +790,10 @@ impl UdpSock {
                         return give(g, deliver);
                     }
                 }
-                if kernel_ready || nonblock {
+                // (One `poll` answers for both: a non-blocking miss asks the kernel
+                // socket only when it has something, so an empty poll by a
+                // busy-polling program is one system call, not two.)
+                if kernel_ready {
                     if let Some(r) = try_kernel(kernel) {
                         if !nonblock {
                             learn(false);

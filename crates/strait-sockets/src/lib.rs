@@ -1,19 +1,25 @@
-//! The logic of `strait run` (`libstrait_preload.so` is this crate plus thin C shims):
-//! it carries TCP
-//! connections between two processes that both run under strait on this host over
-//! per-connection shared memory, and UDP datagrams between their sockets over
-//! per-(sender, receiver) message rings, with no change to either program.
+//! The logic of `strait run`: `libstrait_preload.so` is this crate plus thin C shims
+//! (crate `strait-preload`). It carries TCP connections between two processes that
+//! both run under strait on this host over per-connection shared memory (or, with
+//! `--peers`, over a strait device to another host), and UDP datagrams between their
+//! sockets over per-(sender, receiver) message rings, with no change to either
+//! program.
 //!
-//! * [`discover`]: how the two ends find each other (abstract Unix socket named by
+//! * `discover`: how the two ends find each other (abstract Unix socket named by
 //!   network namespace and port; never a byte on the TCP connection).
-//! * [`conn`]: the shared-memory connection (two byte rings, eventfd doorbells).
-//! * [`udp`]: UDP sockets (markers by port and address, message rings, the kernel
+//! * `conn`: the shared-memory connection (two byte rings, eventfd doorbells).
+//! * `udp`: UDP sockets (markers by port and address, message rings, the kernel
 //!   socket kept for everything else).
-//! * [`poll`]: `poll`/`select`/`epoll` over mixed accelerated and kernel descriptors.
+//! * `table`: the one descriptor table (`Socket`: TCP, UDP or listening).
+//! * `poll`, `epoll`: `poll`/`select`/`epoll` over mixed accelerated and kernel
+//!   descriptors.
+//! * [`calls`], [`exec`], [`stdio`]: the functions the shims forward to, with the
+//!   signatures of the libc functions they stand for.
 //!
-//! Every exported function looks the descriptor up first; a descriptor that is not an
-//! accelerated connection goes straight to the real libc function. A panic inside
-//! this library never crosses into the host program: the call falls back to libc.
+//! Every call looks the descriptor up first; a descriptor that is not an accelerated
+//! connection goes straight to the real libc function. A panic inside this library
+//! never crosses into the host program: the call falls back to libc. The modules
+//! are layered (below); `tests/layers.rs` checks that none imports a higher layer.
 
 // Layers, lowest first; a module imports only modules of its own or a lower layer.
 // System: what the library asks of the kernel and keeps for itself.

@@ -148,7 +148,7 @@ impl SpinPolicy {
 
     /// The spin budget of a wait about to start: zero while the machine is
     /// `crowded` (see [`Crowding`]; a fixed budget ignores it); while the budget is
-    /// zero, every [`PROBE_EVERY`]th wait spins the maximum.
+    /// zero, every `PROBE_EVERY`th wait spins the maximum.
     pub fn next_budget(&self, crowded: bool) -> Duration {
         if !self.adaptive {
             return Duration::from_nanos(self.max_ns);

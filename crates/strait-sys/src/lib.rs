@@ -2,7 +2,7 @@
 //! once: shared and anonymous mappings ([`mmap`]), sealed memfds ([`memfd`]),
 //! descriptor passing ([`scm`]), random ids ([`random`]), the cached process id
 //! ([`pid`]), pinning a thread to a CPU ([`cpu`]), network namespaces and veth pairs ([`netns`]) and test payloads
-//! ([`pattern`]). This crate sits below every other strait crate and depends on
+//! ([`pattern()`]). This crate sits below every other strait crate and depends on
 //! none of them.
 //!
 //! Parts of it run inside `libstrait_preload.so`, which interposes libc's socket,

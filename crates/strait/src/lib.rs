@@ -3,7 +3,7 @@
 //! This crate is the front door: it re-exports the native messaging API
 //! ([`strait_core`]: workers, endpoints, memory regions, completions) and the
 //! shared-memory device ([`strait_shm`]), and holds what the `strait` command needs
-//! beyond them, such as the benchmark's transport registry ([`bench`]).
+//! beyond them, such as the benchmark's transport registry ([`bench`](mod@bench)).
 //!
 //! ```no_run
 //! use strait::strait_core::{Config, MemoryRegion};

@@ -65,7 +65,7 @@ fn ip(args: &[&str]) -> Result<(), NetnsError> {
 
 impl VethPair {
     /// Creates `<tag>a` and `<tag>b` joined by a veth pair with fixed MACs and
-    /// addresses 10.213.<n>.1/2.
+    /// addresses `10.213.<n>.1/2`.
     pub fn create(tag: &str) -> Result<VethPair, NetnsError> {
         let n = std::process::id() % 250;
         let end = |side: char, host: u8| End {

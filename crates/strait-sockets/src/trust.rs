@@ -27,7 +27,8 @@
 //!   ([`connect_name`]): a full backlog (a flood, a squatter that never accepts) is
 //!   the kernel path at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use libc::{c_int, socklen_t};
 
@@ -212,13 +213,12 @@ pub(crate) fn diag_lookup(proto: Proto, local: Key, remote: Key) -> Option<DiagS
     id[2..4].copy_from_slice(&dst.1.to_be_bytes());
     id[4..20].copy_from_slice(&addr(&src.0));
     id[20..36].copy_from_slice(&addr(&dst.0));
-    id[40..48].copy_from_slice(&[0xff; 8]); // INET_DIAG_NOCOOKIE
-                                            // SAFETY: plain syscall.
-    let s =
-        unsafe { real::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
-    if s < 0 {
-        return None;
-    }
+    // INET_DIAG_NOCOOKIE
+    id[40..48].copy_from_slice(&[0xff; 8]);
+    let mut g = DIAG.lock().unwrap_or_else(|e| e.into_inner());
+    let s = diag_socket(&mut g)?;
+    let seq = DIAG_SEQ.fetch_add(1, Ordering::Relaxed);
+    req[8..12].copy_from_slice(&seq.to_ne_bytes());
     let answer = (|| {
         // SAFETY: sends the local request buffer.
         let n = unsafe { real::send(s, req.as_ptr().cast(), req.len(), 0) };
@@ -226,24 +226,69 @@ pub(crate) fn diag_lookup(proto: Proto, local: Key, remote: Key) -> Option<DiagS
             return None;
         }
         let mut buf = [0u64; 128];
-        // SAFETY: a local buffer of its length; the kernel answers at once.
-        let n = unsafe { real::recv(s, buf.as_mut_ptr().cast(), std::mem::size_of_val(&buf), 0) };
-        if n < (NLMSG_HDR + MSG_LEN) as isize {
-            return None;
+        // The kernel answers within the send: the answer is queued already. An
+        // answer to an earlier request (one given up half-way) is skipped by its
+        // sequence number.
+        for _ in 0..8 {
+            // SAFETY: a local buffer of its length; not waiting.
+            let n = unsafe {
+                real::recv(s, buf.as_mut_ptr().cast(), std::mem::size_of_val(&buf), libc::MSG_DONTWAIT)
+            };
+            if n < NLMSG_HDR as isize {
+                return None;
+            }
+            // SAFETY: `n` bytes of the u64 buffer were written; viewed as bytes.
+            let b = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
+            if u32::from_ne_bytes([b[8], b[9], b[10], b[11]]) != seq {
+                continue;
+            }
+            let ty = u16::from_ne_bytes([b[4], b[5]]);
+            if ty == NLMSG_ERROR || ty != SOCK_DIAG_BY_FAMILY || b.len() < NLMSG_HDR + MSG_LEN {
+                return None;
+            }
+            let m = &b[NLMSG_HDR..];
+            let uid = u32::from_ne_bytes(m[4 + ID_LEN + 12..4 + ID_LEN + 16].try_into().ok()?);
+            let inode = u32::from_ne_bytes(m[4 + ID_LEN + 16..4 + ID_LEN + 20].try_into().ok()?);
+            return Some(DiagSock { inode: u64::from(inode), uid, state: m[1] });
         }
-        // SAFETY: `n` bytes of the u64 buffer were written; viewed as bytes.
-        let b = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
-        let ty = u16::from_ne_bytes([b[4], b[5]]);
-        if ty == NLMSG_ERROR || ty != SOCK_DIAG_BY_FAMILY {
-            return None;
-        }
-        let m = &b[NLMSG_HDR..];
-        let uid = u32::from_ne_bytes(m[4 + ID_LEN + 12..4 + ID_LEN + 16].try_into().ok()?);
-        let inode = u32::from_ne_bytes(m[4 + ID_LEN + 16..4 + ID_LEN + 20].try_into().ok()?);
-        Some(DiagSock { inode: u64::from(inode), uid, state: m[1] })
+        None
     })();
-    close_all(&[s]);
+    if answer.is_none() {
+        // Whatever went wrong, the next look-up starts on a fresh socket.
+        if let Some((_, fd)) = g.take() {
+            crate::fds::let_go(&[fd]);
+        }
+    }
     answer
+}
+
+/// The process's `NETLINK_SOCK_DIAG` socket, made at its first look-up and kept (one
+/// socket and one close less per connection). A new process makes its own: the one
+/// it inherited is its parent's, and a socket used by two processes could hand
+/// either the other's answer.
+static DIAG: Mutex<Option<(u32, c_int)>> = Mutex::new(None);
+/// Sequence numbers of the look-ups on [`DIAG`].
+static DIAG_SEQ: AtomicU32 = AtomicU32::new(1);
+
+/// The socket of [`DIAG`] for this process (made if needed), or `None`.
+fn diag_socket(slot: &mut Option<(u32, c_int)>) -> Option<c_int> {
+    let pid = strait_sys::pid::current_pid();
+    match *slot {
+        Some((p, fd)) if p == pid => return Some(fd),
+        // The parent's socket: our copy goes (the parent keeps its own).
+        Some((_, fd)) => crate::fds::let_go(&[fd]),
+        None => {}
+    }
+    *slot = None;
+    // SAFETY: plain syscall.
+    let s =
+        unsafe { real::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
+    if s < 0 {
+        return None;
+    }
+    let s = crate::fds::keep(s);
+    *slot = Some((pid, s));
+    Some(s)
 }
 
 /// The token `token` names the socket the kernel finds at (`local`, `remote`).

@@ -41,8 +41,7 @@ use crate::conn::{self, Carriers, Conn, Shm, HDR};
 use crate::{real, table};
 
 const VAR: &str = "STRAIT_HANDOFF";
-/// Listening sockets that survive an exec, with inheritable copies of their markers
-/// (`<socket>:<marker>,...`; see [`listener_handoff`]).
+/// Listening sockets that survive an exec (`<socket>,...`; see [`listener_handoff`]).
 const LISTENERS_VAR: &str = "STRAIT_LISTENERS";
 
 extern "C" {
@@ -316,15 +315,10 @@ fn call_keeping_preload(
         return call(envp);
     }
     let handoff = listener_handoff();
-    let entries: Vec<&CString> = handoff.as_ref().map(|h| &h.0).into_iter().collect();
+    let entries: Vec<&CString> = handoff.iter().collect();
     // SAFETY: `envp` comes from the caller of exec, who promises a valid array.
     let env = unsafe { Env::new(envp, &entries) };
-    let r = call(env.as_ptr());
-    // Only reached if the exec failed.
-    let e = real::errno();
-    crate::sock::close_all(&handoff.map(|h| h.1).unwrap_or_default());
-    real::set_errno(e);
-    r
+    call(env.as_ptr())
 }
 
 /// True if `fd` stays open across an exec (no close-on-exec).
@@ -334,69 +328,46 @@ fn survives_exec(fd: c_int) -> bool {
     flags >= 0 && flags & libc::FD_CLOEXEC == 0
 }
 
-/// The `STRAIT_LISTENERS` entry for an exec, with the inheritable copies it names of
-/// the markers of listening sockets that survive it (`None` if none does). The new
-/// program takes each name over in its constructor, so a connector that arrives
-/// between the exec and the new program's first `accept` (socket activation:
-/// `systemd-socket-activate` execs the service when the first connection comes)
-/// still finds the name held, and its hello waits there instead of going nowhere.
-fn listener_handoff() -> Option<(CString, Vec<c_int>)> {
-    let mut parts = Vec::new();
-    let mut dups = Vec::new();
+/// The `STRAIT_LISTENERS` entry for an exec: the listening sockets with a strait side
+/// that survive it (`None` if none does). The new program's constructor registers
+/// them at once, taking their names back, so that a connector arriving before the new
+/// program's first `accept` (socket activation: `systemd-socket-activate` execs the
+/// service when the first connection comes, and the service may take its time) is
+/// carried; without it the names stayed free until that first `accept`. (The markers
+/// themselves are not handed over: a program that never loads the library, a static
+/// or set-user-ID one, would then hold a name it never serves, and every connector
+/// would wait out the attach timeout.)
+fn listener_handoff() -> Option<CString> {
+    let mut fds: Vec<String> = Vec::new();
     let mut seen: Vec<Arc<crate::listening::Listening>> = Vec::new();
     for (fd, l) in table::listening_entries() {
-        // One descriptor per listening socket takes the marker (the others of the
-        // same socket are adopted at their first accept).
-        if !survives_exec(fd) || seen.iter().any(|s| Arc::ptr_eq(s, &l)) {
+        // One descriptor per listening socket (the others of the same socket are
+        // adopted at their first accept).
+        if l.local.get().is_none() || !survives_exec(fd) || seen.iter().any(|s| Arc::ptr_eq(s, &l)) {
             continue;
         }
-        let Some(marker) = l.local.get().map(|x| x.unix.load(Ordering::Relaxed)).filter(|&m| m >= 0) else {
-            continue;
-        };
-        let d = inheritable_dup(marker);
-        if d >= 0 {
-            parts.push(format!("{fd}:{d}"));
-            dups.push(d);
-            seen.push(l);
-        }
+        fds.push(fd.to_string());
+        seen.push(l);
     }
-    if parts.is_empty() {
+    if fds.is_empty() {
         return None;
     }
-    match CString::new(format!("{LISTENERS_VAR}={}", parts.join(","))) {
-        Ok(c) => Some((c, dups)),
-        Err(_) => {
-            crate::sock::close_all(&dups);
-            None
-        }
-    }
+    CString::new(format!("{LISTENERS_VAR}={}", fds.join(","))).ok()
 }
 
-/// In the library's constructor: takes over the markers of the listening sockets
-/// the previous program handed over (see [`listener_handoff`]). A pair whose socket
-/// is not a listening TCP socket, or whose marker is not a listening Unix seqpacket
-/// socket, is dropped (the marker closed).
+/// In the library's constructor: registers the listening sockets the previous
+/// program handed over (see [`listener_handoff`]), each taking its name back. A
+/// number that is not a listening TCP socket is ignored.
 fn adopt_listeners() {
     let Some(v) = std::env::var_os(LISTENERS_VAR) else { return };
     // SAFETY: as in `adopt`: the constructor runs alone, before the program.
     unsafe { libc::unsetenv(c"STRAIT_LISTENERS".as_ptr()) };
-    for pair in v.to_string_lossy().split(',') {
-        let Some((fd, marker)) = pair.split_once(':') else { continue };
-        let (Ok(fd), Ok(marker)) = (fd.parse::<c_int>(), marker.parse::<c_int>()) else { continue };
-        if fd < 0 || marker < 0 || fd == marker {
-            continue;
-        }
-        let opt = |s, o| crate::sock::socket_option(s, o);
-        let marker_ok = opt(marker, libc::SO_DOMAIN) == Some(libc::AF_UNIX)
-            && opt(marker, libc::SO_TYPE) == Some(libc::SOCK_SEQPACKET)
-            && opt(marker, libc::SO_ACCEPTCONN) == Some(1);
-        if !marker_ok {
-            continue;
-        }
-        if opt(fd, libc::SO_ACCEPTCONN) == Some(1) && crate::sock::is_tcp_stream(fd) {
-            crate::discover::register_listener(fd, Some(marker));
-        } else {
-            crate::sock::close_all(&[marker]);
+    for fd in v.to_string_lossy().split(',').filter_map(|f| f.parse::<c_int>().ok()) {
+        if fd >= 0
+            && crate::sock::socket_option(fd, libc::SO_ACCEPTCONN) == Some(1)
+            && crate::sock::is_tcp_stream(fd)
+        {
+            crate::discover::on_listen(fd);
         }
     }
 }
@@ -421,14 +392,13 @@ fn exec_with(envp: *const *const c_char, call: impl FnOnce(*const *const c_char)
         return call_keeping_preload(envp, call);
     };
     let listeners = listener_handoff();
-    let entries: Vec<&CString> = std::iter::once(entry).chain(listeners.as_ref().map(|l| &l.0)).collect();
+    let entries: Vec<&CString> = std::iter::once(entry).chain(listeners.as_ref()).collect();
     // SAFETY: `envp` comes from the caller of exec, who promises a valid array.
     let env = unsafe { Env::new(envp, &entries) };
     let r = call(env.as_ptr());
     // Only reached if the exec failed.
     let e = real::errno();
     h.finish(false);
-    crate::sock::close_all(&listeners.map(|l| l.1).unwrap_or_default());
     real::set_errno(e);
     r
 }

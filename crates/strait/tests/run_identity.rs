@@ -612,9 +612,10 @@ fn a_listening_socket_passed_over_a_unix_socket_accelerates_its_connections() {
 /// socket activation is how many Debian services start, and the service never calls
 /// `listen` itself: its library must find the listener it inherited. The service
 /// starts slowly (half a second before its first `accept`, as a daemon loading its
-/// configuration would), so the client's first connections arrive between the exec
-/// and that accept: they are carried only if the listener's name stayed held across
-/// the exec (the activator's marker handed to the service, `STRAIT_LISTENERS`).
+/// configuration would), and the client starts a fifth of a second after the
+/// activator's first connection, so its first connections arrive between the exec
+/// and that accept: they are carried only if the service's library took the
+/// listener's name back at once (`STRAIT_LISTENERS`, read by its constructor).
 const ACTIVATED_SERVER: &str = r#"
 import os, socket, sys, time
 assert os.environ.get('LISTEN_FDS') == '1', os.environ.get('LISTEN_FDS')
@@ -656,7 +657,9 @@ fn a_socket_activated_service_accelerates_the_connections_on_its_inherited_liste
         assert!(std::time::Instant::now() < end, "the activator never listened");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // (That probe was the service's first connection: it is started by it.)
+    // (That probe was the service's first connection: it is started by it.) The
+    // client comes while the service is still starting (see ACTIVATED_SERVER).
+    std::thread::sleep(Duration::from_millis(200));
     let out = run_for(
         &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "19"]),
         Duration::from_secs(120),

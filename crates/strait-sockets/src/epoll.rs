@@ -2,7 +2,7 @@
 //! accelerated members, kept beside the kernel set, which holds their doorbells) and
 //! `epoll_wait` answered from the rings.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,15 +44,6 @@ fn wakers(m: &Socket) -> Option<Vec<(c_int, u64, i32)>> {
     }
 }
 
-/// True if `fd` is one of this member's bells.
-fn has_bell(m: &Socket, fd: c_int) -> bool {
-    match m {
-        Socket::Tcp(c) => c.my_efd == fd || c.remote_fd() == Some(fd) || c.pending_listener() == Some(fd),
-        Socket::Udp(u) => u.rx().is_some_and(|rx| rx.efd == fd),
-        Socket::Listening(_) => false,
-    }
-}
-
 struct Entry {
     fd: c_int,
     conn: Socket,
@@ -62,7 +53,8 @@ struct Entry {
     last_rx: u64,
     last_tx: u64,
     disabled: bool,
-    /// May have changed since it was last looked at: scan it.
+    /// May have changed since it was last looked at: it is in the set's queue
+    /// (once).
     dirty: bool,
     /// Our sleeping flags are set for it, so any change rings its bell. Every entry
     /// is dirty or armed, so a scan only touches dirty entries (a connection's
@@ -70,10 +62,28 @@ struct Entry {
     armed: bool,
 }
 
-/// The accelerated members of one epoll set.
+/// The accelerated members of one epoll set. Every look-up a call makes is by key
+/// (descriptor, member, waker), and `epoll_wait` looks only at the entries in the
+/// queue (those that may have changed), so its work follows what rang, not how many
+/// members the set has.
 #[derive(Default)]
 pub struct EpSet {
-    entries: Vec<Entry>,
+    /// The entries, at stable indices (a removed entry's slot is reused, with a new
+    /// generation).
+    entries: Vec<Slot>,
+    free: Vec<usize>,
+    /// Live entries.
+    count: usize,
+    /// Entry index of each of the program's descriptors in the set.
+    by_fd: HashMap<c_int, usize, FdBuild>,
+    /// Entries that may have changed, each once (its `dirty` flag), as (index,
+    /// generation): an index whose slot was reused since is stale and skipped.
+    queue: VecDeque<(usize, u32)>,
+    /// The entries of each member (by [`Socket::key`]).
+    of_member: HashMap<usize, Vec<usize>, FdBuild>,
+    /// The member behind each waker descriptor in the kernel set (doorbells,
+    /// liveness sockets, markers).
+    by_waker: HashMap<c_int, Socket, FdBuild>,
     /// Connections whose bell and Unix socket are in the kernel set. They stay
     /// after EPOLL_CTL_DEL (programs such as hiredis delete and re-add on every
     /// request) until the connection is closed: a bell with no entry is drained
@@ -83,11 +93,110 @@ pub struct EpSet {
     pending_udp: bool,
 }
 
+/// One place for an entry.
+#[derive(Default)]
+struct Slot {
+    gen: u32,
+    entry: Option<Entry>,
+}
+
 impl EpSet {
     fn live(&self) -> bool {
-        !self.entries.is_empty() || !self.wakers.is_empty()
+        self.count != 0 || !self.wakers.is_empty()
+    }
+
+    fn entry(&mut self, i: usize) -> Option<&mut Entry> {
+        self.entries.get_mut(i).and_then(|s| s.entry.as_mut())
+    }
+
+    fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter().filter_map(|s| s.entry.as_ref())
+    }
+
+    /// Queues entry `i` to be looked at (if it is not queued already); its sleeping
+    /// flags are set again when it is found not ready.
+    fn mark(&mut self, i: usize) {
+        let Some(slot) = self.entries.get_mut(i) else { return };
+        let gen = slot.gen;
+        if let Some(e) = slot.entry.as_mut() {
+            e.armed = false;
+            if !e.dirty {
+                e.dirty = true;
+                self.queue.push_back((i, gen));
+            }
+        }
+    }
+
+    fn insert(&mut self, e: Entry) {
+        let (fd, key) = (e.fd, e.conn.key());
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.entries.push(Slot::default());
+                self.entries.len() - 1
+            }
+        };
+        let slot = &mut self.entries[i];
+        slot.gen = slot.gen.wrapping_add(1);
+        slot.entry = Some(Entry { dirty: false, ..e });
+        self.count += 1;
+        self.by_fd.insert(fd, i);
+        self.of_member.entry(key).or_default().push(i);
+        self.mark(i);
+    }
+
+    fn remove(&mut self, i: usize) -> Option<Entry> {
+        let e = self.entries.get_mut(i)?.entry.take()?;
+        self.free.push(i);
+        self.count -= 1;
+        self.by_fd.remove(&e.fd);
+        let key = e.conn.key();
+        if let Some(v) = self.of_member.get_mut(&key) {
+            v.retain(|&x| x != i);
+            if v.is_empty() {
+                self.of_member.remove(&key);
+            }
+        }
+        Some(e)
+    }
+
+    /// A waker of member `m` rang: its entries may have changed.
+    fn touch(&mut self, m: &Socket) {
+        for i in self.of_member.get(&m.key()).cloned().unwrap_or_default() {
+            self.mark(i);
+        }
+    }
+
+    /// Puts `m`'s wakers in the kernel set (and in `by_waker`); false if it has
+    /// none yet.
+    fn add_wakers(&mut self, epfd: c_int, m: &Socket) -> bool {
+        let Some(w) = wakers(m) else { return false };
+        for (fd, magic, ev) in w {
+            let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
+            // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
+            // connection) is fine.
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
+            self.by_waker.insert(fd, m.clone());
+        }
+        self.wakers.push(m.clone());
+        true
+    }
+
+    /// Takes member `m` out: its entries, and its wakers (from the kernel set too).
+    fn forget(&mut self, epfd: c_int, m: &Socket) {
+        for i in self.of_member.get(&m.key()).cloned().unwrap_or_default() {
+            self.remove(i);
+        }
+        let before = self.wakers.len();
+        self.wakers.retain(|c| !c.same(m));
+        if self.wakers.len() != before {
+            del_wakers(epfd, m);
+            self.by_waker.retain(|_, c| !c.same(m));
+        }
     }
 }
+
+type FdBuild = std::hash::BuildHasherDefault<FdHasher>;
 
 static SETS_LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Hashes a descriptor number by one multiplication: the sets are looked up on every
@@ -107,26 +216,17 @@ impl std::hash::Hasher for FdHasher {
     fn write_i32(&mut self, v: i32) {
         self.0 = u64::from(v as u32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
+    fn write_usize(&mut self, v: usize) {
+        self.0 = (v as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
-type Sets = HashMap<c_int, EpSet, std::hash::BuildHasherDefault<FdHasher>>;
+type Sets = HashMap<c_int, EpSet, FdBuild>;
 
 static SETS: Mutex<Option<Sets>> = Mutex::new(None);
 
 fn sets() -> std::sync::MutexGuard<'static, Option<Sets>> {
     SETS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Puts the member's wakers in the kernel set; false if it has none yet.
-fn add_wakers(epfd: c_int, c: &Socket) -> bool {
-    let Some(w) = wakers(c) else { return false };
-    for (fd, magic, ev) in w {
-        let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
-        // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
-        // connection) is fine.
-        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
-    }
-    true
 }
 
 fn del_wakers(epfd: c_int, c: &Socket) {
@@ -174,21 +274,17 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
     let mut g = sets();
     let map = g.get_or_insert_with(Sets::default);
     let set = map.entry(epfd).or_default();
-    let pos = set.entries.iter().position(|e| e.fd == fd);
+    let pos = set.by_fd.get(&fd).copied();
     match op {
         libc::EPOLL_CTL_ADD => {
             if pos.is_some() {
                 real::set_errno(libc::EEXIST);
                 return -1;
             }
-            if !set.wakers.iter().any(|x| x.same(&conn)) {
-                if add_wakers(epfd, &conn) {
-                    set.wakers.push(conn.clone());
-                } else {
-                    set.pending_udp = true;
-                }
+            if !set.wakers.iter().any(|x| x.same(&conn)) && !set.add_wakers(epfd, &conn) {
+                set.pending_udp = true;
             }
-            set.entries.push(Entry {
+            set.insert(Entry {
                 fd,
                 conn,
                 events,
@@ -197,7 +293,7 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
                 last_rx: 0,
                 last_tx: 0,
                 disabled: false,
-                dirty: true,
+                dirty: false,
                 armed: false,
             });
         }
@@ -206,20 +302,20 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
                 real::set_errno(libc::ENOENT);
                 return -1;
             };
-            let e = &mut set.entries[i];
-            e.events = events;
-            e.data = data;
-            e.last_bits = 0;
-            e.disabled = false;
-            e.dirty = true;
-            e.armed = false;
+            if let Some(e) = set.entry(i) {
+                e.events = events;
+                e.data = data;
+                e.last_bits = 0;
+                e.disabled = false;
+            }
+            set.mark(i);
         }
         libc::EPOLL_CTL_DEL => {
             let Some(i) = pos else {
                 real::set_errno(libc::ENOENT);
                 return -1;
             };
-            set.entries.swap_remove(i);
+            set.remove(i);
         }
         _ => {
             real::set_errno(libc::EINVAL);
@@ -249,12 +345,7 @@ fn forget_member(conn: &Socket) {
     let mut g = sets();
     if let Some(map) = g.as_mut() {
         for (&epfd, set) in map.iter_mut() {
-            set.entries.retain(|e| !e.conn.same(conn));
-            let before = set.wakers.len();
-            set.wakers.retain(|c| !c.same(conn));
-            if set.wakers.len() != before {
-                del_wakers(epfd, conn);
-            }
+            set.forget(epfd, conn);
         }
         let n = map.values().filter(|s| s.live()).count();
         SETS_LIVE.store(n, Ordering::Relaxed);
@@ -273,7 +364,7 @@ pub fn to_kernel(conn: &Arc<Conn>) {
         .map(|map| {
             map.iter()
                 .flat_map(|(&epfd, set)| {
-                    set.entries.iter().filter(|e| e.conn.same(&m)).map(move |e| {
+                    set.entries().filter(|e| e.conn.same(&m)).map(move |e| {
                         (
                             epfd,
                             e.fd,
@@ -328,11 +419,20 @@ fn evaluate(e: &mut Entry) -> i16 {
 /// Only dirty entries are looked at; an entry found not ready is armed (its
 /// sleeping flags set, then looked at once more, closing the race with the peer).
 fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
-    for e in set.entries.iter_mut() {
-        if out.len() >= max {
-            break;
+    let mut again = Vec::new();
+    while out.len() < max {
+        let Some((i, gen)) = set.queue.pop_front() else { break };
+        let Some(slot) = set.entries.get_mut(i) else { continue };
+        if slot.gen != gen {
+            continue;
         }
-        if e.disabled || !e.dirty {
+        let Some(e) = slot.entry.as_mut() else { continue };
+        if !e.dirty {
+            continue;
+        }
+        if e.disabled {
+            // Out of the queue until EPOLL_CTL_MOD queues it again.
+            e.dirty = false;
             continue;
         }
         let mut bits = evaluate(e);
@@ -348,28 +448,25 @@ fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
                 e.disabled = true;
             }
         }
-        // Level-triggered entries that were ready stay dirty (still ready next time
+        // Level-triggered entries that were ready stay queued (still ready next time
         // unless drained); others wait for their bell, armed. A connector still
         // waiting for its acceptor is looked at every time (its deadline rings no
         // bell).
-        e.dirty = (bits != 0 && level) || matches!(&e.conn, Socket::Tcp(c) if c.awaiting_attach());
-        if !e.dirty && !e.armed {
+        let mut stay = (bits != 0 && level) || matches!(&e.conn, Socket::Tcp(c) if c.awaiting_attach());
+        if !stay && !e.armed {
             e.conn.announce(e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
             e.armed = true;
             // A change between the evaluation and the arming rang no bell.
-            e.dirty = true;
+            stay = true;
+        }
+        e.dirty = stay;
+        if stay {
+            // Behind the others: a set with more ready entries than `max` reports
+            // them all in turn.
+            again.push((i, gen));
         }
     }
-}
-
-/// A bell (or hang-up) of connection `c` came: its entries may have changed.
-fn touch(set: &mut EpSet, pred: impl Fn(&Socket) -> bool) {
-    for e in set.entries.iter_mut() {
-        if pred(&e.conn) {
-            e.dirty = true;
-            e.armed = false;
-        }
-    }
+    set.queue.extend(again);
 }
 
 /// One pass over a live set: UDP members bound since they were added get their
@@ -388,14 +485,9 @@ fn gather(
     }
     if set.pending_udp {
         set.pending_udp = false;
-        let members: Vec<Socket> = set.entries.iter().map(|e| e.conn.clone()).collect();
+        let members: Vec<Socket> = set.entries().map(|e| e.conn.clone()).collect();
         for m in members {
-            if set.wakers.iter().any(|x| x.same(&m)) {
-                continue;
-            }
-            if add_wakers(epfd, &m) {
-                set.wakers.push(m);
-            } else {
+            if !set.wakers.iter().any(|x| x.same(&m)) && !set.add_wakers(epfd, &m) {
                 set.pending_udp = true;
             }
         }
@@ -406,8 +498,7 @@ fn gather(
         collect(set, &mut acc, max);
     }
     let attach = if acc.is_empty() && may_sleep {
-        set.entries
-            .iter()
+        set.entries()
             .filter_map(|e| match &e.conn {
                 Socket::Tcp(c) => c.attach_deadline(),
                 _ => None,
@@ -486,41 +577,35 @@ pub unsafe fn wait(
             if data & MAGIC_MASK == MAGIC_BELL {
                 woke = true;
                 with_set(epfd, |set| {
-                    if let Some(c) = set.wakers.iter().find(|c| has_bell(c, fd)) {
+                    if let Some(c) = set.by_waker.get(&fd).cloned() {
                         c.drain_bell();
+                        set.touch(&c);
                     }
-                    touch(set, |c| has_bell(c, fd));
                 });
             } else if data & MAGIC_MASK == MAGIC_MARK {
                 woke = true;
                 with_set(epfd, |set| {
-                    let u = set.wakers.iter().find_map(|c| match c {
-                        Socket::Udp(u) if u.rx().is_some_and(|rx| rx.marker() == fd) => Some(u.clone()),
-                        _ => None,
-                    });
-                    if let Some(u) = u {
-                        u.pump();
-                        touch(set, |c| matches!(c, Socket::Udp(x) if Arc::ptr_eq(x, &u)));
+                    if let Some(m) = set.by_waker.get(&fd).cloned() {
+                        if let Socket::Udp(u) = &m {
+                            u.pump();
+                            set.touch(&m);
+                        }
                     }
                 });
             } else if data & MAGIC_MASK == MAGIC_HUP {
                 woke = true;
                 with_set(epfd, |set| {
-                    let found = set.wakers.iter().find_map(|c| match c {
-                        Socket::Tcp(t) if t.unix() == fd => Some(t.clone()),
-                        _ => None,
-                    });
-                    if let Some(c) = found {
+                    if let Some(m) = set.by_waker.get(&fd).cloned() {
+                        let Socket::Tcp(c) = &m else { return };
                         c.check_peer();
-                        let m = Socket::Tcp(c);
                         // A hang-up stays reported: a connection without entries
                         // leaves the kernel set, or every wait would return at once.
-                        if !set.entries.iter().any(|e| e.conn.same(&m)) {
-                            del_wakers(epfd, &m);
-                            set.wakers.retain(|x| !x.same(&m));
+                        if set.of_member.contains_key(&m.key()) {
+                            set.touch(&m);
+                        } else {
+                            set.forget(epfd, &m);
                         }
                     }
-                    touch(set, |c| matches!(c, Socket::Tcp(t) if t.unix() == fd));
                 });
             } else {
                 // SAFETY: compacting in place, `kernel <= i`.

@@ -73,6 +73,15 @@ impl Socket {
         }
     }
 
+    /// The socket's identity (the address of what its descriptors share).
+    pub(crate) fn key(&self) -> usize {
+        match self {
+            Socket::Tcp(c) => Arc::as_ptr(c) as usize,
+            Socket::Udp(u) => Arc::as_ptr(u) as usize,
+            Socket::Listening(l) => Arc::as_ptr(l) as usize,
+        }
+    }
+
     /// The TCP connection, if this is one.
     pub(crate) fn tcp(self) -> Option<Arc<Conn>> {
         match self {

@@ -192,3 +192,88 @@ fn an_event_loop_polling_epoll_with_a_zero_timeout_sees_each_arrival_once() {
         calls::close(l);
     }
 }
+
+/// Connected pairs made through the library: (accepted, connector) descriptors.
+fn pairs(n: usize) -> Vec<(c_int, c_int)> {
+    let (l, port) = listener();
+    let clients: Vec<c_int> = (0..n).map(|_| connect(port)).collect();
+    let out = clients
+        .into_iter()
+        .map(|c| {
+            // SAFETY: accept on our listener, no address wanted.
+            let a = unsafe { ok(calls::accept(l, std::ptr::null_mut(), std::ptr::null_mut()), "accept") };
+            (a, c)
+        })
+        .collect();
+    // SAFETY: our listener.
+    unsafe { calls::close(l) };
+    out
+}
+
+#[test]
+fn epoll_entries_removed_and_readded_report_each_ready_descriptor_once() {
+    init();
+    // Both ends are threads of this process; the connector's first write settles it.
+    let ps = pairs(6);
+    // SAFETY: the library's calls with valid arguments and local buffers.
+    unsafe {
+        for &(a, c) in &ps {
+            assert_eq!(carried(a), Some(Carried::SharedMemory));
+            write_all(c, b"x");
+        }
+        let ep = ok(libc::epoll_create1(libc::EPOLL_CLOEXEC), "epoll_create1");
+        let add = |fd: c_int, events: u32| {
+            let mut ev = libc::epoll_event { events, u64: fd as u64 };
+            ok(calls::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), "add");
+        };
+        let ready = || {
+            let mut out = [libc::epoll_event { events: 0, u64: 0 }; 16];
+            let n = ok(calls::epoll_wait(ep, out.as_mut_ptr(), 16, 0), "epoll_wait");
+            let mut fds: Vec<c_int> = out[..n as usize].iter().map(|e| e.u64 as c_int).collect();
+            fds.sort_unstable();
+            fds
+        };
+        let level = libc::EPOLLIN as u32;
+        for &(a, _) in &ps {
+            add(a, level);
+        }
+        let all: Vec<c_int> = ps.iter().map(|p| p.0).collect();
+        assert!(all.windows(2).all(|w| w[0] < w[1]), "accepted in ascending order: {all:?}");
+        assert_eq!(ready(), all, "every connection has a byte: each reported once");
+        assert_eq!(ready(), all, "level-triggered: still ready, still once each");
+        // Remove three (their places in the set are reused below) and add two back
+        // in another mode: no entry is reported twice, none lost.
+        for &(a, _) in &ps[..3] {
+            let mut ev = libc::epoll_event { events: 0, u64: 0 };
+            ok(calls::epoll_ctl(ep, libc::EPOLL_CTL_DEL, a, &mut ev), "del");
+        }
+        assert_eq!(ready(), all[3..].to_vec(), "the removed ones are gone");
+        add(ps[0].0, level | libc::EPOLLET as u32);
+        add(ps[1].0, level | libc::EPOLLONESHOT as u32);
+        let mut want: Vec<c_int> = vec![ps[0].0, ps[1].0];
+        want.extend(&all[3..]);
+        want.sort_unstable();
+        assert_eq!(ready(), want, "re-added entries reported once each");
+        let mut want2 = all[3..].to_vec();
+        want2.sort_unstable();
+        assert_eq!(ready(), want2, "edge-triggered and one-shot entries fired once");
+        // A new byte on the edge-triggered one reports it again; the one-shot one
+        // stays quiet until re-armed.
+        write_all(ps[0].1, b"y");
+        write_all(ps[1].1, b"y");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut got = ready();
+        while !got.contains(&ps[0].0) && std::time::Instant::now() < deadline {
+            got = ready();
+        }
+        assert!(got.contains(&ps[0].0) && !got.contains(&ps[1].0), "{got:?}");
+        let mut ev = libc::epoll_event { events: level | libc::EPOLLONESHOT as u32, u64: ps[1].0 as u64 };
+        ok(calls::epoll_ctl(ep, libc::EPOLL_CTL_MOD, ps[1].0, &mut ev), "mod");
+        assert!(ready().contains(&ps[1].0), "re-armed one-shot entry reports");
+        for (a, c) in ps {
+            calls::close(a);
+            calls::close(c);
+        }
+        calls::close(ep);
+    }
+}

@@ -10,7 +10,7 @@
 //! flows back on a connection, so nothing has to be arbitrated when both open at
 //! once, and a peer's frames reach the matcher in the order it sent them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -35,26 +35,9 @@ pub const INJECT_SIZE: usize = 4096;
 /// How often an idle endpoint asks its peers whether they still live.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
 
-/// A hasher for the provider's own u64 keys (fi_addr indices, endpoint ids): one
-/// multiplication instead of SipHash on the path of every message.
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+/// The provider's maps by its own u64 keys (fi_addr indices, endpoint ids): one
+/// multiplication per look-up instead of SipHash, on the path of every message.
+type IdMap<V> = strait_sys::IntMap<u64, V>;
 
 /// Messages at least this long go by rendezvous on the shm device when the peer can
 /// be read with `process_vm_readv`: one copy, by the receiver, straight from the

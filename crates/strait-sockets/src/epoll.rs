@@ -2,12 +2,13 @@
 //! accelerated members, kept beside the kernel set, which holds their doorbells) and
 //! `epoll_wait` answered from the rings.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libc::{c_int, epoll_event, sigset_t};
+use strait_sys::IntMap;
 
 use crate::conn::Conn;
 use crate::fdtable::Shared;
@@ -75,15 +76,15 @@ pub struct EpSet {
     /// Live entries.
     count: usize,
     /// Entry index of each of the program's descriptors in the set.
-    by_fd: HashMap<c_int, usize, FdBuild>,
+    by_fd: IntMap<c_int, usize>,
     /// Entries that may have changed, each once (its `dirty` flag), as (index,
     /// generation): an index whose slot was reused since is stale and skipped.
     queue: VecDeque<(usize, u32)>,
     /// The entries of each member (by [`Socket::key`]).
-    of_member: HashMap<usize, Vec<usize>, FdBuild>,
+    of_member: IntMap<usize, Vec<usize>>,
     /// The member behind each waker descriptor in the kernel set (doorbells,
     /// liveness sockets, markers).
-    by_waker: HashMap<c_int, Socket, FdBuild>,
+    by_waker: IntMap<c_int, Socket>,
     /// Connections whose bell and Unix socket are in the kernel set. They stay
     /// after EPOLL_CTL_DEL (programs such as hiredis delete and re-add on every
     /// request) until the connection is closed: a bell with no entry is drained
@@ -162,9 +163,13 @@ impl EpSet {
 
     /// A waker of member `m` rang: its entries may have changed.
     fn touch(&mut self, m: &Socket) {
-        for i in self.of_member.get(&m.key()).cloned().unwrap_or_default() {
+        // Taken out and put back (no copy: this runs for every doorbell).
+        let key = m.key();
+        let Some(idx) = self.of_member.get_mut(&key).map(std::mem::take) else { return };
+        for &i in &idx {
             self.mark(i);
         }
+        self.of_member.insert(key, idx);
     }
 
     /// Puts `m`'s wakers in the kernel set (and in `by_waker`); false if it has
@@ -196,32 +201,10 @@ impl EpSet {
     }
 }
 
-type FdBuild = std::hash::BuildHasherDefault<FdHasher>;
-
 static SETS_LIVE: AtomicUsize = AtomicUsize::new(0);
-/// Hashes a descriptor number by one multiplication: the sets are looked up on every
-/// `epoll_wait`, where SipHash cost more than the rest of a zero-timeout call.
-#[derive(Default, Clone, Copy)]
-struct FdHasher(u64);
-
-impl std::hash::Hasher for FdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_i32(&mut self, v: i32) {
-        self.0 = u64::from(v as u32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_usize(&mut self, v: usize) {
-        self.0 = (v as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type Sets = HashMap<c_int, EpSet, FdBuild>;
+/// The sets are looked up on every `epoll_wait`, where SipHash cost more than the
+/// rest of a zero-timeout call.
+type Sets = IntMap<c_int, EpSet>;
 
 static SETS: Mutex<Option<Sets>> = Mutex::new(None);
 
@@ -419,8 +402,11 @@ fn evaluate(e: &mut Entry) -> i16 {
 /// Only dirty entries are looked at; an entry found not ready is armed (its
 /// sleeping flags set, then looked at once more, closing the race with the peer).
 fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
-    let mut again = Vec::new();
-    while out.len() < max {
+    // Each queued entry at most once per call: those that stay queued go to the back.
+    for _ in 0..set.queue.len() {
+        if out.len() >= max {
+            break;
+        }
         let Some((i, gen)) = set.queue.pop_front() else { break };
         let Some(slot) = set.entries.get_mut(i) else { continue };
         if slot.gen != gen {
@@ -463,10 +449,9 @@ fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
         if stay {
             // Behind the others: a set with more ready entries than `max` reports
             // them all in turn.
-            again.push((i, gen));
+            set.queue.push_back((i, gen));
         }
     }
-    set.queue.extend(again);
 }
 
 /// One pass over a live set: UDP members bound since they were added get their

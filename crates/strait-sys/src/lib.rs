@@ -14,6 +14,7 @@
 //! (which runs `ip`) is for benchmarks and tests only.
 
 pub mod cpu;
+pub mod hash;
 pub mod memfd;
 pub mod mmap;
 pub mod netns;
@@ -22,6 +23,7 @@ pub mod pid;
 pub mod random;
 pub mod scm;
 
+pub use hash::{IntHasher, IntMap};
 pub use memfd::{check_sealed, sealed_memfd, SealError};
 pub use mmap::Mapping;
 pub use pattern::{pattern, xorshift_bytes};

@@ -149,15 +149,24 @@ fn squatter_report(squatter: Child) -> String {
 /// comes (closing any descriptor passed) for `secs`, then reports what it got on a
 /// `GOT {json}` line (with the bytes read if `count_bytes`).
 const PY_SQUAT: &str = r#"
-import json, os, socket, time
-def squat(names, backlog, secs, bufsize, count_bytes):
+import json, os, socket, sys, threading, time
+def squat(names, backlog, secs, bufsize, count_bytes, more=None):
     socks = []
-    for n in names:
+    def hold(n):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         s.bind('\0' + n)
         s.listen(backlog)
         s.setblocking(False)
         socks.append(s)
+    for n in names:
+        hold(n)
+    if more:
+        # Names that come later, one per line on stdin (each answered SQUATTED).
+        def feed():
+            for line in sys.stdin:
+                hold(more(line.strip()))
+                print('SQUATTED', line.strip(), flush=True)
+        threading.Thread(target=feed, daemon=True).start()
     print('READY', flush=True)
     conns, msgs, fds, data = [], 0, 0, 0
     end = time.time() + secs
@@ -424,12 +433,12 @@ import fcntl, os, socket, struct, sys
 port = int(sys.argv[1])
 ns = os.stat('/proc/self/ns/net').st_ino
 name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
-MAGIC, VERSION = 0x3130504354545253, 2
-def hello(ring, efd, token, cport):
+MAGIC, VERSION = 0x3130504354545253, 3
+def hello(ring, efd, token):
     m = os.memfd_create('x', os.MFD_ALLOW_SEALING)
     os.ftruncate(m, 4096 + 2 * min(ring, 1 << 16))
     fcntl.fcntl(m, 1033, 1 | 2 | 4 | 8)  # F_ADD_SEALS: SEAL, SHRINK, GROW, WRITE
-    h = struct.pack('<QII', MAGIC, VERSION, ring) + struct.pack('<H', cport) + bytes(30)
+    h = struct.pack('<QII', MAGIC, VERSION, ring) + bytes(32)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(name)
     s.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack('4i', m, efd, efd, token))])
@@ -439,7 +448,7 @@ mine.bind(('127.0.0.1', 0))
 token = os.open('/proc/self/fd/%d' % mine.fileno(), os.O_PATH)
 r, w = os.pipe()
 e = os.eventfd(0, os.EFD_NONBLOCK)
-keep = [hello(1 << 31, e, token, 1), hello(1 << 16, w, token, 2), hello(1 << 16, e, token, mine.getsockname()[1])]
+keep = [hello(1 << 31, e, token), hello(1 << 16, w, token), hello(1 << 16, e, token)]
 print('SENT', flush=True)
 import time; time.sleep(5)
 "#;
@@ -481,7 +490,7 @@ for d in (0, 1):
     WORDS += [base + o for o in (0, 64, 128, 192, 512, 576, 640, 704, 768, 776, 784, 792, 800, 896)]
 ns = os.stat('/proc/self/ns/net').st_ino
 name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
-MAGIC, VERSION, RING = 0x3130504354545253, 2, 1 << 16
+MAGIC, VERSION, RING = 0x3130504354545253, 3, 1 << 16
 CHOSEN = [0, 1, 2, 3, 7, 8, 4095, 4096, RING - 1, RING, RING + 1, 1 << 31, 1 << 40, (1 << 63) - 1, 1 << 63,
           (1 << 64) - 1, os.getpid(), 1, os.getppid()]
 for seed in range(first, first + seeds):
@@ -500,7 +509,7 @@ for seed in range(first, first + seeds):
     token = os.open('/proc/self/fd/%d' % t.fileno(), os.O_PATH)
     u = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     u.connect(name)
-    h = struct.pack('<QII', MAGIC, VERSION, RING) + struct.pack('<H', t.getsockname()[1]) + bytes(30)
+    h = struct.pack('<QII', MAGIC, VERSION, RING) + bytes(32)
     u.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack('4i', m, ec, ea, token))])
     os.close(token)
     t.connect(('127.0.0.1', port))
@@ -661,14 +670,14 @@ fn a_hostile_peer_cannot_forge_rendezvous_completions_in_message_mode() {
     }
 }
 
-/// Squats the connectors' per-connection names (`strait.c.<netns>.<port>`) for the
-/// ports the victim client will bind, then reports what it got (after
+/// Squats connectors' per-connection names (`strait.c.<netns>.<socket inode>`),
+/// each as soon as it reads the inode on stdin, then reports what it got (after
 /// [`PY_SQUAT`]).
 const CONN_SQUATTER: &str = r#"
 import os, sys
-first, count, secs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+secs = float(sys.argv[1])
 ns = os.stat('/proc/self/ns/net').st_ino
-squat([f'strait.c.{ns}.{p}' for p in range(first, first + count)], 16, secs, 4096, False)
+squat([], 16, secs, 4096, False, lambda ino: f'strait.c.{ns}.{int(ino)}')
 "#;
 
 /// Two SO_REUSEPORT servers (separate processes, as prefork or reload setups run
@@ -694,15 +703,17 @@ except socket.timeout:
     pass
 "#;
 
-/// Connects `count` times from source ports `first..`, one line echoed each.
-const PORT_CLIENT: &str = r#"
-import socket, sys
-port, first, count = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+/// Connects `count` times, one line echoed each; before each connect it tells its
+/// socket's inode (`INO n`) and waits for a line on stdin: the test hands the
+/// inode to the squatter, as an attacker that predicted it would have it.
+const INODE_CLIENT: &str = r#"
+import os, socket, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
 ok = 0
-for p in range(first, first + count):
+for p in range(count):
     c = socket.socket()
-    c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    c.bind(('127.0.0.1', p))
+    print('INO', os.fstat(c.fileno()).st_ino, flush=True)
+    sys.stdin.readline()
     c.settimeout(10)
     c.connect(('127.0.0.1', port))
     m = b'line %d\n' % p
@@ -714,7 +725,8 @@ print('ECHO OK %d' % ok, flush=True)
 "#;
 
 /// Path B under attack: another user holds the per-connection names of the
-/// client's ports. The acceptor that asks a connector checks who holds the name
+/// client's sockets (handed each inode before the connect: stronger than any real
+/// attacker, who must guess it before the connector binds the name). The acceptor that asks a connector checks who holds the name
 /// before it sends anything, so the squatter gets nothing; every connection is
 /// answered, intact (by shared memory where the hello reached the acceptor, else
 /// by the kernel).
@@ -726,22 +738,31 @@ fn a_squatter_of_connectors_names_gets_nothing_from_path_b() {
     let (port, [sq, srv, cli]) = port_and_scripts([
         ("conn-squatter", &[PY_SQUAT, CONN_SQUATTER].concat()),
         ("reuseport-server", REUSEPORT_SERVER),
-        ("port-client", PORT_CLIENT),
+        ("inode-client", INODE_CLIENT),
     ]);
-    let first = 20000 + (std::process::id() % 20000) as u16;
-    let count = 16u16;
-    let a = start(&mut attacker(&sq, &[&first.to_string(), &count.to_string(), "8"]), "squatter", "READY");
+    let count = 16usize;
+    let mut a = attacker(&sq, &["8"]).stdin(Stdio::piped()).spawn().expect("squatter");
+    wait_line(&mut a, "READY", Duration::from_secs(10));
     let mut servers = Vec::new();
     for _ in 0..2 {
         servers.push(start(&mut victim(&srv, &[&port.to_string(), "0"]), "server", "LISTENING"));
     }
-    let c = finish(
-        victim(&cli, &[&port.to_string(), &first.to_string(), &count.to_string()])
-            .env("STRAIT_ATTACH_TIMEOUT_MS", "200")
-            .spawn()
-            .expect("client"),
-        Duration::from_secs(60),
-    );
+    let mut client = victim(&cli, &[&port.to_string(), &count.to_string()])
+        .env("STRAIT_ATTACH_TIMEOUT_MS", "200")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("client");
+    let (mut to_squatter, mut to_client) =
+        (a.stdin.take().expect("squatter stdin"), client.stdin.take().expect("client stdin"));
+    for _ in 0..count {
+        let ino = wait_line(&mut client, "INO ", Duration::from_secs(30));
+        let ino = ino.trim_start_matches("INO ").to_string();
+        writeln!(to_squatter, "{ino}").expect("tell the squatter");
+        wait_line(&mut a, &format!("SQUATTED {ino}"), Duration::from_secs(10));
+        writeln!(to_client, "go").expect("let the client connect");
+    }
+    drop((to_squatter, to_client));
+    let c = finish(client, Duration::from_secs(60));
     let outs: Vec<_> = servers.into_iter().map(|s| finish(s, Duration::from_secs(30))).collect();
     // The squatter reports when its time is up.
     no_leak(&squatter_report(a));

@@ -61,7 +61,9 @@ use crate::settings::{crowded, spin_policy, Settings};
 use crate::wait::{signals_restart, sock_timeout};
 
 pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
-pub const VERSION: u32 = 2;
+/// 3: a connector no longer binds a port before its hello, and its path-B name is
+/// its socket's inode.
+pub const VERSION: u32 = 3;
 pub const HDR: usize = 4096;
 const OFF_STATE: usize = 64;
 pub(crate) const fn off_holders(side: usize) -> usize {

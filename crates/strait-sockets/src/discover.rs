@@ -10,9 +10,9 @@
 //!   (failing costs up to three system calls when the listener is not under strait,
 //!   so a listener bound to 127.0.0.1 is never found by a connect to another
 //!   address, as the kernel would refuse that connect). It then
-//!   binds the TCP socket to an ephemeral port if the program did not bind it (so the
-//!   port is known before the SYN), binds its own per-connection name
-//!   `strait.c.<netns>.<port>`, sends a hello (a sealed memfd, two eventfds, and an
+//!   binds its own per-connection name `strait.c.<netns>.<socket inode>` (its TCP
+//!   socket's inode: known before the SYN, unlike the port, which the kernel's
+//!   `connect` picks for an unbound socket as it would without strait), sends a hello (a sealed memfd, two eventfds, and an
 //!   `O_PATH` token of its TCP socket: a proof that it holds the socket, with no power
 //!   over it) to the marker, and only then does the real TCP connect. Not one byte is
 //!   ever sent on the TCP connection. The hello goes out only after the marker's
@@ -43,12 +43,12 @@ use libc::{c_int, sockaddr, socklen_t};
 use crate::conn::{
     Carriers, Conn, PendingC, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
 };
-use crate::listening::{Claims, Hello, Listener};
+use crate::listening::{far_end_inode, Claims, Hello, Listener};
 use crate::real;
 use crate::settings::Settings;
 use crate::sock::{
-    abstract_name, bind_ephemeral, close_all, is_tcp_stream, key_of, listen_marker, memfd_ok, netns,
-    recv_fds_now, send_fds, sock_key, socket_option, v4_mapped, v6only, Key,
+    abstract_name, close_all, is_tcp_stream, key_of, listen_marker, memfd_ok, netns, recv_fds_now, send_fds,
+    sock_key, socket_option, v4_mapped, v6only, Key,
 };
 use crate::trust::{self, Proto};
 
@@ -90,9 +90,11 @@ fn marker_candidates(dest: Key) -> [(Key, bool); 3] {
     }
 }
 
-/// The connector's per-connection name (path B).
-fn conn_name(port: u16) -> (libc::sockaddr_un, socklen_t) {
-    abstract_name(&format!("strait.c.{}.{}", netns(), port))
+/// The connector's per-connection name (path B): named by its TCP socket's inode,
+/// which the connector knows before its `connect` (its port it does not: the kernel
+/// picks that in `connect`) and an acceptor learns from the kernel's diagnostics.
+fn conn_name(ino: u64) -> (libc::sockaddr_un, socklen_t) {
+    abstract_name(&format!("strait.c.{}.{}", netns(), ino))
 }
 
 /// A listening socket this process did not make (passed over a Unix socket, or
@@ -173,7 +175,7 @@ fn parse_hello(h: &[u8; HELLO_LEN], fds: Vec<c_int>, unix: c_int, uid: u32) -> O
     let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
     let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
     let ring = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default()) as usize;
-    let port = u16::from_le_bytes([h[16], h[17]]);
+    let ino = trust::token_inode(fds.get(3).copied().unwrap_or(-1)).unwrap_or(0);
     let ok = magic == MAGIC
         && version == VERSION
         && ring.is_power_of_two()
@@ -181,13 +183,13 @@ fn parse_hello(h: &[u8; HELLO_LEN], fds: Vec<c_int>, unix: c_int, uid: u32) -> O
         && fds.len() == 4
         && trust::is_eventfd(fds[1])
         && trust::is_eventfd(fds[2])
-        && trust::token_inode(fds[3]).is_some();
+        && ino != 0;
     if !ok {
         close_all(&fds);
         close_all(&[unix]);
         return trust::refuse();
     }
-    Some(Hello { ring, fds: [fds[0], fds[1], fds[2]], token: fds[3], port, uid, unix, at: Instant::now() })
+    Some(Hello { ring, fds: [fds[0], fds[1], fds[2]], token: fds[3], ino, uid, unix, at: Instant::now() })
 }
 
 impl Listener {
@@ -303,12 +305,19 @@ impl Listener {
 
     fn take(&self, fd: c_int) -> Option<Hello> {
         let deadline = Instant::now() + Settings::get().announce_wait;
+        // The accepted connection's far end, asked of the kernel once (when a hello
+        // waits at all).
+        let mut far: Option<Option<u64>> = None;
         loop {
             let waiting = {
                 let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                 self.pump(&mut p);
-                if let Some(i) = p.hellos.iter().position(|h| h.is_for(fd)) {
-                    return Some(p.hellos.swap_remove(i));
+                if !p.hellos.is_empty() {
+                    if let Some(ino) = *far.get_or_insert_with(|| far_end_inode(fd)) {
+                        if let Some(i) = p.hellos.iter().position(|h| h.names(ino)) {
+                            return Some(p.hellos.swap_remove(i));
+                        }
+                    }
                 }
                 if p.waiting.is_empty() {
                     return None;
@@ -373,13 +382,11 @@ const REQ_MAGIC: u64 = 0x3130_5145_5254_5253; // "SRTREQ01"
 /// asked only if its holder is root, us, or the owner of the connector's socket.
 fn ask_connector(fd: c_int) -> Option<Hello> {
     let (peer, local) = (sock_key(fd, true)?, sock_key(fd, false)?);
-    let (sa, len) = conn_name(peer.1);
+    let far = trust::diag_lookup(Proto::Tcp, peer, local).filter(|s| s.inode != 0)?;
+    let (sa, len) = conn_name(far.inode);
     let u = trust::connect_name(&sa, len)?;
     let cred = trust::peer_cred(u);
-    let holder_ok = cred.is_some_and(|c| {
-        trust::trusted_user(c.uid)
-            || trust::diag_lookup(Proto::Tcp, peer, local).is_some_and(|s| s.uid == c.uid)
-    });
+    let holder_ok = cred.is_some_and(|c| trust::trusted_user(c.uid) || far.uid == c.uid);
     let token = if holder_ok { trust::socket_token(fd) } else { None };
     let Some(token) = token else {
         close_all(&[u]);
@@ -523,18 +530,20 @@ pub struct Prepared {
     pending: PendingC,
 }
 
-/// Before the TCP connect: binds a port if needed, creates the shared memory and
-/// sends the hello to the marker `unix`. `None`: stay on the kernel.
+/// Before the TCP connect: creates the shared memory and sends the hello to the
+/// marker `unix`. `None`: stay on the kernel.
+///
+/// An unbound socket stays unbound: the kernel's `connect` picks its port, as it
+/// would without strait. (Binding an ephemeral port first would take a port no
+/// socket holds, which with thousands of connections in TIME_WAIT, as a client
+/// that closes first leaves, costs a long search and then fails; `connect` may
+/// reuse such a port for another destination.)
 pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
     let fail = |fds: &[c_int]| {
         close_all(&fds.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
         None
     };
-    let mut key = sock_key(fd, false);
-    if key.is_some_and(|k| k.1 == 0) && bind_ephemeral(fd) {
-        key = sock_key(fd, false);
-    }
-    let Some((_, port)) = key.filter(|k| k.1 != 0) else { return fail(&[unix]) };
+    let Some(ino) = trust::token_inode(fd) else { return fail(&[unix]) };
     let ring = Settings::get().ring;
     let total = HDR + 2 * ring;
     let memfd = strait_sys::sealed_memfd(c"strait-tcp", total).map_or(-1, IntoRawFd::into_raw_fd);
@@ -554,7 +563,6 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
     h[0..8].copy_from_slice(&MAGIC.to_le_bytes());
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
     h[12..16].copy_from_slice(&(ring as u32).to_le_bytes());
-    h[16..18].copy_from_slice(&port.to_le_bytes());
     let Some(token) = trust::socket_token(fd) else { return fail(&[memfd, efd_c, efd_a, unix]) };
     let sent = send_fds(unix, &h, &[memfd, efd_c, efd_a, token]);
     close_all(&[token]);
@@ -567,7 +575,7 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
         real::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
     };
     if listener >= 0 {
-        let (sa, len) = conn_name(port);
+        let (sa, len) = conn_name(ino);
         // SAFETY: an initialised sockaddr_un; plain syscalls.
         let ok = unsafe {
             real::bind(listener, (&sa as *const libc::sockaddr_un).cast(), len) == 0
@@ -727,41 +735,42 @@ mod tests {
     }
 
     /// A hello's token is taken while the connector's socket is still unconnected
-    /// and bound to the wildcard (as when the hello goes out); once connected, it
-    /// proves exactly that connection: the accepted socket of another connection
-    /// from the same port range is not claimed.
+    /// (unbound, or bound to the wildcard, as when the hello goes out); once
+    /// connected, it proves exactly that connection: the accepted socket of another
+    /// connection is not claimed.
     #[test]
     fn a_hello_proves_its_own_connection_only() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-        let sock = tcp_bound_to_wildcard();
-        let port = sock_key(sock, false).expect("bound").1;
-        let token = crate::trust::socket_token(sock).expect("token");
-        let h = Hello { ring: 0, fds: [-1; 3], token, port, uid: 0, unix: -1, at: Instant::now() };
-        let addr = listener.local_addr().expect("addr");
-        let sa = libc::sockaddr_in {
-            sin_family: libc::AF_INET as u16,
-            sin_port: addr.port().to_be(),
-            sin_addr: libc::in_addr { s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be() },
-            sin_zero: [0; 8],
-        };
-        // SAFETY: a sockaddr_in of the right length, our socket.
-        let r = unsafe { libc::connect(sock, (&sa as *const libc::sockaddr_in).cast(), 16) };
-        assert_eq!(r, 0, "connect");
-        let (accepted, _) = listener.accept().expect("accept");
-        let other = std::net::TcpStream::connect(addr).expect("connect");
-        let (other_accepted, _) = listener.accept().expect("accept");
-        assert!(h.is_for(accepted.as_raw_fd()));
-        assert!(!h.is_for(other_accepted.as_raw_fd()));
-        // A hello that lies about its port is not even looked up.
-        let liar = Hello { port: port.wrapping_add(1), ..h };
-        assert!(!liar.is_for(accepted.as_raw_fd()));
-        close_all(&[sock, token]);
-        drop((accepted, other, other_accepted));
+        for bound in [false, true] {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+            let sock = tcp_socket(bound);
+            let token = crate::trust::socket_token(sock).expect("token");
+            let ino = crate::trust::token_inode(token).expect("a socket's token");
+            assert_eq!(crate::trust::token_inode(sock), Some(ino), "the socket and its token name one inode");
+            let h = Hello { ring: 0, fds: [-1; 3], token, ino, uid: 0, unix: -1, at: Instant::now() };
+            let addr = listener.local_addr().expect("addr");
+            let sa = libc::sockaddr_in {
+                sin_family: libc::AF_INET as u16,
+                sin_port: addr.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be() },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a sockaddr_in of the right length, our socket.
+            let r = unsafe { libc::connect(sock, (&sa as *const libc::sockaddr_in).cast(), 16) };
+            assert_eq!(r, 0, "connect");
+            let (accepted, _) = listener.accept().expect("accept");
+            let other = std::net::TcpStream::connect(addr).expect("connect");
+            let (other_accepted, _) = listener.accept().expect("accept");
+            assert_eq!(far_end_inode(accepted.as_raw_fd()), Some(ino));
+            assert!(h.is_for(accepted.as_raw_fd()));
+            assert!(!h.is_for(other_accepted.as_raw_fd()));
+            assert!(!h.names(0), "an inode the kernel could not give names nothing");
+            close_all(&[sock, token]);
+            drop((accepted, other, other_accepted));
+        }
     }
 
-    /// A TCP socket bound to 0.0.0.0 with an ephemeral port, as a connector's is
-    /// when its hello goes out.
-    fn tcp_bound_to_wildcard() -> c_int {
+    /// A TCP socket, unbound or bound to 0.0.0.0 with an ephemeral port.
+    fn tcp_socket(bound: bool) -> c_int {
         // SAFETY: plain socket calls on a socket we own.
         unsafe {
             let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
@@ -772,7 +781,7 @@ mod tests {
                 sin_addr: libc::in_addr { s_addr: 0 },
                 sin_zero: [0; 8],
             };
-            assert_eq!(libc::bind(s, (&sa as *const libc::sockaddr_in).cast(), 16), 0);
+            assert!(!bound || libc::bind(s, (&sa as *const libc::sockaddr_in).cast(), 16) == 0);
             s
         }
     }

@@ -31,8 +31,9 @@ pub(crate) struct Hello {
     pub(crate) fds: [c_int; 3],
     /// `O_PATH` token of the connector's TCP socket ([`trust::socket_token`]).
     pub(crate) token: c_int,
-    /// The connector's TCP port, as it said (a cheap filter before the proof).
-    pub(crate) port: u16,
+    /// The inode of the socket the token names (read from the token here, never
+    /// from the hello's bytes).
+    pub(crate) ino: u64,
     /// The connector's user (SO_PEERCRED), for the per-user cap.
     pub(crate) uid: u32,
     pub(crate) unix: c_int,
@@ -43,14 +44,28 @@ impl Hello {
     /// The hello's token names the other end of the accepted connection `fd`: the
     /// socket the kernel has at `fd`'s peer address, connected to `fd`'s address.
     pub(crate) fn is_for(&self, fd: c_int) -> bool {
-        let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };
-        peer.1 == self.port && trust::token_names(self.token, Proto::Tcp, peer, local)
+        far_end_inode(fd).is_some_and(|ino| self.names(ino))
+    }
+
+    /// The hello's token names the socket with inode `ino` (as [`far_end_inode`]
+    /// gives it for an accepted connection).
+    pub(crate) fn names(&self, ino: u64) -> bool {
+        ino != 0 && self.ino == ino
     }
 
     pub(crate) fn close(&self) {
         close_all(&self.fds);
         close_all(&[self.unix, self.token]);
     }
+}
+
+/// The inode of the socket at the other end of the connected TCP socket `fd` (on
+/// this host): the socket the kernel's diagnostics find at `fd`'s peer address,
+/// connected to `fd`'s address. One question to the kernel, however many hellos
+/// wait.
+pub(crate) fn far_end_inode(fd: c_int) -> Option<u64> {
+    let (peer, local) = (sock_key(fd, true)?, sock_key(fd, false)?);
+    trust::diag_lookup(Proto::Tcp, peer, local).map(|s| s.inode).filter(|&i| i != 0)
 }
 
 /// What waits at a listener's marker.

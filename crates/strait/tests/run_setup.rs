@@ -256,3 +256,87 @@ fn many_connections_leave_no_descriptor_or_mapping_behind() {
         assert!(stat(e, "shm-bytes-peak") >= 100 * 4096, "{who} held rings while open: {e}");
     }
 }
+
+/// In a network namespace with 64 local ports: fills them all with connections
+/// the client closed first (each leaves its port in TIME_WAIT, as a client of
+/// `Connection: close` requests does), proves that they are there, then makes
+/// more connections to another listener (the kernel's `connect` may reuse a
+/// TIME_WAIT port towards another destination), each echoing a hashed payload.
+const TIME_WAIT_CLIENT: &str = r#"
+import hashlib, os, socket, struct, sys, threading
+first, more = int(sys.argv[1]), int(sys.argv[2])
+def recv_exactly(c, n):
+    got = b''
+    while len(got) < n:
+        b = c.recv(n - len(got))
+        assert b, 'early end'
+        got += b
+    return got
+def serve(l):
+    while True:
+        a, _ = l.accept()
+        a.settimeout(10)
+        n, = struct.unpack('<Q', recv_exactly(a, 8))
+        a.sendall(hashlib.sha256(recv_exactly(a, n)).digest())
+        assert a.recv(1) == b'', 'more than the payload'
+        a.close()  # after the client's close: the client's port goes to TIME_WAIT
+def listener():
+    l = socket.socket()
+    l.bind(('127.0.0.1', 0))
+    l.listen(128)
+    threading.Thread(target=serve, args=(l,), daemon=True).start()
+    return l.getsockname()
+def echo_once(addr, size):
+    c = socket.create_connection(addr, timeout=10)
+    data = os.urandom(size)
+    c.sendall(struct.pack('<Q', size) + data)
+    assert recv_exactly(c, 32) == hashlib.sha256(data).digest(), 'payload differs'
+    c.close()
+a, b = listener(), listener()
+for _ in range(first):
+    echo_once(a, 100)
+tw = sum(1 for line in open('/proc/net/tcp').readlines()[1:] if line.split()[3] == '06')
+print('TIME_WAIT', tw, flush=True)
+for _ in range(more):
+    echo_once(b, 70000)
+print('DONE', flush=True)
+"#;
+
+/// A connect with the local port range full of TIME_WAIT sockets stays
+/// accelerated: the connector leaves the port to the kernel's `connect` (binding an
+/// ephemeral port before the SYN, as strait once did, finds none there and fell back
+/// to the kernel, after a long search).
+#[test]
+fn connects_stay_accelerated_when_every_local_port_is_in_time_wait() {
+    if !strait_testkit::root_or_skip("a network namespace with its own port range") {
+        return;
+    }
+    ensure(PYTHON, "python3");
+    let cli = script("time-wait", TIME_WAIT_CLIENT);
+    let (first, more) = (62, 20);
+    let inner = format!(
+        "ip link set lo up && sysctl -qw net.ipv4.ip_local_port_range='40000 40063' && exec {} run --stats -- {} {} {first} {more}",
+        common::STRAIT,
+        PYTHON,
+        cli.display()
+    );
+    common::preload_lib();
+    let out = run_for(
+        std::process::Command::new("unshare")
+            .args(["--net", "--", "sh", "-c", &inner])
+            .env_remove("LD_PRELOAD"),
+        Duration::from_secs(120),
+    )
+    .expect("client finished");
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("DONE"), "client: {text}\n{err}");
+    let tw: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TIME_WAIT "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(tw >= first, "the ports were not in TIME_WAIT ({tw}): {text}");
+    // Both ends of every connection run in this one process.
+    assert_eq!(stat(&err, "accelerated"), 2 * (first + more), "{err}");
+    assert_eq!(stat(&err, "kernel-fallback"), 0, "{err}");
+}

@@ -1134,14 +1134,9 @@ fn main() {
 fn steal(fd: c_int) -> bool {
     use std::os::unix::fs::MetadataExt;
     let ns = std::fs::metadata("/proc/self/ns/net").expect("netns").ino();
-    // SAFETY: sockaddr_in is plain old data; getsockname fills it.
-    let port = unsafe {
-        let mut sa: libc::sockaddr_in = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        assert_eq!(libc::getsockname(fd, (&mut sa as *mut libc::sockaddr_in).cast(), &mut len), 0);
-        u16::from_be(sa.sin_port)
-    };
-    let name = format!("strait.c.{ns}.{port}");
+    // The connector's per-connection name is its socket's inode.
+    let ino = std::fs::metadata(format!("/proc/self/fd/{fd}")).expect("socket").ino();
+    let name = format!("strait.c.{ns}.{ino}");
     // SAFETY: plain socket calls on locals.
     unsafe {
         let u = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);

@@ -89,6 +89,16 @@ fn many_connections_on_many_threads_between_hosts() {
     assert_eq!(remote(&c), 8, "{}", c.stderr);
 }
 
+/// 64 connections on the udp device, one epoll loop at each end: every echo
+/// intact, no wake-up lost.
+#[test]
+fn many_connections_in_one_epoll_loop_between_hosts() {
+    let (s, c) = checked(pair("many64", "many64"));
+    assert!(c.stdout.contains("many client ok") && c.stdout.contains("maps strait"), "{}", c.stdout);
+    assert_eq!(remote(&s), 64, "{}", s.stderr);
+    assert_eq!(remote(&c), 64, "{}", c.stderr);
+}
+
 #[test]
 fn a_forked_child_keeps_the_connection_and_a_late_accept_uses_the_kernel() {
     let (_, c) = checked(pair("fork", "fork"));
@@ -163,9 +173,12 @@ fn remote_xdp(o: &Out) -> usize {
 #[test]
 fn semantics_and_large_transfers_over_the_xdp_device() {
     let xdp = [("STRAIT_XDP", "1")];
-    for (smode, cmode, conns) in
-        [("flags", "flags", 1), ("threads", "threads", 8), ("sink", "source67108864", 1)]
-    {
+    for (smode, cmode, conns) in [
+        ("flags", "flags", 1),
+        ("threads", "threads", 8),
+        ("many64", "many64", 64),
+        ("sink", "source67108864", 1),
+    ] {
         let (s, c) = checked(pair_envs(true, true, smode, cmode, &xdp, &xdp));
         assert_eq!(remote_xdp(&c), conns, "{smode}: {}", c.stderr);
         assert_eq!(remote_xdp(&s), conns, "{smode}: {}", s.stderr);

@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::time::{Duration, Instant};
 
 use libc::c_int;
@@ -993,6 +993,9 @@ fn main() {
             if mode == "threads" {
                 return threads_server(l);
             }
+            if let Some(n) = mode.strip_prefix("many").and_then(|n| n.parse().ok()) {
+                return many_server(l, n);
+            }
             if mode == "prefork" {
                 return prefork_server(l);
             }
@@ -1015,6 +1018,13 @@ fn main() {
         "client" if a.get(3).is_some_and(|m| m == "threads") => {
             let port: u16 = a[2].parse().expect("port");
             return threads_client(port);
+        }
+        "client"
+            if a.get(3).and_then(|m| m.strip_prefix("many")).is_some_and(|n| n.parse::<usize>().is_ok()) =>
+        {
+            let port: u16 = a[2].parse().expect("port");
+            let n = a[3].trim_start_matches("many").parse().expect("count");
+            return many_client(port, n);
         }
         "client" if a.get(3).is_some_and(|m| m == "nbslow" || m == "nbslow-epoll") => {
             let port: u16 = a[2].parse().expect("port");
@@ -1294,6 +1304,180 @@ fn threads_client(port: u16) {
     }
     println!("threads client ok");
     println!("maps {}", if strait == THREADS { "strait" } else { "kernel" });
+}
+
+/// One connection of [`many_server`] or [`many_client`] in an epoll loop: bytes to
+/// write (the echo, or the payload) and what arrived.
+struct Flow {
+    fd: c_int,
+    out: Vec<u8>,
+    sent: usize,
+    got: Vec<u8>,
+    /// The client has shut its writing side / this side read the end.
+    shut: bool,
+    eof: bool,
+}
+
+impl Flow {
+    fn new(s: TcpStream, out: Vec<u8>) -> Flow {
+        let fd = s.into_raw_fd();
+        // SAFETY: plain syscalls on our descriptor.
+        unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) };
+        Flow { fd, out, sent: 0, got: Vec::new(), shut: false, eof: false }
+    }
+
+    /// Writes what it can (until the socket is full).
+    fn push(&mut self) {
+        while self.sent < self.out.len() {
+            let rest = &self.out[self.sent..];
+            // SAFETY: a live buffer.
+            let n = unsafe { libc::write(self.fd, rest.as_ptr().cast(), rest.len().min(65536)) };
+            if n < 0 {
+                assert_eq!(errno(), libc::EAGAIN, "write: {}", std::io::Error::last_os_error());
+                return;
+            }
+            self.sent += n as usize;
+        }
+    }
+
+    /// Reads what arrived; returns the bytes read now.
+    fn pull(&mut self) -> usize {
+        let mut buf = [0u8; 65536];
+        let mut now = 0;
+        loop {
+            // SAFETY: a live buffer.
+            let n = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                assert_eq!(errno(), libc::EAGAIN, "read: {}", std::io::Error::last_os_error());
+                return now;
+            }
+            if n == 0 {
+                self.eof = true;
+                return now;
+            }
+            self.got.extend_from_slice(&buf[..n as usize]);
+            now += n as usize;
+        }
+    }
+
+    fn interest(&self) -> u32 {
+        let mut ev = 0;
+        if !self.eof {
+            ev |= libc::EPOLLIN as u32;
+        }
+        if self.sent < self.out.len() {
+            ev |= libc::EPOLLOUT as u32;
+        }
+        ev
+    }
+}
+
+/// An epoll loop over `flows` until every one is `done`; `step` runs for a flow
+/// after its readiness (it may queue bytes to write). One thread for all: a lost
+/// wake-up hangs it (the test's bound then fails it).
+fn epoll_loop(flows: &mut [Flow], step: impl Fn(&mut Flow), done: impl Fn(&Flow) -> bool) {
+    // SAFETY: plain syscall.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0);
+    let mut set = vec![0u32; flows.len()];
+    let ctl = |op: c_int, i: usize, events: u32, fd: c_int| {
+        let mut ev = libc::epoll_event { events, u64: i as u64 };
+        // SAFETY: a live event; our descriptors.
+        let r = unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) };
+        assert_eq!(r, 0, "epoll_ctl: {}", std::io::Error::last_os_error());
+    };
+    for (i, f) in flows.iter().enumerate() {
+        set[i] = f.interest();
+        ctl(libc::EPOLL_CTL_ADD, i, set[i], f.fd);
+    }
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+    while !flows.iter().all(&done) {
+        // SAFETY: a live event array and its length.
+        let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as c_int, 20_000) };
+        assert!(n > 0, "epoll_wait: nothing for 20 s ({n}): a lost wake-up");
+        for e in &events[..n as usize] {
+            let i = e.u64 as usize;
+            let f = &mut flows[i];
+            if set[i] == 0 {
+                continue;
+            }
+            f.pull();
+            step(f);
+            f.push();
+            // Again: what was pushed may have finished the flow's part.
+            step(f);
+            let want = f.interest();
+            if want != set[i] {
+                set[i] = want;
+                // A flow with nothing left to wait for leaves the set (a closed
+                // socket would report a hang-up on every wait).
+                let op = if want == 0 { libc::EPOLL_CTL_DEL } else { libc::EPOLL_CTL_MOD };
+                ctl(op, i, want, f.fd);
+            }
+        }
+    }
+    // SAFETY: our descriptor.
+    unsafe { libc::close(ep) };
+}
+
+/// `n` connections served by one epoll loop: each echoes what it reads and ends
+/// its side when the client ended its own.
+fn many_server(l: TcpListener, n: usize) {
+    let mut flows: Vec<Flow> = (0..n).map(|_| Flow::new(l.accept().expect("accept").0, Vec::new())).collect();
+    epoll_loop(
+        &mut flows,
+        |f| {
+            // Echo: everything read is queued for writing back.
+            let fresh = f.got.split_off(0);
+            f.out.extend_from_slice(&fresh);
+            if f.eof && f.sent == f.out.len() && !f.shut {
+                // SAFETY: our descriptor.
+                unsafe { libc::shutdown(f.fd, libc::SHUT_WR) };
+                f.shut = true;
+            }
+        },
+        |f| f.shut,
+    );
+    let strait = maps_has_strait();
+    for f in &flows {
+        // SAFETY: our descriptors.
+        unsafe { libc::close(f.fd) };
+    }
+    println!("many server ok");
+    println!("maps {}", if strait { "strait" } else { "kernel" });
+}
+
+/// `n` connections driven by one epoll loop: each sends its own payload, ends its
+/// side, and checks that the echo is the payload.
+fn many_client(port: u16, n: usize) {
+    let mut flows: Vec<Flow> = (0..n)
+        .map(|i| {
+            let s = TcpStream::connect((peer_addr(), port)).expect("connect");
+            let len = 100_000 + i * 997;
+            Flow::new(s, (0..len as u64).map(|b| pattern(b + 7 * i as u64)).collect())
+        })
+        .collect();
+    epoll_loop(
+        &mut flows,
+        |f| {
+            if f.sent == f.out.len() && !f.shut {
+                // SAFETY: our descriptor.
+                unsafe { libc::shutdown(f.fd, libc::SHUT_WR) };
+                f.shut = true;
+            }
+        },
+        |f| f.eof,
+    );
+    for (i, f) in flows.iter().enumerate() {
+        assert!(f.got == f.out, "connection {i}: echo differs ({} of {} bytes)", f.got.len(), f.out.len());
+    }
+    let strait = maps_has_strait();
+    for f in &flows {
+        // SAFETY: our descriptors.
+        unsafe { libc::close(f.fd) };
+    }
+    println!("many client ok");
+    println!("maps {}", if strait { "strait" } else { "kernel" });
 }
 
 /// The hiredis pattern: non-blocking connect, poll for writable, SO_ERROR, a second

@@ -1321,6 +1321,13 @@ impl Conn {
             self.release_deferred.store(true, Ordering::Release);
             return;
         }
+        // A local connector closed before any call of the program settled it (a
+        // client that opened more connections than it used) was attached all the
+        // same, and its acceptor counted it: count it here once.
+        let local = self.remote.get().is_none() && !self.remote_kernel.load(Ordering::Relaxed);
+        if self.side == 0 && local && !self.counted.swap(true, Ordering::Relaxed) {
+            ACCELERATED.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some((local, peer)) = ids.filter(|_| self.vault >= 0) {
             let h = self.shm.word(off_holders(self.side));
             let before = h.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(1)));

@@ -106,6 +106,17 @@ fn many_senders_to_one_receiver_keep_their_source_addresses() {
     }
 }
 
+/// A server under strait reads with edge-triggered epoll until EAGAIN at each edge;
+/// a plain client sends bursts through the kernel (several datagrams to one edge).
+/// Every datagram is read: a non-blocking receive never answers EAGAIN while a
+/// datagram waits in the kernel socket that the last edge announced.
+#[test]
+fn edge_triggered_reads_until_eagain_strand_no_kernel_datagram() {
+    let (s, c) = checked(pair(true, false, "etburst"));
+    assert!(c.stdout.contains("etburst sent 1600"), "{}", c.stdout);
+    assert!(s.stdout.contains("etburst received 1600"), "{}\n{}", s.stdout, s.stderr);
+}
+
 #[test]
 fn a_full_receiver_drops_and_counts_like_the_kernel() {
     let (s, c) = checked(pair(true, true, "drops"));

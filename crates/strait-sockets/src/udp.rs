@@ -27,7 +27,8 @@
 //!   processes sharing a socket each get a datagram exactly once.
 //! * **Receive.** A receive takes a shared-memory datagram if one is waiting, else
 //!   asks the kernel socket (without waiting; at most every [`KCHECK`] while spinning,
-//!   so a shared-memory ping-pong makes no system call), spins for `STRAIT_SPIN_US`,
+//!   and every [`KCHECK_NONBLOCKING`] across non-blocking misses, so a shared-memory
+//!   ping-pong, blocked or busy-polled, makes no system call), spins for `STRAIT_SPIN_US`,
 //!   then sleeps in `poll` on the kernel socket, the doorbell and the marker.
 //! * **Lifetime.** Closing the receiving socket (in its last process) marks its
 //!   channels closed. The sender then offers the same ring (with what it holds) to
@@ -76,6 +77,9 @@ const REPLY_MAGIC: u64 = 0x3130_5950_4552_5253; // "SRREPY01"
 /// Longest interval between two looks at the kernel socket and the marker while a
 /// blocked receive spins on shared memory.
 pub const KCHECK: Duration = Duration::from_micros(20);
+/// Longest interval between two looks at the kernel socket and the marker across
+/// non-blocking receives that find nothing in shared memory.
+pub const KCHECK_NONBLOCKING: Duration = Duration::from_micros(2);
 /// While a blocked receive spins, it yields the processor this often (a peer on the
 /// same core then runs at once).
 const YIELD_EVERY: Duration = Duration::from_micros(1);
@@ -505,7 +509,10 @@ pub struct UdpSock {
     rx: OnceLock<Rx>,
     incoming: RwLock<Vec<Arc<InChan>>>,
     rr: AtomicUsize,
-    next_check: AtomicU64,
+    /// When the kernel socket and the marker were last looked at ([`now_ns`]).
+    last_check: AtomicU64,
+    /// That look found the kernel socket and the marker with nothing.
+    last_check_empty: AtomicBool,
     last_gc: AtomicU64,
     /// How long this socket's blocked receives spin before they sleep.
     spin: SpinPolicy,
@@ -533,7 +540,8 @@ impl UdpSock {
             rx: OnceLock::new(),
             incoming: RwLock::new(Vec::new()),
             rr: AtomicUsize::new(0),
-            next_check: AtomicU64::new(0),
+            last_check: AtomicU64::new(0),
+            last_check_empty: AtomicBool::new(false),
             last_gc: AtomicU64::new(0),
             spin: crate::settings::spin_policy(),
             receives: AtomicUsize::new(0),
@@ -776,13 +784,30 @@ impl UdpSock {
             self.spin.record(WaitOutcome { waited: spin_start.elapsed(), slept });
         };
         let mut yield_at = spin_start + YIELD_EVERY;
-        // Look at the kernel socket and the marker at once when they were not looked at
-        // for a while (or for a non-blocking call, whose miss must be real).
+        // Look at the kernel socket and the marker when they were not looked at for a
+        // while: [`KCHECK`] while a blocked receive spins. A non-blocking miss looks
+        // unless the last look, less than [`KCHECK_NONBLOCKING`] ago, found both
+        // empty: a busy-polling program's empty receives then cost one system call in
+        // many, and a datagram that came through the kernel since waits at most that
+        // long. (After a look that found something, the next miss looks again: an
+        // edge-triggered epoll reported one edge for all that had come, and the
+        // program reads until EAGAIN, which must then be true.)
         loop {
             let now = now_ns();
-            if nonblock || now >= self.next_check.load(Ordering::Relaxed) {
-                self.next_check.store(now + KCHECK.as_nanos() as u64, Ordering::Relaxed);
+            let last = self.last_check.load(Ordering::Relaxed);
+            // (0: never looked; a clock that went back: look.)
+            let fresh = last != 0 && now >= last;
+            let due = if nonblock {
+                !(fresh
+                    && now - last < KCHECK_NONBLOCKING.as_nanos() as u64
+                    && self.last_check_empty.load(Ordering::Relaxed))
+            } else {
+                !(fresh && now - last < KCHECK.as_nanos() as u64)
+            };
+            if due {
+                self.last_check.store(now, Ordering::Relaxed);
                 let (kernel_ready, marker_ready) = readable_now(fd, rx.marker());
+                self.last_check_empty.store(!kernel_ready && !marker_ready, Ordering::Relaxed);
                 if marker_ready {
                     self.pump();
                     if let Some(g) = self.take_shm(iov, peek) {
@@ -801,10 +826,10 @@ impl UdpSock {
                         return r;
                     }
                 }
-                if nonblock {
-                    real::set_errno(libc::EAGAIN);
-                    return -1;
-                }
+            }
+            if nonblock {
+                real::set_errno(libc::EAGAIN);
+                return -1;
             }
             let now = Instant::now();
             if now >= spin_end {

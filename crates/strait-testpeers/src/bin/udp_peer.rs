@@ -626,6 +626,7 @@ fn main() {
                     println!("received {n}");
                 }
                 "pktinfo" => pktinfo_server(fd),
+                "etburst" => etburst_server(fd),
                 "deadrecv" => {
                     recv_dgram(fd);
                     // SAFETY: kills this process without closing anything.
@@ -700,6 +701,19 @@ fn main() {
                     assert_eq!(send_to(fd, b"newcomer", port), 8);
                 }
                 "closed" => closed_client(port),
+                "etburst" => {
+                    // Bursts that arrive together (one edge for several datagrams),
+                    // through the kernel when this client runs without strait.
+                    let fd = raw_socket();
+                    for b in 0..ET_BURSTS {
+                        for i in 0..ET_BURST {
+                            let d = ((b * ET_BURST + i) as u32).to_le_bytes();
+                            assert_eq!(send_to(fd, &d, port), 4);
+                        }
+                        std::thread::sleep(Duration::from_micros(500));
+                    }
+                    println!("etburst sent {}", ET_BURSTS * ET_BURST);
+                }
                 "pktinfo" => {
                     let fd = raw_socket();
                     for _ in 0..3 {
@@ -737,6 +751,47 @@ fn main() {
 }
 
 /// `setsockopt` of an int option; its result.
+/// Bursts and datagrams per burst of the `etburst` modes.
+const ET_BURSTS: usize = 200;
+const ET_BURST: usize = 8;
+
+/// Edge-triggered epoll, reading until EAGAIN at each edge, as event loops do:
+/// every datagram must be read (a receive that answers EAGAIN while one waits
+/// strands it until the next edge, and after the last burst there is none).
+fn etburst_server(fd: c_int) {
+    // SAFETY: plain syscalls on our descriptors.
+    let ep = unsafe {
+        libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK);
+        libc::epoll_create1(libc::EPOLL_CLOEXEC)
+    };
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: 1 };
+    // SAFETY: a live event; our descriptors.
+    assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) }, 0);
+    let mut seen = vec![false; ET_BURSTS * ET_BURST];
+    let mut got = 0;
+    let mut buf = [0u8; 64];
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    // Until a quiet second after the first datagram (or 20 s without any).
+    let mut wait_ms = 20_000;
+    // SAFETY: a live event array.
+    while unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), 4, wait_ms) } > 0 {
+        wait_ms = 1000;
+        loop {
+            let (r, _, _) = recv_from(fd, &mut buf, 0);
+            if r < 0 {
+                assert_eq!(errno(), libc::EAGAIN, "recv");
+                break;
+            }
+            assert_eq!(r, 4);
+            let i = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            assert!(!seen[i], "datagram {i} twice");
+            seen[i] = true;
+            got += 1;
+        }
+    }
+    println!("etburst received {got}");
+}
+
 fn set_int_option(fd: c_int, level: c_int, name: c_int, value: c_int) -> c_int {
     // SAFETY: a local int option and its size.
     unsafe {

@@ -61,7 +61,7 @@ use strait_wire::packet::{
 };
 
 use crate::config::{env_choice, env_flag, env_num, env_num_in, ConfigError};
-use crate::congestion::{Congestion, Cubic};
+use crate::congestion::{Congestion, Cubic, Pacer};
 use crate::device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
 use crate::link::{Link, LinkError, LinkStats};
 
@@ -225,6 +225,9 @@ pub struct ReliableStats {
     pub cc_reductions: u64,
     /// Congestion window restarts after retransmission timeouts.
     pub cc_timeouts: u64,
+    /// Timeouts found spurious (a packet queued for retransmission was
+    /// acknowledged first), their window restored.
+    pub spurious_timeouts: u64,
     /// Link counters.
     pub link: LinkStats,
 }
@@ -244,6 +247,10 @@ struct TxPkt {
     queued: bool,
     /// Retransmissions so far.
     retx: u32,
+    /// Queued for retransmission by a timeout and not resent yet: an
+    /// acknowledgement of it proves that the original arrived and the timeout was
+    /// spurious.
+    rto_pending: bool,
     fin: bool,
 }
 
@@ -326,6 +333,13 @@ struct Conn {
     progress_ns: u64,
     /// The congestion window's state (`None`: congestion control off).
     cc: Option<Cubic>,
+    /// Spaces transmissions at the congestion window's rate (unused with
+    /// congestion control off).
+    pacer: Pacer,
+    /// Bytes of a full packet (the link's MTU): the pacer's unit.
+    full_len: usize,
+    /// Packets in `inflight` selectively acknowledged: not in the network any more.
+    sacked_count: usize,
     /// During a loss recovery episode: the first sequence number sent after the
     /// loss; the episode ends once it is acknowledged (one reduction per episode).
     recovery_until: Option<u32>,
@@ -359,12 +373,25 @@ struct Conn {
 }
 
 impl Conn {
-    /// Packets that may be unacknowledged: the window, the peer's window and the
-    /// congestion window, whichever is smallest.
-    fn data_window(&self) -> usize {
-        let w = self.cfg.window.min(self.peer_window);
-        let w = self.cc.as_ref().map_or(w, |cc| w.min(cc.window()));
-        w.max(1) as usize
+    /// Packets the next frame may add: the window and the peer's window bound the
+    /// sequence span unacknowledged (the receiver keeps out-of-order packets within
+    /// it), the congestion window the packets in the network (RFC 6675's pipe: not
+    /// acknowledged, not selectively acknowledged).
+    fn room(&self) -> usize {
+        let flow =
+            (self.cfg.window.min(self.peer_window).max(1) as usize).saturating_sub(self.inflight.len());
+        match &self.cc {
+            None => flow,
+            Some(cc) => {
+                let pipe = self.inflight.len() - self.sacked_count;
+                flow.min((cc.window() as usize).saturating_sub(pipe))
+            }
+        }
+    }
+
+    /// Nanoseconds between two full packets at the pacing rate (0: unpaced).
+    fn pacing_interval(&self) -> u64 {
+        self.cc.as_ref().map_or(0, |cc| cc.pacing_interval_ns(self.srtt_ns))
     }
 
     /// A loss was found at `now`: the first of a recovery episode reduces the
@@ -471,15 +498,22 @@ impl Conn {
         }
         let mut delivered = 0usize;
         if acked > 0 {
-            let mut clean = true;
+            // The newest packet acknowledged, if its only transmission's arrival is
+            // what the acknowledgement reports (Karn: not retransmitted; not
+            // selectively acknowledged earlier).
+            let mut sample = None;
+            let mut spurious = false;
             for p in self.inflight.drain(..acked) {
+                spurious |= p.rto_pending;
                 if !p.sacked {
                     delivered += 1;
+                } else {
+                    self.sacked_count -= 1;
                 }
                 if let Some(slot) = p.slot {
                     self.release.push(slot);
                 }
-                clean = p.retx == 0;
+                sample = (p.retx == 0 && !p.sacked && p.sent_ns != 0).then_some(p.sent_ns);
                 if p.retx == 0 {
                     // (A retransmitted packet's arrival may be the first copy's.)
                     self.rack_sent_ns = self.rack_sent_ns.max(p.sent_ns);
@@ -489,11 +523,25 @@ impl Conn {
             self.progress_ns = now;
             self.sacked_above = self.sacked_above.saturating_sub(acked);
             self.backoff = 0;
-            // Karn: a retransmitted packet's echo may belong to either copy.
-            if clean && h.ts_echo != 0 {
-                let rtt = now_us(now).wrapping_sub(h.ts_echo) as u64 * 1000;
-                if rtt < 60_000_000_000 {
-                    self.rtt_sample(rtt);
+            // Measured from the packet's transmission, not from the timestamp in its
+            // header (written when the frame was cut into packets: a packet the pacer
+            // or the congestion window held back would count its wait as path delay).
+            if let Some(sent) = sample {
+                self.rtt_sample(now.saturating_sub(sent).max(1));
+            }
+            if spurious {
+                // F-RTO's reasoning (RFC 5682): a packet the timeout queued for
+                // retransmission is acknowledged before it was resent, so the first
+                // transmission arrived; only the round trip grew (a filling queue).
+                // The window comes back, and what is still queued goes as paced.
+                self.rstats.spurious_timeouts += 1;
+                if let Some(cc) = &mut self.cc {
+                    cc.undo_timeout();
+                }
+                self.recovery_until = None;
+                self.backoff = 0;
+                for p in &mut self.inflight {
+                    p.rto_pending = false;
                 }
             }
         }
@@ -507,6 +555,7 @@ impl Conn {
                 if let Some(p) = self.inflight.get_mut(idx) {
                     if !p.sacked {
                         p.sacked = true;
+                        self.sacked_count += 1;
                         delivered += 1;
                         if p.retx == 0 {
                             self.rack_sent_ns = self.rack_sent_ns.max(p.sent_ns);
@@ -525,6 +574,9 @@ impl Conn {
         }
         if self.recovery_until.is_some_and(|r| !seq_lt(self.snd_una, r)) {
             self.recovery_until = None;
+            if let Some(cc) = &mut self.cc {
+                cc.timeout_recovered();
+            }
         }
         if self.recovery_until.is_none() {
             if let Some(cc) = &mut self.cc {
@@ -779,7 +831,8 @@ impl Conn {
             return None;
         }
         if !self.resend.is_empty() {
-            return Some(0);
+            // Queued packets go when the pacer lets them (at once without pacing).
+            return Some(if self.cc.is_some() { self.pacer.next_send_ns().saturating_sub(now) } else { 0 });
         }
         let mut t = u64::MAX;
         if let Some(s) = self.unanswered_since {
@@ -904,6 +957,9 @@ impl<L: Link> Reliable<L> {
                 Congestion::Cubic => Some(Cubic::new()),
                 Congestion::Off => None,
             },
+            pacer: Pacer::new(),
+            full_len: link.mtu(),
+            sacked_count: 0,
             recovery_until: None,
             release: Vec::new(),
             reset_to: None,
@@ -1064,6 +1120,7 @@ impl<L: Link> Reliable<L> {
             sacked: false,
             queued: true,
             retx: 0,
+            rto_pending: false,
             fin: kind == PacketKind::Fin,
         });
         self.c.resend.push_back(seq);
@@ -1083,6 +1140,7 @@ impl<L: Link> Reliable<L> {
     /// Hands queued packets to the link until its ring is full.
     fn pump(&mut self, now: u64) -> Result<(), DeviceError> {
         let c = &mut self.c;
+        let interval = c.pacing_interval();
         while let Some(&seq) = c.resend.front() {
             let i = seq.wrapping_sub(c.snd_una) as usize;
             let Some(p) = c.inflight.get_mut(i).filter(|p| p.seq == seq) else {
@@ -1094,6 +1152,10 @@ impl<L: Link> Reliable<L> {
                 c.resend.pop_front();
                 continue;
             };
+            if c.cc.is_some() && !c.pacer.ready(now) {
+                // Comes back at `next_timer`'s pacing time.
+                break;
+            }
             match self.link.send(slot, p.len) {
                 Ok(true) => {}
                 Ok(false) => break,
@@ -1101,6 +1163,8 @@ impl<L: Link> Reliable<L> {
             }
             let first = p.sent_ns == 0;
             p.sent_ns = now.max(1);
+            p.rto_pending = false;
+            c.pacer.on_send(now, p.len, c.full_len, interval);
             p.queued = false;
             if p.fin && !first {
                 c.fin_tries += 1;
@@ -1226,6 +1290,7 @@ impl<L: Link> Reliable<L> {
             if !p.queued && p.sent_ns != 0 && now.saturating_sub(since) >= rto {
                 p.queued = true;
                 p.retx += 1;
+                p.rto_pending = true;
                 self.c.resend.push_back(p.seq);
                 self.c.rstats.timeout_retransmits += 1;
                 expired = true;
@@ -1278,7 +1343,7 @@ impl<L: Link> Reliable<L> {
 
     /// Sequenced packets the next `send_frame` may add, counting the link's slots.
     fn room(&self) -> usize {
-        self.c.data_window().saturating_sub(self.c.inflight.len())
+        self.c.room()
     }
 }
 

@@ -82,6 +82,8 @@ fn strait_sender(
         })
         .collect();
     let mut hash = DefaultHasher::new();
+    // STRAIT_CC_TRACE=1: the sender's congestion state four times a second.
+    let mut trace = std::env::var_os("STRAIT_CC_TRACE").map(|_| Instant::now());
     let (mut posted, mut done, mut bytes) = (0u64, 0u64, 0u64);
     let want = total.map(|t| t.div_ceil(MSG as u64));
     loop {
@@ -100,6 +102,21 @@ fn strait_sender(
             "sender: timed out, {done} of {posted} sends done; {:?}",
             w.device(ep).unwrap().rstats()
         );
+        if trace.is_some_and(|t| t.elapsed() >= Duration::from_millis(250)) {
+            trace = Some(Instant::now());
+            let d = w.device(ep).unwrap();
+            let r = d.rstats();
+            eprintln!(
+                "  strait sender: srtt {} us cwnd {} unacked {} reductions {} timeouts {} fast {} rto {}",
+                r.srtt_ns / 1000,
+                r.cwnd,
+                d.unacked(),
+                r.cc_reductions,
+                r.cc_timeouts,
+                r.fast_retransmits,
+                r.timeout_retransmits
+            );
+        }
         match w.wait(Some(Duration::from_millis(100))) {
             Ok(c) => {
                 assert_eq!(c.status, Status::Ok, "sender: {c:?} {:?}", w.endpoint_error(ep));
@@ -272,7 +289,7 @@ fn shares_with_tcp(backend: Backend) {
     eprintln!(
         "{backend:?}, tbf {RATE} {QUEUE}, kernel TCP {cc}: over {secs} s strait {:.1} Mbit/s, TCP {:.1} Mbit/s; \
          strait's share {share:.2}, Jain {jain:.3}; per second strait/TCP Mbit/s: {}; strait: srtt {} us, cwnd {}, \
-         {} reductions, {} timeouts, {} fast and {} timeout retransmits",
+         {} reductions, {} timeouts ({} spurious), {} fast and {} timeout retransmits",
         s * 8e-6 / secs,
         t * 8e-6 / secs,
         per_second.join(" "),
@@ -280,6 +297,7 @@ fn shares_with_tcp(backend: Backend) {
         rel.cwnd,
         rel.cc_reductions,
         rel.cc_timeouts,
+        rel.spurious_timeouts,
         rel.fast_retransmits,
         rel.timeout_retransmits,
     );

@@ -19,6 +19,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::device_pair;
@@ -36,6 +37,15 @@ const QUEUE: &str = "128kb";
 const MSG: usize = 32 * 1024;
 /// Messages each strait side keeps posted.
 const DEPTH: usize = 32;
+
+/// One test at a time: each drives four busy threads on a 2-core machine, and a
+/// flow short of CPU would lose its share for want of a core, not to the network.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    // A failed test poisons the lock; the next one still runs.
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn shaped_veth() -> VethPair {
     let pair = VethPair::create().expect("cannot create network namespaces and a veth pair (root needed)");
@@ -223,6 +233,7 @@ struct Sample {
 /// warm-up, each delivers between a third and two thirds of the bytes of a common
 /// interval.
 fn shares_with_tcp(backend: Backend) {
+    let _serial = one_at_a_time();
     let pair = shaped_veth();
     let (a, b, _) = device_pair(&pair, false, backend);
     let (mut ta, mut tb) = pair.tcp_pair().expect("tcp pair");
@@ -313,6 +324,7 @@ common::test_per_backend!(strait_and_tcp_share_a_bottleneck_uring, strait_and_tc
 /// 5% of the data direction's packets dropped at random, on the bottleneck: a
 /// 16 MiB transfer completes, its hash the sender's.
 fn five_percent_loss(backend: Backend) {
+    let _serial = one_at_a_time();
     let pair = shaped_veth();
     let (a, b, _) = device_pair(&pair, false, backend);
     pair.set_loss(1, 0.05).expect("cannot install the iptables loss rule");

@@ -62,9 +62,10 @@ pub const PACING_GAIN_CA: f64 = 1.2;
 /// Full packets a pacer lets go back to back after an idle spell.
 pub const PACING_BURST: u64 = 4;
 /// ... or this much of the pacing rate, if more: a sender woken from a sleep comes
-/// back tens of microseconds late, and at high rates a packet's gap is shorter than
-/// that (Linux's TCP sends about a millisecond of its rate per segment offload).
-pub const PACING_BURST_NS: u64 = 250_000;
+/// back tens of microseconds late, and some drivers wake on a millisecond clock
+/// (the bridges of `strait run` time their passes in milliseconds); Linux's TCP
+/// too sends about a millisecond of its rate per segment offload.
+pub const PACING_BURST_NS: u64 = 1_000_000;
 
 /// Which congestion control the reliability layer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -360,15 +361,23 @@ mod tests {
     #[test]
     fn the_pacer_spaces_packets_after_a_burst() {
         let mut p = Pacer::new();
-        let gap = 100_000; // 100 us per full packet
-        let mut now = 10_000_000;
-        // Idle: PACING_BURST packets go back to back (3 gaps banked > 250 us).
+        let gap = 1_000_000; // 1 ms per full packet
+        let mut now = 100_000_000;
+        // Idle: PACING_BURST packets go back to back (3 gaps banked > PACING_BURST_NS).
         let mut burst = 0;
         while p.ready(now) {
             p.on_send(now, 1500, 1500, gap);
             burst += 1;
         }
         assert_eq!(burst, PACING_BURST);
+        // At a high rate, PACING_BURST_NS of it.
+        let mut fast = Pacer::new();
+        let mut n = 0;
+        while fast.ready(now) {
+            fast.on_send(now, 1500, 1500, 10_000);
+            n += 1;
+        }
+        assert_eq!(n, PACING_BURST_NS / 10_000 + 1);
         // Then one per gap.
         now = p.next_send_ns();
         p.on_send(now, 1500, 1500, gap);

@@ -228,6 +228,9 @@ pub struct ReliableStats {
     /// Timeouts found spurious (a packet queued for retransmission was
     /// acknowledged first), their window restored.
     pub spurious_timeouts: u64,
+    /// Tail loss probes sent (the last packet again, after two silent round
+    /// trips).
+    pub tail_probes: u64,
     /// Link counters.
     pub link: LinkStats,
 }
@@ -331,6 +334,10 @@ struct Conn {
     /// 6298 5.3), so a receiver that is busy but keeps acknowledging does not
     /// draw spurious timeouts for the packets it has not reached yet.
     progress_ns: u64,
+    /// The last transmission of a sequenced packet (the tail loss probe's clock).
+    last_tx_ns: u64,
+    /// The packet a tail loss probe resent, until the acknowledgements pass it.
+    tlp_seq: Option<u32>,
     /// The congestion window's state (`None`: congestion control off).
     cc: Option<Cubic>,
     /// Spaces transmissions at the congestion window's rate (unused with
@@ -340,6 +347,9 @@ struct Conn {
     full_len: usize,
     /// Packets in `inflight` selectively acknowledged: not in the network any more.
     sacked_count: usize,
+    /// Packets in `inflight` never transmitted yet (queued behind the congestion
+    /// window or the pacer).
+    unsent: usize,
     /// During a loss recovery episode: the first sequence number sent after the
     /// loss; the episode ends once it is acknowledged (one reduction per episode).
     recovery_until: Option<u32>,
@@ -373,20 +383,45 @@ struct Conn {
 }
 
 impl Conn {
-    /// Packets the next frame may add: the window and the peer's window bound the
-    /// sequence span unacknowledged (the receiver keeps out-of-order packets within
-    /// it), the congestion window the packets in the network (RFC 6675's pipe: not
-    /// acknowledged, not selectively acknowledged).
-    fn room(&self) -> usize {
+    /// Whether a frame of `pieces` packets may be queued now. The window and the
+    /// peer's window bound the sequence span unacknowledged (the receiver keeps
+    /// out-of-order packets within it); a frame larger than that still goes when
+    /// nothing is unacknowledged, so no frame waits forever. The congestion window
+    /// bounds the packets in the network ([`Conn::pipe`]) packet by packet, in
+    /// `pump`: here it only keeps the packets not sent yet within one window (a
+    /// frame larger than the room goes when none waits), so a frame larger than
+    /// the congestion window (a 64 KiB frame is 46 packets) never waits for the
+    /// network to empty.
+    fn frame_fits(&self, pieces: usize) -> bool {
         let flow =
             (self.cfg.window.min(self.peer_window).max(1) as usize).saturating_sub(self.inflight.len());
+        if pieces > flow && !self.inflight.is_empty() {
+            return false;
+        }
         match &self.cc {
-            None => flow,
+            None => true,
             Some(cc) => {
-                let pipe = self.inflight.len() - self.sacked_count;
-                flow.min((cc.window() as usize).saturating_sub(pipe))
+                let queued = (cc.window() as usize).saturating_sub(self.pipe() + self.unsent);
+                self.unsent == 0 || pieces <= queued
             }
         }
+    }
+
+    /// Packets in the network (RFC 6675's pipe): sent, neither acknowledged nor
+    /// selectively acknowledged.
+    fn pipe(&self) -> usize {
+        self.inflight.len() - self.sacked_count - self.unsent
+    }
+
+    /// True if the next packet queued is new data that the congestion window holds
+    /// back (it goes when acknowledgements make room, not at a time).
+    fn queue_blocked(&self) -> bool {
+        let Some(cc) = &self.cc else { return false };
+        let next = self.resend.iter().find_map(|&seq| {
+            let p = self.inflight.get(seq.wrapping_sub(self.snd_una) as usize)?;
+            (p.seq == seq && !p.sacked && p.slot.is_some()).then_some(p)
+        });
+        next.is_some_and(|p| p.sent_ns == 0 && self.pipe() >= cc.window() as usize)
     }
 
     /// Nanoseconds between two full packets at the pacing rate (0: unpaced).
@@ -473,8 +508,34 @@ impl Conn {
             self.rttvar_ns = (3 * self.rttvar_ns + err) / 4;
             self.srtt_ns = (7 * self.srtt_ns + rtt) / 8;
         }
+        // RFC 6298's estimate, but never before the tail loss probe (two round
+        // trips) had its round trip: a timeout restarts the window from one packet,
+        // the probe's repair costs one reduction.
+        let after_probe = 3 * self.srtt_ns + self.cfg.ack_delay_ns;
         self.rto_ns = (self.srtt_ns + 4 * self.rttvar_ns + self.cfg.ack_delay_ns)
+            .max(after_probe)
             .clamp(self.cfg.rto_min_ns, self.cfg.rto_max_ns);
+    }
+
+    /// When a tail loss probe is due (RFC 8985 section 7): two round trips after
+    /// the last transmission or progress, plus the peer's acknowledgement delay when
+    /// a single packet is out; `None` while no probe may go (nothing sent and
+    /// unacknowledged, packets still queued, a probe already out, no round trip
+    /// measured yet, or congestion control off).
+    fn probe_due(&self) -> Option<u64> {
+        if self.cc.is_none()
+            || self.srtt_ns == 0
+            || self.tlp_seq.is_some()
+            || (!self.resend.is_empty() && !self.queue_blocked())
+        {
+            return None;
+        }
+        let pipe = self.inflight.len() - self.sacked_count;
+        if pipe == 0 || self.inflight.iter().all(|p| p.sent_ns == 0) {
+            return None;
+        }
+        let extra = if pipe == 1 { self.cfg.ack_delay_ns } else { 0 };
+        Some(self.last_tx_ns.max(self.progress_ns) + 2 * self.srtt_ns + extra)
     }
 
     /// Applies the peer's acknowledgement fields. False if they make no sense (an
@@ -571,6 +632,9 @@ impl Conn {
                 self.sacked_above = self.sacked_above.max(top + 1);
                 self.fast_retransmit(now);
             }
+        }
+        if self.tlp_seq.is_some_and(|t| seq_lt(t, self.snd_una)) {
+            self.tlp_seq = None;
         }
         if self.recovery_until.is_some_and(|r| !seq_lt(self.snd_una, r)) {
             self.recovery_until = None;
@@ -830,7 +894,8 @@ impl Conn {
         if self.dead.is_some() {
             return None;
         }
-        if !self.resend.is_empty() {
+        let blocked = self.queue_blocked();
+        if !self.resend.is_empty() && !blocked {
             // Queued packets go when the pacer lets them (at once without pacing).
             return Some(if self.cc.is_some() { self.pacer.next_send_ns().saturating_sub(now) } else { 0 });
         }
@@ -844,6 +909,9 @@ impl Conn {
         }
         if let Some(p) = self.inflight.iter().find(|p| !p.sacked && p.sent_ns != 0) {
             t = t.min(p.sent_ns.max(self.progress_ns) + self.current_rto());
+        }
+        if let Some(probe) = self.probe_due() {
+            t = t.min(probe);
         }
         if let Some(p) =
             self.inflight.iter().take(self.sacked_above).find(|p| !p.sacked && !p.queued && p.sent_ns != 0)
@@ -953,6 +1021,8 @@ impl<L: Link> Reliable<L> {
             sacked_above: 0,
             rack_sent_ns: 0,
             progress_ns: 0,
+            last_tx_ns: 0,
+            tlp_seq: None,
             cc: match cfg.congestion {
                 Congestion::Cubic => Some(Cubic::new()),
                 Congestion::Off => None,
@@ -960,6 +1030,7 @@ impl<L: Link> Reliable<L> {
             pacer: Pacer::new(),
             full_len: link.mtu(),
             sacked_count: 0,
+            unsent: 0,
             recovery_until: None,
             release: Vec::new(),
             reset_to: None,
@@ -1124,6 +1195,7 @@ impl<L: Link> Reliable<L> {
             fin: kind == PacketKind::Fin,
         });
         self.c.resend.push_back(seq);
+        self.c.unsent += 1;
         self.c.rstats.packets_sent += 1;
     }
 
@@ -1141,6 +1213,8 @@ impl<L: Link> Reliable<L> {
     fn pump(&mut self, now: u64) -> Result<(), DeviceError> {
         let c = &mut self.c;
         let interval = c.pacing_interval();
+        let cwnd = c.cc.as_ref().map(|cc| cc.window() as usize);
+        let mut pipe = c.pipe();
         while let Some(&seq) = c.resend.front() {
             let i = seq.wrapping_sub(c.snd_una) as usize;
             let Some(p) = c.inflight.get_mut(i).filter(|p| p.seq == seq) else {
@@ -1156,14 +1230,24 @@ impl<L: Link> Reliable<L> {
                 // Comes back at `next_timer`'s pacing time.
                 break;
             }
+            let first = p.sent_ns == 0;
+            if first && cwnd.is_some_and(|w| pipe >= w) {
+                // New data waits for acknowledgements; retransmissions (queued in
+                // front of it) do not: a lost packet stays counted in the pipe.
+                break;
+            }
             match self.link.send(slot, p.len) {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => return Err(self.link_failed(e)),
             }
-            let first = p.sent_ns == 0;
             p.sent_ns = now.max(1);
+            if first {
+                c.unsent -= 1;
+                pipe += 1;
+            }
             p.rto_pending = false;
+            c.last_tx_ns = now;
             c.pacer.on_send(now, p.len, c.full_len, interval);
             p.queued = false;
             if p.fin && !first {
@@ -1277,9 +1361,29 @@ impl<L: Link> Reliable<L> {
             }
             return Ok(());
         }
+        if self.c.probe_due().is_some_and(|t| now >= t) {
+            // Tail loss probe (RFC 8985 section 7): nothing was heard for two round
+            // trips and nothing new waits to go, so the last packet out is sent
+            // again; its acknowledgement reveals any earlier holes to the
+            // selective acknowledgements (fast recovery, one reduction) where the
+            // timeout would have restarted from one packet. Without duplicate
+            // reports the sender cannot tell a repaired tail from a late
+            // acknowledgement, so the probe counts as a loss episode.
+            let c = &mut self.c;
+            if let Some(p) = c.inflight.iter_mut().rev().find(|p| !p.sacked && !p.queued && p.sent_ns != 0) {
+                p.queued = true;
+                p.retx += 1;
+                c.tlp_seq = Some(p.seq);
+                // Ahead of new data the congestion window holds back.
+                c.resend.push_front(p.seq);
+                c.rstats.tail_probes += 1;
+                c.on_loss(now);
+            }
+        }
         let rto = self.c.current_rto();
         let progress = self.c.progress_ns;
         let mut expired = false;
+        let mut due = Vec::new();
         for p in self.c.inflight.iter_mut().filter(|p| !p.sacked).take(BATCH) {
             let since = p.sent_ns.max(progress);
             if p.retx == 0 && p.sent_ns != 0 && now.saturating_sub(since) < rto {
@@ -1291,12 +1395,17 @@ impl<L: Link> Reliable<L> {
                 p.queued = true;
                 p.retx += 1;
                 p.rto_pending = true;
-                self.c.resend.push_back(p.seq);
+                due.push(p.seq);
                 self.c.rstats.timeout_retransmits += 1;
                 expired = true;
             }
         }
+        // Oldest first, ahead of new data the congestion window holds back.
+        for &seq in due.iter().rev() {
+            self.c.resend.push_front(seq);
+        }
         if expired {
+            self.c.tlp_seq = None;
             self.c.backoff = (self.c.backoff + 1).min(16);
             if let Some(cc) = &mut self.c.cc {
                 cc.on_timeout();
@@ -1340,11 +1449,6 @@ impl<L: Link> Reliable<L> {
         self.c.fin_queued = true;
         self.push_packet(slot, PacketKind::Fin, 0, 0, now);
     }
-
-    /// Sequenced packets the next `send_frame` may add, counting the link's slots.
-    fn room(&self) -> usize {
-        self.c.room()
-    }
 }
 
 impl<L: Link> Device for Reliable<L> {
@@ -1377,7 +1481,7 @@ impl<L: Link> Device for Reliable<L> {
         let pieces = len.div_ceil(self.max_piece).max(1);
         // A frame larger than the peer's window still goes when nothing else is
         // unacknowledged, so no frame can wait forever.
-        if pieces > self.room() && !self.c.inflight.is_empty() {
+        if !self.c.frame_fits(pieces) {
             return Ok(false);
         }
         let now = self.link.now_ns();

@@ -243,7 +243,9 @@ fn shares_with_tcp(backend: Backend) {
     let stop = AtomicBool::new(false);
     let (strait_got, tcp_got) = (AtomicU64::new(0), AtomicU64::new(0));
     let limit = Duration::from_secs(40);
-    let (warmup, interval) = (Duration::from_secs(3), Duration::from_secs(5));
+    // Seven one-second samples: two CUBIC flows' shares swing by tens of percent from
+    // one second to the next, the sum over seven much less.
+    let (warmup, interval) = (Duration::from_secs(3), Duration::from_secs(7));
     let (samples, rel) = std::thread::scope(|s| {
         let tx = s.spawn(|| strait_sender(a, &stop, None, limit));
         let rx = s.spawn(|| strait_receiver(b, &strait_got, &stop, None, limit));

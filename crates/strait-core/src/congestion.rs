@@ -24,10 +24,12 @@
 //!   holes are repaired instead of the whole reduced window leaving at once when the
 //!   last hole fills.
 //! * **A retransmission timeout** restarts from one packet in slow start. A timeout
-//!   that proves spurious (the original transmission is acknowledged, RFC 3522's
-//!   Eifel detection, here by the acknowledgement arriving sooner after the
-//!   retransmission than any round trip measured: [`Cubic::undo_timeout`]) gives the
-//!   window back: a round trip that grew with a filling queue is not a loss.
+//!   that proves spurious (the reliability layer sees a packet the timeout queued for
+//!   retransmission acknowledged before it was resent: the first copy arrived, F-RTO's
+//!   reasoning, RFC 5682; [`Cubic::undo_timeout`]) gives the window back: a round trip
+//!   that grew with a filling queue is not a loss. A tail loss probe (RFC 8985),
+//!   which the reliability layer sends instead of waiting for a timeout, counts as a
+//!   loss (one reduction).
 //! * **Pacing** ([`Pacer`]): packets leave at `gain * cwnd / srtt`, the gain
 //!   [`PACING_GAIN_SS`] in slow start and [`PACING_GAIN_CA`] after (Linux's
 //!   `tcp_pacing_ss_ratio` and `tcp_pacing_ca_ratio`), at most [`PACING_BURST`]

@@ -18,12 +18,22 @@
 //!   arriving, its acknowledgements wait in the link for one doorbell when the link
 //!   runs dry, or go at once when they cover half the window (a receiver slower than
 //!   its sender must not hold the sender's window until it has handled it all).
-//! * **Retransmission.** On timeout (RTO from smoothed round-trip time measured with
-//!   echoed timestamps, exponential back-off; the timer runs from a packet's
-//!   transmission or the last acknowledged progress, whichever is later, as RFC 6298
-//!   restarts it) and fast, once a packet is missing below three selectively
-//!   acknowledged ones. Acknowledged and selectively acknowledged packets give their
-//!   link slots back at once.
+//!   A packet that fills a gap is acknowledged at once (RFC 5681 4.2).
+//! * **Retransmission.** Fast, as RACK decides (a packet below the highest
+//!   selectively acknowledged one is lost once one sent a reordering window after it
+//!   arrived, or a round trip and that window passed; the window a quarter round
+//!   trip, at least 20 us); a tail no later packet reveals is probed after two silent
+//!   round trips (RACK-TLP, RFC 8985); on timeout as the fallback (RTO = srtt + 4
+//!   rttvar + ack delay, at least 3 srtt + ack delay, exponential back-off; the timer
+//!   runs from a packet's transmission or the last acknowledged progress, whichever
+//!   is later, as RFC 6298 restarts it). Round trips are measured from a packet's
+//!   transmission, not from when it was queued. A timeout whose queued
+//!   retransmission is acknowledged before it left was spurious and is undone.
+//!   Acknowledged and selectively acknowledged packets give their link slots back
+//!   at once.
+//! * **Congestion control** ([`crate::congestion`]): CUBIC's window bounds the
+//!   packets in the network, and every packet leaves at the pacing rate (the
+//!   device's timer reports the next departure).
 //! * **Fragmentation.** An engine frame up to [`ReliableConfig::max_frame`] bytes is
 //!   cut into as many packets as the link MTU needs and reassembled in order.
 //! * **Integrity.** Every packet carries a CRC32C over header and payload (over the

@@ -422,6 +422,14 @@ impl Conn {
         }
     }
 
+    /// The first sequence number not transmitted yet (packets wait unsent, in
+    /// order, at the end of `inflight`): a recovery episode ends once everything
+    /// sent before it is acknowledged, and must not wait for packets that only its
+    /// end lets go (the window does not grow during recovery).
+    fn sent_next(&self) -> u32 {
+        self.snd_next.wrapping_sub(self.unsent as u32)
+    }
+
     /// Packets in the network (RFC 6675's pipe): sent, neither acknowledged nor
     /// selectively acknowledged.
     fn pipe(&self) -> usize {
@@ -451,7 +459,7 @@ impl Conn {
             if let Some(cc) = &mut self.cc {
                 cc.on_loss(now);
             }
-            self.recovery_until = Some(self.snd_next);
+            self.recovery_until = Some(self.sent_next());
         }
     }
 
@@ -1440,7 +1448,7 @@ impl<L: Link> Reliable<L> {
             if let Some(cc) = &mut self.c.cc {
                 cc.on_timeout();
             }
-            self.c.recovery_until = Some(self.c.snd_next);
+            self.c.recovery_until = Some(self.c.sent_next());
         }
         self.c.fast_retransmit(now);
         if !self.c.peer_fin
@@ -1673,12 +1681,17 @@ impl<L: Link> Device for Reliable<L> {
     fn describe(&self) -> String {
         let c = &self.c;
         format!(
-            "established={} dead={:?} unacked={} queued={} peer_window={} snd_una={} snd_next={} rcv_next={} \
+            "established={} dead={:?} unacked={} queued={} unsent={} sacked={} recovery={} pacer_in_us={} \
+             peer_window={} snd_una={} snd_next={} rcv_next={} \
              held={} rx_unacked={} ack_now={} unanswered_for_ms={:?} rto_us={} srtt_us={} {:?}",
             c.established,
             c.dead,
             c.inflight.len(),
             c.resend.len(),
+            c.unsent,
+            c.sacked_count,
+            c.recovery_until.is_some(),
+            c.pacer.next_send_ns().saturating_sub(self.link.now_ns()) / 1000,
             c.peer_window,
             c.snd_una,
             c.snd_next,

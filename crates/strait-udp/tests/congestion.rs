@@ -126,6 +126,7 @@ fn strait_sender(
                 r.fast_retransmits,
                 r.timeout_retransmits
             );
+            eprintln!("    {}", strait_core::Device::describe(d));
         }
         match w.wait(Some(Duration::from_millis(100))) {
             Ok(c) => {

@@ -28,8 +28,9 @@
 //!   retransmission acknowledged before it was resent: the first copy arrived, F-RTO's
 //!   reasoning, RFC 5682; [`Cubic::undo_timeout`]) gives the window back: a round trip
 //!   that grew with a filling queue is not a loss. A tail loss probe (RFC 8985),
-//!   which the reliability layer sends instead of waiting for a timeout, counts as a
-//!   loss (one reduction).
+//!   which the reliability layer sends instead of waiting for a timeout, reduces
+//!   nothing by itself (without duplicate reports a repaired tail cannot be told
+//!   from a late acknowledgement); the holes it reveals do, as losses.
 //! * **Pacing** ([`Pacer`]): packets leave at `gain * cwnd / srtt`, the gain
 //!   [`PACING_GAIN_SS`] in slow start and [`PACING_GAIN_CA`] after (Linux's
 //!   `tcp_pacing_ss_ratio` and `tcp_pacing_ca_ratio`), at most [`PACING_BURST`]

@@ -23,7 +23,8 @@
 //!   selectively acknowledged one is lost once one sent a reordering window after it
 //!   arrived, or a round trip and that window passed; the window a quarter round
 //!   trip, at least 20 us); a tail no later packet reveals is probed after two silent
-//!   round trips (RACK-TLP, RFC 8985); on timeout as the fallback (RTO = srtt + 4
+//!   round trips plus the peer's acknowledgement delay, at least half the minimum
+//!   RTO (RACK-TLP, RFC 8985); on timeout as the fallback (RTO = srtt + 4
 //!   rttvar + ack delay, at least 3 srtt + ack delay, exponential back-off; the timer
 //!   runs from a packet's transmission or the last acknowledged progress, whichever
 //!   is later, as RFC 6298 restarts it). Round trips are measured from a packet's
@@ -32,8 +33,9 @@
 //!   Acknowledged and selectively acknowledged packets give their link slots back
 //!   at once.
 //! * **Congestion control** ([`crate::congestion`]): CUBIC's window bounds the
-//!   packets in the network, and every packet leaves at the pacing rate (the
-//!   device's timer reports the next departure).
+//!   packets in the network, frame by frame (see `Conn::frame_fits`), and every
+//!   packet leaves at the pacing rate (the device's timer reports the next
+//!   departure).
 //! * **Fragmentation.** An engine frame up to [`ReliableConfig::max_frame`] bytes is
 //!   cut into as many packets as the link MTU needs and reassembled in order.
 //! * **Integrity.** Every packet carries a CRC32C over header and payload (over the

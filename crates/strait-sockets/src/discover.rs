@@ -12,7 +12,8 @@
 //!   address, as the kernel would refuse that connect). It then
 //!   binds its own per-connection name `strait.c.<netns>.<socket inode>` (its TCP
 //!   socket's inode: known before the SYN, unlike the port, which the kernel's
-//!   `connect` picks for an unbound socket as it would without strait), sends a hello (a sealed memfd, two eventfds, and an
+//!   `connect` picks for an unbound socket as it would without strait), sends a
+//!   hello (a sealed memfd, two eventfds, and an
 //!   `O_PATH` token of its TCP socket: a proof that it holds the socket, with no power
 //!   over it) to the marker, and only then does the real TCP connect. Not one byte is
 //!   ever sent on the TCP connection. The hello goes out only after the marker's

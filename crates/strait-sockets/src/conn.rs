@@ -1324,8 +1324,8 @@ impl Conn {
         // A local connector closed before any call of the program settled it (a
         // client that opened more connections than it used) was attached all the
         // same, and its acceptor counted it: count it here once.
-        let local = self.remote.get().is_none() && !self.remote_kernel.load(Ordering::Relaxed);
-        if self.side == 0 && local && !self.counted.swap(true, Ordering::Relaxed) {
+        let on_this_host = self.remote.get().is_none() && !self.remote_kernel.load(Ordering::Relaxed);
+        if self.side == 0 && on_this_host && !self.counted.swap(true, Ordering::Relaxed) {
             ACCELERATED.fetch_add(1, Ordering::Relaxed);
         }
         if let Some((local, peer)) = ids.filter(|_| self.vault >= 0) {

@@ -405,7 +405,15 @@ fn ask_connector(fd: c_int) -> Option<Hello> {
     let deadline = Instant::now() + Settings::get().announce_wait;
     loop {
         match recv_hello(u) {
-            Some(Ok((h, fds))) => return parse_hello(&h, fds, u, uid),
+            Some(Ok((h, fds))) => {
+                let h = parse_hello(&h, fds, u, uid)?;
+                // Its token must name the far end of the connection we accepted.
+                if !h.names(far.inode) {
+                    h.close();
+                    return trust::refuse();
+                }
+                return Some(h);
+            }
             Some(Err(())) => {
                 close_all(&[u]);
                 return None;
@@ -432,14 +440,7 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     let (h, path_b) = match l.take(fd) {
         Some(h) => (h, false),
         None => match ask_connector(fd) {
-            Some(h) => {
-                if !h.is_for(fd) {
-                    h.close();
-                    trust::refuse::<()>();
-                    return;
-                }
-                (h, true)
-            }
+            Some(h) => (h, true),
             None => return,
         },
     };
@@ -762,8 +763,9 @@ mod tests {
             let other = std::net::TcpStream::connect(addr).expect("connect");
             let (other_accepted, _) = listener.accept().expect("accept");
             assert_eq!(far_end_inode(accepted.as_raw_fd()), Some(ino));
-            assert!(h.is_for(accepted.as_raw_fd()));
-            assert!(!h.is_for(other_accepted.as_raw_fd()));
+            let is_for = |fd: c_int| far_end_inode(fd).is_some_and(|i| h.names(i));
+            assert!(is_for(accepted.as_raw_fd()));
+            assert!(!is_for(other_accepted.as_raw_fd()));
             assert!(!h.names(0), "an inode the kernel could not give names nothing");
             close_all(&[sock, token]);
             drop((accepted, other, other_accepted));

@@ -41,14 +41,9 @@ pub(crate) struct Hello {
 }
 
 impl Hello {
-    /// The hello's token names the other end of the accepted connection `fd`: the
-    /// socket the kernel has at `fd`'s peer address, connected to `fd`'s address.
-    pub(crate) fn is_for(&self, fd: c_int) -> bool {
-        far_end_inode(fd).is_some_and(|ino| self.names(ino))
-    }
-
-    /// The hello's token names the socket with inode `ino` (as [`far_end_inode`]
-    /// gives it for an accepted connection).
+    /// The hello's token names the socket with inode `ino`: for an accepted
+    /// connection, its far end as [`far_end_inode`] gives it (the socket the kernel
+    /// has at the peer address, connected to the accepted socket's address).
     pub(crate) fn names(&self, ino: u64) -> bool {
         ino != 0 && self.ino == ino
     }

@@ -797,14 +797,9 @@ impl UdpSock {
             let last = self.last_check.load(Ordering::Relaxed);
             // (0: never looked; a clock that went back: look.)
             let fresh = last != 0 && now >= last;
-            let due = if nonblock {
-                !(fresh
-                    && now - last < KCHECK_NONBLOCKING.as_nanos() as u64
-                    && self.last_check_empty.load(Ordering::Relaxed))
-            } else {
-                !(fresh && now - last < KCHECK.as_nanos() as u64)
-            };
-            if due {
+            let every = if nonblock { KCHECK_NONBLOCKING } else { KCHECK }.as_nanos() as u64;
+            let recent = fresh && now - last < every;
+            if !recent || (nonblock && !self.last_check_empty.load(Ordering::Relaxed)) {
                 self.last_check.store(now, Ordering::Relaxed);
                 let (kernel_ready, marker_ready) = readable_now(fd, rx.marker());
                 self.last_check_empty.store(!kernel_ready && !marker_ready, Ordering::Relaxed);

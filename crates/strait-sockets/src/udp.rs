@@ -696,6 +696,16 @@ impl UdpSock {
 
     /// One datagram from the rings, round robin over the channels. Datagrams from
     /// other sources than the connected peer are dropped, as the kernel does.
+    /// Whether the kernel socket `fd` and the marker are readable now, remembered
+    /// with `now` ([`now_ns`]) for the receives that follow: every look counts, so
+    /// that a miss after a look that found something looks again.
+    fn look(&self, fd: c_int, marker: c_int, now: u64) -> (bool, bool) {
+        let (kernel_ready, marker_ready) = readable_now(fd, marker);
+        self.last_check.store(now, Ordering::Relaxed);
+        self.last_check_empty.store(!kernel_ready && !marker_ready, Ordering::Relaxed);
+        (kernel_ready, marker_ready)
+    }
+
     fn take_shm(&self, iov: &[(*mut u8, usize)], peek: bool) -> Option<Got> {
         let chans = self.incoming.read().unwrap_or_else(|e| e.into_inner());
         let n = chans.len();
@@ -763,7 +773,7 @@ impl UdpSock {
             (e != libc::EAGAIN && e != libc::EWOULDBLOCK).then_some(r)
         };
         if self.receives.fetch_add(1, Ordering::Relaxed) % FAIR == FAIR - 1 {
-            let (kernel_ready, marker_ready) = readable_now(fd, rx.marker());
+            let (kernel_ready, marker_ready) = self.look(fd, rx.marker(), now_ns());
             if marker_ready {
                 self.pump();
             }
@@ -800,9 +810,7 @@ impl UdpSock {
             let every = if nonblock { KCHECK_NONBLOCKING } else { KCHECK }.as_nanos() as u64;
             let recent = fresh && now - last < every;
             if !recent || (nonblock && !self.last_check_empty.load(Ordering::Relaxed)) {
-                self.last_check.store(now, Ordering::Relaxed);
-                let (kernel_ready, marker_ready) = readable_now(fd, rx.marker());
-                self.last_check_empty.store(!kernel_ready && !marker_ready, Ordering::Relaxed);
+                let (kernel_ready, marker_ready) = self.look(fd, rx.marker(), now);
                 if marker_ready {
                     self.pump();
                     if let Some(g) = self.take_shm(iov, peek) {

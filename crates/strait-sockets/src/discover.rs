@@ -37,7 +37,7 @@
 use std::os::fd::IntoRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use libc::{c_int, sockaddr, socklen_t};
 
@@ -496,12 +496,20 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     }
 }
 
+/// The marker of the listener a connect will reach, connected.
+pub struct MarkerLink {
+    /// Our Unix socket, connected to the marker.
+    pub unix: c_int,
+    /// The marker was bound by this very process (it holds the listening socket).
+    pub ours: bool,
+}
+
 /// Before a TCP `connect` to `addr`: connects to the listener's rendezvous name.
 /// Returns the Unix socket if the listener runs under strait and the name's holder
 /// is proven to be the listener's (root, us, or the owner of the listening socket
 /// the kernel would pick: [`trust::marker_holder_ok`]). A name held by anyone else
 /// is skipped (and counted); a full backlog is the kernel path at once.
-pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
+pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<MarkerLink> {
     if !Settings::get().enabled {
         return None;
     }
@@ -514,13 +522,38 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c
     marker_candidates(dest).iter().find_map(|&(k, v6only)| {
         let (sa, slen) = unix_name(k, v6only);
         let u = trust::connect_name(&sa, slen)?;
-        if trust::marker_holder_ok(u, Proto::Tcp, dest, from) {
-            Some(u)
-        } else {
-            close_all(&[u]);
-            trust::refuse()
+        match trust::marker_holder_ok(u, Proto::Tcp, dest, from) {
+            Some(cred) => Some(MarkerLink {
+                unix: u,
+                ours: u32::try_from(cred.pid).is_ok_and(|p| p == strait_sys::pid::current_pid()),
+            }),
+            None => {
+                close_all(&[u]);
+                trust::refuse()
+            }
         }
     })
+}
+
+/// How long a connector waits for its acceptor before the connection stays with the
+/// kernel. A listener of this very process can be accepted only by one of our own
+/// threads (or a child that shares it). With one thread, that is the thread that
+/// would wait: a program that connects to its own listener and polls for writable,
+/// or writes, before it accepts (as the kernel allows) would wait out the whole
+/// timeout, so it does not wait at all (an accept made before the connection's
+/// first use still attaches it; a child that accepts it later finds it on the
+/// kernel). With several threads another one may be the acceptor, and it would be
+/// accelerated, so the wait stays (one that connects and waits in the accepting
+/// thread still waits out the timeout: a thread cannot tell which one will accept).
+fn attach_wait(own_listener: bool) -> Duration {
+    let timeout = Settings::get().attach_timeout;
+    if !own_listener {
+        return timeout;
+    }
+    match strait_sys::pid::thread_count() {
+        Some(1) => Duration::ZERO,
+        _ => timeout,
+    }
 }
 
 /// Everything a connector sets up before its TCP connect.
@@ -540,7 +573,8 @@ pub struct Prepared {
 /// socket holds, which with thousands of connections in TIME_WAIT, as a client
 /// that closes first leaves, costs a long search and then fails; `connect` may
 /// reuse such a port for another destination.)
-pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
+pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
+    let unix = link.unix;
     let fail = |fds: &[c_int]| {
         close_all(&fds.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
         None
@@ -597,7 +631,7 @@ pub fn prepare(fd: c_int, unix: c_int) -> Option<Prepared> {
             memfd,
             listener,
             hello: h,
-            deadline: Instant::now() + Settings::get().attach_timeout,
+            deadline: Instant::now() + attach_wait(link.ours),
             asked: -1,
         },
     })

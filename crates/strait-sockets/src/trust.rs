@@ -219,11 +219,14 @@ pub(crate) fn diag_lookup(proto: Proto, local: Key, remote: Key) -> Option<DiagS
     let s = diag_socket(&mut g)?;
     let seq = DIAG_SEQ.fetch_add(1, Ordering::Relaxed);
     req[8..12].copy_from_slice(&seq.to_ne_bytes());
-    let answer = (|| {
+    // `Ok(None)`: the kernel answered that no such socket exists (a connection
+    // closed at both ends already, as a close of the second end finds it on
+    // loopback); `Err`: no usable answer, and the socket is made anew.
+    let answer: Result<Option<DiagSock>, ()> = (|| {
         // SAFETY: sends the local request buffer.
         let n = unsafe { real::send(s, req.as_ptr().cast(), req.len(), 0) };
         if n != req.len() as isize {
-            return None;
+            return Err(());
         }
         let mut buf = [0u64; 128];
         // The kernel answers within the send: the answer is queued already. An
@@ -235,7 +238,7 @@ pub(crate) fn diag_lookup(proto: Proto, local: Key, remote: Key) -> Option<DiagS
                 real::recv(s, buf.as_mut_ptr().cast(), std::mem::size_of_val(&buf), libc::MSG_DONTWAIT)
             };
             if n < NLMSG_HDR as isize {
-                return None;
+                return Err(());
             }
             // SAFETY: `n` bytes of the u64 buffer were written; viewed as bytes.
             let b = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
@@ -243,23 +246,29 @@ pub(crate) fn diag_lookup(proto: Proto, local: Key, remote: Key) -> Option<DiagS
                 continue;
             }
             let ty = u16::from_ne_bytes([b[4], b[5]]);
-            if ty == NLMSG_ERROR || ty != SOCK_DIAG_BY_FAMILY || b.len() < NLMSG_HDR + MSG_LEN {
-                return None;
+            if ty == NLMSG_ERROR {
+                // nlmsgerr: the (negative) errno right after the header.
+                let errno =
+                    b.get(NLMSG_HDR..NLMSG_HDR + 4).and_then(|e| e.try_into().ok()).map(i32::from_ne_bytes);
+                return if errno == Some(-libc::ENOENT) { Ok(None) } else { Err(()) };
+            }
+            if ty != SOCK_DIAG_BY_FAMILY || b.len() < NLMSG_HDR + MSG_LEN {
+                return Err(());
             }
             let m = &b[NLMSG_HDR..];
-            let uid = u32::from_ne_bytes(m[4 + ID_LEN + 12..4 + ID_LEN + 16].try_into().ok()?);
-            let inode = u32::from_ne_bytes(m[4 + ID_LEN + 16..4 + ID_LEN + 20].try_into().ok()?);
-            return Some(DiagSock { inode: u64::from(inode), uid, state: m[1] });
+            let field = |at: usize| m[at..at + 4].try_into().map(u32::from_ne_bytes).map_err(|_| ());
+            let (uid, inode) = (field(4 + ID_LEN + 12)?, field(4 + ID_LEN + 16)?);
+            return Ok(Some(DiagSock { inode: u64::from(inode), uid, state: m[1] }));
         }
-        None
+        Err(())
     })();
-    if answer.is_none() {
+    if answer.is_err() {
         // Whatever went wrong, the next look-up starts on a fresh socket.
         if let Some((_, fd)) = g.take() {
             crate::fds::let_go(&[fd]);
         }
     }
-    answer
+    answer.ok().flatten()
 }
 
 /// The process's `NETLINK_SOCK_DIAG` socket, made at its first look-up and kept (one
@@ -301,16 +310,15 @@ pub(crate) fn token_names(token: c_int, proto: Proto, local: Key, remote: Key) -
 
 /// The holder of the listener name `unix` is connected to may receive our hello
 /// for a TCP connection from `from` to `dest`: root, ourselves, or the owner of
-/// the listening socket the kernel would pick for it.
-pub(crate) fn marker_holder_ok(unix: c_int, proto: Proto, dest: Key, from: Key) -> bool {
-    let Some(cred) = peer_cred(unix) else { return false };
+/// the listening socket the kernel would pick for it. `Some`: the holder's
+/// credentials (its pid is the process that bound the name).
+pub(crate) fn marker_holder_ok(unix: c_int, proto: Proto, dest: Key, from: Key) -> Option<libc::ucred> {
+    let cred = peer_cred(unix)?;
     if trusted_user(cred.uid) {
-        return true;
+        return Some(cred);
     }
-    match diag_lookup(proto, dest, from) {
-        Some(sock) => sock.uid == cred.uid && (proto == Proto::Udp || sock.state == TCP_LISTEN),
-        None => false,
-    }
+    let sock = diag_lookup(proto, dest, from)?;
+    (sock.uid == cred.uid && (proto == Proto::Udp || sock.state == TCP_LISTEN)).then_some(cred)
 }
 
 #[cfg(test)]

@@ -1183,7 +1183,7 @@ fn find_marker(dest: Key) -> Option<c_int> {
     names.iter().find_map(|k| {
         let (sa, len) = marker_name(*k);
         let u = trust::connect_name(&sa, len)?;
-        if trust::marker_holder_ok(u, Proto::Udp, dest, (dest.0, 0)) {
+        if trust::marker_holder_ok(u, Proto::Udp, dest, (dest.0, 0)).is_some() {
             Some(u)
         } else {
             close_all(&[u]);

@@ -25,9 +25,56 @@ pub fn forget_pid() {
     PID.store(0, Ordering::Relaxed);
 }
 
+/// How many threads this process has, from `/proc/self/stat` (its 20th field,
+/// counted after the command name, which may itself hold spaces and parentheses).
+/// `None` when it cannot be read (no `/proc`, as after a `chroot`): callers then
+/// assume several. Raw system calls: the preload interposes `read` and `close`.
+pub fn thread_count() -> Option<usize> {
+    // SAFETY: a NUL-terminated path; plain system call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            c"/proc/self/stat".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 1024];
+    // SAFETY: reads into a local buffer of its length.
+    let n = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: our descriptor, closed once.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    // The command name is bytes, not always UTF-8; the fields after it are ASCII.
+    thread_count_in(&String::from_utf8_lossy(buf.get(..usize::try_from(n).ok()?)?))
+}
+
+/// [`thread_count`] of one `/proc/<pid>/stat` line.
+fn thread_count_in(stat: &str) -> Option<usize> {
+    // Fields after the command: state is field 3, num_threads field 20.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(17)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_counted_from_the_stat_line() {
+        let line = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 7 0 12345 1000 10";
+        assert_eq!(thread_count_in(line), Some(7));
+        assert_eq!(thread_count_in("garbage"), None);
+        let before = thread_count().expect("this test runs with /proc");
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || rx.recv());
+        assert!(thread_count().expect("/proc") > before.saturating_sub(1));
+        assert!(thread_count().expect("/proc") >= 2);
+        drop(tx);
+        let _ = t.join();
+    }
 
     #[test]
     fn cached_and_forgotten() {

@@ -345,3 +345,81 @@ fn connects_stay_accelerated_when_every_local_port_is_in_time_wait() {
     assert_eq!(stat(&err, "accelerated"), 2 * (first + more), "{err}");
     assert_eq!(stat(&err, "kernel-fallback"), 0, "{err}");
 }
+
+/// One thread, connecting to its own listener: (1) a non-blocking connect, then a
+/// poll for writable and a write before the accept; (2) a blocking connect and a
+/// write before the accept; (3) a blocking connect accepted before its first use.
+/// Each moves a hashed 64 KiB both ways.
+const OWN_LISTENER: &str = r#"
+import hashlib, os, select, socket, sys
+def recv_exactly(c, n):
+    got = b''
+    while len(got) < n:
+        b = c.recv(n - len(got))
+        assert b, 'early end'
+        got += b
+    return got
+def both_ways(c, a):
+    up, down = os.urandom(65536), os.urandom(65536)
+    c.sendall(up[:1000])
+    a.sendall(down)
+    c.sendall(up[1000:])
+    assert hashlib.sha256(recv_exactly(a, len(up))).digest() == hashlib.sha256(up).digest(), 'up differs'
+    assert hashlib.sha256(recv_exactly(c, len(down))).digest() == hashlib.sha256(down).digest(), 'down differs'
+l = socket.socket()
+l.bind(('127.0.0.1', 0))
+l.listen(8)
+# 1: non-blocking connect, poll for writable, write, then accept.
+c = socket.socket()
+c.setblocking(False)
+try:
+    c.connect(l.getsockname())
+except BlockingIOError:
+    pass
+p = select.poll()
+p.register(c, select.POLLOUT)
+assert p.poll(60000), 'never writable'
+c.setblocking(True)
+c.sendall(b'x' * 1000)
+a, _ = l.accept()
+assert recv_exactly(a, 1000) == b'x' * 1000
+both_ways(c, a)
+print('NONBLOCKING ok', flush=True)
+# 2: blocking connect, write before the accept.
+c = socket.create_connection(l.getsockname())
+c.sendall(b'y' * 1000)
+a, _ = l.accept()
+assert recv_exactly(a, 1000) == b'y' * 1000
+both_ways(c, a)
+print('BLOCKING ok', flush=True)
+# 3: accepted before its first use: accelerated.
+c = socket.create_connection(l.getsockname())
+a, _ = l.accept()
+both_ways(c, a)
+print('ACCEPTED-FIRST ok', flush=True)
+"#;
+
+/// A single-threaded program that connects to its own listener and polls for
+/// writable or writes before it accepts (as the kernel allows) must not wait for an
+/// acceptor that can only be itself: with a 60 s attach timeout, the old connector
+/// waited out the whole of it in the poll (and in the write), so this test's 30 s
+/// bound fails without the fix. A connection accepted before its first use is still
+/// accelerated.
+#[test]
+fn a_single_thread_connecting_to_its_own_listener_never_waits_for_itself() {
+    ensure(PYTHON, "python3");
+    let s = script("own-listener", OWN_LISTENER);
+    let out = run_for(
+        &mut strait_run(&["--stats", "--attach-timeout-ms", "60000", "--", PYTHON, &s.display().to_string()]),
+        Duration::from_secs(30),
+    )
+    .expect("the program finished within 30 s");
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    for step in ["NONBLOCKING ok", "BLOCKING ok", "ACCEPTED-FIRST ok"] {
+        assert!(text.contains(step), "{step} missing: {text}\n{err}");
+    }
+    // Both ends of each connection are in this process: the first two on the
+    // kernel, the third accelerated.
+    assert_eq!(stat(&err, "accelerated"), 2, "{err}");
+    assert_eq!(stat(&err, "kernel-fallback"), 4, "{err}");
+}

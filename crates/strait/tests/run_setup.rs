@@ -268,7 +268,7 @@ fn many_connections_leave_no_descriptor_or_mapping_behind() {
 /// more connections to another listener (the kernel's `connect` may reuse a
 /// TIME_WAIT port towards another destination), each echoing a hashed payload.
 const TIME_WAIT_CLIENT: &str = r#"
-import hashlib, os, socket, struct, sys, threading
+import hashlib, os, socket, struct, sys, threading, time
 first, more = int(sys.argv[1]), int(sys.argv[2])
 def recv_exactly(c, n):
     got = b''
@@ -300,7 +300,13 @@ def echo_once(addr, size):
 a, b = listener(), listener()
 for _ in range(first):
     echo_once(a, 100)
-tw = sum(1 for line in open('/proc/net/tcp').readlines()[1:] if line.split()[3] == '06')
+# The last close reaches TIME_WAIT once its server thread has closed too: wait for
+# that (bounded), rather than race it.
+for _ in range(500):
+    tw = sum(1 for line in open('/proc/net/tcp').readlines()[1:] if line.split()[3] == '06')
+    if tw >= first:
+        break
+    time.sleep(0.01)
 print('TIME_WAIT', tw, flush=True)
 for _ in range(more):
     echo_once(b, 70000)

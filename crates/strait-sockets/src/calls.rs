@@ -12,7 +12,7 @@ use libc::{
 };
 use libc::{sockaddr, socklen_t, timespec};
 
-use crate::conn::{Conn, IoErr};
+use crate::conn::{Conn, Early, IoErr};
 use crate::socket::Socket;
 use crate::udp::{self, UdpSock};
 use crate::{discover, pass, poll, real, remote, table};
@@ -103,9 +103,63 @@ fn do_recv(c: &Conn, fd: c_int, iov: &[(*mut u8, usize)], flags: c_int) -> ssize
     io_result(r, false)
 }
 
+/// A write on the connection `c` behind `fd` (from [`crate::settle::socket_to_write`]:
+/// possibly a connector still waiting for its acceptor; one that settles on the
+/// kernel here has the rest written there).
 fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
     strait_probe::probe!(strait_probe::Stage::WriteLookup);
-    io_result(c.send(fd, iov, flags & libc::MSG_DONTWAIT != 0), flags & libc::MSG_NOSIGNAL == 0)
+    let sigpipe = flags & libc::MSG_NOSIGNAL == 0;
+    if !c.awaiting_attach() {
+        return io_result(c.send(fd, iov, flags & libc::MSG_DONTWAIT != 0), sigpipe);
+    }
+    let early = match c.send_early(fd, iov, flags) {
+        Early::Kernel => return -1,
+        Early::Sent(n) if n == iov.iter().map(|v| v.1).sum::<usize>() => return n as ssize_t,
+        Early::Sent(n) => n,
+        Early::NotNow => 0,
+    };
+    // The rest (all of it, or what a blocking write could not put out early) after
+    // settling, as any first use: accelerated, or on the kernel.
+    let rest = skip_bytes(iov, early);
+    let r = match crate::settle::accel(fd) {
+        Some(c) => io_result(c.send(fd, &rest, flags & libc::MSG_DONTWAIT != 0), sigpipe),
+        None => kernel_sendmsg(fd, &rest, flags),
+    };
+    match (early, r) {
+        (0, r) => r,
+        // Some bytes went already: the call reports them, as a partial write.
+        (n, r) if r < 0 => n as ssize_t,
+        (n, r) => (n + r as usize) as ssize_t,
+    }
+}
+
+/// `iov` without its first `skip` bytes.
+fn skip_bytes(iov: &[(*const u8, usize)], mut skip: usize) -> Vec<(*const u8, usize)> {
+    let mut out = Vec::with_capacity(iov.len());
+    for &(p, l) in iov {
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        // SAFETY: `skip < l`: still inside the caller's segment.
+        out.push((unsafe { p.add(skip) }, l - skip));
+        skip = 0;
+    }
+    out
+}
+
+/// The kernel's `sendmsg` of `iov` on `fd` with `flags`, for a write whose
+/// connection settled on the kernel in the middle of the call.
+fn kernel_sendmsg(fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
+    let mut parts: Vec<libc::iovec> =
+        iov.iter().map(|&(p, l)| libc::iovec { iov_base: p.cast_mut().cast(), iov_len: l }).collect();
+    // SAFETY: msghdr is plain old data; it points at our iovecs, which point at the
+    // caller's buffers.
+    let mut m: msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = parts.as_mut_ptr();
+    m.msg_iovlen = parts.len() as _;
+    // SAFETY: as above.
+    unsafe { real::sendmsg(fd, &m, flags) }
 }
 
 /// # Safety
@@ -337,7 +391,7 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     strait_probe::probe!(strait_probe::Stage::WriteEnter);
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::write(fd, buf, n) };
-    guard(real, || match crate::settle::socket(fd) {
+    guard(real, || match crate::settle::socket_to_write(fd) {
         Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], 0),
         Some(Socket::Udp(u)) => u.send(fd, None, &[(buf.cast(), n)], 0, &mut || real()),
         _ => real(),
@@ -373,7 +427,7 @@ pub unsafe fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
 pub unsafe fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::writev(fd, iov, n) };
-    guard(real, || match crate::settle::socket(fd) {
+    guard(real, || match crate::settle::socket_to_write(fd) {
         Some(Socket::Tcp(c)) => {
             // SAFETY: the caller's iovecs.
             let v: Vec<(*const u8, usize)> =
@@ -421,7 +475,7 @@ pub unsafe fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t,
 pub unsafe fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::send(fd, buf, n, flags) };
-    guard(real, || match crate::settle::socket(fd) {
+    guard(real, || match crate::settle::socket_to_write(fd) {
         Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], flags),
         Some(Socket::Udp(u)) => u.send(fd, None, &[(buf.cast(), n)], flags, &mut || real()),
         _ => real(),
@@ -491,7 +545,7 @@ pub unsafe fn sendto(
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendto(fd, buf, n, flags, addr, alen) };
     // A connected TCP socket ignores the address, as the kernel does.
-    guard(real, || match crate::settle::socket(fd) {
+    guard(real, || match crate::settle::socket_to_write(fd) {
         Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], flags),
         Some(Socket::Udp(u)) => match udp_dest(&u, addr, alen) {
             Ok(d) => u.send(fd, d, &[(buf.cast(), n)], flags, &mut || real()),
@@ -510,7 +564,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
         if msg.is_null() {
             return real();
         }
-        match crate::settle::socket(fd) {
+        match crate::settle::socket_to_write(fd) {
             Some(Socket::Tcp(c)) => {
                 // SAFETY: the caller's msghdr and its iovecs.
                 let v: Vec<(*const u8, usize)> =
@@ -852,6 +906,12 @@ pub unsafe fn close(fd: c_int) -> c_int {
             .as_ref()
             .filter(|c| c.fdrefs.load(std::sync::atomic::Ordering::Acquire) == 1)
             .and_then(|_| Some((crate::sock::sock_key(fd, false)?, crate::sock::sock_key(fd, true)?)));
+        if ids.is_some() {
+            if let Some(c) = &conn {
+                // Unread early bytes in the kernel socket would make its close a reset.
+                c.discard_early_copy(fd);
+            }
+        }
         forget(fd);
         let r = real();
         if let Some(c) = conn {

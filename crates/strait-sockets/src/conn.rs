@@ -92,6 +92,9 @@ const RV_FILLING: u64 = 2;
 const RV_DONE_STATE: u64 = 3;
 /// Header word of the message-mode negotiation.
 pub(crate) const OFF_MODE: usize = 24;
+/// Header word set by a connector that wrote before its acceptor attached (those
+/// bytes went to the kernel socket too: the acceptor discards that copy).
+pub(crate) const OFF_EARLY: usize = 32;
 pub(crate) const MODE_ASKED: u64 = 1;
 pub(crate) const MODE_AGREED: u64 = 2;
 /// Length header of a message in the ring.
@@ -112,6 +115,18 @@ pub const ATTACHED_B: u64 = 3;
 /// TCP states in socket diagnostics: a socket that has not sent its FIN.
 const TCP_ESTABLISHED: u8 = 1;
 const TCP_CLOSE_WAIT: u8 = 8;
+
+/// What a write before the acceptor attached did ([`Conn::send_early`]).
+pub enum Early {
+    /// These bytes went out (to the kernel socket and to the ring alike).
+    Sent(usize),
+    /// The kernel socket refused: its answer, with `errno` set (a non-blocking
+    /// socket's EAGAIN, or the connection's error).
+    Kernel,
+    /// Not now (message mode, a full ring, a blocking write the kernel cannot take
+    /// whole): settle first, as any first use.
+    NotNow,
+}
 
 /// A connector's state until the acceptor attached.
 pub struct PendingC {
@@ -566,7 +581,13 @@ impl Conn {
             // kernel socket. An acceptor asking by path B is answered here (the
             // descriptor proves to it that we hold the other end).
             match self.try_settle(fd) {
-                None => return Ready { bits: 0, rx_tail: 0, tx_head: 0 },
+                // Writable once the kernel's connect completed and the ring has room:
+                // writes go out early ([`Conn::send_early`]), as a kernel socket takes
+                // bytes before the accept.
+                None => {
+                    let bits = if self.early_writable(fd) { libc::POLLOUT } else { 0 };
+                    return Ready { bits, rx_tail: 0, tx_head: 0 };
+                }
                 Some(false) => return Ready { bits: libc::POLLIN | libc::POLLOUT, rx_tail: 0, tx_head: 0 },
                 Some(true) => {}
             }
@@ -867,6 +888,121 @@ impl Conn {
             let dst = unsafe { std::slice::from_raw_parts_mut(user as *mut u8, n) };
             ring.read_at(pos, dst);
         });
+    }
+
+    /// A write on a connector whose acceptor has not attached yet (a kernel socket
+    /// takes bytes before the accept, and a client's request then waits for the
+    /// server instead of the server waiting for the request): the bytes go to the
+    /// kernel socket first, then the same bytes to the ring. Whichever way the
+    /// connection settles, its reader finds every byte once and in order: attached,
+    /// the acceptor reads the ring and discards the kernel's copy; on the kernel
+    /// (the connector gave up waiting, or its acceptor could not prove it because
+    /// it closed or exited meanwhile), the kernel socket has them, and the ring's
+    /// copy is never read. The producer step lock is held across both copies, so
+    /// two processes sharing the socket cannot order them differently.
+    pub fn send_early(&self, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> Early {
+        if Settings::get().messages || self.remote.get().is_some() || flags & libc::MSG_OOB != 0 {
+            return Early::NotNow;
+        }
+        let want: usize = iov.iter().map(|v| v.1).sum();
+        let _g = self.wlock.lock().unwrap_or_else(|e| e.into_inner());
+        if want == 0 || self.wr_shut.load(Ordering::Relaxed) || self.tx_broken() {
+            return Early::NotNow;
+        }
+        // Under the pending lock our side cannot decide meanwhile (the deadline's
+        // fall back to the kernel is taken under it).
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.is_none() || self.state() != PENDING {
+            return Early::NotNow;
+        }
+        let Ok(lock) = self.step_lock(self.tx(), WLOCK) else { return Early::NotNow };
+        let Ok((tail, room)) = self.room_for(want) else { return Early::NotNow };
+        let n = (room as usize).min(want);
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Ordering::Relaxed);
+        if n == 0 || (n < want && !nonblock) {
+            return Early::NotNow;
+        }
+        // The first `n` bytes of the caller's iovecs.
+        let mut left = n;
+        let mut parts: Vec<libc::iovec> = Vec::with_capacity(iov.len());
+        for &(p, l) in iov {
+            if left == 0 {
+                break;
+            }
+            let take = l.min(left);
+            parts.push(libc::iovec { iov_base: p.cast_mut().cast(), iov_len: take });
+            left -= take;
+        }
+        // Said before the kernel's copy exists, so an acceptor that attaches after it
+        // sees it no later than at its close (the discard then).
+        self.shm.word(OFF_EARLY).store(1, Ordering::Release);
+        // SAFETY: msghdr is plain old data; it points at our iovec array, which
+        // points at the caller's buffers (the write call's contract).
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = parts.as_mut_ptr();
+        m.msg_iovlen = parts.len() as _;
+        // Never blocking here: a blocking write the kernel cannot take whole settles
+        // first instead. SIGPIPE is the caller's to raise (as for the ring's EPIPE).
+        // SAFETY: as above.
+        let k = unsafe { real::sendmsg(fd, &m, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if k < 0 {
+            let e = real::errno();
+            if e == libc::EAGAIN && !nonblock {
+                return Early::NotNow;
+            }
+            if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                // SAFETY: sends SIGPIPE to this thread, as the kernel would.
+                unsafe { libc::raise(libc::SIGPIPE) };
+            }
+            real::set_errno(e);
+            return Early::Kernel;
+        }
+        let k = k as usize;
+        if k < n && !nonblock {
+            // The rest settles first; these went to both already.
+            self.copy_in(tail, iov, 0, k);
+            self.shm.ring(self.tx()).publish_to(tail + k as u64);
+            return Early::Sent(k);
+        }
+        self.copy_in(tail, iov, 0, k);
+        self.shm.ring(self.tx()).publish_to(tail + k as u64);
+        drop(lock);
+        Early::Sent(k)
+    }
+
+    /// A connector waiting for its acceptor can write now: the kernel's connect
+    /// completed (one `poll` of the kernel socket) and the ring has room.
+    fn early_writable(&self, fd: c_int) -> bool {
+        if fd < 0 || Settings::get().messages || !matches!(self.room(), Ok((_, r)) if r > 0) {
+            return false;
+        }
+        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one pollfd on the stack; not waiting.
+        unsafe {
+            real::poll(&mut p, 1, 0) == 1
+                && p.revents & libc::POLLOUT != 0
+                && p.revents & (libc::POLLERR | libc::POLLHUP) == 0
+        }
+    }
+
+    /// Acceptor: discards what the connector wrote to the kernel socket before we
+    /// attached ([`Conn::send_early`]); the ring has the same bytes. Costs nothing
+    /// unless the connector said it wrote early. Also before the socket's close:
+    /// unread bytes there would make the kernel send a reset.
+    pub fn discard_early_copy(&self, fd: c_int) {
+        if self.side != 1 || fd < 0 || self.shm.word(OFF_EARLY).load(Ordering::Acquire) == 0 {
+            return;
+        }
+        for _ in 0..64 {
+            // SAFETY: MSG_TRUNC on TCP drops queued bytes without copying them; the
+            // buffer is never written.
+            let n = unsafe {
+                real::recv(fd, std::ptr::null_mut(), 1 << 30, libc::MSG_TRUNC | libc::MSG_DONTWAIT)
+            };
+            if n <= 0 {
+                return;
+            }
+        }
     }
 
     /// Writes from the iovecs (all of it when blocking).

@@ -491,6 +491,9 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     if path_b {
         crate::conn::PATH_B.fetch_add(1, Ordering::Relaxed);
     }
+    // What the connector wrote before we attached is in the ring; its copy in the
+    // kernel socket goes.
+    conn.discard_early_copy(fd);
     if let Some(old) = crate::table::insert(fd, conn) {
         crate::table::drop_ref(old);
     }

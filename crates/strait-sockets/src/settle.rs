@@ -23,6 +23,23 @@ pub(crate) fn socket(fd: c_int) -> Option<Socket> {
     }
 }
 
+/// As [`socket`], for a call that writes: a connector still waiting for its
+/// acceptor is not settled first (its writes go out early: [`Conn::send_early`]);
+/// one whose wait is decided settles as any first use.
+#[inline]
+pub(crate) fn socket_to_write(fd: c_int) -> Option<Socket> {
+    process::check_new_process();
+    match table::get(fd)? {
+        Socket::Tcp(c) => {
+            if c.side == 0 && c.awaiting_attach() && c.try_settle(fd).is_none() {
+                return Some(Socket::Tcp(c));
+            }
+            settled(fd, c).map(Socket::Tcp)
+        }
+        other => Some(other),
+    }
+}
+
 /// The accelerated TCP connection behind `fd`, after settling a pending connect.
 #[inline]
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {

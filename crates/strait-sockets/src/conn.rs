@@ -958,15 +958,13 @@ impl Conn {
             return Early::Kernel;
         }
         let k = k as usize;
-        if k < n && !nonblock {
-            // The rest settles first; these went to both already.
-            self.copy_in(tail, iov, 0, k);
-            self.shm.ring(self.tx()).publish_to(tail + k as u64);
-            return Early::Sent(k);
-        }
         self.copy_in(tail, iov, 0, k);
         self.shm.ring(self.tx()).publish_to(tail + k as u64);
         drop(lock);
+        // An acceptor may have attached meanwhile and gone to sleep waiting for
+        // these bytes: the same wake-up as any write.
+        self.wake_if(self.w(self.tx(), RSLEEP));
+        // (Short of a blocking write's whole: the rest after settling.)
         Early::Sent(k)
     }
 

@@ -329,20 +329,30 @@ end
 
 #[test]
 fn nginx_daemon_with_two_workers_serves_a_file_to_wrk_under_strait() {
-    nginx_serves_a_file_to_wrk(true);
+    nginx_serves_a_file_to_wrk(true, false);
 }
 
 /// The same with `daemon off;`: the master stays in the foreground, as containers
 /// run it; workers as www-data, wrk as root.
 #[test]
 fn nginx_in_the_foreground_with_two_workers_serves_a_file_to_wrk_under_strait() {
-    nginx_serves_a_file_to_wrk(false);
+    nginx_serves_a_file_to_wrk(false, false);
 }
 
-fn nginx_serves_a_file_to_wrk(daemon: bool) {
+/// A connection per request (`Connection: close`): wrk writes each request as soon
+/// as its connect completes, before nginx has accepted (it goes out early, to the
+/// ring and the kernel socket), while a worker may attach and sleep in epoll at that
+/// very moment. A lost wake-up there stalls the connection until wrk's timeout,
+/// which it reports as a socket error.
+#[test]
+fn nginx_serves_a_connection_per_request_to_wrk_under_strait() {
+    nginx_serves_a_file_to_wrk(false, true);
+}
+
+fn nginx_serves_a_file_to_wrk(daemon: bool, close: bool) {
     ensure("nginx", "nginx");
     ensure("wrk", "wrk");
-    let dir = std::env::temp_dir().join(format!("strait-nginx-wrk-{}-{daemon}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("strait-nginx-wrk-{}-{daemon}-{close}", std::process::id()));
     let www = dir.join("www");
     std::fs::create_dir_all(&www).expect("mkdir");
     let body: Vec<u8> = (0..100_000u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 13) as u8).collect();
@@ -355,16 +365,32 @@ fn nginx_serves_a_file_to_wrk(daemon: bool) {
     let guard = start_nginx_as(&dir, port, true, daemon);
     let url = format!("http://127.0.0.1:{port}/f.bin");
     let script_s = script.display().to_string();
-    let out = run_for(
-        strait_run(&["--stats", "--", "wrk", "-t", "2", "-c", "4", "-d", "2s", "-s", &script_s, &url])
-            .env("STRAIT_WRK_FILE", &file),
-        Duration::from_secs(60),
-    )
-    .expect("wrk finished in time");
+    let mut args = vec!["--stats", "--", "wrk", "-t", "2", "-c", "4", "-d", "2s", "-s", &script_s];
+    if close {
+        // A stalled request counts as a timeout after 1 s (wrk's default is 2 s,
+        // the whole run).
+        args.extend(["-H", "Connection: close", "--timeout", "1s"]);
+    }
+    args.push(&url);
+    let out = run_for(strait_run(&args).env("STRAIT_WRK_FILE", &file), Duration::from_secs(60))
+        .expect("wrk finished in time");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{text}\n{err}");
-    assert!(!text.contains("Socket errors") && !text.contains("Non-2xx"), "{text}");
+    assert!(!text.contains("Non-2xx"), "{text}");
+    if close {
+        // No request stalled (timeout) or failed; a rare failed connect (about one
+        // in 10^4, with the library's build before this test too, never on the
+        // kernel alone) is a known open bug, reported apart: see docs/PERFORMANCE.md.
+        let errors = text.lines().find_map(|l| l.trim().strip_prefix("Socket errors: ")).unwrap_or("");
+        let count = |what: &str| -> u64 {
+            errors.split(", ").find_map(|p| p.strip_prefix(what)?.trim().parse().ok()).unwrap_or(0)
+        };
+        assert_eq!((count("read "), count("write "), count("timeout ")), (0, 0, 0), "{text}");
+        assert!(count("connect ") <= 2, "{text}");
+    } else {
+        assert!(!text.contains("Socket errors"), "{text}");
+    }
     let requests: u64 = text
         .lines()
         .find_map(|l| l.split_once(" requests in ").and_then(|(n, _)| n.trim().parse().ok()))

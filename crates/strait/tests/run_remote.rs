@@ -371,11 +371,8 @@ fn a_connection_between_hosts_is_carried_when_every_local_port_is_in_time_wait()
     .expect("fill finished");
     let t = text(&o);
     assert!(o.status.success(), "{t}");
-    let tw: usize = t
-        .lines()
-        .find_map(|l| l.strip_prefix("TIME_WAIT "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0);
+    let tw: usize =
+        t.lines().find_map(|l| l.strip_prefix("TIME_WAIT ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0);
     assert!(tw >= ports, "the client's ports are not all in TIME_WAIT ({tw}): {t}");
     // The kernel alone connects (to another destination), and so does strait.
     let t = hashed_transfer(&h, s, [false, false], &[], 5216, 1_000_000);

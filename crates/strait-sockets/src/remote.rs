@@ -6,16 +6,21 @@
 //! * `listen()` (only while `STRAIT_PEERS` is set) also binds a UDP socket to the
 //!   listener's own address and port number: the marker that this port runs strait.
 //!   Nobody answers on it; its only job is not to be closed.
-//! * `connect()` to a listed address that is not this host's binds the TCP socket to
-//!   an ephemeral port `p` (so the port is known before the SYN), binds a UDP socket
-//!   to the same port number `p` (its bridge socket, where the offer will come),
-//!   sends a HELLO to the listener's address and port from a second, connected UDP
-//!   socket (the probe: a port without strait's marker answers with an ICMP error,
-//!   which ends the attempt at once), and only then does the real TCP connect.
+//! * `connect()` to a listed address that is not this host's does the real TCP
+//!   connect first (non-blocking inside: the kernel picks the port `p`, and may reuse
+//!   one in TIME_WAIT towards another destination, which a `bind` could not), then
+//!   binds a UDP socket to the same port number `p` (its bridge socket, where the
+//!   offer will come) and sends a HELLO to the listener's address and port from a
+//!   second, connected UDP socket (the probe: a port without strait's marker answers
+//!   with an ICMP error, which ends the attempt at once); a blocking socket then
+//!   waits for its connect. (A socket the program bound itself sends its HELLO
+//!   before the SYN.)
 //! * Whichever process `accept()`s the connection (the listener's, or a worker forked
 //!   from it) makes the connection's own UDP socket and sends the connector an OFFER
 //!   {nonce, both TCP ports} at the connector's address and port `p`, repeated every
-//!   20 ms until it hears back.
+//!   20 ms until it hears back. Until the HELLO is there (it may come after the
+//!   accept) it sends a PROBE instead, and lets one ICMP error pass: the connector
+//!   may not have bound `p` yet.
 //! * The connector (its background thread, or its first use of the socket) checks
 //!   the offer against its TCP connection and answers on the TCP connection with 16
 //!   bytes: GO and the nonce, the only bytes strait ever writes there, and only to a
@@ -431,9 +436,10 @@ pub struct Pending {
 
 enum Role {
     Connector {
-        /// Connected to the listener's marker: carries the HELLO, reports an ICMP
-        /// error.
+        /// Connected to the listener's marker (`target`): carries the HELLO, reports
+        /// an ICMP error.
         probe: UdpSocket,
+        target: SocketAddr,
         hello: [u8; MSG_LEN],
         sent: Instant,
         /// The acceptor's address, once its offer came.
@@ -624,8 +630,9 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
     let port = sock_key(fd, false)?.1;
     let target = addr_of(&dest);
     let udp = udp_socket(target.is_ipv6())?;
+    // (Connected once the bridge socket is bound: its automatic bind must not take
+    // the port number the bridge socket needs.)
     let probe = udp_socket(target.is_ipv6())?;
-    probe.connect(target).ok()?;
     let cnonce = random_u64()?;
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
@@ -638,7 +645,7 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
         return None;
     };
     let now = Instant::now();
-    let role = Role::Connector { probe, hello: [0; MSG_LEN], sent: now, offered: None };
+    let role = Role::Connector { probe, target, hello: [0; MSG_LEN], sent: now, offered: None };
     let p = Pending {
         tcp,
         udp,
@@ -658,9 +665,8 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
 /// Connector: binds the bridge socket to our TCP port number `port` (the offer comes
 /// there on UDP; if another socket holds it, no strait) and sends the HELLO.
 fn announce(p: &mut Pending, port: u16) -> bool {
-    let Role::Connector { probe, hello, sent, .. } = &mut p.role else { return false };
-    let v6 = probe.peer_addr().is_ok_and(|a| a.is_ipv6());
-    if port == 0 || !bind_udp(&p.udp, v6, port) {
+    let Role::Connector { probe, target, hello, sent, .. } = &mut p.role else { return false };
+    if port == 0 || !bind_udp(&p.udp, target.is_ipv6(), port) || probe.connect(*target).is_err() {
         return false;
     }
     p.ports.0 = port;
@@ -775,7 +781,7 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
     let Pending { tcp, udp, nonce, cnonce, ports, started, role, xdp_peer, .. } = p;
     let (tcp, started, ports) = (*tcp, *started, *ports);
     match role {
-        Role::Connector { probe, hello, sent, offered } => {
+        Role::Connector { probe, hello, sent, offered, .. } => {
             let mut buf = [0u8; MSG_LEN + 1];
             while offered.is_none() {
                 match udp.recv_from(&mut buf) {

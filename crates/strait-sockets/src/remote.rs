@@ -436,9 +436,9 @@ pub struct Pending {
 
 enum Role {
     Connector {
-        /// Connected to the listener's marker (`target`): carries the HELLO, reports
-        /// an ICMP error.
-        probe: UdpSocket,
+        /// The listener's address and port: its marker gets the HELLO, sent from
+        /// the bridge socket (which reports an ICMP error for it until the offer
+        /// came: `IP_RECVERR`).
         target: SocketAddr,
         hello: [u8; MSG_LEN],
         sent: Instant,
@@ -630,9 +630,6 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
     let port = sock_key(fd, false)?.1;
     let target = addr_of(&dest);
     let udp = udp_socket(target.is_ipv6())?;
-    // (Connected once the bridge socket is bound: its automatic bind must not take
-    // the port number the bridge socket needs.)
-    let probe = udp_socket(target.is_ipv6())?;
     let cnonce = random_u64()?;
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
@@ -645,7 +642,7 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
         return None;
     };
     let now = Instant::now();
-    let role = Role::Connector { probe, target, hello: [0; MSG_LEN], sent: now, offered: None };
+    let role = Role::Connector { target, hello: [0; MSG_LEN], sent: now, offered: None };
     let p = Pending {
         tcp,
         udp,
@@ -663,16 +660,42 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
 }
 
 /// Connector: binds the bridge socket to our TCP port number `port` (the offer comes
-/// there on UDP; if another socket holds it, no strait) and sends the HELLO.
+/// there on UDP; if another socket holds it, no strait) and sends the HELLO from it.
+///
+/// (The HELLO goes from the bridge socket itself, not from a socket of its own
+/// connected to the marker: such a socket's automatic bind takes a UDP port, which
+/// can be the number the kernel gives the TCP socket of the next connection, whose
+/// bridge socket then cannot bind it. `IP_RECVERR` makes the unconnected socket
+/// report the ICMP error of a port without a marker.)
 fn announce(p: &mut Pending, port: u16) -> bool {
-    let Role::Connector { probe, target, hello, sent, .. } = &mut p.role else { return false };
-    if port == 0 || !bind_udp(&p.udp, target.is_ipv6(), port) || probe.connect(*target).is_err() {
+    let Role::Connector { target, hello, sent, .. } = &mut p.role else { return false };
+    if port == 0 || !bind_udp(&p.udp, target.is_ipv6(), port) || !recv_errors(&p.udp, target.is_ipv6(), true)
+    {
         return false;
     }
     p.ports.0 = port;
     *hello = message(KIND_HELLO, p.cnonce, 0, port, p.ports.1, None, discovery_key());
     *sent = Instant::now();
-    probe.send(hello.as_slice()).is_ok()
+    p.udp.send_to(hello.as_slice(), *target).is_ok()
+}
+
+/// Sets `IP_RECVERR` (`IPV6_RECVERR`) on `u`: on, an unconnected socket reports
+/// ICMP errors for what it sent; off, the queued errors go (a connected socket
+/// still reports hard errors, and nothing queues up for poll to see).
+fn recv_errors(u: &UdpSocket, v6: bool, on: bool) -> bool {
+    let (level, name) =
+        if v6 { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) } else { (libc::IPPROTO_IP, libc::IP_RECVERR) };
+    let v = c_int::from(on);
+    // SAFETY: a local int option on our own socket.
+    unsafe {
+        libc::setsockopt(
+            u.as_raw_fd(),
+            level,
+            name,
+            (&v as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as socklen_t,
+        ) == 0
+    }
 }
 
 /// The program's `connect` of a TCP socket to another host, after [`pre_connect`]:
@@ -781,7 +804,7 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
     let Pending { tcp, udp, nonce, cnonce, ports, started, role, xdp_peer, .. } = p;
     let (tcp, started, ports) = (*tcp, *started, *ports);
     match role {
-        Role::Connector { probe, hello, sent, offered, .. } => {
+        Role::Connector { target, hello, sent, offered } => {
             let mut buf = [0u8; MSG_LEN + 1];
             while offered.is_none() {
                 match udp.recv_from(&mut buf) {
@@ -789,16 +812,15 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                         // From the host we connect to, for this connection, echoing
                         // the nonce of our HELLO (which only its listener's marker
                         // received): anything else, whoever sent it, is ignored.
-                        Some(m)
-                            if m.ports == ports
-                                && m.echo == *cnonce
-                                && probe.peer_addr().is_ok_and(|a| a.ip() == from.ip()) =>
-                        {
+                        Some(m) if m.ports == ports && m.echo == *cnonce && target.ip() == from.ip() => {
                             match m.kind {
                                 KIND_OFFER if auth_matches(m.auth) => {
                                     *nonce = m.nonce;
                                     *offered = Some(from);
                                     *xdp_peer = m.xdp;
+                                    // The marker is there: no more ICMP errors
+                                    // to look for (and none to queue up).
+                                    recv_errors(udp, target.is_ipv6(), false);
                                 }
                                 // An offer authenticated otherwise than ours (a
                                 // secret at one end only, or another secret), or a
@@ -815,15 +837,9 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                         }
                         _ => {}
                     },
-                    Err(_) => break,
-                }
-            }
-            if offered.is_none() {
-                // An ICMP error on the probe: no strait marker there.
-                if let Err(e) = probe.recv(&mut buf) {
-                    if e.kind() != std::io::ErrorKind::WouldBlock {
-                        return Step::Done(false);
-                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    // An ICMP error for the HELLO: no strait marker there.
+                    Err(_) => return Step::Done(false),
                 }
             }
             if now >= started + timeout {
@@ -831,7 +847,7 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
             }
             let Some(acceptor) = *offered else {
                 if now >= *sent + REPEAT {
-                    let _ = probe.send(hello.as_slice());
+                    let _ = udp.send_to(hello.as_slice(), *target);
                     *sent = now;
                 }
                 return Step::Wait(udp.as_raw_fd(), libc::POLLIN, None);

@@ -10,11 +10,11 @@
 //!   connect first (non-blocking inside: the kernel picks the port `p`, and may reuse
 //!   one in TIME_WAIT towards another destination, which a `bind` could not), then
 //!   binds a UDP socket to the same port number `p` (its bridge socket, where the
-//!   offer will come) and sends a HELLO to the listener's address and port from a
-//!   second, connected UDP socket (the probe: a port without strait's marker answers
-//!   with an ICMP error, which ends the attempt at once); a blocking socket then
-//!   waits for its connect. (A socket the program bound itself sends its HELLO
-//!   before the SYN.)
+//!   offer will come) and sends from it a HELLO to the listener's address and port
+//!   (a port without strait's marker answers with an ICMP error, which the socket
+//!   reports through `IP_RECVERR` and which ends the attempt at once); a blocking
+//!   socket then waits for its connect. (A socket the program bound itself sends its
+//!   HELLO before the SYN.)
 //! * Whichever process `accept()`s the connection (the listener's, or a worker forked
 //!   from it) makes the connection's own UDP socket and sends the connector an OFFER
 //!   {nonce, both TCP ports} at the connector's address and port `p`, repeated every
@@ -615,8 +615,8 @@ fn socket2_addr(a: &SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
 
 /// Before a TCP `connect` to `addr`: if the destination is a listed host (not this
 /// one), makes everything the connection needs (the bridge socket, still unbound,
-/// the probe, the nonce, the rings), so that once the port is known only the bridge
-/// socket's bind and the HELLO are left ([`connect`] does the rest).
+/// the nonce, the rings), so that once the port is known only the bridge socket's
+/// bind and the HELLO are left ([`connect`] does the rest).
 pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(Arc<Conn>, Pending)> {
     if !enabled() {
         return None;

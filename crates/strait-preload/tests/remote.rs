@@ -351,6 +351,63 @@ fn hand_connector(pair: &VethPair, lport: u16, cnonce: u64) -> (std::net::TcpStr
     .expect("namespace")
 }
 
+/// Plays a connector by hand from namespace 1 the way the library connects an
+/// unbound socket: the TCP connect first (the kernel picks the port `p`), then,
+/// `late` afterwards, a UDP socket on `p` and a HELLO from it to the listener's
+/// marker. Returns the connection and the acceptor's offer (its nonce), if one came
+/// within 3 s.
+fn late_hello_connector(
+    pair: &VethPair,
+    lport: u16,
+    cnonce: u64,
+    late: Duration,
+) -> (std::net::TcpStream, Option<u64>) {
+    let (server, client) = (pair.v4[0], pair.v4[1]);
+    pair.in_ns(1, move || {
+        let stream = std::net::TcpStream::connect((server, lport)).expect("connect");
+        let p = stream.local_addr().expect("local address").port();
+        std::thread::sleep(late);
+        let udp = std::net::UdpSocket::bind((client, p)).expect("udp on the tcp port");
+        udp.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+        udp.send_to(&wire::hello(cnonce, p, lport), (server, lport)).expect("hello");
+        let end = Instant::now() + Duration::from_secs(3);
+        let mut buf = [0u8; 128];
+        while Instant::now() < end {
+            if let Ok(n) = udp.recv(&mut buf) {
+                if let Some((anonce, echo)) = wire::parse_offer(&buf[..n]) {
+                    assert_eq!(echo, cnonce, "the offer echoes our nonce");
+                    return (stream, Some(anonce));
+                }
+            }
+        }
+        (stream, None)
+    })
+    .expect("namespace")
+}
+
+/// The connector sends its HELLO once its connect picked the port, so the acceptor
+/// may accept and probe that port before the connector's UDP socket is there: the
+/// ICMP error that probe draws does not end the attempt, and the HELLO that comes
+/// after it is answered with an offer. (Then the connector writes plain bytes: the
+/// connection stays on the kernel, every byte echoed.)
+#[test]
+fn a_hello_after_the_accept_and_its_probe_still_gets_an_offer() {
+    let pair = VethPair::create().expect("create namespaces (needs root)");
+    let deadline = Instant::now() + TIMEOUT;
+    let (server, srx, first, lport) = server_in(&pair, "echo", &[]);
+    let c = wire::random();
+    // Long enough for the acceptor to have probed the port and seen the error (its
+    // program reads at once and so looks every 5 ms), short of the 20 ms after which
+    // its next probe decides.
+    let (s, offer) = late_hello_connector(&pair, lport, c, Duration::from_millis(9));
+    assert!(offer.is_some(), "no offer for a HELLO that came after the accept");
+    echo_exactly(s, b"");
+    let s = finish(server, srx, first, deadline);
+    check(&s, "server");
+    assert!(s.stdout.contains(&format!("echoed {}", 65_536)), "{}", s.stdout);
+    assert_eq!(remote(&s), 0, "{}", s.stderr);
+}
+
 /// Writes `first` then a pattern to `s`, ends the stream, and checks the echo
 /// returns exactly that.
 fn echo_exactly(mut s: std::net::TcpStream, first: &[u8]) {

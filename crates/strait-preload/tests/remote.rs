@@ -397,9 +397,9 @@ fn a_hello_after_the_accept_and_its_probe_still_gets_an_offer() {
     let (server, srx, first, lport) = server_in(&pair, "echo", &[]);
     let c = wire::random();
     // Long enough for the acceptor to have probed the port and seen the error (its
-    // program reads at once and so looks every 5 ms), short of the 20 ms after which
+    // program reads at once: within a millisecond), short of the 20 ms after which
     // its next probe decides.
-    let (s, offer) = late_hello_connector(&pair, lport, c, Duration::from_millis(9));
+    let (s, offer) = late_hello_connector(&pair, lport, c, Duration::from_millis(12));
     assert!(offer.is_some(), "no offer for a HELLO that came after the accept");
     echo_exactly(s, b"");
     let s = finish(server, srx, first, deadline);

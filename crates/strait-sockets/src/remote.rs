@@ -886,7 +886,14 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                     Some((c, auth)) if auth_matches(auth) => {
                         *cnonce = c;
                         let m = message(KIND_OFFER, *nonce, c, ports.0, ports.1, mine, discovery_key());
-                        let _ = udp.send(&m);
+                        if udp.send(&m).is_err() {
+                            // An ICMP error waiting on the socket fails a send (and
+                            // is gone then): one for a PROBE that came before the
+                            // connector bound its port, now that its HELLO is here.
+                            // The offer goes now, not a repeat later.
+                            *forgiven = true;
+                            let _ = udp.send(&m);
+                        }
                         *offer = Some(m);
                         *sent = now;
                     }

@@ -474,7 +474,11 @@ impl Pending {
 fn refuse(udp: &UdpSocket, cnonce: u64, ports: (u16, u16)) {
     crate::conn::REMOTE_REFUSED.fetch_add(1, Ordering::Relaxed);
     let m = message(KIND_REFUSE, 0, cnonce, ports.0, ports.1, None, discovery_key());
-    let _ = udp.send(&m);
+    // (A waiting ICMP error, for a PROBE that came before the connector bound its
+    // port, fails the first send and is gone then.)
+    if udp.send(&m).is_err() {
+        let _ = udp.send(&m);
+    }
 }
 
 /// A HELLO a marker received: from whom, for which ports, its nonce and

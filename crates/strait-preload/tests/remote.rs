@@ -351,6 +351,86 @@ fn hand_connector(pair: &VethPair, lport: u16, cnonce: u64) -> (std::net::TcpStr
     .expect("namespace")
 }
 
+/// Plays a connector by hand from namespace 1 the way the library connects an
+/// unbound socket: the TCP connect first (the kernel picks the port `p`), then,
+/// `late` afterwards, a UDP socket on `p` and a HELLO from it to the listener's
+/// marker. Returns the connection and the acceptor's offer (its nonce), if one came
+/// within 3 s.
+fn late_hello_connector(
+    pair: &VethPair,
+    lport: u16,
+    cnonce: u64,
+    late: Duration,
+) -> (std::net::TcpStream, Option<u64>) {
+    let (server, client) = (pair.v4[0], pair.v4[1]);
+    pair.in_ns(1, move || {
+        let stream = std::net::TcpStream::connect((server, lport)).expect("connect");
+        let p = stream.local_addr().expect("local address").port();
+        std::thread::sleep(late);
+        let udp = std::net::UdpSocket::bind((client, p)).expect("udp on the tcp port");
+        udp.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+        udp.send_to(&wire::hello(cnonce, p, lport), (server, lport)).expect("hello");
+        let end = Instant::now() + Duration::from_secs(3);
+        let mut buf = [0u8; 128];
+        while Instant::now() < end {
+            if let Ok(n) = udp.recv(&mut buf) {
+                if let Some((anonce, echo)) = wire::parse_offer(&buf[..n]) {
+                    assert_eq!(echo, cnonce, "the offer echoes our nonce");
+                    return (stream, Some(anonce));
+                }
+            }
+        }
+        (stream, None)
+    })
+    .expect("namespace")
+}
+
+/// ICMP destination-unreachable messages namespace `i` of `pair` has sent
+/// (`OutDestUnreachs` of `/proc/net/snmp`).
+fn icmp_unreachables_sent(pair: &VethPair, i: usize) -> u64 {
+    let o = pair.exec(i, &["cat", "/proc/net/snmp"]).expect("snmp");
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let mut icmp = text.lines().filter(|l| l.starts_with("Icmp:"));
+    let (names, values) = (icmp.next().expect("Icmp names"), icmp.next().expect("Icmp values"));
+    let col = names.split_whitespace().position(|n| n == "OutDestUnreachs").expect("OutDestUnreachs");
+    values.split_whitespace().nth(col).and_then(|v| v.parse().ok()).expect("count")
+}
+
+/// The connector sends its HELLO once its connect picked the port, so the acceptor
+/// may accept and probe that port before the connector's UDP socket is there: the
+/// ICMP error that probe draws does not end the attempt, and the HELLO that comes
+/// after it is answered with an offer. (Then the connector writes plain bytes: the
+/// connection stays on the kernel, every byte echoed.) Only a round whose probe
+/// drew the error counts (the kernel may not send one when it is rate limited):
+/// up to five rounds.
+#[test]
+fn a_hello_after_the_accept_and_its_probe_still_gets_an_offer() {
+    let pair = VethPair::create().expect("create namespaces (needs root)");
+    let mut drawn = 0;
+    for _ in 0..5 {
+        let deadline = Instant::now() + TIMEOUT;
+        let icmp = icmp_unreachables_sent(&pair, 1);
+        let (server, srx, first, lport) = server_in(&pair, "echo", &[]);
+        let c = wire::random();
+        // Long enough for the acceptor to have probed the port and seen the error
+        // (its program reads at once: within a millisecond), short of the 20 ms
+        // after which its next probe decides.
+        let (s, offer) = late_hello_connector(&pair, lport, c, Duration::from_millis(12));
+        let probe_refused = icmp_unreachables_sent(&pair, 1) > icmp;
+        echo_exactly(s, b"");
+        let s = finish(server, srx, first, deadline);
+        check(&s, "server");
+        assert!(s.stdout.contains(&format!("echoed {}", 65_536)), "{}", s.stdout);
+        assert_eq!(remote(&s), 0, "{}", s.stderr);
+        if probe_refused {
+            assert!(offer.is_some(), "no offer for a HELLO that came after the accept and the probe's error");
+            drawn += 1;
+            break;
+        }
+    }
+    assert!(drawn > 0, "no round's probe drew an ICMP error");
+}
+
 /// Writes `first` then a pattern to `s`, ends the stream, and checks the echo
 /// returns exactly that.
 fn echo_exactly(mut s: std::net::TcpStream, first: &[u8]) {

@@ -216,13 +216,8 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
             None => {}
         }
         if let Some((conn, p)) = remote::pre_connect(fd, addr, len) {
-            let r = real();
-            let e = real::errno();
-            if r == 0 || e == libc::EINPROGRESS {
-                remote::register(fd, conn, p);
-            }
-            real::set_errno(e);
-            return r;
+            // SAFETY: forwarded arguments.
+            return unsafe { remote::connect(fd, addr, len, conn, p) };
         }
         let Some(u) = discover::pre_connect(fd, addr, len) else { return real() };
         let prepared = discover::prepare(fd, u);

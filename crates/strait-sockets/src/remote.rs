@@ -6,16 +6,21 @@
 //! * `listen()` (only while `STRAIT_PEERS` is set) also binds a UDP socket to the
 //!   listener's own address and port number: the marker that this port runs strait.
 //!   Nobody answers on it; its only job is not to be closed.
-//! * `connect()` to a listed address that is not this host's binds the TCP socket to
-//!   an ephemeral port `p` (so the port is known before the SYN), binds a UDP socket
-//!   to the same port number `p` (its bridge socket, where the offer will come),
-//!   sends a HELLO to the listener's address and port from a second, connected UDP
-//!   socket (the probe: a port without strait's marker answers with an ICMP error,
-//!   which ends the attempt at once), and only then does the real TCP connect.
+//! * `connect()` to a listed address that is not this host's does the real TCP
+//!   connect first (non-blocking inside: the kernel picks the port `p`, and may reuse
+//!   one in TIME_WAIT towards another destination, which a `bind` could not), then
+//!   binds a UDP socket to the same port number `p` (its bridge socket, where the
+//!   offer will come) and sends from it a HELLO to the listener's address and port
+//!   (a port without strait's marker answers with an ICMP error, which the socket
+//!   reports through `IP_RECVERR` and which ends the attempt at once); a blocking
+//!   socket then waits for its connect. (A socket the program bound itself sends its
+//!   HELLO before the SYN.)
 //! * Whichever process `accept()`s the connection (the listener's, or a worker forked
 //!   from it) makes the connection's own UDP socket and sends the connector an OFFER
 //!   {nonce, both TCP ports} at the connector's address and port `p`, repeated every
-//!   20 ms until it hears back.
+//!   20 ms until it hears back. Until the HELLO is there (it may come after the
+//!   accept) it sends a PROBE instead, and lets one ICMP error pass: the connector
+//!   may not have bound `p` yet.
 //! * The connector (its background thread, or its first use of the socket) checks
 //!   the offer against its TCP connection and answers on the TCP connection with 16
 //!   bytes: GO and the nonce, the only bytes strait ever writes there, and only to a
@@ -431,9 +436,10 @@ pub struct Pending {
 
 enum Role {
     Connector {
-        /// Connected to the listener's marker: carries the HELLO, reports an ICMP
-        /// error.
-        probe: UdpSocket,
+        /// The listener's address and port: its marker gets the HELLO, sent from
+        /// the bridge socket (which reports an ICMP error for it until the offer
+        /// came: `IP_RECVERR`).
+        target: SocketAddr,
         hello: [u8; MSG_LEN],
         sent: Instant,
         /// The acceptor's address, once its offer came.
@@ -447,6 +453,12 @@ enum Role {
         /// The offer, once the HELLO came (until then a PROBE is repeated).
         offer: Option<[u8; MSG_LEN]>,
         sent: Instant,
+        /// A PROBE went out before the HELLO came: the first ICMP error may be its
+        /// answer from a connector that had not bound its port yet (it binds it
+        /// right after its connect, and we may accept and probe first).
+        probed: bool,
+        /// That one ICMP error came and was let pass.
+        forgiven: bool,
     },
 }
 
@@ -462,7 +474,11 @@ impl Pending {
 fn refuse(udp: &UdpSocket, cnonce: u64, ports: (u16, u16)) {
     crate::conn::REMOTE_REFUSED.fetch_add(1, Ordering::Relaxed);
     let m = message(KIND_REFUSE, 0, cnonce, ports.0, ports.1, None, discovery_key());
-    let _ = udp.send(&m);
+    // (A waiting ICMP error, for a PROBE that came before the connector bound its
+    // port, fails the first send and is gone then.)
+    if udp.send(&m).is_err() {
+        let _ = udp.send(&m);
+    }
 }
 
 /// A HELLO a marker received: from whom, for which ports, its nonce and
@@ -514,8 +530,9 @@ impl Drop for Pending {
 
 /// Where a pending connection stands after one look.
 enum Step {
-    /// Not decided: sleep on this descriptor for these events (then look again).
-    Wait(c_int, i16),
+    /// Not decided: sleep on this descriptor for these events, and on the second
+    /// one, if any, for input (then look again).
+    Wait(c_int, i16, Option<c_int>),
     /// Decided: strait carries it (true) or the kernel does.
     Done(bool),
 }
@@ -561,9 +578,8 @@ fn dup_fd(fd: c_int) -> c_int {
     unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }
 }
 
-/// A UDP socket bound to `port` on the wildcard address of the family of `v6`.
-fn udp_bound(v6: bool, port: u16) -> Option<UdpSocket> {
-    let u = udp_socket(v6)?;
+/// Binds `u` (a UDP socket of the family of `v6`) to `port` on the wildcard address.
+fn bind_udp(u: &UdpSocket, v6: bool, port: u16) -> bool {
     let any: SocketAddr = if v6 {
         (std::net::Ipv6Addr::UNSPECIFIED, port).into()
     } else {
@@ -572,8 +588,7 @@ fn udp_bound(v6: bool, port: u16) -> Option<UdpSocket> {
     let sa = socket2_addr(&any);
     // SAFETY: binds our own socket to a local sockaddr of the right length (the real
     // bind: the library must not treat it as one of the program's sockets).
-    let r = unsafe { real::bind(u.as_raw_fd(), (&sa.0 as *const libc::sockaddr_storage).cast(), sa.1) };
-    (r == 0).then_some(u)
+    unsafe { real::bind(u.as_raw_fd(), (&sa.0 as *const libc::sockaddr_storage).cast(), sa.1) == 0 }
 }
 
 /// A `SocketAddr` as a sockaddr_storage and its length.
@@ -603,8 +618,9 @@ fn socket2_addr(a: &SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
 }
 
 /// Before a TCP `connect` to `addr`: if the destination is a listed host (not this
-/// one), binds a port, the bridge socket and the probe, sends the HELLO and returns
-/// what [`register`] needs.
+/// one), makes everything the connection needs (the bridge socket, still unbound,
+/// the nonce, the rings), so that once the port is known only the bridge socket's
+/// bind and the HELLO are left ([`connect`] does the rest).
 pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(Arc<Conn>, Pending)> {
     if !enabled() {
         return None;
@@ -613,19 +629,12 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
     if lo || !listed(&dest.0) || crate::local::host_address(&dest.0) || !crate::sock::is_tcp_stream(fd) {
         return None;
     }
-    let mut key = sock_key(fd, false);
-    if key.is_some_and(|k| k.1 == 0) && crate::sock::bind_ephemeral(fd) {
-        key = sock_key(fd, false);
-    }
-    let port = key.filter(|k| k.1 != 0)?.1;
+    // The program's own port if it bound one; else 0, and the kernel's connect picks
+    // it (see [`connect`]).
+    let port = sock_key(fd, false)?.1;
     let target = addr_of(&dest);
-    // The offer comes to our TCP port number, on UDP; if that is taken, no strait.
-    let udp = udp_bound(target.is_ipv6(), port)?;
-    let probe = udp_socket(target.is_ipv6())?;
-    probe.connect(target).ok()?;
+    let udp = udp_socket(target.is_ipv6())?;
     let cnonce = random_u64()?;
-    let hello = message(KIND_HELLO, cnonce, 0, port, dest.1, None, discovery_key());
-    probe.send(&hello).ok()?;
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
     let tcp = dup_fd(fd);
@@ -637,7 +646,7 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
         return None;
     };
     let now = Instant::now();
-    let role = Role::Connector { probe, hello, sent: now, offered: None };
+    let role = Role::Connector { target, hello: [0; MSG_LEN], sent: now, offered: None };
     let p = Pending {
         tcp,
         udp,
@@ -652,6 +661,108 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<(
         xdp_peer: None,
     };
     Some((conn, p))
+}
+
+/// Connector: binds the bridge socket to our TCP port number `port` (the offer comes
+/// there on UDP; if another socket holds it, no strait) and sends the HELLO from it.
+///
+/// (The HELLO goes from the bridge socket itself, not from a socket of its own
+/// connected to the marker: such a socket's automatic bind takes a UDP port, which
+/// can be the number the kernel gives the TCP socket of the next connection, whose
+/// bridge socket then cannot bind it. `IP_RECVERR` makes the unconnected socket
+/// report the ICMP error of a port without a marker.)
+fn announce(p: &mut Pending, port: u16) -> bool {
+    let Role::Connector { target, hello, sent, .. } = &mut p.role else { return false };
+    if port == 0 || !bind_udp(&p.udp, target.is_ipv6(), port) || !recv_errors(&p.udp, target.is_ipv6(), true)
+    {
+        return false;
+    }
+    p.ports.0 = port;
+    *hello = message(KIND_HELLO, p.cnonce, 0, port, p.ports.1, None, discovery_key());
+    *sent = Instant::now();
+    p.udp.send_to(hello.as_slice(), *target).is_ok()
+}
+
+/// Sets `IP_RECVERR` (`IPV6_RECVERR`) on `u`: on, an unconnected socket reports
+/// ICMP errors for what it sent; off, the queued errors go (a connected socket
+/// still reports hard errors, and nothing queues up for poll to see).
+fn recv_errors(u: &UdpSocket, v6: bool, on: bool) -> bool {
+    let (level, name) =
+        if v6 { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) } else { (libc::IPPROTO_IP, libc::IP_RECVERR) };
+    let v = c_int::from(on);
+    // SAFETY: a local int option on our own socket.
+    unsafe {
+        libc::setsockopt(
+            u.as_raw_fd(),
+            level,
+            name,
+            (&v as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as socklen_t,
+        ) == 0
+    }
+}
+
+/// The program's `connect` of a TCP socket to another host, after [`pre_connect`]:
+/// the real connect, with the HELLO sent as soon as the local port is known, and
+/// the socket registered as a pending connection if the connect started.
+///
+/// An unbound socket stays unbound until the kernel's `connect` binds it: binding an
+/// ephemeral port first would take a port no socket holds, which with the local
+/// ports full of TIME_WAIT sockets (as a client that closes first leaves them) costs
+/// a long search and then finds none, where `connect` may reuse such a port towards
+/// another destination. So the connect goes first, non-blocking even for a blocking
+/// socket (the HELLO must not wait for the TCP handshake: the acceptor probes our
+/// port once it accepted), the HELLO follows, and a blocking socket then waits in a
+/// second, blocking `connect`, as it would have in the first: same result, errors,
+/// signals and `SO_SNDTIMEO`.
+///
+/// # Safety
+/// As for libc's `connect`.
+pub unsafe fn connect(
+    fd: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+    conn: Arc<Conn>,
+    mut p: Pending,
+) -> c_int {
+    // Bound by the program: the HELLO goes before the SYN, as the port is known.
+    let bound = p.ports.0;
+    let early = bound != 0;
+    let mut announced = early && announce(&mut p, bound);
+    // SAFETY: plain syscall.
+    let flags = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    let switch = !early && flags >= 0 && flags & libc::O_NONBLOCK == 0;
+    // SAFETY: plain syscall on the program's socket; restored below.
+    let switched =
+        switch && unsafe { real::fcntl(fd, libc::F_SETFL, (flags | libc::O_NONBLOCK) as usize) } == 0;
+    // SAFETY: the caller's arguments.
+    let mut r = unsafe { real::connect(fd, addr, len) };
+    let mut e = real::errno();
+    let started = r == 0 || e == libc::EINPROGRESS;
+    if started && !early {
+        announced = sock_key(fd, false).is_some_and(|k| announce(&mut p, k.1));
+    }
+    if switched {
+        // SAFETY: as above: the program's own flags back.
+        unsafe { real::fcntl(fd, libc::F_SETFL, flags as usize) };
+        if r != 0 && e == libc::EINPROGRESS {
+            // The program's blocking connect: on a socket whose connect is under way
+            // the kernel waits for it to finish, as it would have in the first call.
+            // SAFETY: the caller's arguments.
+            r = unsafe { real::connect(fd, addr, len) };
+            e = real::errno();
+            if r != 0 && e == libc::EALREADY {
+                // `SO_SNDTIMEO` ran out: the first call would have said EINPROGRESS.
+                e = libc::EINPROGRESS;
+            }
+        }
+    }
+    // (Interrupted by a signal, the connect goes on as a non-blocking one would.)
+    if announced && (r == 0 || e == libc::EINPROGRESS || e == libc::EINTR) {
+        register(fd, conn, p);
+    }
+    real::set_errno(e);
+    r
 }
 
 /// After the TCP connect started (or finished): the socket is a pending connection
@@ -697,7 +808,7 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
     let Pending { tcp, udp, nonce, cnonce, ports, started, role, xdp_peer, .. } = p;
     let (tcp, started, ports) = (*tcp, *started, *ports);
     match role {
-        Role::Connector { probe, hello, sent, offered } => {
+        Role::Connector { target, hello, sent, offered } => {
             let mut buf = [0u8; MSG_LEN + 1];
             while offered.is_none() {
                 match udp.recv_from(&mut buf) {
@@ -705,16 +816,15 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                         // From the host we connect to, for this connection, echoing
                         // the nonce of our HELLO (which only its listener's marker
                         // received): anything else, whoever sent it, is ignored.
-                        Some(m)
-                            if m.ports == ports
-                                && m.echo == *cnonce
-                                && probe.peer_addr().is_ok_and(|a| a.ip() == from.ip()) =>
-                        {
+                        Some(m) if m.ports == ports && m.echo == *cnonce && target.ip() == from.ip() => {
                             match m.kind {
                                 KIND_OFFER if auth_matches(m.auth) => {
                                     *nonce = m.nonce;
                                     *offered = Some(from);
                                     *xdp_peer = m.xdp;
+                                    // The marker is there: no more ICMP errors
+                                    // to look for (and none to queue up).
+                                    recv_errors(udp, target.is_ipv6(), false);
                                 }
                                 // An offer authenticated otherwise than ours (a
                                 // secret at one end only, or another secret), or a
@@ -731,15 +841,9 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                         }
                         _ => {}
                     },
-                    Err(_) => break,
-                }
-            }
-            if offered.is_none() {
-                // An ICMP error on the probe: no strait marker there.
-                if let Err(e) = probe.recv(&mut buf) {
-                    if e.kind() != std::io::ErrorKind::WouldBlock {
-                        return Step::Done(false);
-                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    // An ICMP error for the HELLO: no strait marker there.
+                    Err(_) => return Step::Done(false),
                 }
             }
             if now >= started + timeout {
@@ -747,13 +851,13 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
             }
             let Some(acceptor) = *offered else {
                 if now >= *sent + REPEAT {
-                    let _ = probe.send(hello.as_slice());
+                    let _ = udp.send_to(hello.as_slice(), *target);
                     *sent = now;
                 }
-                return Step::Wait(udp.as_raw_fd(), libc::POLLIN);
+                return Step::Wait(udp.as_raw_fd(), libc::POLLIN, None);
             };
             match tcp_connected(tcp) {
-                None => Step::Wait(tcp, libc::POLLOUT),
+                None => Step::Wait(tcp, libc::POLLOUT, None),
                 Some(false) => Step::Done(false),
                 Some(true) => {
                     // The acceptor offered its xdp port: take it if we have ours.
@@ -780,13 +884,20 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                 }
             }
         }
-        Role::Acceptor { marker, peer, offer, sent } => {
+        Role::Acceptor { marker, peer, offer, sent, probed, forgiven } => {
             if offer.is_none() {
                 match take_hello(marker, peer, ports) {
                     Some((c, auth)) if auth_matches(auth) => {
                         *cnonce = c;
                         let m = message(KIND_OFFER, *nonce, c, ports.0, ports.1, mine, discovery_key());
-                        let _ = udp.send(&m);
+                        if udp.send(&m).is_err() {
+                            // An ICMP error waiting on the socket fails a send (and
+                            // is gone then): one for a PROBE that came before the
+                            // connector bound its port, now that its HELLO is here.
+                            // The offer goes now, not a repeat later.
+                            *forgiven = true;
+                            let _ = udp.send(&m);
+                        }
                         *offer = Some(m);
                         *sent = now;
                     }
@@ -802,12 +913,20 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
             let mut buf = [0u8; 1];
             if let Err(e) = udp.peek(&mut buf) {
                 if e.kind() != std::io::ErrorKind::WouldBlock {
-                    return Step::Done(false);
+                    if !*probed || *forgiven {
+                        return Step::Done(false);
+                    }
+                    // Perhaps a probe that came before the connector bound its
+                    // port: the next datagram, a full repeat later, decides (a
+                    // connector without strait answers it with an error again).
+                    *forgiven = true;
+                    *sent = now;
                 }
             }
             if now >= *sent + REPEAT {
                 let probe = message(KIND_PROBE, 0, 0, ports.0, ports.1, None, None);
                 let _ = udp.send(offer.as_ref().unwrap_or(&probe));
+                *probed |= offer.is_none();
                 *sent = now;
             }
             // Before the offer went out nobody can know our nonce: anything on the
@@ -820,7 +939,10 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                 }
                 Some(Some(_)) | Some(None) => Step::Done(false),
                 None if now >= started + timeout * ACCEPTOR_WAIT_FACTOR => Step::Done(false),
-                None => Step::Wait(tcp, libc::POLLIN),
+                // Until the HELLO came, its arrival at the marker wakes us too (it
+                // may come after the accept: the connector sends it once its
+                // connect picked the port).
+                None => Step::Wait(tcp, libc::POLLIN, offer.is_none().then(|| marker.udp.as_raw_fd())),
             }
         }
     }
@@ -865,10 +987,13 @@ pub fn settle(_fd: c_int, conn: &Arc<Conn>) -> Option<bool> {
                 finish(conn, &mut slot, ok);
                 return Some(ok);
             }
-            Step::Wait(fd, events) => {
-                let mut pf = libc::pollfd { fd, events, revents: 0 };
-                // SAFETY: one pollfd on the stack.
-                unsafe { real::poll(&mut pf, 1, 5) };
+            Step::Wait(fd, events, also) => {
+                let mut pf = [
+                    libc::pollfd { fd, events, revents: 0 },
+                    libc::pollfd { fd: also.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+                ];
+                // SAFETY: two pollfds on the stack (a negative descriptor is skipped).
+                unsafe { real::poll(pf.as_mut_ptr(), 2, 5) };
             }
         }
     }
@@ -1236,8 +1361,9 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
     }
     let Some(nonce) = random_u64() else { return false };
     let ports = (peer.1, local.1);
-    // The connector's HELLO (sent before its SYN) is normally here already: then the
-    // offer goes at once; else the pending connection looks again.
+    // The connector's HELLO (sent as soon as its connect picked the port, or before
+    // its SYN if it bound the port itself) may be here already: then the offer goes
+    // at once; else the pending connection looks again when it comes.
     let (cnonce, offer) = match take_hello(&marker, &peer.0, ports) {
         Some((c, auth)) if auth_matches(auth) => (c, true),
         Some((c, _)) => {
@@ -1268,7 +1394,14 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) -> bool {
         return false;
     };
     let now = Instant::now();
-    let role = Role::Acceptor { marker, peer: peer.0, offer: offer.then_some(first), sent: now };
+    let role = Role::Acceptor {
+        marker,
+        peer: peer.0,
+        offer: offer.then_some(first),
+        sent: now,
+        probed: !offer,
+        forgiven: false,
+    };
     let p = Pending {
         tcp,
         udp,
@@ -1690,8 +1823,11 @@ impl Background {
                     }
                     done.push(conn.clone());
                 }
-                Step::Wait(fd, events) => {
+                Step::Wait(fd, events, also) => {
                     fds.push(libc::pollfd { fd, events, revents: 0 });
+                    if let Some(fd) = also {
+                        fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+                    }
                     *ms = (*ms).min(REPEAT.as_millis() as c_int);
                 }
             }

@@ -585,6 +585,10 @@ impl UdpSock {
     /// at the first send would) and publishes its marker. True if the socket is
     /// bound (it can send through shared memory even without a marker of its own:
     /// the answers then come through the kernel).
+    ///
+    /// (Unlike a TCP connector's, this bind finds what the automatic bind would:
+    /// both search UDP's ports for one no UDP socket holds, and UDP leaves nothing
+    /// in TIME_WAIT; with none free, the kernel's send would fail as well.)
     fn ensure_bound(&self, fd: c_int) -> bool {
         if self.rx.get().is_some() {
             return true;

@@ -317,6 +317,75 @@ fn hashed_transfer(
     t
 }
 
+/// `serve ADDR PORT`: accepts one connection after another, reads each to its end
+/// and closes it. `fill ADDR PORT N`: opens N connections to it one after another,
+/// ends each first and closes it after the server's close came (so each local port
+/// stays in TIME_WAIT, as a client of `Connection: close` requests leaves it), then
+/// prints how many TIME_WAIT sockets this namespace holds.
+const TIME_WAIT_FILL: &str = r#"import socket, sys
+mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "serve":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port))
+    s.listen(128)
+    while True:
+        c, _ = s.accept()
+        c.settimeout(10)
+        while c.recv(4096):
+            pass
+        c.close()
+else:
+    for _ in range(int(sys.argv[4])):
+        c = socket.create_connection((addr, port), timeout=10)
+        c.shutdown(socket.SHUT_WR)
+        assert c.recv(1) == b"", "bytes from the server"
+        c.close()
+    tw = sum(1 for line in open("/proc/net/tcp").readlines()[1:] if line.split()[3] == "06")
+    print("TIME_WAIT", tw, flush=True)
+"#;
+
+/// The client host's local port range (64 ports) is full of TIME_WAIT connections
+/// towards one port of the server host; a connection to another port there, under
+/// `strait run --peers` at both ends, is made (the kernel's `connect` reuses a
+/// TIME_WAIT port towards another destination, where a `bind` to an ephemeral port
+/// finds none) and carried by strait, every byte intact.
+#[test]
+fn a_connection_between_hosts_is_carried_when_every_local_port_is_in_time_wait() {
+    let h = Hosts::create();
+    let ports = 64;
+    h.pair
+        .exec(1, &["sh", "-c", "echo 40000 40063 > /proc/sys/net/ipv4/ip_local_port_range"])
+        .expect("port range");
+    let script = std::env::temp_dir().join(format!("strait-tw-{}.py", std::process::id()));
+    std::fs::write(&script, [PY_ACCEPT_ONE, HASHED].concat()).expect("write script");
+    let fill = std::env::temp_dir().join(format!("strait-tw-fill-{}.py", std::process::id()));
+    std::fs::write(&fill, TIME_WAIT_FILL).expect("write script");
+    let (s, f) = (script.to_str().expect("utf-8 path"), fill.to_str().expect("utf-8 path"));
+    let _server = h.spawn(0, false, "python3", &[f, "serve", &h.addr[0], "5215"]);
+    h.wait_listening(0, 5215);
+    let o = run_for(
+        &mut h.cmd(1, false, "python3", &[f, "fill", &h.addr[0], "5215", &ports.to_string()]),
+        Duration::from_secs(60),
+    )
+    .expect("fill finished");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let tw: usize =
+        t.lines().find_map(|l| l.strip_prefix("TIME_WAIT ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0);
+    assert!(tw >= ports, "the client's ports are not all in TIME_WAIT ({tw}): {t}");
+    // The kernel alone connects (to another destination), and so does strait.
+    let t = hashed_transfer(&h, s, [false, false], &[], 5216, 1_000_000);
+    assert_eq!(remote(&t), 0, "{t}");
+    let started = Instant::now();
+    let t = hashed_transfer(&h, s, [true, true], &[], 5217, 10_000_000);
+    assert_eq!(remote(&t), 1, "not carried by strait: {t}");
+    assert_eq!(stat(&t, " kernel-fallback "), 0, "{t}");
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+    let _ = std::fs::remove_file(&script);
+    let _ = std::fs::remove_file(&fill);
+}
+
 /// A reader that stops reading and a writer that keeps writing (after
 /// [`PY_ACCEPT_ONE`]).
 const STREAMER: &str = r#"import socket, sys, time

@@ -1192,8 +1192,18 @@ pub unsafe fn epoll_pwait2(
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    // A member we do not carry: the kernel's, counted if the set is one we know.
+    let kernel = || {
+        let r = real();
+        if crate::epoll::sets_known() {
+            let e = real::errno();
+            crate::epoll::note_kernel_ctl(ep, op, r);
+            real::set_errno(e);
+        }
+        r
+    };
     if !(table::any_live() || crate::table::any_udp()) {
-        return real();
+        return kernel();
     }
     guard(real, || match crate::settle::socket(fd) {
         Some(Socket::Tcp(c)) => crate::epoll::ctl(ep, op, fd, c, ev),
@@ -1208,7 +1218,7 @@ pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -
             }
             r
         }
-        _ => real(),
+        _ => kernel(),
     })
 }
 

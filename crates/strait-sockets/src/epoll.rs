@@ -3,7 +3,7 @@
 //! `epoll_wait` answered from the rings.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,25 @@ const MAGIC_BELL: u64 = 0x5354_5241_4954_0000 << 16;
 const MAGIC_HUP: u64 = 0x5354_5241_4955_0000 << 16;
 const MAGIC_MARK: u64 = 0x5354_5241_4956_0000 << 16;
 const MAGIC_MASK: u64 = !0xffff_ffff;
+
+/// A zero-timeout `epoll_wait` may leave the kernel set unasked if it asked less
+/// than this long ago (as [`crate::udp::KCHECK_NONBLOCKING`] for a UDP receive):
+/// what the kernel holds (kernel members, a dead peer's hang-up) is then reported
+/// at most this much later, never lost (it stays in the kernel's ready list).
+const KERNEL_LOOK_WINDOW: Duration = Duration::from_micros(2);
+/// One zero-timeout call in this many asks the kernel set even within the window,
+/// so kernel members are not left behind a member that is always ready.
+const KERNEL_LOOK_FAIR: u32 = 64;
+/// A call that found nothing of ours leaves the kernel unasked only if each
+/// entry's sleeping flags still stand (so no bell rang); that is a look at each
+/// entry's shared line, cheaper than the system call only for small sets.
+const QUIET_SCAN_MAX: usize = 8;
+
+/// Forks so far: a set that existed at a fork is shared with the other process,
+/// which may add kernel members we never hear of.
+static FORKS: AtomicU32 = AtomicU32::new(0);
+/// Some set is known (its kernel members are counted from then on).
+static SETS_KNOWN: AtomicBool = AtomicBool::new(false);
 
 /// The descriptors that wake a sleeper for this member, with their tags; `None`
 /// if it has none yet (a UDP socket not bound yet).
@@ -92,6 +111,15 @@ pub struct EpSet {
     wakers: Vec<Socket>,
     /// A UDP member had no wakers yet (not bound when added): look again.
     pending_udp: bool,
+    /// Members the program put in the kernel set itself (counted from the set's
+    /// `/proc` entry when we first met it, then by `epoll_ctl` and [`to_kernel`];
+    /// a member closed without EPOLL_CTL_DEL stays counted); `None`: not known.
+    kernel_members: Option<usize>,
+    /// [`FORKS`] when the set was met: the count is trusted only in the same era.
+    forks_at_join: u32,
+    /// When a zero-timeout call last asked the kernel set, and the calls since.
+    last_kernel_look: Option<Instant>,
+    calls_since_kernel_look: u32,
 }
 
 /// One place for an entry.
@@ -112,6 +140,51 @@ impl EpSet {
 
     fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.entries.iter().filter_map(|s| s.entry.as_ref())
+    }
+
+    /// The program's own members of the kernel set are known to be none.
+    fn no_kernel_members(&self) -> bool {
+        self.kernel_members == Some(0) && self.forks_at_join == FORKS.load(Ordering::Relaxed)
+    }
+
+    /// Nothing outside shared memory can have changed for any entry: every entry is
+    /// queued (the pass just looked at it), disabled (one-shot, reported), or armed
+    /// with its sleeping flags standing (no bell rang: a send, a read that frees
+    /// room and a close each take the flag first), and is a connection on this host
+    /// with nothing else in the kernel set (not UDP, whose kernel socket may get
+    /// datagrams; not another host's; not a connector whose listener may be asked).
+    fn quiet(&self) -> bool {
+        self.count <= QUIET_SCAN_MAX
+            && self.entries().all(|e| {
+                if e.disabled || e.dirty {
+                    return true;
+                }
+                let (rx, tx) = (e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
+                e.armed
+                    && (rx || tx)
+                    && matches!(&e.conn, Socket::Tcp(c)
+                        if c.remote_fd().is_none() && !c.awaiting_attach() && c.announce_stands(rx, tx))
+            })
+    }
+
+    /// Whether a zero-timeout call at `now` that found `found_ours` of our members
+    /// ready may leave the kernel set unasked: it asked less than
+    /// [`KERNEL_LOOK_WINDOW`] ago and fewer than [`KERNEL_LOOK_FAIR`] calls ago,
+    /// and either it reports something anyway (what the kernel holds waits for the
+    /// next look) or nothing can be there (no kernel member, no bell rang). A dead
+    /// peer's hang-up is seen at the next look. Counts the call either way.
+    fn may_skip_kernel(&mut self, now: Instant, found_ours: bool) -> bool {
+        let recent =
+            self.last_kernel_look.is_some_and(|t| now.saturating_duration_since(t) < KERNEL_LOOK_WINDOW)
+                && self.calls_since_kernel_look < KERNEL_LOOK_FAIR;
+        let skip = recent && (found_ours || (self.no_kernel_members() && self.quiet()));
+        if skip {
+            self.calls_since_kernel_look += 1;
+        } else {
+            self.last_kernel_look = Some(now);
+            self.calls_since_kernel_look = 0;
+        }
+        skip
     }
 
     /// Queues entry `i` to be looked at (if it is not queued already); its sleeping
@@ -256,7 +329,12 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
     };
     let mut g = sets();
     let map = g.get_or_insert_with(Sets::default);
-    let set = map.entry(epfd).or_default();
+    let set = map.entry(epfd).or_insert_with(|| EpSet {
+        kernel_members: count_kernel_members(epfd),
+        forks_at_join: FORKS.load(Ordering::Relaxed),
+        ..EpSet::default()
+    });
+    SETS_KNOWN.store(true, Ordering::Relaxed);
     let pos = set.by_fd.get(&fd).copied();
     match op {
         libc::EPOLL_CTL_ADD => {
@@ -310,6 +388,37 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
     0
 }
 
+/// The members of kernel set `epfd` (its `/proc` entry lists one `tfd:` line per
+/// member); `None` if it cannot be read.
+fn count_kernel_members(epfd: c_int) -> Option<usize> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")).ok()?;
+    Some(info.lines().filter(|l| l.starts_with("tfd:")).count())
+}
+
+/// True once some set is known: [`note_kernel_ctl`] must then hear of the
+/// program's `epoll_ctl` calls on descriptors we do not carry.
+pub fn sets_known() -> bool {
+    SETS_KNOWN.load(Ordering::Relaxed)
+}
+
+/// The program's `epoll_ctl(epfd, op, ..)` on a descriptor we do not carry
+/// returned `result`: counts the set's kernel members.
+pub fn note_kernel_ctl(epfd: c_int, op: c_int, result: c_int) {
+    if result != 0 || (op != libc::EPOLL_CTL_ADD && op != libc::EPOLL_CTL_DEL) {
+        return;
+    }
+    let mut g = sets();
+    let Some(set) = g.as_mut().and_then(|m| m.get_mut(&epfd)) else { return };
+    set.kernel_members =
+        set.kernel_members.map(|n| if op == libc::EPOLL_CTL_ADD { n + 1 } else { n.saturating_sub(1) });
+}
+
+/// After a fork, in both processes: every set known now is shared with the other
+/// process, so its kernel members are no longer known.
+pub fn after_fork() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// The connection's last descriptor was closed: the kernel would drop it from every
 /// epoll set.
 pub fn forget_conn(conn: &Arc<Conn>) {
@@ -361,6 +470,9 @@ pub fn to_kernel(conn: &Arc<Conn>) {
     for (epfd, fd, mut ev) in joins {
         // SAFETY: a local epoll_event; the program's descriptor and set.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        // The socket is a kernel member now (counted even if the kernel refused it:
+        // counting one too many costs only a system call).
+        note_kernel_ctl(epfd, libc::EPOLL_CTL_ADD, 0);
     }
     forget_member(&m);
 }
@@ -454,17 +566,30 @@ fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
     }
 }
 
+/// What one pass over a set found.
+struct Gathered {
+    /// Our ready members' events.
+    ready: Vec<epoll_event>,
+    /// The earliest attach deadline of a pending connector (only for a call that
+    /// may sleep and found nothing).
+    attach: Option<Instant>,
+    /// The kernel set need not be asked ([`EpSet::may_skip_kernel`]).
+    skip_kernel: bool,
+}
+
 /// One pass over a live set: UDP members bound since they were added get their
 /// wakers, then what is ready (looked at twice when nothing is: entries armed by
-/// the first look are dirty once more) and, if `may_sleep` and nothing is, the
-/// earliest attach deadline of a pending connector. `None` if the set has no
-/// accelerated member.
+/// the first look are dirty once more), if `may_sleep` and nothing is, the
+/// earliest attach deadline of a pending connector, and for a zero-timeout call
+/// (`poll_at`, its clock reading) whether the kernel set must be asked. `None` if
+/// the set has no accelerated member.
 fn gather(
     epfd: c_int,
     set: &mut EpSet,
     max: usize,
     may_sleep: bool,
-) -> Option<(Vec<epoll_event>, Option<Instant>)> {
+    poll_at: Option<Instant>,
+) -> Option<Gathered> {
     if !set.live() {
         return None;
     }
@@ -492,7 +617,8 @@ fn gather(
     } else {
         None
     };
-    Some((acc, attach))
+    let skip_kernel = poll_at.is_some_and(|now| set.may_skip_kernel(now, !acc.is_empty()));
+    Some(Gathered { ready: acc, attach, skip_kernel })
 }
 
 fn with_set<T>(epfd: c_int, f: impl FnOnce(&mut EpSet) -> T) -> Option<T> {
@@ -516,19 +642,25 @@ pub unsafe fn wait(
     }
     let max = max as usize;
     // A zero timeout (an event loop polling): one pass, one clock reading.
-    let poll_only = deadline.is_some_and(|d| d <= Instant::now());
+    let now = Instant::now();
+    let poll_only = deadline.is_some_and(|d| d <= now);
+    let poll_at = poll_only.then_some(now);
     let mut first = true;
     loop {
         // One visit to the set per pass (each is a lock and a look-up): what is
         // ready, and when the earliest pending connector decides (only if this call
         // may sleep).
         let now_due = poll_only || (!first && remaining(deadline) == Some(Duration::ZERO));
-        let (mut acc, attach) = match with_set(epfd, |set| gather(epfd, set, max, !now_due)) {
-            Some(Some(g)) => g,
-            // Not one of ours (any more), or nothing accelerated in it: the kernel's.
-            _ if first => return None,
-            _ => (Vec::new(), None),
-        };
+        let Gathered { ready: mut acc, attach, skip_kernel } =
+            match with_set(epfd, |set| gather(epfd, set, max, !now_due, poll_at)) {
+                Some(Some(g)) => g,
+                // Not one of ours (any more), or nothing accelerated in it: the kernel's.
+                _ if first => return None,
+                _ => Gathered { ready: Vec::new(), attach: None, skip_kernel: false },
+            };
+        if skip_kernel {
+            break finish(events, 0, &acc);
+        }
         let sleep = acc.is_empty() && !poll_only && (first || !now_due);
         first = false;
         let room = max - acc.len();

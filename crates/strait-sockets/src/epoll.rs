@@ -33,9 +33,10 @@ const KERNEL_LOOK_WINDOW: Duration = Duration::from_micros(2);
 /// so kernel members are not left behind a member that is always ready.
 const KERNEL_LOOK_FAIR: u32 = 64;
 /// A call that found nothing of ours leaves the kernel unasked only if each
-/// entry's sleeping flags still stand (so no bell rang); that is a look at each
-/// entry's shared line, cheaper than the system call only for small sets.
-const QUIET_SCAN_MAX: usize = 8;
+/// entry's sleeping flags still stand (so no bell rang): a look at each entry's
+/// shared line, about 2 ns each (measured with docs/epoll_zero.c), against about
+/// 80 ns for the system call; past this many entries the call asks the kernel.
+const QUIET_SCAN_MAX: usize = 32;
 
 /// Forks so far: a set that existed at a fork is shared with the other process,
 /// which may add kernel members we never hear of.
@@ -634,7 +635,7 @@ pub unsafe fn wait(
     epfd: c_int,
     events: *mut epoll_event,
     max: c_int,
-    deadline: Option<Instant>,
+    timeout: Option<Duration>,
     mask: Option<*const sigset_t>,
 ) -> Option<c_int> {
     if SETS_LIVE.load(Ordering::Relaxed) == 0 || max <= 0 {
@@ -643,7 +644,8 @@ pub unsafe fn wait(
     let max = max as usize;
     // A zero timeout (an event loop polling): one pass, one clock reading.
     let now = Instant::now();
-    let poll_only = deadline.is_some_and(|d| d <= now);
+    let deadline = timeout.map(|t| now + t);
+    let poll_only = timeout == Some(Duration::ZERO);
     let poll_at = poll_only.then_some(now);
     let mut first = true;
     loop {

@@ -13,6 +13,7 @@ use strait_sys::IntMap;
 use crate::conn::Conn;
 use crate::fdtable::Shared;
 use crate::real;
+use crate::settings::Settings;
 use crate::socket::Socket;
 use crate::udp::UdpSock;
 use crate::wait::{remaining, slice_until};
@@ -25,11 +26,11 @@ const MAGIC_MARK: u64 = 0x5354_5241_4956_0000 << 16;
 const MAGIC_MASK: u64 = !0xffff_ffff;
 
 /// A zero-timeout `epoll_wait` may leave the kernel set unasked if it asked less
-/// than this long ago (as [`crate::udp::KCHECK_NONBLOCKING`] for a UDP receive):
-/// what the kernel holds (kernel members, a dead peer's hang-up) is then reported
-/// at most this much later, never lost (it stays in the kernel's ready list).
-const KERNEL_LOOK_WINDOW: Duration = Duration::from_micros(2);
-/// One zero-timeout call in this many asks the kernel set even within the window,
+/// than [`Settings::epoll_kernel_look`] ago (2 us by default, as
+/// [`crate::udp::KCHECK_NONBLOCKING`] for a UDP receive): what the kernel holds
+/// (kernel members, a dead peer's hang-up) is then reported at most that much
+/// later, never lost (it stays in the kernel's ready list). One zero-timeout call
+/// in this many asks the kernel set even within that time,
 /// so kernel members are not left behind a member that is always ready.
 const KERNEL_LOOK_FAIR: u32 = 64;
 /// A call that found nothing of ours leaves the kernel unasked only if each
@@ -170,14 +171,15 @@ impl EpSet {
 
     /// Whether a zero-timeout call at `now` that found `found_ours` of our members
     /// ready may leave the kernel set unasked: it asked less than
-    /// [`KERNEL_LOOK_WINDOW`] ago and fewer than [`KERNEL_LOOK_FAIR`] calls ago,
+    /// [`Settings::epoll_kernel_look`] ago and fewer than [`KERNEL_LOOK_FAIR`] calls ago,
     /// and either it reports something anyway (what the kernel holds waits for the
     /// next look) or nothing can be there (no kernel member, no bell rang). A dead
     /// peer's hang-up is seen at the next look. Counts the call either way.
     fn may_skip_kernel(&mut self, now: Instant, found_ours: bool) -> bool {
-        let recent =
-            self.last_kernel_look.is_some_and(|t| now.saturating_duration_since(t) < KERNEL_LOOK_WINDOW)
-                && self.calls_since_kernel_look < KERNEL_LOOK_FAIR;
+        let recent = self
+            .last_kernel_look
+            .is_some_and(|t| now.saturating_duration_since(t) < Settings::get().epoll_kernel_look)
+            && self.calls_since_kernel_look < KERNEL_LOOK_FAIR;
         let skip = recent && (found_ours || (self.no_kernel_members() && self.quiet()));
         if skip {
             self.calls_since_kernel_look += 1;

@@ -7,7 +7,7 @@
 //! Both ends of each connection are descriptors of this process (as in
 //! `in_process.rs`), except for the peer that dies, a forked child.
 
-use std::sync::Once;
+use std::sync::{Mutex, MutexGuard, Once};
 
 use libc::{c_int, c_void, epoll_event, sockaddr, sockaddr_in, socklen_t};
 use strait_sockets::{calls, carried, Carried};
@@ -16,7 +16,11 @@ use strait_sockets::{calls, carried, Carried};
 /// 64 that asks the kernel set, and the call that finds it).
 const FAIR_BOUND: usize = 65;
 
-fn init() {
+/// One test at a time: the sets' lock is the process's, and another test's calls on
+/// it would add futex calls to the counted ones.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn init() -> MutexGuard<'static, ()> {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         // Before the library reads its settings (once, here); the other tests wait
@@ -24,6 +28,7 @@ fn init() {
         std::env::set_var("STRAIT_EPOLL_KERNEL_LOOK_US", "10000000");
         strait_sockets::init();
     });
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn ok(r: c_int, what: &str) -> c_int {
@@ -138,7 +143,7 @@ fn calls_until(ep: c_int, data: u64, bound: usize, always: Option<u64>) -> usize
 
 #[test]
 fn a_set_of_carried_members_alone_polls_without_system_calls_and_sees_each_change_at_once() {
-    init();
+    let _serial = init();
     let (a, c) = carried_pair();
     let ep = epoll_set();
     add(ep, a, (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, 1);
@@ -184,7 +189,7 @@ fn a_set_of_carried_members_alone_polls_without_system_calls_and_sees_each_chang
 
 #[test]
 fn a_closing_peer_is_seen_by_the_next_zero_timeout_call() {
-    init();
+    let _serial = init();
     let (a, c) = carried_pair();
     let ep = epoll_set();
     add(ep, a, libc::EPOLLIN as u32, 1);
@@ -205,7 +210,7 @@ fn a_closing_peer_is_seen_by_the_next_zero_timeout_call() {
 
 #[test]
 fn kernel_members_are_reported_behind_a_carried_member_that_is_always_ready() {
-    init();
+    let _serial = init();
     let (a, c) = carried_pair();
     // Never read: `a` stays readable, so every call finds a member of ours ready.
     write_byte(c);
@@ -261,7 +266,7 @@ fn kernel_members_are_reported_behind_a_carried_member_that_is_always_ready() {
 
 #[test]
 fn a_kernel_member_added_and_deleted_is_counted() {
-    init();
+    let _serial = init();
     let (a, c) = carried_pair();
     let ep = epoll_set();
     add(ep, a, libc::EPOLLIN as u32, 1);

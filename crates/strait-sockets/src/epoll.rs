@@ -648,7 +648,9 @@ pub unsafe fn wait(
     let now = Instant::now();
     let deadline = timeout.map(|t| now + t);
     let poll_only = timeout == Some(Duration::ZERO);
-    let poll_at = poll_only.then_some(now);
+    // Not with a signal mask: the system call is also where signals the mask lets
+    // through are delivered (and the call then fails with EINTR).
+    let poll_at = (poll_only && mask.is_none()).then_some(now);
     let mut first = true;
     loop {
         // One visit to the set per pass (each is a lock and a look-up): what is

@@ -323,6 +323,9 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
         real::set_errno(if bad { libc::EBADF } else { libc::EINVAL });
         return -1;
     }
+    // Counted before the sets' lock is taken: reading /proc closes a descriptor,
+    // and the library's `close` (this process's, under LD_PRELOAD) takes that lock.
+    let kernel_members = if known { None } else { count_kernel_members(epfd) };
     let (events, data) = if ev.is_null() {
         (0, 0)
     } else {
@@ -333,7 +336,8 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
     let mut g = sets();
     let map = g.get_or_insert_with(Sets::default);
     let set = map.entry(epfd).or_insert_with(|| EpSet {
-        kernel_members: count_kernel_members(epfd),
+        // `None` if the set was known and has gone since (closed by another thread).
+        kernel_members,
         forks_at_join: FORKS.load(Ordering::Relaxed),
         ..EpSet::default()
     });

@@ -169,25 +169,31 @@ impl EpSet {
             })
     }
 
-    /// Whether a zero-timeout call at `now` that found `found_ours` of our members
-    /// ready may leave the kernel set unasked: it asked less than
-    /// [`Settings::epoll_kernel_look`] ago and fewer than [`KERNEL_LOOK_FAIR`] calls ago,
-    /// and either it reports something anyway (what the kernel holds waits for the
-    /// next look) or nothing can be there (no kernel member, no bell rang). A dead
-    /// peer's hang-up is seen at the next look. Counts the call either way.
-    fn may_skip_kernel(&mut self, now: Instant, found_ours: bool) -> bool {
+    /// Whether a zero-timeout call that found `found_ours` of our members ready may
+    /// leave the kernel set unasked: either it reports something anyway (what the
+    /// kernel holds waits for the next look) or nothing can be there (no kernel
+    /// member, no bell rang), and it asked less than [`Settings::epoll_kernel_look`]
+    /// ago and fewer than [`KERNEL_LOOK_FAIR`] calls ago. A dead peer's hang-up is
+    /// seen at the next look. The clock is read only if the call may skip (about a
+    /// fifth of a call that asks the kernel anyway); a look it does not record
+    /// leaves the record older than the truth, which only brings the next look
+    /// sooner.
+    fn may_skip_kernel(&mut self, found_ours: bool) -> bool {
+        if !(found_ours || (self.no_kernel_members() && self.quiet())) {
+            return false;
+        }
+        let now = Instant::now();
         let recent = self
             .last_kernel_look
             .is_some_and(|t| now.saturating_duration_since(t) < Settings::get().epoll_kernel_look)
             && self.calls_since_kernel_look < KERNEL_LOOK_FAIR;
-        let skip = recent && (found_ours || (self.no_kernel_members() && self.quiet()));
-        if skip {
+        if recent {
             self.calls_since_kernel_look += 1;
         } else {
             self.last_kernel_look = Some(now);
             self.calls_since_kernel_look = 0;
         }
-        skip
+        recent
     }
 
     /// Queues entry `i` to be looked at (if it is not queued already); its sleeping
@@ -588,15 +594,9 @@ struct Gathered {
 /// wakers, then what is ready (looked at twice when nothing is: entries armed by
 /// the first look are dirty once more), if `may_sleep` and nothing is, the
 /// earliest attach deadline of a pending connector, and for a zero-timeout call
-/// (`poll_at`, its clock reading) whether the kernel set must be asked. `None` if
+/// without a signal mask (`may_skip`) whether the kernel set must be asked. `None` if
 /// the set has no accelerated member.
-fn gather(
-    epfd: c_int,
-    set: &mut EpSet,
-    max: usize,
-    may_sleep: bool,
-    poll_at: Option<Instant>,
-) -> Option<Gathered> {
+fn gather(epfd: c_int, set: &mut EpSet, max: usize, may_sleep: bool, may_skip: bool) -> Option<Gathered> {
     if !set.live() {
         return None;
     }
@@ -624,7 +624,7 @@ fn gather(
     } else {
         None
     };
-    let skip_kernel = poll_at.is_some_and(|now| set.may_skip_kernel(now, !acc.is_empty()));
+    let skip_kernel = may_skip && set.may_skip_kernel(!acc.is_empty());
     Some(Gathered { ready: acc, attach, skip_kernel })
 }
 
@@ -649,12 +649,13 @@ pub unsafe fn wait(
     }
     let max = max as usize;
     // A zero timeout (an event loop polling): one pass, one clock reading.
-    let now = Instant::now();
-    let deadline = timeout.map(|t| now + t);
+    // A zero-timeout call never sleeps, so it needs no deadline (nor a clock
+    // reading for one).
+    let deadline = timeout.filter(|t| !t.is_zero()).map(|t| Instant::now() + t);
     let poll_only = timeout == Some(Duration::ZERO);
     // Not with a signal mask: the system call is also where signals the mask lets
     // through are delivered (and the call then fails with EINTR).
-    let poll_at = (poll_only && mask.is_none()).then_some(now);
+    let may_skip = poll_only && mask.is_none();
     let mut first = true;
     loop {
         // One visit to the set per pass (each is a lock and a look-up): what is
@@ -662,7 +663,7 @@ pub unsafe fn wait(
         // may sleep).
         let now_due = poll_only || (!first && remaining(deadline) == Some(Duration::ZERO));
         let Gathered { ready: mut acc, attach, skip_kernel } =
-            match with_set(epfd, |set| gather(epfd, set, max, !now_due, poll_at)) {
+            match with_set(epfd, |set| gather(epfd, set, max, !now_due, may_skip)) {
                 Some(Some(g)) => g,
                 // Not one of ours (any more), or nothing accelerated in it: the kernel's.
                 _ if first => return None,

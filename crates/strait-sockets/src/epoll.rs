@@ -35,9 +35,10 @@ const MAGIC_MASK: u64 = !0xffff_ffff;
 const KERNEL_LOOK_FAIR: u32 = 64;
 /// A call that found nothing of ours leaves the kernel unasked only if each
 /// entry's sleeping flags still stand (so no bell rang): a look at each entry's
-/// shared line, about 2 ns each (measured with docs/epoll_zero.c), against about
-/// 80 ns for the system call; past this many entries the call asks the kernel.
-const QUIET_SCAN_MAX: usize = 32;
+/// shared line, about 2 ns each (measured with docs/epoll_zero.c): at this many
+/// entries the call costs about what the kernel's own zero-timeout epoll_wait does
+/// (80 ns here), and past about twice as many, more than asking the kernel set.
+const QUIET_SCAN_MAX: usize = 16;
 
 /// Forks so far: a set that existed at a fork is shared with the other process,
 /// which may add kernel members we never hear of.

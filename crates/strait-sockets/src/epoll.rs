@@ -29,9 +29,9 @@ const MAGIC_MASK: u64 = !0xffff_ffff;
 /// than [`Settings::epoll_kernel_look`] ago (2 us by default, as
 /// [`crate::udp::KCHECK_NONBLOCKING`] for a UDP receive): what the kernel holds
 /// (kernel members, a dead peer's hang-up) is then reported at most that much
-/// later, never lost (it stays in the kernel's ready list). One zero-timeout call
-/// in this many asks the kernel set even within that time,
-/// so kernel members are not left behind a member that is always ready.
+/// later, never lost (it stays in the kernel's ready list). And one zero-timeout
+/// call in this many asks the kernel set even within that time, so that kernel
+/// members are not left behind a member that is always ready.
 const KERNEL_LOOK_FAIR: u32 = 64;
 /// A call that found nothing of ours leaves the kernel unasked only if each
 /// entry's sleeping flags still stand (so no bell rang): a look at each entry's
@@ -175,8 +175,8 @@ impl EpSet {
     /// kernel holds waits for the next look) or nothing can be there (no kernel
     /// member, no bell rang), and it asked less than [`Settings::epoll_kernel_look`]
     /// ago and fewer than [`KERNEL_LOOK_FAIR`] calls ago. A dead peer's hang-up is
-    /// seen at the next look. The clock is read only if the call may skip (about a
-    /// fifth of a call that asks the kernel anyway); a look it does not record
+    /// seen at the next look. The clock is read only if the call may skip (the
+    /// vDSO clock was a sixth of a call that asks the kernel); a look not recorded
     /// leaves the record older than the truth, which only brings the next look
     /// sooner.
     fn may_skip_kernel(&mut self, found_ours: bool) -> bool {
@@ -649,9 +649,8 @@ pub unsafe fn wait(
         return None;
     }
     let max = max as usize;
-    // A zero timeout (an event loop polling): one pass, one clock reading.
-    // A zero-timeout call never sleeps, so it needs no deadline (nor a clock
-    // reading for one).
+    // A zero timeout (an event loop polling): one pass, and no deadline (it never
+    // sleeps), so no clock reading unless it may leave the kernel set unasked.
     let deadline = timeout.filter(|t| !t.is_zero()).map(|t| Instant::now() + t);
     let poll_only = timeout == Some(Duration::ZERO);
     // Not with a signal mask: the system call is also where signals the mask lets

@@ -33,8 +33,8 @@ const MAGIC_MASK: u64 = !0xffff_ffff;
 /// call in this many asks the kernel set even within that time, so that kernel
 /// members are not left behind a member that is always ready.
 const KERNEL_LOOK_FAIR: u32 = 64;
-/// A call that found nothing of ours leaves the kernel unasked only if each
-/// entry's sleeping flags still stand (so no bell rang): a look at each entry's
+/// A call that found nothing of ours leaves the kernel unasked only if it looked at
+/// each entry's sleeping flags (queueing those taken, whose bell rang): a look at each entry's
 /// shared line, about 2 ns each (measured with docs/epoll_zero.c): at this many
 /// entries the call costs about what the kernel's own zero-timeout epoll_wait does
 /// (80 ns here), and past about twice as many, more than asking the kernel set.
@@ -150,37 +150,48 @@ impl EpSet {
         self.kernel_members == Some(0) && self.forks_at_join == FORKS.load(Ordering::Relaxed)
     }
 
-    /// Nothing outside shared memory can have changed for any entry: every entry is
-    /// queued (the pass just looked at it), disabled (one-shot, reported), or armed
-    /// with its sleeping flags standing (no bell rang: a send, a read that frees
-    /// room and a close each take the flag first), and is a connection on this host
-    /// with nothing else in the kernel set (not UDP, whose kernel socket may get
-    /// datagrams; not another host's; not a connector whose listener may be asked).
-    fn quiet(&self) -> bool {
-        self.count <= QUIET_SCAN_MAX
-            && self.entries().all(|e| {
-                if e.disabled || e.dirty {
-                    return true;
-                }
-                let (rx, tx) = (e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
-                e.armed
-                    && (rx || tx)
-                    && matches!(&e.conn, Socket::Tcp(c)
-                        if c.remote_fd().is_none() && !c.awaiting_attach() && c.announce_stands(rx, tx))
-            })
+    /// For a zero-timeout call, before its pass: true if only shared memory can
+    /// have changed for this set's entries, so the pass alone answers. Every entry
+    /// must be queued (the pass looks at it), disabled (one-shot, reported), or
+    /// armed, and a connection on this host with nothing else in the kernel set
+    /// (not UDP, whose kernel socket may get datagrams; not another host's; not a
+    /// connector whose listener may be asked). An armed entry whose sleeping flags
+    /// were taken (a send, a read that freed room and a close each take the flag
+    /// before they ring the bell) is queued now, as its bell would have queued it:
+    /// the pass finds what rang without the kernel set, whose bell is drained by
+    /// the next call that sleeps.
+    fn queue_rung(&mut self) -> bool {
+        if self.count > QUIET_SCAN_MAX || !self.no_kernel_members() {
+            return false;
+        }
+        for i in 0..self.entries.len() {
+            let Some(e) = self.entries[i].entry.as_ref() else { continue };
+            if e.disabled || e.dirty {
+                continue;
+            }
+            let (rx, tx) = (e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
+            let Socket::Tcp(c) = &e.conn else { return false };
+            if !e.armed || !(rx || tx) || c.remote_fd().is_some() || c.awaiting_attach() {
+                return false;
+            }
+            if !c.announce_stands(rx, tx) {
+                self.mark(i);
+            }
+        }
+        true
     }
 
     /// Whether a zero-timeout call that found `found_ours` of our members ready may
     /// leave the kernel set unasked: either it reports something anyway (what the
-    /// kernel holds waits for the next look) or nothing can be there (no kernel
-    /// member, no bell rang), and it asked less than [`Settings::epoll_kernel_look`]
+    /// kernel holds waits for the next look) or only shared memory can have
+    /// changed (`answered`: [`EpSet::queue_rung`]), and it asked less than [`Settings::epoll_kernel_look`]
     /// ago and fewer than [`KERNEL_LOOK_FAIR`] calls ago. A dead peer's hang-up is
     /// seen at the next look. The clock is read only if the call may skip (the
     /// vDSO clock was a sixth of a call that asks the kernel); a look not recorded
     /// leaves the record older than the truth, which only brings the next look
     /// sooner.
-    fn may_skip_kernel(&mut self, found_ours: bool) -> bool {
-        if !(found_ours || (self.no_kernel_members() && self.quiet())) {
+    fn may_skip_kernel(&mut self, found_ours: bool, answered: bool) -> bool {
+        if !(found_ours || answered) {
             return false;
         }
         let now = Instant::now();
@@ -610,6 +621,7 @@ fn gather(epfd: c_int, set: &mut EpSet, max: usize, may_sleep: bool, may_skip: b
             }
         }
     }
+    let answered = may_skip && set.queue_rung();
     let mut acc = Vec::new();
     collect(set, &mut acc, max);
     if acc.is_empty() {
@@ -625,7 +637,7 @@ fn gather(epfd: c_int, set: &mut EpSet, max: usize, may_sleep: bool, may_skip: b
     } else {
         None
     };
-    let skip_kernel = may_skip && set.may_skip_kernel(!acc.is_empty());
+    let skip_kernel = may_skip && set.may_skip_kernel(!acc.is_empty(), answered);
     Some(Gathered { ready: acc, attach, skip_kernel })
 }
 

@@ -180,12 +180,22 @@ fn deadline_ms(ms: c_int) -> Option<Instant> {
 }
 
 fn deadline_ts(t: *const timespec) -> Option<Instant> {
+    timeout_ts(t).map(|t| Instant::now() + t)
+}
+
+/// A timeout in milliseconds as a duration (`None`: no limit); epoll reads the
+/// clock itself, once.
+fn timeout_ms(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+fn timeout_ts(t: *const timespec) -> Option<Duration> {
     if t.is_null() {
         return None;
     }
     // SAFETY: the caller's timespec.
     let t = unsafe { *t };
-    Some(Instant::now() + Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+    Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
 }
 
 // ------------------------------------------------------------------ setup
@@ -1238,7 +1248,7 @@ pub unsafe fn epoll_pwait2(
     guard(real, || {
         let m = (!mask.is_null()).then_some(mask);
         // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { crate::epoll::wait(ep, ev, max, deadline_ts(t), m) }.unwrap_or_else(real)
+        unsafe { crate::epoll::wait(ep, ev, max, timeout_ts(t), m) }.unwrap_or_else(real)
     })
 }
 
@@ -1247,8 +1257,18 @@ pub unsafe fn epoll_pwait2(
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    // A member we do not carry: the kernel's, counted if the set is one we know.
+    let kernel = || {
+        let r = real();
+        if crate::epoll::sets_known() {
+            let e = real::errno();
+            crate::epoll::note_kernel_ctl(ep, op, r);
+            real::set_errno(e);
+        }
+        r
+    };
     if !(table::any_live() || crate::table::any_udp()) {
-        return real();
+        return kernel();
     }
     guard(real, || match crate::settle::socket(fd) {
         Some(Socket::Tcp(c)) => crate::epoll::ctl(ep, op, fd, c, ev),
@@ -1263,7 +1283,7 @@ pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -
             }
             r
         }
-        _ => real(),
+        _ => kernel(),
     })
 }
 
@@ -1274,7 +1294,7 @@ pub unsafe fn epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c
     let real = || unsafe { real::epoll_wait(ep, ev, max, timeout) };
     guard(real, || {
         // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { crate::epoll::wait(ep, ev, max, deadline_ms(timeout), None) }.unwrap_or_else(real)
+        unsafe { crate::epoll::wait(ep, ev, max, timeout_ms(timeout), None) }.unwrap_or_else(real)
     })
 }
 
@@ -1292,6 +1312,6 @@ pub unsafe fn epoll_pwait(
     guard(real, || {
         let m = (!mask.is_null()).then_some(mask);
         // SAFETY: the caller's event buffer of `max` entries.
-        unsafe { crate::epoll::wait(ep, ev, max, deadline_ms(timeout), m) }.unwrap_or_else(real)
+        unsafe { crate::epoll::wait(ep, ev, max, timeout_ms(timeout), m) }.unwrap_or_else(real)
     })
 }

@@ -631,6 +631,28 @@ impl Conn {
         }
     }
 
+    /// True while the sleeping flags [`Conn::announce`]`(rx, tx)` set are all still
+    /// set: the peer has published nothing, freed no room and closed nothing since
+    /// (each of those takes the flag before it rings our bell, so a send or close
+    /// that has returned took it), so no bell has rung for this connection since.
+    /// An epoll set whose members all say so need not ask the kernel.
+    pub fn announce_stands(&self, rx: bool, tx: bool) -> bool {
+        (!rx || self.w(self.rx(), RSLEEP).load(Ordering::Relaxed) != 0)
+            && (!tx || self.w(self.tx(), WSLEEP).load(Ordering::Relaxed) != 0)
+    }
+
+    /// Rings the peer's bell for a close of our sending side (or of both): takes the
+    /// peer's sleeping flags first, as a send does, so that a peer's epoll set that
+    /// trusts standing flags ([`Conn::announce_stands`]) sees the change.
+    fn ring_bell_for_close(&self) {
+        // Both taken (the peer may wait for data and for room); the bell rings
+        // whatever they said: a close always wakes.
+        for flag in [self.w(self.tx(), RSLEEP), self.w(self.rx(), WSLEEP)] {
+            peer_needs_wake(flag);
+        }
+        self.ring_bell();
+    }
+
     /// Blocks until `ready()` or `deadline`, spinning first (as long as spinning
     /// pays: [`spin_policy`]); false on timeout.
     fn wait(&self, fd: c_int, rx: bool, ready: &dyn Fn(&Conn) -> bool) -> Waited {
@@ -1403,7 +1425,7 @@ impl Conn {
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
             self.wr_shut.store(true, Ordering::Relaxed);
             self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
-            self.ring_bell();
+            self.ring_bell_for_close();
             self.pump_remote();
         }
     }
@@ -1502,7 +1524,7 @@ impl Conn {
         // bridge then sends one frame for both).
         self.w(self.rx(), RCLOSED).store(1, Ordering::Release);
         self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
-        self.ring_bell();
+        self.ring_bell_for_close();
     }
 }
 

@@ -3,7 +3,7 @@
 //! `epoll_wait` answered from the rings.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use strait_sys::IntMap;
 use crate::conn::Conn;
 use crate::fdtable::Shared;
 use crate::real;
+use crate::settings::Settings;
 use crate::socket::Socket;
 use crate::udp::UdpSock;
 use crate::wait::{remaining, slice_until};
@@ -23,6 +24,27 @@ const MAGIC_BELL: u64 = 0x5354_5241_4954_0000 << 16;
 const MAGIC_HUP: u64 = 0x5354_5241_4955_0000 << 16;
 const MAGIC_MARK: u64 = 0x5354_5241_4956_0000 << 16;
 const MAGIC_MASK: u64 = !0xffff_ffff;
+
+/// A zero-timeout `epoll_wait` may leave the kernel set unasked if it asked less
+/// than [`Settings::epoll_kernel_look`] ago (2 us by default, as
+/// [`crate::udp::KCHECK_NONBLOCKING`] for a UDP receive): what the kernel holds
+/// (kernel members, a dead peer's hang-up) is then reported at most that much
+/// later, never lost (it stays in the kernel's ready list). And one zero-timeout
+/// call in this many asks the kernel set even within that time, so that kernel
+/// members are not left behind a member that is always ready.
+const KERNEL_LOOK_FAIR: u32 = 64;
+/// A call that found nothing of ours leaves the kernel unasked only if it looked at
+/// each entry's sleeping flags (queueing those taken, whose bell rang): a look at each entry's
+/// shared line, about 2 ns each (measured with docs/epoll_zero.c): at this many
+/// entries the call costs about what the kernel's own zero-timeout epoll_wait does
+/// (80 ns here), and past about twice as many, more than asking the kernel set.
+const QUIET_SCAN_MAX: usize = 16;
+
+/// Forks so far: a set that existed at a fork is shared with the other process,
+/// which may add kernel members we never hear of.
+static FORKS: AtomicU32 = AtomicU32::new(0);
+/// Some set is known (its kernel members are counted from then on).
+static SETS_KNOWN: AtomicBool = AtomicBool::new(false);
 
 /// The descriptors that wake a sleeper for this member, with their tags; `None`
 /// if it has none yet (a UDP socket not bound yet).
@@ -92,6 +114,15 @@ pub struct EpSet {
     wakers: Vec<Socket>,
     /// A UDP member had no wakers yet (not bound when added): look again.
     pending_udp: bool,
+    /// Members the program put in the kernel set itself (counted from the set's
+    /// `/proc` entry when we first met it, then by `epoll_ctl` and [`to_kernel`];
+    /// a member closed without EPOLL_CTL_DEL stays counted); `None`: not known.
+    kernel_members: Option<usize>,
+    /// [`FORKS`] when the set was met: the count is trusted only in the same era.
+    forks_at_join: u32,
+    /// When a zero-timeout call last asked the kernel set, and the calls since.
+    last_kernel_look: Option<Instant>,
+    calls_since_kernel_look: u32,
 }
 
 /// One place for an entry.
@@ -112,6 +143,69 @@ impl EpSet {
 
     fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.entries.iter().filter_map(|s| s.entry.as_ref())
+    }
+
+    /// The program's own members of the kernel set are known to be none.
+    fn no_kernel_members(&self) -> bool {
+        self.kernel_members == Some(0) && self.forks_at_join == FORKS.load(Ordering::Relaxed)
+    }
+
+    /// For a zero-timeout call, before its pass: true if only shared memory can
+    /// have changed for this set's entries, so the pass alone answers. Every entry
+    /// must be queued (the pass looks at it), disabled (one-shot, reported), or
+    /// armed, and a connection on this host with nothing else in the kernel set
+    /// (not UDP, whose kernel socket may get datagrams; not another host's; not a
+    /// connector whose listener may be asked). An armed entry whose sleeping flags
+    /// were taken (a send, a read that freed room and a close each take the flag
+    /// before they ring the bell) is queued now, as its bell would have queued it:
+    /// the pass finds what rang without the kernel set, whose bell is drained by
+    /// the next call that sleeps.
+    fn queue_rung(&mut self) -> bool {
+        if self.count > QUIET_SCAN_MAX || !self.no_kernel_members() {
+            return false;
+        }
+        for i in 0..self.entries.len() {
+            let Some(e) = self.entries[i].entry.as_ref() else { continue };
+            if e.disabled || e.dirty {
+                continue;
+            }
+            let (rx, tx) = (e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
+            let Socket::Tcp(c) = &e.conn else { return false };
+            if !e.armed || !(rx || tx) || c.remote_fd().is_some() || c.awaiting_attach() {
+                return false;
+            }
+            if !c.announce_stands(rx, tx) {
+                self.mark(i);
+            }
+        }
+        true
+    }
+
+    /// Whether a zero-timeout call that found `found_ours` of our members ready may
+    /// leave the kernel set unasked: either it reports something anyway (what the
+    /// kernel holds waits for the next look) or only shared memory can have
+    /// changed (`answered`: [`EpSet::queue_rung`]), and it asked less than [`Settings::epoll_kernel_look`]
+    /// ago and fewer than [`KERNEL_LOOK_FAIR`] calls ago. A dead peer's hang-up is
+    /// seen at the next look. The clock is read only if the call may skip (the
+    /// vDSO clock was a sixth of a call that asks the kernel); a look not recorded
+    /// leaves the record older than the truth, which only brings the next look
+    /// sooner.
+    fn may_skip_kernel(&mut self, found_ours: bool, answered: bool) -> bool {
+        if !(found_ours || answered) {
+            return false;
+        }
+        let now = Instant::now();
+        let recent = self
+            .last_kernel_look
+            .is_some_and(|t| now.saturating_duration_since(t) < Settings::get().epoll_kernel_look)
+            && self.calls_since_kernel_look < KERNEL_LOOK_FAIR;
+        if recent {
+            self.calls_since_kernel_look += 1;
+        } else {
+            self.last_kernel_look = Some(now);
+            self.calls_since_kernel_look = 0;
+        }
+        recent
     }
 
     /// Queues entry `i` to be looked at (if it is not queued already); its sleeping
@@ -247,6 +341,9 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
         real::set_errno(if bad { libc::EBADF } else { libc::EINVAL });
         return -1;
     }
+    // Counted before the sets' lock is taken: reading /proc closes a descriptor,
+    // and the library's `close` (this process's, under LD_PRELOAD) takes that lock.
+    let kernel_members = if known { None } else { count_kernel_members(epfd) };
     let (events, data) = if ev.is_null() {
         (0, 0)
     } else {
@@ -256,7 +353,13 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
     };
     let mut g = sets();
     let map = g.get_or_insert_with(Sets::default);
-    let set = map.entry(epfd).or_default();
+    let set = map.entry(epfd).or_insert_with(|| EpSet {
+        // `None` if the set was known and has gone since (closed by another thread).
+        kernel_members,
+        forks_at_join: FORKS.load(Ordering::Relaxed),
+        ..EpSet::default()
+    });
+    SETS_KNOWN.store(true, Ordering::Relaxed);
     let pos = set.by_fd.get(&fd).copied();
     match op {
         libc::EPOLL_CTL_ADD => {
@@ -310,6 +413,37 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
     0
 }
 
+/// The members of kernel set `epfd` (its `/proc` entry lists one `tfd:` line per
+/// member); `None` if it cannot be read.
+fn count_kernel_members(epfd: c_int) -> Option<usize> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")).ok()?;
+    Some(info.lines().filter(|l| l.starts_with("tfd:")).count())
+}
+
+/// True once some set is known: [`note_kernel_ctl`] must then hear of the
+/// program's `epoll_ctl` calls on descriptors we do not carry.
+pub fn sets_known() -> bool {
+    SETS_KNOWN.load(Ordering::Relaxed)
+}
+
+/// The program's `epoll_ctl(epfd, op, ..)` on a descriptor we do not carry
+/// returned `result`: counts the set's kernel members.
+pub fn note_kernel_ctl(epfd: c_int, op: c_int, result: c_int) {
+    if result != 0 || (op != libc::EPOLL_CTL_ADD && op != libc::EPOLL_CTL_DEL) {
+        return;
+    }
+    let mut g = sets();
+    let Some(set) = g.as_mut().and_then(|m| m.get_mut(&epfd)) else { return };
+    set.kernel_members =
+        set.kernel_members.map(|n| if op == libc::EPOLL_CTL_ADD { n + 1 } else { n.saturating_sub(1) });
+}
+
+/// After a fork, in both processes: every set known now is shared with the other
+/// process, so its kernel members are no longer known.
+pub fn after_fork() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// The connection's last descriptor was closed: the kernel would drop it from every
 /// epoll set.
 pub fn forget_conn(conn: &Arc<Conn>) {
@@ -361,6 +495,9 @@ pub fn to_kernel(conn: &Arc<Conn>) {
     for (epfd, fd, mut ev) in joins {
         // SAFETY: a local epoll_event; the program's descriptor and set.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        // The socket is a kernel member now (counted even if the kernel refused it:
+        // counting one too many costs only a system call).
+        note_kernel_ctl(epfd, libc::EPOLL_CTL_ADD, 0);
     }
     forget_member(&m);
 }
@@ -454,17 +591,24 @@ fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
     }
 }
 
+/// What one pass over a set found.
+struct Gathered {
+    /// Our ready members' events.
+    ready: Vec<epoll_event>,
+    /// The earliest attach deadline of a pending connector (only for a call that
+    /// may sleep and found nothing).
+    attach: Option<Instant>,
+    /// The kernel set need not be asked ([`EpSet::may_skip_kernel`]).
+    skip_kernel: bool,
+}
+
 /// One pass over a live set: UDP members bound since they were added get their
 /// wakers, then what is ready (looked at twice when nothing is: entries armed by
-/// the first look are dirty once more) and, if `may_sleep` and nothing is, the
-/// earliest attach deadline of a pending connector. `None` if the set has no
-/// accelerated member.
-fn gather(
-    epfd: c_int,
-    set: &mut EpSet,
-    max: usize,
-    may_sleep: bool,
-) -> Option<(Vec<epoll_event>, Option<Instant>)> {
+/// the first look are dirty once more), if `may_sleep` and nothing is, the
+/// earliest attach deadline of a pending connector, and for a zero-timeout call
+/// without a signal mask (`may_skip`) whether the kernel set must be asked. `None` if
+/// the set has no accelerated member.
+fn gather(epfd: c_int, set: &mut EpSet, max: usize, may_sleep: bool, may_skip: bool) -> Option<Gathered> {
     if !set.live() {
         return None;
     }
@@ -477,6 +621,7 @@ fn gather(
             }
         }
     }
+    let answered = may_skip && set.queue_rung();
     let mut acc = Vec::new();
     collect(set, &mut acc, max);
     if acc.is_empty() {
@@ -492,7 +637,8 @@ fn gather(
     } else {
         None
     };
-    Some((acc, attach))
+    let skip_kernel = may_skip && set.may_skip_kernel(!acc.is_empty(), answered);
+    Some(Gathered { ready: acc, attach, skip_kernel })
 }
 
 fn with_set<T>(epfd: c_int, f: impl FnOnce(&mut EpSet) -> T) -> Option<T> {
@@ -508,27 +654,36 @@ pub unsafe fn wait(
     epfd: c_int,
     events: *mut epoll_event,
     max: c_int,
-    deadline: Option<Instant>,
+    timeout: Option<Duration>,
     mask: Option<*const sigset_t>,
 ) -> Option<c_int> {
     if SETS_LIVE.load(Ordering::Relaxed) == 0 || max <= 0 {
         return None;
     }
     let max = max as usize;
-    // A zero timeout (an event loop polling): one pass, one clock reading.
-    let poll_only = deadline.is_some_and(|d| d <= Instant::now());
+    // A zero timeout (an event loop polling): one pass, and no deadline (it never
+    // sleeps), so no clock reading unless it may leave the kernel set unasked.
+    let deadline = timeout.filter(|t| !t.is_zero()).map(|t| Instant::now() + t);
+    let poll_only = timeout == Some(Duration::ZERO);
+    // Not with a signal mask: the system call is also where signals the mask lets
+    // through are delivered (and the call then fails with EINTR).
+    let may_skip = poll_only && mask.is_none();
     let mut first = true;
     loop {
         // One visit to the set per pass (each is a lock and a look-up): what is
         // ready, and when the earliest pending connector decides (only if this call
         // may sleep).
         let now_due = poll_only || (!first && remaining(deadline) == Some(Duration::ZERO));
-        let (mut acc, attach) = match with_set(epfd, |set| gather(epfd, set, max, !now_due)) {
-            Some(Some(g)) => g,
-            // Not one of ours (any more), or nothing accelerated in it: the kernel's.
-            _ if first => return None,
-            _ => (Vec::new(), None),
-        };
+        let Gathered { ready: mut acc, attach, skip_kernel } =
+            match with_set(epfd, |set| gather(epfd, set, max, !now_due, may_skip)) {
+                Some(Some(g)) => g,
+                // Not one of ours (any more), or nothing accelerated in it: the kernel's.
+                _ if first => return None,
+                _ => Gathered { ready: Vec::new(), attach: None, skip_kernel: false },
+            };
+        if skip_kernel {
+            break finish(events, 0, &acc);
+        }
         let sleep = acc.is_empty() && !poll_only && (first || !now_due);
         first = false;
         let room = max - acc.len();

@@ -25,6 +25,7 @@ extern "C" fn before_fork() {
 
 extern "C" fn in_parent() {
     let _ = catch_unwind(table::unlock_after_fork);
+    crate::epoll::after_fork();
 }
 
 extern "C" fn in_child() {
@@ -34,6 +35,7 @@ extern "C" fn in_child() {
     conn::after_fork_child();
     udp::after_fork_child();
     remote::after_fork_child();
+    crate::epoll::after_fork();
 }
 
 extern "C" fn at_exit() {

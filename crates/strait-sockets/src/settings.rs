@@ -23,6 +23,9 @@ pub struct Settings {
     pub messages: bool,
     /// Smallest read buffer posted for rendezvous (`STRAIT_RENDEZVOUS_MIN`).
     pub rendezvous_min: usize,
+    /// Longest a zero-timeout `epoll_wait` goes without asking the kernel set
+    /// (`STRAIT_EPOLL_KERNEL_LOOK_US`; tests make it long to see what else bounds it).
+    pub epoll_kernel_look: Duration,
 }
 
 impl Settings {
@@ -46,6 +49,7 @@ impl Settings {
                 rendezvous_min: env_u64("STRAIT_RENDEZVOUS_MIN")
                     .map(|v| v.max(1) as usize)
                     .unwrap_or(64 << 10),
+                epoll_kernel_look: Duration::from_micros(env_u64("STRAIT_EPOLL_KERNEL_LOOK_US").unwrap_or(2)),
             }
         })
     }

@@ -388,6 +388,13 @@ fn flags_server(fd: c_int) {
         assert_eq!(errno(), libc::EEXIST);
         let mut ev2 = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 2 };
         assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, pipe[0], &mut ev2), 0);
+        // A second set: the pipe first, then the connection. Under strait, meeting
+        // the process's second set reads its kernel members from /proc (the pipe),
+        // which closes a descriptor while the library holds its sets.
+        let ep2 = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        assert!(ep2 >= 0);
+        assert_eq!(libc::epoll_ctl(ep2, libc::EPOLL_CTL_ADD, pipe[0], &mut ev2), 0);
+        assert_eq!(libc::epoll_ctl(ep2, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
         let mut out = [libc::epoll_event { events: 0, u64: 0 }; 8];
         assert_eq!(libc::epoll_wait(ep, out.as_mut_ptr(), 8, 30), 0, "epoll: nothing ready");
         write_all(fd, b"x"); // ask the client for one byte
@@ -401,6 +408,10 @@ fn flags_server(fd: c_int) {
         let mut ids: Vec<u64> = out[..2].iter().map(|e| e.u64).collect();
         ids.sort();
         assert_eq!(ids, vec![1, 2]);
+        // The second set sees both at once, with a zero timeout too.
+        let n = libc::epoll_wait(ep2, out.as_mut_ptr(), 8, 0);
+        assert_eq!(n, 2, "second set: connection and pipe");
+        libc::close(ep2);
         assert_eq!(read_some(fd, &mut b), 1);
         assert_eq!(b[0], b'y');
         let n = libc::epoll_wait(ep, out.as_mut_ptr(), 8, 0);

@@ -8,53 +8,15 @@
 use std::sync::Once;
 use std::thread;
 
-use libc::{c_int, c_void, sockaddr, sockaddr_in, socklen_t};
+use libc::{c_int, c_void};
 use strait_sockets::{calls, carried, Carried};
+
+mod common;
+use common::{connect, listener, ok};
 
 fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(strait_sockets::init);
-}
-
-fn loopback(port: u16) -> sockaddr_in {
-    // SAFETY: sockaddr_in is plain old data.
-    let mut a: sockaddr_in = unsafe { std::mem::zeroed() };
-    a.sin_family = libc::AF_INET as libc::sa_family_t;
-    a.sin_port = port.to_be();
-    a.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-    a
-}
-
-fn ok(r: c_int, what: &str) -> c_int {
-    assert!(r >= 0, "{what}: {}", std::io::Error::last_os_error());
-    r
-}
-
-/// A listening TCP socket on 127.0.0.1 made through the library; (fd, port).
-fn listener() -> (c_int, u16) {
-    // SAFETY: the library's stand-ins for libc's calls, with valid arguments.
-    unsafe {
-        let l = ok(calls::socket(libc::AF_INET, libc::SOCK_STREAM, 0), "socket");
-        let a = loopback(0);
-        let len = std::mem::size_of::<sockaddr_in>() as socklen_t;
-        ok(calls::bind(l, (&a as *const sockaddr_in).cast(), len), "bind");
-        ok(calls::listen(l, 16), "listen");
-        let mut got = loopback(0);
-        let mut glen = len;
-        ok(libc::getsockname(l, (&mut got as *mut sockaddr_in).cast::<sockaddr>(), &mut glen), "getsockname");
-        (l, u16::from_be(got.sin_port))
-    }
-}
-
-fn connect(port: u16) -> c_int {
-    // SAFETY: as above.
-    unsafe {
-        let c = ok(calls::socket(libc::AF_INET, libc::SOCK_STREAM, 0), "socket");
-        let a = loopback(port);
-        let len = std::mem::size_of::<sockaddr_in>() as socklen_t;
-        ok(calls::connect(c, (&a as *const sockaddr_in).cast(), len), "connect");
-        c
-    }
 }
 
 fn write_all(fd: c_int, mut buf: &[u8]) {

@@ -283,9 +283,8 @@ fn many_connections_leave_no_descriptor_or_mapping_behind() {
 /// `Connection: close` requests does), proves that they are there, then makes
 /// more connections to another listener (the kernel's `connect` may reuse a
 /// TIME_WAIT port towards another destination), each echoing a hashed payload.
-const TIME_WAIT_CLIENT: &str = r#"
-import hashlib, os, socket, struct, sys, threading, time
-first, more = int(sys.argv[1]), int(sys.argv[2])
+/// `recv_exactly(c, n)`: `n` bytes from socket `c` (prefixed to the scripts below).
+const PY_RECV_EXACTLY: &str = r#"
 def recv_exactly(c, n):
     got = b''
     while len(got) < n:
@@ -293,6 +292,11 @@ def recv_exactly(c, n):
         assert b, 'early end'
         got += b
     return got
+"#;
+
+const TIME_WAIT_CLIENT: &str = r#"
+import hashlib, os, socket, struct, sys, threading, time
+first, more = int(sys.argv[1]), int(sys.argv[2])
 def serve(l):
     while True:
         a, _ = l.accept()
@@ -342,7 +346,7 @@ fn connects_stay_accelerated_when_every_local_port_is_in_time_wait() {
         return;
     }
     ensure(PYTHON, "python3");
-    let cli = script("time-wait", TIME_WAIT_CLIENT);
+    let cli = script("time-wait", &[PY_RECV_EXACTLY, TIME_WAIT_CLIENT].concat());
     let (first, more) = (62, 20);
     let inner = format!(
         "ip link set lo up && sysctl -qw net.ipv4.ip_local_port_range='40000 40063' && exec {} run --stats -- {} {} {first} {more}",
@@ -377,13 +381,6 @@ fn connects_stay_accelerated_when_every_local_port_is_in_time_wait() {
 /// Each moves a hashed 64 KiB both ways.
 const OWN_LISTENER: &str = r#"
 import hashlib, os, select, socket, sys
-def recv_exactly(c, n):
-    got = b''
-    while len(got) < n:
-        b = c.recv(n - len(got))
-        assert b, 'early end'
-        got += b
-    return got
 def both_ways(c, a):
     up, down = os.urandom(65536), os.urandom(65536)
     c.sendall(up[:1000])
@@ -433,7 +430,7 @@ print('ACCEPTED-FIRST ok', flush=True)
 #[test]
 fn a_single_thread_connecting_to_its_own_listener_never_waits_for_itself() {
     ensure(PYTHON, "python3");
-    let s = script("own-listener", OWN_LISTENER);
+    let s = script("own-listener", &[PY_RECV_EXACTLY, OWN_LISTENER].concat());
     let out = run_for(
         &mut strait_run(&["--stats", "--attach-timeout-ms", "60000", "--", PYTHON, &s.display().to_string()]),
         Duration::from_secs(30),

@@ -503,7 +503,8 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
 pub struct MarkerLink {
     /// Our Unix socket, connected to the marker.
     pub unix: c_int,
-    /// The marker was bound by this very process (it holds the listening socket).
+    /// The marker was bound by this very process, which still holds the listening
+    /// socket.
     pub ours: bool,
 }
 
@@ -528,7 +529,8 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<M
         match trust::marker_holder_ok(u, Proto::Tcp, dest, from) {
             Some(cred) => Some(MarkerLink {
                 unix: u,
-                ours: u32::try_from(cred.pid).is_ok_and(|p| p == strait_sys::pid::current_pid()),
+                ours: u32::try_from(cred.pid).is_ok_and(|p| p == strait_sys::pid::current_pid())
+                    && holds_marker(&sa, slen),
             }),
             None => {
                 close_all(&[u]);
@@ -538,9 +540,25 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<M
     })
 }
 
+/// This process still holds a listening socket whose marker is `name` (a process
+/// that made the listener and closed it after forking, leaving the accepts to a
+/// child, has bound the marker but is not the acceptor). Looked at only for a
+/// connect to a marker this process bound.
+fn holds_marker(sa: &libc::sockaddr_un, len: socklen_t) -> bool {
+    let path = |a: &libc::sockaddr_un, l: socklen_t| -> Vec<libc::c_char> {
+        let n = (l as usize).saturating_sub(std::mem::size_of::<libc::sa_family_t>()).min(a.sun_path.len());
+        a.sun_path[..n].to_vec()
+    };
+    let want = path(sa, len);
+    crate::table::listening_entries()
+        .iter()
+        .filter_map(|(_, l)| l.local.get())
+        .any(|l| path(&l.name.0, l.name.1) == want)
+}
+
 /// How long a connector waits for its acceptor before the connection stays with the
-/// kernel. A listener of this very process can be accepted only by one of our own
-/// threads (or a child that shares it). With one thread, that is the thread that
+/// kernel. A listener this very process made and still holds can be accepted by
+/// one of our own threads (or a child that shares it). With one thread, that is the thread that
 /// would wait: a program that connects to its own listener and polls for writable,
 /// or writes, before it accepts (as the kernel allows) would wait out the whole
 /// timeout, so it does not wait at all (an accept made before the connection's

@@ -123,7 +123,7 @@ fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssi
     let rest = skip_bytes(iov, early);
     let r = match crate::settle::accel(fd) {
         Some(c) => io_result(c.send(fd, &rest, flags & libc::MSG_DONTWAIT != 0), sigpipe),
-        None => kernel_sendmsg(fd, &rest, flags),
+        None => crate::sock::kernel_sendmsg(fd, &rest, usize::MAX, flags),
     };
     match (early, r) {
         (0, r) => r,
@@ -146,20 +146,6 @@ fn skip_bytes(iov: &[(*const u8, usize)], mut skip: usize) -> Vec<(*const u8, us
         skip = 0;
     }
     out
-}
-
-/// The kernel's `sendmsg` of `iov` on `fd` with `flags`, for a write whose
-/// connection settled on the kernel in the middle of the call.
-fn kernel_sendmsg(fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
-    let mut parts: Vec<libc::iovec> =
-        iov.iter().map(|&(p, l)| libc::iovec { iov_base: p.cast_mut().cast(), iov_len: l }).collect();
-    // SAFETY: msghdr is plain old data; it points at our iovecs, which point at the
-    // caller's buffers.
-    let mut m: msghdr = unsafe { std::mem::zeroed() };
-    m.msg_iov = parts.as_mut_ptr();
-    m.msg_iovlen = parts.len() as _;
-    // SAFETY: as above.
-    unsafe { real::sendmsg(fd, &m, flags) }
 }
 
 /// # Safety

@@ -305,6 +305,9 @@ pub struct Conn {
     /// Bytes of the reader buffer this process posted for a rendezvous (0: none).
     /// A completion is believed only up to this, and only if we posted.
     rv_posted: AtomicUsize,
+    /// A pending connector's kernel connect was seen complete (so its readiness
+    /// stops asking the kernel: a pending entry is looked at on every epoll_wait).
+    kernel_connected: AtomicBool,
     /// The peer process a rendezvous may write into: the credentials of the
     /// liveness socket's other end, pinned at the first rendezvous. Never a pid
     /// read from shared memory.
@@ -373,6 +376,7 @@ impl Conn {
             remote_kernel: AtomicBool::new(false),
             mode: std::sync::OnceLock::new(),
             rv_posted: AtomicUsize::new(0),
+            kernel_connected: AtomicBool::new(false),
             rv_peer: std::sync::OnceLock::new(),
             head_seen: AtomicU64::new(0),
             spin: spin_policy(),
@@ -944,29 +948,13 @@ impl Conn {
         if n == 0 || (n < want && !nonblock) {
             return Early::NotNow;
         }
-        // The first `n` bytes of the caller's iovecs.
-        let mut left = n;
-        let mut parts: Vec<libc::iovec> = Vec::with_capacity(iov.len());
-        for &(p, l) in iov {
-            if left == 0 {
-                break;
-            }
-            let take = l.min(left);
-            parts.push(libc::iovec { iov_base: p.cast_mut().cast(), iov_len: take });
-            left -= take;
-        }
         // Said before the kernel's copy exists, so an acceptor that attaches after it
         // sees it no later than at its close (the discard then).
         self.shm.word(OFF_EARLY).store(1, Ordering::Release);
-        // SAFETY: msghdr is plain old data; it points at our iovec array, which
-        // points at the caller's buffers (the write call's contract).
-        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-        m.msg_iov = parts.as_mut_ptr();
-        m.msg_iovlen = parts.len() as _;
-        // Never blocking here: a blocking write the kernel cannot take whole settles
-        // first instead. SIGPIPE is the caller's to raise (as for the ring's EPIPE).
-        // SAFETY: as above.
-        let k = unsafe { real::sendmsg(fd, &m, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        // The first `n` bytes, never blocking here: a blocking write the kernel
+        // cannot take whole settles first instead. SIGPIPE is the caller's to raise
+        // (as for the ring's EPIPE).
+        let k = crate::sock::kernel_sendmsg(fd, iov, n, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
         if k < 0 {
             let e = real::errno();
             if e == libc::EAGAIN && !nonblock {
@@ -991,18 +979,24 @@ impl Conn {
     }
 
     /// A connector waiting for its acceptor can write now: the kernel's connect
-    /// completed (one `poll` of the kernel socket) and the ring has room.
+    /// completed (one `poll` of the kernel socket until it has) and the ring has room.
     fn early_writable(&self, fd: c_int) -> bool {
         if fd < 0 || Settings::get().messages || !matches!(self.room(), Ok((_, r)) if r > 0) {
             return false;
         }
+        if self.kernel_connected.load(Ordering::Relaxed) {
+            return true;
+        }
         let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
         // SAFETY: one pollfd on the stack; not waiting.
-        unsafe {
+        let connected = unsafe {
             real::poll(&mut p, 1, 0) == 1
                 && p.revents & libc::POLLOUT != 0
                 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0
-        }
+        };
+        // (A later error of the kernel socket is the early write's answer.)
+        self.kernel_connected.store(connected, Ordering::Relaxed);
+        connected
     }
 
     /// Acceptor: discards what the connector wrote to the kernel socket before we

@@ -341,8 +341,7 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
         real::set_errno(if bad { libc::EBADF } else { libc::EINVAL });
         return -1;
     }
-    // Counted before the sets' lock is taken: reading /proc closes a descriptor,
-    // and the library's `close` (this process's, under LD_PRELOAD) takes that lock.
+    // Counted before the sets' lock is taken: no file reading under it.
     let kernel_members = if known { None } else { count_kernel_members(epfd) };
     let (events, data) = if ev.is_null() {
         (0, 0)
@@ -416,8 +415,10 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
 /// The members of kernel set `epfd` (its `/proc` entry lists one `tfd:` line per
 /// member); `None` if it cannot be read.
 fn count_kernel_members(epfd: c_int) -> Option<usize> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")).ok()?;
-    Some(info.lines().filter(|l| l.starts_with("tfd:")).count())
+    let path = std::ffi::CString::new(format!("/proc/self/fdinfo/{epfd}")).ok()?;
+    // (Large enough for every member of a set the library would count at all.)
+    let info = strait_sys::procfs::read_raw(&path, 16 << 20)?;
+    Some(info.split(|&b| b == b'\n').filter(|l| l.starts_with(b"tfd:")).count())
 }
 
 /// True once some set is known: [`note_kernel_ctl`] must then hear of the

@@ -206,3 +206,25 @@ pub(crate) fn listen_marker(sa: &libc::sockaddr_un, len: socklen_t) -> Option<c_
     }
     Some(u)
 }
+
+/// The kernel's `sendmsg` on `fd` with `flags` of at most `limit` bytes of `iov`
+/// (the caller's segments, as `(pointer, length)`); the kernel's result, errno set.
+pub(crate) fn kernel_sendmsg(fd: c_int, iov: &[(*const u8, usize)], limit: usize, flags: c_int) -> isize {
+    let mut left = limit;
+    let mut parts: Vec<libc::iovec> = Vec::with_capacity(iov.len());
+    for &(p, l) in iov {
+        if left == 0 {
+            break;
+        }
+        let take = l.min(left);
+        parts.push(libc::iovec { iov_base: p.cast_mut().cast(), iov_len: take });
+        left -= take;
+    }
+    // SAFETY: msghdr is plain old data; it points at our iovec array, which points
+    // at the caller's buffers (its write call's contract).
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = parts.as_mut_ptr();
+    m.msg_iovlen = parts.len() as _;
+    // SAFETY: as above.
+    unsafe { crate::real::sendmsg(fd, &m, flags) }
+}

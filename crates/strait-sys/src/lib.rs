@@ -1,14 +1,15 @@
 //! strait's system helpers: the few system-call wrappers every layer needs, written
 //! once: shared and anonymous mappings ([`mmap`]), sealed memfds ([`memfd`]),
 //! descriptor passing ([`scm`]), random ids ([`random`]), the cached process id
-//! ([`pid`]), pinning a thread to a CPU ([`cpu`]), network namespaces and veth pairs ([`netns`]) and test payloads
+//! ([`pid`]), small files of `/proc` read inside the preload ([`procfs`]), pinning a
+//! thread to a CPU ([`cpu`]), network namespaces and veth pairs ([`netns`]) and test payloads
 //! ([`pattern()`]). This crate sits below every other strait crate and depends on
 //! none of them.
 //!
 //! Parts of it run inside `libstrait_preload.so`, which interposes libc's socket,
 //! descriptor and exec functions; a plain libc call to one of those from inside the
-//! preload would land in its own interposer. So [`memfd`], [`mmap`], [`random`] and
-//! [`pid`] call no function the preload exports (the seal `fcntl` and the error-path
+//! preload would land in its own interposer. So [`memfd`], [`mmap`], [`random`],
+//! [`pid`] and [`procfs`] call no function the preload exports (the seal `fcntl` and the error-path
 //! `close` are raw system calls), and [`scm`] has `_with` forms that take the
 //! `sendmsg`/`recvmsg` to use, so the preload passes its `real::` ones. [`netns`]
 //! (which runs `ip`) is for benchmarks and tests only.
@@ -20,6 +21,7 @@ pub mod mmap;
 pub mod netns;
 pub mod pattern;
 pub mod pid;
+pub mod procfs;
 pub mod random;
 pub mod scm;
 

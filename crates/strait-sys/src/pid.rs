@@ -28,27 +28,12 @@ pub fn forget_pid() {
 /// How many threads this process has, from `/proc/self/stat` (its 20th field,
 /// counted after the command name, which may itself hold spaces and parentheses).
 /// `None` when it cannot be read (no `/proc`, as after a `chroot`): callers then
-/// assume several. Raw system calls: the preload interposes `read` and `close`.
+/// assume several. Read with [`crate::procfs::read_raw`] (the preload interposes
+/// `read` and `close`).
 pub fn thread_count() -> Option<usize> {
-    // SAFETY: a NUL-terminated path; plain system call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat,
-            libc::AT_FDCWD,
-            c"/proc/self/stat".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    let mut buf = [0u8; 1024];
-    // SAFETY: reads into a local buffer of its length.
-    let n = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
-    // SAFETY: our descriptor, closed once.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
+    let stat = crate::procfs::read_raw(c"/proc/self/stat", 4096)?;
     // The command name is bytes, not always UTF-8; the fields after it are ASCII.
-    thread_count_in(&String::from_utf8_lossy(buf.get(..usize::try_from(n).ok()?)?))
+    thread_count_in(&String::from_utf8_lossy(&stat))
 }
 
 /// [`thread_count`] of one `/proc/<pid>/stat` line.

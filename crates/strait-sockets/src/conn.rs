@@ -231,6 +231,19 @@ pub(crate) trait FarEnd: Send + Sync {
 /// looks inside (only the far end's module knows the type).
 pub(crate) type FarSetup = Box<dyn std::any::Any + Send>;
 
+/// Connections whose liveness socket changed after they joined sets (a connector
+/// settled by path B watches the asker's socket from then on): each set compares
+/// this with what it saw and registers the new sockets (see [`hup_moved`]).
+pub(crate) static HUP_MOVES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A connection's liveness socket changed (the old one is closed, which takes it
+/// out of every kernel set): the sets that hold it register the new one at their
+/// next pass. The caller then rings the connection's own bell, so that a set
+/// asleep in the kernel makes that pass now.
+pub(crate) fn hup_moved() {
+    HUP_MOVES.fetch_add(1, Ordering::Release);
+}
+
 /// Process-wide counters (printed at exit with `STRAIT_STATS=1`).
 pub static ACCELERATED: AtomicUsize = AtomicUsize::new(0);
 pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
@@ -792,6 +805,13 @@ impl Conn {
             if let Some(c) = asked.take() {
                 // (The old one is the marker connection, held by another process.)
                 crate::fds::let_go(&[self.unix.swap(crate::fds::keep(c), Ordering::Relaxed)]);
+                // Epoll sets that hold this connection registered the old socket
+                // (now closed): they register this one at their next pass, which
+                // our own bell makes happen now for one asleep in the kernel.
+                hup_moved();
+                let one: u64 = 1;
+                // SAFETY: 8 bytes from a local to our own eventfd.
+                unsafe { real::write(self.my_efd, (&one as *const u64).cast(), 8) };
             }
         }
         if let Some(c) = asked {

@@ -120,6 +120,9 @@ pub struct EpSet {
     kernel_members: Option<usize>,
     /// [`FORKS`] when the set was met: the count is trusted only in the same era.
     forks_at_join: u32,
+    /// [`crate::conn::HUP_MOVES`] when this set last made sure that each connection's current
+    /// liveness socket is in the kernel set.
+    hup_moves_seen: u32,
     /// When a zero-timeout call last asked the kernel set, and the calls since.
     last_kernel_look: Option<Instant>,
     calls_since_kernel_look: u32,
@@ -281,6 +284,35 @@ impl EpSet {
         true
     }
 
+    /// After [`crate::conn::hup_moved`]: every connection of this set whose liveness socket is
+    /// not the one registered gets it registered (a crash of the peer that now
+    /// holds the other end must wake the set, as the kernel's FIN would).
+    fn follow_hup_moves(&mut self, epfd: c_int) {
+        let moves = crate::conn::HUP_MOVES.load(Ordering::Acquire);
+        if moves == self.hup_moves_seen {
+            return;
+        }
+        self.hup_moves_seen = moves;
+        let moved: Vec<Socket> = self
+            .wakers
+            .iter()
+            .filter(|m| match m {
+                Socket::Tcp(c) => !self.by_waker.get(&c.unix()).is_some_and(|x| x.same(m)),
+                _ => false,
+            })
+            .cloned()
+            .collect();
+        for m in moved {
+            let Socket::Tcp(c) = &m else { continue };
+            let u = c.unix();
+            let mut e = epoll_event { events: libc::EPOLLRDHUP as u32, u64: MAGIC_HUP | u as u32 as u64 };
+            // SAFETY: a local epoll_event; EEXIST (already there) is fine.
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, u, &mut e) };
+            self.by_waker.insert(u, m.clone());
+            self.touch(&m);
+        }
+    }
+
     /// Takes member `m` out: its entries, and its wakers (from the kernel set too).
     fn forget(&mut self, epfd: c_int, m: &Socket) {
         for i in self.of_member.get(&m.key()).cloned().unwrap_or_default() {
@@ -356,6 +388,7 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
         // `None` if the set was known and has gone since (closed by another thread).
         kernel_members,
         forks_at_join: FORKS.load(Ordering::Relaxed),
+        hup_moves_seen: crate::conn::HUP_MOVES.load(Ordering::Acquire),
         ..EpSet::default()
     });
     SETS_KNOWN.store(true, Ordering::Relaxed);
@@ -613,6 +646,7 @@ fn gather(epfd: c_int, set: &mut EpSet, max: usize, may_sleep: bool, may_skip: b
     if !set.live() {
         return None;
     }
+    set.follow_hup_moves(epfd);
     if set.pending_udp {
         set.pending_udp = false;
         let members: Vec<Socket> = set.entries().map(|e| e.conn.clone()).collect();

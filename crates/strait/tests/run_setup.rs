@@ -445,3 +445,131 @@ fn a_single_thread_connecting_to_its_own_listener_never_waits_for_itself() {
     assert_eq!(stat(&err, "accelerated"), 2, "{err}");
     assert_eq!(stat(&err, "kernel-fallback"), 4, "{err}");
 }
+
+/// An SO_REUSEPORT server that answers each connection's first byte with its own
+/// name and keeps every connection open until it is killed.
+const NAMED_REUSEPORT_SERVER: &str = r#"
+import socket, sys
+port, name = int(sys.argv[1]), sys.argv[2].encode()
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+l.bind(('127.0.0.1', port))
+l.listen(64)
+print('LISTENING', flush=True)
+held = []
+while True:
+    c, _ = l.accept()
+    c.recv(1)
+    c.sendall(name)
+    held.append(c)
+"#;
+
+/// Connects `n` connections and puts each in one epoll set right after its connect
+/// (before its first use), learns which server holds each, then waits for `GO` on
+/// stdin and for every connection of server B to report its end (B is killed in
+/// between), 20 s at most; A's must stay quiet.
+const EPOLL_CRASH_CLIENT: &str = r#"
+import select, socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+ep = select.epoll()
+conns = {}
+for _ in range(n):
+    c = socket.create_connection(('127.0.0.1', port), timeout=10)
+    ep.register(c.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+    conns[c.fileno()] = c
+for c in conns.values():
+    c.sendall(b'x')
+owner = {}
+deadline = time.time() + 20
+while len(owner) < n and time.time() < deadline:
+    for fd, ev in ep.poll(1):
+        if fd not in owner:
+            owner[fd] = conns[fd].recv(1)
+b = [fd for fd, o in owner.items() if o == b'B']
+print('READY', len(owner), len(b), flush=True)
+sys.stdin.readline()
+seen, t0 = set(), time.time()
+while len(seen) < len(b) and time.time() - t0 < 20:
+    for fd, ev in ep.poll(1):
+        try:
+            got = conns[fd].recv(16)
+        except ConnectionResetError:
+            got = b''
+        if got == b'':
+            ep.unregister(fd)
+            seen.add(fd)
+        else:
+            print('UNEXPECTED', fd, got, flush=True)
+quiet = all(fd not in seen for fd, o in owner.items() if o == b'A')
+print('ENDS', len(seen & set(b)), 'of', len(b), 'quiet' if quiet else 'NOISY', '%.1f' % (time.time() - t0), flush=True)
+"#;
+
+/// A connection whose acceptor took it by asking the connector directly (path B:
+/// the other SO_REUSEPORT server holds the rendezvous name and got the hello)
+/// watches the Unix socket that ask came on. A client that put the connection in
+/// its epoll set before that was settled must still hear of the acceptor's death,
+/// as the kernel's FIN would tell it. The first build registered only the Unix
+/// socket of the hello in the set, which is closed at settling: the crash went
+/// unreported (the wait ran out).
+#[test]
+fn an_epoll_client_hears_of_a_crashed_acceptor_that_claimed_its_connection_by_asking() {
+    use std::io::{BufRead, Write};
+    ensure(PYTHON, "python3");
+    let srv = script("named-reuseport", NAMED_REUSEPORT_SERVER);
+    let cli = script("epoll-crash-client", EPOLL_CRASH_CLIENT);
+    let port = free_port().to_string();
+    let start = |name: &str| {
+        spawn_until_line(
+            &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, name]),
+            "LISTENING",
+        )
+    };
+    // A first: it holds the rendezvous name, so B claims its connections by path B.
+    let (mut a, _) = start("A");
+    let (mut b, _) = start("B");
+    let (mut client, mut out) = {
+        let mut cmd = strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "24"]);
+        cmd.stdin(std::process::Stdio::piped());
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("client");
+        let r = BufReader::new(child.stdout.take().expect("stdout"));
+        (child, r)
+    };
+    let mut line = String::new();
+    out.read_line(&mut line).expect("READY");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f.first(), Some(&"READY"), "{line}");
+    assert_eq!(f.get(1), Some(&"24"), "every connection answered: {line}");
+    let on_b: usize = f.get(2).and_then(|v| v.parse().ok()).expect("count");
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(b.id() as libc::pid_t, libc::SIGKILL) };
+    let _ = b.wait();
+    client.stdin.take().expect("stdin").write_all(b"GO\n").expect("GO");
+    let rest = run_for_child(&mut client, &mut out, Duration::from_secs(40));
+    let _ = a.kill();
+    let _ = a.wait();
+    let err = std::io::read_to_string(client.stderr.take().expect("stderr")).unwrap_or_default();
+    assert!(on_b > 0, "the kernel gave server B none of 24 connections: {line}");
+    assert!(
+        rest.contains(&format!("ENDS {on_b} of {on_b} quiet")),
+        "every connection of the killed server ends, the others stay: {rest}\n{err}"
+    );
+    assert!(stat(&err, "accelerated") >= 24, "{err}");
+}
+
+/// The rest of `child`'s stdout once it exits, `bound` at most (then killed).
+fn run_for_child(child: &mut Child, out: &mut BufReader<ChildStdout>, bound: Duration) -> String {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < bound {
+        if child.try_wait().ok().flatten().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    std::io::read_to_string(out).unwrap_or_default()
+}

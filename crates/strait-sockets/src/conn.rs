@@ -483,9 +483,7 @@ impl Conn {
     }
 
     fn ring_bell(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local to the peer's eventfd.
-        unsafe { real::write(self.peer_efd, (&one as *const u64).cast(), 8) };
+        crate::sock::ring_eventfd(self.peer_efd);
     }
 
     /// Rings the peer's eventfd whether or not it said it sleeps (a rendezvous
@@ -809,9 +807,7 @@ impl Conn {
                 // (now closed): they register this one at their next pass, which
                 // our own bell makes happen now for one asleep in the kernel.
                 hup_moved();
-                let one: u64 = 1;
-                // SAFETY: 8 bytes from a local to our own eventfd.
-                unsafe { real::write(self.my_efd, (&one as *const u64).cast(), 8) };
+                crate::sock::ring_eventfd(self.my_efd);
             }
         }
         if let Some(c) = asked {

@@ -480,13 +480,11 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
         nonblock,
         None,
     ));
-    let one: u64 = 1;
     // The connector's eventfd under its new number: `Conn::new` moved the one we
     // received above the program's descriptors and closed the old number (a bell
     // rung there went nowhere, and a connector already asleep in poll or epoll
     // slept on until its next time slice, 1 s).
-    // SAFETY: wakes the connector (8 bytes from a local to its eventfd).
-    unsafe { real::write(conn.peer_efd, (&one as *const u64).cast(), 8) };
+    crate::sock::ring_eventfd(conn.peer_efd);
     crate::conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
     if path_b {
         crate::conn::PATH_B.fetch_add(1, Ordering::Relaxed);

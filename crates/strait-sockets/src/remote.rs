@@ -60,7 +60,7 @@ use crate::conn::{
 use crate::listening::Marker;
 use crate::real;
 use crate::settings::Settings;
-use crate::sock::{close_all, key_of, sock_key, Key};
+use crate::sock::{close_all, key_of, ring_eventfd, sock_key, Key};
 use strait_shm::stream::pieces;
 
 const MSG_MAGIC: u64 = 0x3230_5652_5454_5253; // "SRTTRV02"
@@ -398,12 +398,6 @@ fn new_rings() -> Option<(c_int, Shm)> {
 fn eventfd() -> c_int {
     // SAFETY: plain syscall.
     unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }
-}
-
-fn ring_eventfd(fd: c_int) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a local to an eventfd.
-    unsafe { real::write(fd, (&one as *const u64).cast(), 8) };
 }
 
 // ------------------------------------------------------------------ pending state

@@ -104,6 +104,14 @@ pub(crate) fn socket_option(fd: c_int, opt: c_int) -> Option<c_int> {
     (r == 0).then_some(v)
 }
 
+/// Rings an eventfd (adds 1; never blocks: the library's eventfds are
+/// non-blocking, and a full counter already means "rung").
+pub(crate) fn ring_eventfd(fd: c_int) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a local to an eventfd.
+    unsafe { real::write(fd, (&one as *const u64).cast(), 8) };
+}
+
 pub(crate) fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
     strait_sys::send_fds_with(real::sendmsg, sock, data, fds, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
         .is_ok_and(|n| n == data.len())

@@ -440,9 +440,7 @@ impl OutChan {
             self.fetch_reply();
             let efd = self.efd.load(Ordering::Relaxed);
             if efd >= 0 {
-                let one: u64 = 1;
-                // SAFETY: 8 bytes from a local to the receiver's eventfd.
-                unsafe { real::write(efd, (&one as *const u64).cast(), 8) };
+                crate::sock::ring_eventfd(efd);
             }
             strait_probe::probe!(strait_probe::Stage::DoorbellEnd);
         }

@@ -193,8 +193,12 @@ impl SpinPolicy {
 
 /// Runnable threads system-wide and this process's cores: the fourth field of
 /// `/proc/loadavg` (`running/total`) and the affinity mask. `None` if unreadable.
+/// Read through [`strait_sys::procfs`]: raw system calls (the preload interposes
+/// `read` and `close`), and the handle on `/proc` where the library took one, so a
+/// program that `chroot`s keeps sampling.
 pub fn sample_load() -> Option<Load> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let raw = strait_sys::procfs::read("loadavg", 4096)?;
+    let text = String::from_utf8_lossy(&raw);
     let runnable = text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()?;
     let cores = std::thread::available_parallelism().ok()?.get();
     Some(Load { runnable, cores })

@@ -925,14 +925,8 @@ fn forget(fd: c_int) {
 
 /// The open descriptors in `first..=last`, or `None` if they cannot be listed.
 fn open_fds_in(first: c_uint, last: c_uint) -> Option<Vec<c_int>> {
-    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
-    let mut v: Vec<c_int> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<c_uint>().ok())
-        .filter(|&fd| fd >= first && fd <= last && fd <= c_int::MAX as c_uint)
-        .map(|fd| fd as c_int)
-        .collect();
-    v.sort_unstable();
+    let mut v = strait_sys::procfs::own_fds()?;
+    v.retain(|&fd| c_uint::try_from(fd).is_ok_and(|u| u >= first && u <= last));
     Some(v)
 }
 

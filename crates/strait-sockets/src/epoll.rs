@@ -350,8 +350,7 @@ fn del_wakers(epfd: c_int, c: &Socket) {
 /// `epoll_ctl` on an accelerated descriptor (never handed to the kernel set).
 /// True if `epfd` is an epoll descriptor (asked once per set, not per call).
 fn is_epoll(epfd: c_int) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{epfd}"))
-        .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[eventpoll]")
+    strait_sys::procfs::readlink(&format!("self/fd/{epfd}")).is_some_and(|l| l == b"anon_inode:[eventpoll]")
 }
 
 pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_event) -> c_int {
@@ -448,9 +447,8 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
 /// The members of kernel set `epfd` (its `/proc` entry lists one `tfd:` line per
 /// member); `None` if it cannot be read.
 fn count_kernel_members(epfd: c_int) -> Option<usize> {
-    let path = std::ffi::CString::new(format!("/proc/self/fdinfo/{epfd}")).ok()?;
     // (Large enough for every member of a set the library would count at all.)
-    let info = strait_sys::procfs::read_raw(&path, 16 << 20)?;
+    let info = strait_sys::procfs::read(&format!("self/fdinfo/{epfd}"), 16 << 20)?;
     Some(info.split(|&b| b == b'\n').filter(|l| l.starts_with(b"tfd:")).count())
 }
 

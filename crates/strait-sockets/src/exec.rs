@@ -433,11 +433,8 @@ fn environ_ptr() -> *const *const c_char {
 
 /// Descriptors of this process that are sockets, with their inodes.
 fn socket_fds() -> Vec<(c_int, u64)> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<c_int>().ok())
-        .filter_map(|fd| Some((fd, inode(fd)?)))
-        .collect()
+    let fds = strait_sys::procfs::own_fds().unwrap_or_default();
+    fds.into_iter().filter_map(|fd| Some((fd, inode(fd)?))).collect()
 }
 
 /// In the library's constructor: takes over the connections the previous program

@@ -60,6 +60,11 @@ pub mod stdio;
 /// Sets the library up in a new process (called once, when it is loaded, by the
 /// cdylib's initialiser).
 pub fn init() {
+    // First: a handle on `/proc` for every later look-up, taken before the program
+    // can `chroot` away from it.
+    if let Some(fd) = strait_sys::procfs::open_root() {
+        strait_sys::procfs::set_root(fds::keep(fd));
+    }
     process::start();
     stats::init();
     let _ = std::panic::catch_unwind(exec::adopt);

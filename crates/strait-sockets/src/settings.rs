@@ -88,8 +88,9 @@ const LOAD_SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// True while the machine looks crowded (more runnable threads than cores): waiters
 /// then sleep at once. One sample per [`LOAD_SAMPLE_EVERY`] for the whole process
-/// (reading `/proc/loadavg`; where that fails, as in a chroot or a sandbox, the
-/// machine never counts as crowded). `now` is the waiter's clock reading; between
+/// (reading `/proc/loadavg` through the library's handle on `/proc`, so a `chroot`
+/// does not stop it; where it fails, as in a sandbox, the machine never counts as
+/// crowded). `now` is the waiter's clock reading; between
 /// samples this is two relaxed loads.
 pub(crate) fn crowded(now: Instant) -> bool {
     static BASE: OnceLock<Instant> = OnceLock::new();

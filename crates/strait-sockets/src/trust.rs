@@ -74,12 +74,10 @@ pub(crate) fn trusted_user(uid: u32) -> bool {
 
 /// An `O_PATH` descriptor of socket `fd` (close-on-exec, owned by the caller): a
 /// proof that this process holds the socket, which gives its receiver no power
-/// over it. `None` where `/proc` is not mounted.
+/// over it. `None` where `/proc` was not mounted when the library was loaded.
 pub(crate) fn socket_token(fd: c_int) -> Option<c_int> {
-    let path = format!("/proc/self/fd/{fd}\0");
-    // SAFETY: a NUL-terminated path; O_PATH opens nothing for I/O.
-    let t = unsafe { libc::open(path.as_ptr().cast(), libc::O_PATH | libc::O_CLOEXEC) };
-    (t >= 0).then_some(t)
+    // (O_PATH opens nothing for I/O.)
+    strait_sys::procfs::open(&format!("self/fd/{fd}"), libc::O_PATH)
 }
 
 /// The inode of the socket a token names, if it is one.
@@ -98,12 +96,8 @@ pub(crate) fn token_inode(token: c_int) -> Option<u64> {
 /// write without blocking would do, and only an eventfd is made non-blocking by
 /// its creator here, so the fallback also requires `O_NONBLOCK`.
 pub(crate) fn is_eventfd(fd: c_int) -> bool {
-    let path = format!("/proc/self/fd/{fd}\0");
-    let mut buf = [0u8; 64];
-    // SAFETY: a NUL-terminated path and a local buffer of its length.
-    let n = unsafe { libc::readlink(path.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n > 0 {
-        return &buf[..n as usize] == b"anon_inode:[eventfd]";
+    if let Some(kind) = strait_sys::procfs::readlink(&format!("self/fd/{fd}")) {
+        return kind == b"anon_inode:[eventfd]";
     }
     // SAFETY: stat is plain old data; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };

@@ -28,10 +28,10 @@ pub fn forget_pid() {
 /// How many threads this process has, from `/proc/self/stat` (its 20th field,
 /// counted after the command name, which may itself hold spaces and parentheses).
 /// `None` when it cannot be read (no `/proc`, as after a `chroot`): callers then
-/// assume several. Read with [`crate::procfs::read_raw`] (the preload interposes
-/// `read` and `close`).
+/// assume several. Read with [`crate::procfs::read`] (the preload interposes
+/// `read` and `close`; the handle on `/proc` outlives a `chroot`).
 pub fn thread_count() -> Option<usize> {
-    let stat = crate::procfs::read_raw(c"/proc/self/stat", 4096)?;
+    let stat = crate::procfs::read("self/stat", 4096)?;
     // The command name is bytes, not always UTF-8; the fields after it are ASCII.
     thread_count_in(&String::from_utf8_lossy(&stat))
 }

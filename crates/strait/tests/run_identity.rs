@@ -317,6 +317,97 @@ fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
     assert_eq!(stat(&serr, "accelerated"), 1, "server: {serr}");
 }
 
+/// A daemon that confines itself at start: listens, chroots into an empty
+/// directory (no `/proc` there), drops to www-data, and only then makes its epoll
+/// set and accepts, echoing every connection.
+const CHROOTED_EPOLL_SERVER: &str = r#"
+import os, selectors, socket, sys
+port, jail, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(64)
+os.chroot(jail)
+os.chdir('/')
+os.setgroups([])
+os.setgid(33)
+os.setuid(33)
+sel = selectors.EpollSelector()
+sel.register(l, selectors.EVENT_READ)
+print('LISTENING', flush=True)
+done = 0
+while done < n:
+    for k, _ in sel.select(timeout=60):
+        if k.fileobj is l:
+            c, _ = l.accept()
+            sel.register(c, selectors.EVENT_READ)
+        else:
+            d = k.fileobj.recv(1 << 16)
+            if d:
+                k.fileobj.sendall(d)
+            else:
+                sel.unregister(k.fileobj)
+                k.fileobj.close()
+                done += 1
+print('SERVED', done, flush=True)
+"#;
+
+/// A client that streams through `n` connections one after another, each echoed
+/// back whole, and chroots into an empty directory half way.
+const CHROOTED_CLIENT: &str = r#"
+import encodings.idna, os, socket, sys
+exec(open(sys.argv[2]).read())
+port, jail, n = int(sys.argv[1]), sys.argv[3], int(sys.argv[4])
+for i in range(n):
+    if i == n // 2:
+        os.chroot(jail)
+        os.chdir('/')
+    c = connect(port)
+    got, m = pump(c.fileno(), c.fileno(), b'client')
+    if got != expected(b'client'):
+        print('STREAM BAD', i, m, flush=True)
+        sys.exit(1)
+    c.close()
+print('STREAM ok', n, flush=True)
+"#;
+
+/// Both ends chroot into a tree without `/proc` (a daemon confines itself at start:
+/// the server before its first connection, then drops to www-data and makes its
+/// epoll set; the client half way through its connections): every connection is
+/// accelerated and echoes its stream whole. The library looks `/proc` up through a
+/// handle taken when it was loaded; through the path, the server's `epoll_ctl` of
+/// an accelerated connection failed with EINVAL (its set was not recognised) and
+/// the chrooted client could make no proof of its socket (the kernel path).
+#[test]
+fn a_server_and_a_client_that_chroot_before_they_connect_stay_accelerated() {
+    let Some(jail) = root_jail("jail-early") else { return };
+    // (www-data must be able to enter it; it is empty.)
+    let _ = std::fs::set_permissions(&jail, std::os::unix::fs::PermissionsExt::from_mode(0o755));
+    const CONNS: usize = 8;
+    let port = free_port();
+    let stream = script("stream-early", STREAM);
+    let srv = script("chrooted-epoll-server", CHROOTED_EPOLL_SERVER);
+    let cli = script("chrooted-client", CHROOTED_CLIENT);
+    let (p, j, st, n) =
+        (port.to_string(), jail.display().to_string(), stream.display().to_string(), CONNS.to_string());
+    let server = spawn_waiting(
+        &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("path"), &p, &j, &n]),
+        "LISTENING",
+    );
+    let out = run_for(
+        strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("path"), &p, &st, &j, &n])
+            .env("STRAIT_IDENTITY_MIB", "4"),
+        Duration::from_secs(120),
+    )
+    .expect("client finished in time");
+    let (sok, serr) = stderr_of(server, Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&jail);
+    let err = both_ok(&out, "STREAM ok", (sok, &serr));
+    assert_eq!(stat(&err, "accelerated"), CONNS, "client: {err}");
+    assert_eq!(stat(&err, "kernel-fallback"), 0, "client: {err}");
+    assert_eq!(stat(&serr, "accelerated"), CONNS, "server: {serr}");
+}
+
 /// OpenSSH in its default privilege-separated mode (a fresh sshd per connection by
 /// re-exec, the pre-authentication child chrooted into /run/sshd as user sshd with
 /// a seccomp sandbox and a descriptor limit of 1), on a test port with a throwaway

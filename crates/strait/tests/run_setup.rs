@@ -251,7 +251,7 @@ print('ANSWERS', ok, flush=True)
 
 /// 100 connections held at once between two processes, all carried, each answered
 /// right; once the programs closed them, the library holds no connection's
-/// descriptor and no shared memory (`lib-fds` at most 1, `shm-bytes 0` at exit),
+/// descriptor and no shared memory (`lib-fds` at most 2, `shm-bytes 0` at exit),
 /// while it held some at the peak (`--stats` reports both). Ten more that the
 /// client opened and closed unused count as accelerated at both ends.
 #[test]
@@ -269,9 +269,9 @@ fn many_connections_leave_no_descriptor_or_mapping_behind() {
     assert!(text.contains(&format!("ANSWERS {n}")), "client: {text}\n{err}\nserver: {serr}");
     for (who, e) in [("client", &err), ("server", &serr)] {
         assert_eq!(stat(e, "accelerated"), 110, "{who}: {e}");
-        // (At most one stays: the process's socket-diagnostics socket, kept for the
-        // next proof; nothing per connection.)
-        assert!(stat(e, "lib-fds") <= 1, "{who} holds no connection's descriptor after closing: {e}");
+        // (At most two stay: the process's handle on /proc, taken at load, and its
+        // socket-diagnostics socket, kept for the next proof; nothing per connection.)
+        assert!(stat(e, "lib-fds") <= 2, "{who} holds no connection's descriptor after closing: {e}");
         assert_eq!(stat(e, "shm-bytes"), 0, "{who} holds no ring after closing: {e}");
         assert!(stat(e, "lib-fds-peak") >= 100, "{who} held the library's descriptors while open: {e}");
         assert!(stat(e, "shm-bytes-peak") >= 100 * 4096, "{who} held rings while open: {e}");

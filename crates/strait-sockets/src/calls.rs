@@ -940,11 +940,8 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
             real::set_errno(libc::EINVAL);
             return -1;
         }
-        if !(table::any_live()
-            || crate::fds::any_internal()
-            || crate::table::any_udp()
-            || table::any_listening())
-        {
+        let carried = table::any_live() || crate::table::any_udp() || table::any_listening();
+        if !(carried || crate::fds::any_internal()) {
             return real();
         }
         if flags & libc::CLOSE_RANGE_UNSHARE as c_int != 0 {
@@ -952,6 +949,26 @@ pub unsafe fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
             if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
                 return -1;
             }
+        }
+        let flags = flags & !(libc::CLOSE_RANGE_UNSHARE as c_int);
+        if !carried {
+            // Only the library's own descriptors to step over (such as its handle on
+            // /proc, held from the start): the ranges between them, one call each.
+            let mut from = first;
+            for fd in crate::fds::internal_in(first, last) {
+                // (Descriptors are below i32::MAX: no overflow.)
+                let fd = fd as c_uint;
+                if fd > from {
+                    // SAFETY: plain syscall on the program's descriptors only.
+                    unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, flags) };
+                }
+                from = fd + 1;
+            }
+            if from > last {
+                return 0;
+            }
+            // SAFETY: as above.
+            return unsafe { libc::syscall(libc::SYS_close_range, from, last, flags) as c_int };
         }
         // Descriptor by descriptor, stepping over the library's own (the directory
         // listing's own descriptor is closed by the time we close, and skipped).

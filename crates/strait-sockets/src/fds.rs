@@ -113,6 +113,23 @@ pub fn any_internal() -> bool {
     INTERNAL.live.load(Ordering::Relaxed) != 0
 }
 
+/// The library's own descriptors in `first..=last`, ascending.
+pub fn internal_in(first: libc::c_uint, last: libc::c_uint) -> Vec<c_int> {
+    let t = INTERNAL.bits.read().unwrap_or_else(|e| e.into_inner());
+    let mut out = Vec::new();
+    for (w, &bits) in t.iter().enumerate() {
+        let mut b = bits;
+        while b != 0 {
+            let fd = w * 64 + b.trailing_zeros() as usize;
+            b &= b - 1;
+            if (first as usize..=last as usize).contains(&fd) {
+                out.push(fd as c_int);
+            }
+        }
+    }
+    out
+}
+
 /// True if `fd` is one of the library's own descriptors.
 pub fn is_internal(fd: c_int) -> bool {
     INTERNAL.contains(fd)

@@ -317,12 +317,14 @@ fn both_ends_unshare_chroot_and_become_different_users_after_connecting() {
     assert_eq!(stat(&serr, "accelerated"), 1, "server: {serr}");
 }
 
-/// A daemon that confines itself at start: listens, chroots into an empty
-/// directory (no `/proc` there), drops to www-data, and only then makes its epoll
-/// set and accepts, echoing every connection.
+/// A daemon that confines itself at start: closes every descriptor above stderr
+/// (`close_range`, as daemons do), listens, chroots into an empty directory (no
+/// `/proc` there), drops to www-data, and only then makes its epoll set and
+/// accepts, echoing every connection.
 const CHROOTED_EPOLL_SERVER: &str = r#"
 import os, selectors, socket, sys
 port, jail, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+os.closerange(3, 1 << 20)
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(('127.0.0.1', port))
@@ -372,12 +374,14 @@ print('STREAM ok', n, flush=True)
 "#;
 
 /// Both ends chroot into a tree without `/proc` (a daemon confines itself at start:
-/// the server before its first connection, then drops to www-data and makes its
-/// epoll set; the client half way through its connections): every connection is
-/// accelerated and echoes its stream whole. The library looks `/proc` up through a
-/// handle taken when it was loaded; through the path, the server's `epoll_ctl` of
-/// an accelerated connection failed with EINVAL (its set was not recognised) and
-/// the chrooted client could make no proof of its socket (the kernel path).
+/// the server sweeps its descriptors with `close_range` and chroots before its
+/// first connection, then drops to www-data and makes its epoll set; the client
+/// chroots half way through its connections): every connection is accelerated and
+/// echoes its stream whole. The library looks `/proc` up through a handle taken
+/// when it was loaded, which the sweep steps over; through the path, the server's
+/// `epoll_ctl` of an accelerated connection failed with EINVAL (its set was not
+/// recognised) and the chrooted client could make no proof of its socket (the
+/// kernel path).
 #[test]
 fn a_server_and_a_client_that_chroot_before_they_connect_stay_accelerated() {
     let Some(jail) = root_jail("jail-early") else { return };

@@ -3,7 +3,7 @@
 //! from its `close` and `close_range` sweeps, and the shared memory it has mapped;
 //! both counted, with their peaks, for `STRAIT_STATS`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::RwLock;
 
 use libc::c_int;
@@ -15,12 +15,20 @@ use libc::c_int;
 /// `close_range`/`closefrom` step over them. While none exist a lookup is one load.
 pub struct InternalFds {
     live: AtomicUsize,
+    /// No descriptor below this was ever the library's: the program's (low)
+    /// numbers are answered with one load, though the library always holds some
+    /// (its handle on /proc).
+    lowest: AtomicI32,
     bits: RwLock<Vec<u64>>,
 }
 
 impl InternalFds {
     const fn new() -> Self {
-        InternalFds { live: AtomicUsize::new(0), bits: RwLock::new(Vec::new()) }
+        InternalFds {
+            live: AtomicUsize::new(0),
+            lowest: AtomicI32::new(c_int::MAX),
+            bits: RwLock::new(Vec::new()),
+        }
     }
 
     fn set(&self, fd: c_int, on: bool) {
@@ -28,6 +36,10 @@ impl InternalFds {
             return;
         }
         let (w, b) = (fd as usize / 64, 1u64 << (fd as usize % 64));
+        if on {
+            // (Before the bit is set: a reader that sees the bit also sees this.)
+            self.lowest.fetch_min(fd, Ordering::Relaxed);
+        }
         let mut t = self.bits.write().unwrap_or_else(|e| e.into_inner());
         if t.len() <= w {
             t.resize(w + 1, 0);
@@ -44,7 +56,7 @@ impl InternalFds {
     }
 
     fn contains(&self, fd: c_int) -> bool {
-        if self.live.load(Ordering::Relaxed) == 0 || fd < 0 {
+        if self.live.load(Ordering::Relaxed) == 0 || fd < self.lowest.load(Ordering::Relaxed) || fd < 0 {
             return false;
         }
         let t = self.bits.read().unwrap_or_else(|e| e.into_inner());

@@ -181,7 +181,7 @@ pub(crate) fn fchmod(fd: RawFd, mode: libc::mode_t) -> io::Result<()> {
 /// True if `fd` is an eventfd (the only kind of doorbell a peer may hand us: a pipe
 /// or socket could make our doorbell write block).
 pub(crate) fn is_eventfd(fd: RawFd) -> bool {
-    strait_sys::procfs::readlink(&format!("self/fd/{fd}")).is_some_and(|p| p == b"anon_inode:[eventfd]")
+    strait_sys::procfs::fd_kind(fd).is_some_and(|p| p == b"anon_inode:[eventfd]")
 }
 
 /// A new epoll instance (close-on-exec).

@@ -350,7 +350,7 @@ fn del_wakers(epfd: c_int, c: &Socket) {
 /// `epoll_ctl` on an accelerated descriptor (never handed to the kernel set).
 /// True if `epfd` is an epoll descriptor (asked once per set, not per call).
 fn is_epoll(epfd: c_int) -> bool {
-    strait_sys::procfs::readlink(&format!("self/fd/{epfd}")).is_some_and(|l| l == b"anon_inode:[eventpoll]")
+    strait_sys::procfs::fd_kind(epfd).is_some_and(|l| l == b"anon_inode:[eventpoll]")
 }
 
 pub fn ctl(epfd: c_int, op: c_int, fd: c_int, conn: Arc<Conn>, ev: *const epoll_event) -> c_int {

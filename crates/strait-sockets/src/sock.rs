@@ -16,18 +16,7 @@ pub(crate) fn netns() -> u64 {
     static NS: OnceLock<u64> = OnceLock::new();
     *NS.get_or_init(|| {
         // (Through the handle on `/proc`: first asked after a `chroot`, too.)
-        let Some(ns) = strait_sys::procfs::open("self/ns/net", libc::O_PATH) else { return 0 };
-        // SAFETY: stat is plain old data, filled by the call.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: a descriptor we opened and a local stat; closed once.
-        let ok = unsafe { libc::fstat(ns, &mut st) } == 0;
-        // SAFETY: as above.
-        unsafe { real::close(ns) };
-        if ok {
-            st.st_ino
-        } else {
-            0
-        }
+        strait_sys::procfs::inode("self/ns/net").unwrap_or(0)
     })
 }
 

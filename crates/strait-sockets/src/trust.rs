@@ -96,7 +96,7 @@ pub(crate) fn token_inode(token: c_int) -> Option<u64> {
 /// write without blocking would do, and only an eventfd is made non-blocking by
 /// its creator here, so the fallback also requires `O_NONBLOCK`.
 pub(crate) fn is_eventfd(fd: c_int) -> bool {
-    if let Some(kind) = strait_sys::procfs::readlink(&format!("self/fd/{fd}")) {
+    if let Some(kind) = strait_sys::procfs::fd_kind(fd) {
         return kind == b"anon_inode:[eventfd]";
     }
     // SAFETY: stat is plain old data; fstat fills it.

@@ -74,6 +74,22 @@ pub fn readlink(rel: &str) -> Option<Vec<u8>> {
     Some(buf[..n].to_vec())
 }
 
+/// What descriptor `fd` of this process is, as `/proc/self/fd/N` names it (such
+/// as `anon_inode:[eventfd]` or `socket:[123]`).
+pub fn fd_kind(fd: c_int) -> Option<Vec<u8>> {
+    readlink(&format!("self/fd/{fd}"))
+}
+
+/// The inode of `rel` under `/proc` (such as `self/ns/net`, whose inode names the
+/// network namespace), following links.
+pub fn inode(rel: &str) -> Option<u64> {
+    let (dir, path) = locate(rel)?;
+    // SAFETY: stat is plain old data, filled by the call.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a local stat.
+    (unsafe { libc::fstatat(dir, path.as_ptr(), &mut st, 0) } == 0).then_some(st.st_ino)
+}
+
 /// The whole content of `rel` under `/proc`; as [`read_raw`].
 pub fn read(rel: &str, limit: usize) -> Option<Vec<u8>> {
     let fd = open(rel, libc::O_RDONLY)?;

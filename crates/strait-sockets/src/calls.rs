@@ -904,6 +904,10 @@ pub unsafe fn close(fd: c_int) -> c_int {
             }
         }
         forget(fd);
+        if let Some(c) = &conn {
+            // Before the number is free for another file.
+            unwatch_before_close(fd, c);
+        }
         let r = real();
         if let Some(c) = conn {
             table::drop_ref_closed(c, ids);
@@ -916,6 +920,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
 fn forget(fd: c_int) {
     discover::mark_other(fd, false);
     if let Some(c) = table::remove(fd) {
+        unwatch_before_close(fd, &c);
         table::drop_ref(c);
     }
     table::remove_listening(fd);
@@ -1014,8 +1019,19 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
                 return -1;
             }
             c.shutdown(how);
-            // The idle kernel socket follows, so its state answers as expected.
-            real();
+            if !c.watched_by_socket() {
+                // A connection to another host: the kernel socket follows, so its
+                // state answers as expected.
+                real();
+            } else if c.awaiting_attach() {
+                // Not settled: if it ends on the kernel, the kernel socket shuts
+                // down then ([`crate::discover::give_up`]).
+                c.defer_kernel_shutdown(how);
+            }
+            // Otherwise never forwarded: the kernel socket's hang-up must mean
+            // that the peer's last holder is gone
+            // ([`crate::conn::Liveness::TcpSocket`]); the half-close travels in
+            // the rings.
             return 0;
         }
         real()
@@ -1047,14 +1063,41 @@ pub unsafe fn dup(fd: c_int) -> c_int {
 /// # Safety
 /// As for libc's `dup2`.
 pub unsafe fn dup2(fd: c_int, new: c_int) -> c_int {
+    before_dup_onto(fd, new);
     // SAFETY: forwarded arguments.
     let r = unsafe { real::dup2(fd, new) };
     after_dup(fd, r)
 }
 
+/// The program's descriptor `fd` of `c` is about to close (or to get another
+/// file): epoll sets that watch the peer's hang-up through it move to another.
+fn unwatch_before_close(fd: c_int, c: &std::sync::Arc<Conn>) {
+    crate::epoll::hup_fd_closing(fd, c, &|| table::fd_of(c, fd));
+}
+
+/// Before a dup-like call puts `fd`'s file at `new`: if `new` was a descriptor of
+/// another connection, the epoll sets stop watching through it while it still
+/// is that connection's.
+fn before_dup_onto(fd: c_int, new: c_int) {
+    if fd == new || !table::any_live() {
+        return;
+    }
+    guard(
+        || (),
+        || {
+            if let Some(c) = table::lookup(new) {
+                if !table::lookup(fd).is_some_and(|o| std::sync::Arc::ptr_eq(&o, &c)) {
+                    unwatch_before_close(new, &c);
+                }
+            }
+        },
+    );
+}
+
 /// # Safety
 /// As for libc's `dup3`.
 pub unsafe fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    before_dup_onto(fd, new);
     // SAFETY: forwarded arguments.
     let r = unsafe { real::dup3(fd, new, flags) };
     after_dup(fd, r)

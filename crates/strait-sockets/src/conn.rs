@@ -1,6 +1,9 @@
 //! One accelerated TCP connection: a shared mapping with two byte rings (one per
-//! direction), an eventfd doorbell per side and a Unix socket whose hang-up tells
-//! that the peer process is gone.
+//! direction) and an eventfd doorbell per side. The program's own TCP socket tells
+//! that the peer is gone: no byte and no shutdown of the library's ever goes through
+//! it, so its hang-up (the kernel's FIN or reset) comes exactly when the last
+//! process holding the peer's socket closed it or died, whatever forks, passes and
+//! execs happened on the way.
 //!
 //! Layout of the mapping (a sealed memfd, handed only to the two ends):
 //!
@@ -109,7 +112,7 @@ pub const PENDING: u64 = 0;
 pub const ATTACHED: u64 = 1;
 pub const KERNEL: u64 = 2;
 /// Attached by an acceptor that asked the connector directly (path B): the
-/// connector then watches the Unix socket that request came on.
+/// connector's peer is then the asker, not the marker's holder.
 pub const ATTACHED_B: u64 = 3;
 
 /// TCP states in socket diagnostics: a socket that has not sent its FIN.
@@ -130,6 +133,9 @@ pub enum Early {
 
 /// A connector's state until the acceptor attached.
 pub struct PendingC {
+    /// Our Unix socket connected to the listener's marker, which the hello went
+    /// out on (its holder drops hellos whose link hung up): kept until settled.
+    pub marker: c_int,
     /// Kept open only until settled, for path B.
     pub memfd: c_int,
     /// Our per-connection name (-1 if it could not be bound).
@@ -231,19 +237,6 @@ pub(crate) trait FarEnd: Send + Sync {
 /// looks inside (only the far end's module knows the type).
 pub(crate) type FarSetup = Box<dyn std::any::Any + Send>;
 
-/// Connections whose liveness socket changed after they joined sets (a connector
-/// settled by path B watches the asker's socket from then on): each set compares
-/// this with what it saw and registers the new sockets (see [`hup_moved`]).
-pub(crate) static HUP_MOVES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// A connection's liveness socket changed (the old one is closed, which takes it
-/// out of every kernel set): the sets that hold it register the new one at their
-/// next pass. The caller then rings the connection's own bell, so that a set
-/// asleep in the kernel makes that pass now.
-pub(crate) fn hup_moved() {
-    HUP_MOVES.fetch_add(1, Ordering::Release);
-}
-
 /// Process-wide counters (printed at exit with `STRAIT_STATS=1`).
 pub static ACCELERATED: AtomicUsize = AtomicUsize::new(0);
 pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
@@ -260,6 +253,20 @@ pub static REMOTE_FORGED: AtomicUsize = AtomicUsize::new(0);
 /// Connections attached by asking the connector directly (path B).
 pub static PATH_B: AtomicUsize = AtomicUsize::new(0);
 
+/// How one end learns that every process at the other end is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// The program's TCP socket of the connection (any of its descriptors): the
+    /// kernel reports its hang-up when the last holder of the peer's socket closed
+    /// it or died. The library never forwards a `shutdown` to it (a half-close
+    /// travels in the rings), so nothing else hangs it up. No descriptor of the
+    /// library's.
+    TcpSocket,
+    /// A Unix socket of the library's whose other end the peer holds (a connection
+    /// to another host: the bridge's end of a socketpair).
+    Socket(c_int),
+}
+
 /// The descriptors that carry one end of a connection besides its mapping (owned by
 /// the [`Conn`] made from them).
 pub struct Carriers {
@@ -267,10 +274,14 @@ pub struct Carriers {
     pub my_efd: c_int,
     /// The peer's eventfd.
     pub peer_efd: c_int,
-    /// The Unix socket whose hang-up means the peer is gone.
-    pub unix: c_int,
+    /// How the peer's end is watched.
+    pub liveness: Liveness,
     /// The vault holding the mapping's memfd (-1: none).
     pub vault: c_int,
+    /// The process a rendezvous may write into: the kernel's word on who sent the
+    /// hello (or, for a connector, who holds the marker or asked by path B), never
+    /// a pid read from shared memory. `None`: the ring only.
+    pub peer_pid: Option<libc::pid_t>,
 }
 
 /// One end of an accelerated connection.
@@ -280,7 +291,7 @@ pub struct Conn {
     pub side: usize,
     pub my_efd: c_int,
     pub peer_efd: c_int,
-    unix: AtomicI32,
+    liveness: Liveness,
     /// Holds the mapping's memfd in flight (-1: none, e.g. a connection to another
     /// host), for `exec`.
     pub vault: c_int,
@@ -290,6 +301,9 @@ pub struct Conn {
     pub nonblock: AtomicBool,
     rd_shut: AtomicBool,
     wr_shut: AtomicBool,
+    /// Shutdowns the kernel socket owes if the connection ends on the kernel
+    /// (bit 0 read, bit 1 write; [`Conn::defer_kernel_shutdown`]).
+    kernel_shut: std::sync::atomic::AtomicU8,
     peer_dead: AtomicBool,
     /// Descriptors of this process that refer to this connection.
     pub fdrefs: AtomicUsize,
@@ -321,10 +335,9 @@ pub struct Conn {
     /// A pending connector's kernel connect was seen complete (so its readiness
     /// stops asking the kernel: a pending entry is looked at on every epoll_wait).
     kernel_connected: AtomicBool,
-    /// The peer process a rendezvous may write into: the credentials of the
-    /// liveness socket's other end, pinned at the first rendezvous. Never a pid
-    /// read from shared memory.
-    rv_peer: std::sync::OnceLock<Option<libc::pid_t>>,
+    /// The peer process a rendezvous may write into ([`Carriers::peer_pid`]; 0:
+    /// none). A connector settled by path B learns it from the asker's socket.
+    rv_peer: AtomicI32,
     /// How long this connection's blocked calls spin before they sleep.
     spin: SpinPolicy,
     /// The reader's head of our transmit ring as this process last read it: never
@@ -361,20 +374,25 @@ pub enum IoErr {
 
 impl Conn {
     pub fn new(shm: Shm, side: usize, fds: Carriers, nonblock: bool, pending: Option<PendingC>) -> Conn {
-        let Carriers { my_efd, peer_efd, unix, vault } = fds;
-        let [my_efd, peer_efd, unix, vault] = [my_efd, peer_efd, unix, vault].map(crate::fds::keep);
+        let Carriers { my_efd, peer_efd, liveness, vault, peer_pid } = fds;
+        let [my_efd, peer_efd, vault] = [my_efd, peer_efd, vault].map(crate::fds::keep);
+        let liveness = match liveness {
+            Liveness::Socket(u) => Liveness::Socket(crate::fds::keep(u)),
+            Liveness::TcpSocket => Liveness::TcpSocket,
+        };
         Conn {
             shm,
             side,
             my_efd,
             peer_efd,
-            unix: AtomicI32::new(unix),
+            liveness,
             vault,
             awaiting: AtomicBool::new(pending.is_some()),
             pending: Mutex::new(pending),
             nonblock: AtomicBool::new(nonblock),
             rd_shut: AtomicBool::new(false),
             wr_shut: AtomicBool::new(false),
+            kernel_shut: std::sync::atomic::AtomicU8::new(0),
             peer_dead: AtomicBool::new(false),
             fdrefs: AtomicUsize::new(1),
             released: AtomicBool::new(false),
@@ -390,7 +408,7 @@ impl Conn {
             mode: std::sync::OnceLock::new(),
             rv_posted: AtomicUsize::new(0),
             kernel_connected: AtomicBool::new(false),
-            rv_peer: std::sync::OnceLock::new(),
+            rv_peer: AtomicI32::new(peer_pid.unwrap_or(0)),
             head_seen: AtomicU64::new(0),
             spin: spin_policy(),
         }
@@ -420,9 +438,19 @@ impl Conn {
         self.shm.state().load(Ordering::Acquire)
     }
 
-    /// The Unix socket whose hang-up means the peer process is gone.
-    pub fn unix(&self) -> c_int {
-        self.unix.load(Ordering::Relaxed)
+    /// The descriptor whose hang-up means the peer is gone, for the program's
+    /// descriptor `fd` of this connection (-1 if not known: nothing to watch).
+    pub fn hup_fd(&self, fd: c_int) -> c_int {
+        match self.liveness {
+            Liveness::TcpSocket => fd,
+            Liveness::Socket(u) => u,
+        }
+    }
+
+    /// True if the peer is watched through the program's own socket (no
+    /// descriptor of the library's).
+    pub fn watched_by_socket(&self) -> bool {
+        self.liveness == Liveness::TcpSocket
     }
 
     pub fn attached(&self) -> bool {
@@ -505,39 +533,50 @@ impl Conn {
     /// busy-polling program calls millions of times a second. A dead peer is still
     /// noticed within microseconds there, and at once by poll/epoll (they watch the
     /// hang-up) and by a blocked call.
-    fn check_peer_now_and_then(&self) -> bool {
+    fn check_peer_now_and_then(&self, fd: c_int) -> bool {
         if self.peer_dead.load(Ordering::Relaxed) {
             return true;
         }
         if !self.idle_polls.fetch_add(1, Ordering::Relaxed).is_multiple_of(64) {
             return false;
         }
-        self.check_peer()
+        self.check_peer(fd)
     }
 
     /// What a non-blocking call that can go no further now returns: `Ok(done)` if
     /// it moved some bytes, else `Err(Again)`; `None` where
     /// [`Conn::check_peer_now_and_then`] finds the peer gone (a read looks again and
     /// finds the end, a write fails).
-    fn nonblocking_result(&self, done: usize) -> Option<Result<usize, IoErr>> {
+    fn nonblocking_result(&self, fd: c_int, done: usize) -> Option<Result<usize, IoErr>> {
         if done > 0 {
             return Some(Ok(done));
         }
-        if self.check_peer_now_and_then() {
+        if self.check_peer_now_and_then(fd) {
             return None;
         }
         Some(Err(IoErr::Again))
     }
 
-    /// Checks (with a zero-timeout poll) whether the peer's Unix socket hung up.
-    pub fn check_peer(&self) -> bool {
+    /// Checks (with a zero-timeout poll) whether the peer hung up ([`Liveness`]),
+    /// through the program's descriptor `fd` of this connection when the TCP
+    /// socket is what tells (-1: not known, nothing checked). Bytes waiting in
+    /// the TCP socket (a connector's early write not yet discarded) are no
+    /// hang-up; anything arriving on a liveness socket of the library's is one.
+    pub fn check_peer(&self, fd: c_int) -> bool {
         if self.peer_dead.load(Ordering::Relaxed) {
             return true;
         }
-        let mut p = libc::pollfd { fd: self.unix(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+        let (watch, gone) = match self.liveness {
+            Liveness::TcpSocket => (fd, libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR),
+            Liveness::Socket(u) => (u, libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLIN),
+        };
+        if watch < 0 {
+            return false;
+        }
+        let mut p = libc::pollfd { fd: watch, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
         // SAFETY: one pollfd on the stack.
         let r = unsafe { real::poll(&mut p, 1, 0) };
-        if r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLIN) != 0 {
+        if r > 0 && p.revents & gone != 0 {
             self.peer_dead.store(true, Ordering::Relaxed);
             return true;
         }
@@ -705,7 +744,7 @@ impl Conn {
             }
             let mut p = [
                 libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: self.unix(), events: libc::POLLRDHUP, revents: 0 },
+                libc::pollfd { fd: self.hup_fd(fd), events: libc::POLLRDHUP, revents: 0 },
                 libc::pollfd { fd: self.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 },
             ];
             let r = crate::wait::kernel_poll(&mut p, ms, None);
@@ -719,7 +758,7 @@ impl Conn {
                     self.drain_bell();
                 }
                 if p[1].revents != 0 {
-                    self.check_peer();
+                    self.check_peer(fd);
                 }
             }
         }
@@ -797,23 +836,15 @@ impl Conn {
         }
         let p = pending.take()?;
         self.awaiting.store(false, Ordering::Release);
+        if st == ATTACHED_B && p.asked >= 0 {
+            // The acceptor that asked is the peer a rendezvous may write into (the
+            // marker's holder, who got the hello first, is not).
+            let pid = crate::trust::peer_cred(p.asked).map_or(0, |c| c.pid);
+            self.rv_peer.store(pid, Ordering::Relaxed);
+        }
+        // The marker link, the path-B name and the asker's socket all go: the TCP
+        // socket tells from now on whether the peer lives.
         p.close();
-        let mut asked = (p.asked >= 0).then_some(p.asked);
-        if st == ATTACHED_B {
-            if let Some(c) = asked.take() {
-                // (The old one is the marker connection, held by another process.)
-                crate::fds::let_go(&[self.unix.swap(crate::fds::keep(c), Ordering::Relaxed)]);
-                // Epoll sets that hold this connection registered the old socket
-                // (now closed): they register this one at their next pass, which
-                // our own bell makes happen now for one asleep in the kernel.
-                hup_moved();
-                crate::sock::ring_eventfd(self.my_efd);
-            }
-        }
-        if let Some(c) = asked {
-            // SAFETY: our socket.
-            unsafe { real::close(c) };
-        }
         Some(st == ATTACHED || st == ATTACHED_B)
     }
 
@@ -841,7 +872,7 @@ impl Conn {
         // EAGAIN, a busy-polling reader) answers without the locks: nothing would be
         // consumed under them, and they cost four atomic operations per call.
         if nonblock && matches!(self.shm.ring(self.rx()).readable(), Ok(s) if s.len == 0) && !self.rx_eof() {
-            if let Some(r) = self.nonblocking_result(0) {
+            if let Some(r) = self.nonblocking_result(fd, 0) {
                 return r;
             }
         }
@@ -878,7 +909,7 @@ impl Conn {
                 return Ok(got);
             }
             if nonblock {
-                match self.nonblocking_result(got) {
+                match self.nonblocking_result(fd, got) {
                     Some(r) => return r,
                     None => continue,
                 }
@@ -1062,7 +1093,7 @@ impl Conn {
             if room == 0 {
                 drop(lock);
                 if nonblock {
-                    return self.nonblocking_result(sent).unwrap_or(Err(IoErr::Pipe));
+                    return self.nonblocking_result(fd, sent).unwrap_or(Err(IoErr::Pipe));
                 }
                 match self.wait(fd, false, &|c| matches!(c.room(), Ok((_, r)) if r > 0) || c.tx_broken()) {
                     Waited::Ready => continue,
@@ -1138,7 +1169,7 @@ impl Conn {
                         self.peer_dead.store(true, Ordering::Relaxed);
                         return Err(IoErr::Reset);
                     }
-                    if self.check_peer() {
+                    if self.check_peer(fd) {
                         return Err(IoErr::Reset);
                     }
                     match self
@@ -1237,7 +1268,7 @@ impl Conn {
                 return Ok(got);
             }
             if nonblock {
-                match self.nonblocking_result(got) {
+                match self.nonblocking_result(fd, got) {
                     Some(r) => return r,
                     None => continue,
                 }
@@ -1285,12 +1316,12 @@ impl Conn {
         {
             return false;
         }
-        // Only into the process at the other end of our liveness socket, pinned
-        // once: the pid word in shared memory merely has to agree (a forked reader
-        // of the peer's is served through the ring).
-        let peer = *self.rv_peer.get_or_init(|| crate::trust::peer_cred(self.unix()).map(|c| c.pid));
+        // Only into the process the kernel named at setup ([`Carriers::peer_pid`]):
+        // the pid word in shared memory merely has to agree (a forked reader of the
+        // peer's is served through the ring).
+        let peer = self.rv_peer.load(Ordering::Relaxed);
         let pid = match peer {
-            Some(p) if p as u64 == self.w(d, RV_PID).load(Ordering::Relaxed) => p,
+            p if p > 0 && p as u64 == self.w(d, RV_PID).load(Ordering::Relaxed) => p,
             _ => {
                 st.store(RV_POSTED, Ordering::Release);
                 return false;
@@ -1372,7 +1403,7 @@ impl Conn {
                     drop(lock);
                 }
                 if nonblock && done == 0 {
-                    return self.nonblocking_result(0).unwrap_or(Err(IoErr::Pipe));
+                    return self.nonblocking_result(fd, 0).unwrap_or(Err(IoErr::Pipe));
                 }
                 let room_for = if done == 0 && need <= ring { need } else { 1 };
                 // Once a message started it is finished: signals and timeouts wait.
@@ -1437,6 +1468,29 @@ impl Conn {
             self.w(self.tx(), WCLOSED).store(1, Ordering::Release);
             self.ring_bell_for_close();
             self.pump_remote();
+        }
+    }
+
+    /// A `shutdown(how)` made while the connector waits for its acceptor: the
+    /// kernel socket gets it if the connection ends on the kernel
+    /// ([`Conn::deferred_kernel_shutdown`]), never if it attaches (the peer would
+    /// take the kernel's FIN for its hang-up).
+    pub fn defer_kernel_shutdown(&self, how: c_int) {
+        let bits = match how {
+            libc::SHUT_RD => 1,
+            libc::SHUT_WR => 2,
+            _ => 3,
+        };
+        self.kernel_shut.fetch_or(bits, Ordering::Relaxed);
+    }
+
+    /// The `how` of the shutdowns [`Conn::defer_kernel_shutdown`] kept, if any.
+    pub fn deferred_kernel_shutdown(&self) -> Option<c_int> {
+        match self.kernel_shut.load(Ordering::Relaxed) {
+            1 => Some(libc::SHUT_RD),
+            2 => Some(libc::SHUT_WR),
+            3 => Some(libc::SHUT_RDWR),
+            _ => None,
         }
     }
 
@@ -1655,6 +1709,9 @@ impl Drop for Conn {
             p.close();
         }
         // These descriptors belong to this connection alone.
-        crate::fds::let_go(&[self.my_efd, self.peer_efd, self.unix(), self.vault]);
+        crate::fds::let_go(&[self.my_efd, self.peer_efd, self.vault]);
+        if let Liveness::Socket(u) = self.liveness {
+            crate::fds::let_go(&[u]);
+        }
     }
 }

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use libc::{c_int, sockaddr, socklen_t};
 
 use crate::conn::{
-    Carriers, Conn, PendingC, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
+    Carriers, Conn, Liveness, PendingC, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
 };
 use crate::listening::{far_end_inode, Claims, Hello, Listener};
 use crate::real;
@@ -172,7 +172,13 @@ fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
 /// Checks a hello's header and descriptors; `None` (all closed) if anything is off:
 /// a ring larger than ours (a peer may not make us map more than we would), a
 /// doorbell that is not an eventfd, a token that is not a socket's.
-fn parse_hello(h: &[u8; HELLO_LEN], fds: Vec<c_int>, unix: c_int, uid: u32) -> Option<Hello> {
+fn parse_hello(
+    h: &[u8; HELLO_LEN],
+    fds: Vec<c_int>,
+    unix: c_int,
+    cred: Option<libc::ucred>,
+) -> Option<Hello> {
+    let (uid, pid) = cred.map_or((u32::MAX, 0), |c| (c.uid, c.pid));
     let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
     let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
     let ring = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default()) as usize;
@@ -190,7 +196,16 @@ fn parse_hello(h: &[u8; HELLO_LEN], fds: Vec<c_int>, unix: c_int, uid: u32) -> O
         close_all(&[unix]);
         return trust::refuse();
     }
-    Some(Hello { ring, fds: [fds[0], fds[1], fds[2]], token: fds[3], ino, uid, unix, at: Instant::now() })
+    Some(Hello {
+        ring,
+        fds: [fds[0], fds[1], fds[2]],
+        token: fds[3],
+        ino,
+        uid,
+        pid,
+        unix,
+        at: Instant::now(),
+    })
 }
 
 impl Listener {
@@ -238,7 +253,8 @@ impl Listener {
             // Any user may connect (a connection between two users is proven by its
             // token), but no account may hold more than its share, and the oldest
             // silent connection goes when too many wait.
-            let uid = trust::peer_cred(c).map_or(u32::MAX, |cr| cr.uid);
+            let cred = trust::peer_cred(c);
+            let uid = cred.map_or(u32::MAX, |cr| cr.uid);
             if !trust::trusted_user(uid) && p.held_by(uid) >= MAX_PER_USER {
                 close_all(&[c]);
                 trust::refuse::<()>();
@@ -248,11 +264,11 @@ impl Listener {
                 let (old, _) = p.waiting.remove(0);
                 close_all(&[old]);
             }
-            p.waiting.push((c, uid));
+            p.waiting.push((c, cred));
         }
         let mut i = 0;
         while i < p.waiting.len() {
-            let (c, uid) = p.waiting[i];
+            let (c, cred) = p.waiting[i];
             match recv_hello(c) {
                 None => i += 1,
                 Some(Err(())) => {
@@ -261,7 +277,7 @@ impl Listener {
                 }
                 Some(Ok((h, fds))) => {
                     p.waiting.remove(i);
-                    if let Some(h) = parse_hello(&h, fds, c, uid) {
+                    if let Some(h) = parse_hello(&h, fds, c, cred) {
                         if p.hellos.len() >= MAX_HELLOS {
                             p.hellos.remove(0).close();
                         }
@@ -401,12 +417,11 @@ fn ask_connector(fd: c_int) -> Option<Hello> {
         close_all(&[u]);
         return None;
     }
-    let uid = cred.map_or(u32::MAX, |c| c.uid);
     let deadline = Instant::now() + Settings::get().announce_wait;
     loop {
         match recv_hello(u) {
             Some(Ok((h, fds))) => {
-                let h = parse_hello(&h, fds, u, uid)?;
+                let h = parse_hello(&h, fds, u, cred)?;
                 // Its token must name the far end of the connection we accepted.
                 if !h.names(far.inode) {
                     h.close();
@@ -473,10 +488,19 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
         crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    // The link the hello came on has done its work: the TCP socket tells from now
+    // on whether the connector lives.
+    close_all(&[h.unix]);
     let conn = Arc::new(Conn::new(
         shm,
         1,
-        Carriers { my_efd: efd_a, peer_efd: efd_c, unix: h.unix, vault },
+        Carriers {
+            my_efd: efd_a,
+            peer_efd: efd_c,
+            liveness: Liveness::TcpSocket,
+            vault,
+            peer_pid: (h.pid > 0).then_some(h.pid),
+        },
         nonblock,
         None,
     ));
@@ -501,6 +525,8 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
 pub struct MarkerLink {
     /// Our Unix socket, connected to the marker.
     pub unix: c_int,
+    /// The marker's holder, as the kernel names it.
+    pub holder: libc::pid_t,
     /// The marker was bound by this very process, which still holds the listening
     /// socket.
     pub ours: bool,
@@ -527,6 +553,7 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<M
         match trust::marker_holder_ok(u, Proto::Tcp, dest, from) {
             Some(cred) => Some(MarkerLink {
                 unix: u,
+                holder: cred.pid,
                 ours: u32::try_from(cred.pid).is_ok_and(|p| p == strait_sys::pid::current_pid())
                     && holds_marker(&sa, slen),
             }),
@@ -577,8 +604,9 @@ fn attach_wait(own_listener: bool) -> Duration {
 
 /// Everything a connector sets up before its TCP connect.
 pub struct Prepared {
-    unix: c_int,
     shm: Shm,
+    /// The marker's holder ([`MarkerLink::holder`]).
+    holder: libc::pid_t,
     efd_c: c_int,
     efd_a: c_int,
     pending: PendingC,
@@ -642,11 +670,12 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
         }
     }
     Some(Prepared {
-        unix,
         shm,
+        holder: link.holder,
         efd_c,
         efd_a,
         pending: PendingC {
+            marker: unix,
             memfd,
             listener,
             hello: h,
@@ -664,7 +693,13 @@ pub fn register(fd: c_int, p: Prepared) {
     let conn = Arc::new(Conn::new(
         p.shm,
         0,
-        Carriers { my_efd: p.efd_c, peer_efd: p.efd_a, unix: p.unix, vault },
+        Carriers {
+            my_efd: p.efd_c,
+            peer_efd: p.efd_a,
+            liveness: Liveness::TcpSocket,
+            vault,
+            peer_pid: (p.holder > 0).then_some(p.holder),
+        },
         nonblock,
         Some(p.pending),
     ));
@@ -676,17 +711,18 @@ pub fn register(fd: c_int, p: Prepared) {
 impl Prepared {
     /// The TCP connect failed: undo.
     pub fn abandon(self) {
-        close_all(&[self.unix, self.efd_c, self.efd_a]);
+        close_all(&[self.efd_c, self.efd_a]);
         self.pending.close();
     }
 }
 
 impl PendingC {
+    /// Closes everything kept until settling (the marker link, the memfd, the
+    /// path-B name and the socket of an acceptor that asked there).
     pub fn close(&self) {
-        close_all(&[self.memfd]);
-        if self.listener >= 0 {
-            close_all(&[self.listener]);
-        }
+        let fds: Vec<c_int> =
+            [self.marker, self.memfd, self.listener, self.asked].into_iter().filter(|&f| f >= 0).collect();
+        close_all(&fds);
     }
 
     /// Path B, connector side: serves one request waiting at our name, after
@@ -751,8 +787,12 @@ impl PendingC {
 
 /// A pending connector whose peer never attached: back to the kernel for good.
 pub fn give_up(fd: c_int, conn: &Arc<Conn>) {
-    let _ = fd;
     debug_assert_eq!(conn.state(), KERNEL);
+    if let Some(how) = conn.deferred_kernel_shutdown() {
+        // The program shut it down while it waited: the kernel socket does now.
+        // SAFETY: plain syscall on the program's socket.
+        unsafe { real::shutdown(fd, how) };
+    }
     crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
     crate::table::remove_conn(conn);
     // A non-blocking connector may already be in epoll sets: its socket joins them.
@@ -801,7 +841,7 @@ mod tests {
             let token = crate::trust::socket_token(sock).expect("token");
             let ino = crate::trust::token_inode(token).expect("a socket's token");
             assert_eq!(crate::trust::token_inode(sock), Some(ino), "the socket and its token name one inode");
-            let h = Hello { ring: 0, fds: [-1; 3], token, ino, uid: 0, unix: -1, at: Instant::now() };
+            let h = Hello { ring: 0, fds: [-1; 3], token, ino, uid: 0, pid: 0, unix: -1, at: Instant::now() };
             let addr = listener.local_addr().expect("addr");
             let sa = libc::sockaddr_in {
                 sin_family: libc::AF_INET as u16,

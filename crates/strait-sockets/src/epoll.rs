@@ -47,11 +47,17 @@ static FORKS: AtomicU32 = AtomicU32::new(0);
 static SETS_KNOWN: AtomicBool = AtomicBool::new(false);
 
 /// The descriptors that wake a sleeper for this member, with their tags; `None`
-/// if it has none yet (a UDP socket not bound yet).
-fn wakers(m: &Socket) -> Option<Vec<(c_int, u64, i32)>> {
+/// if it has none yet (a UDP socket not bound yet). `hup` is the program's
+/// descriptor of a connection watched through its own socket (-1: not watched).
+fn wakers(m: &Socket, hup: c_int) -> Option<Vec<(c_int, u64, i32)>> {
     match m {
         Socket::Tcp(c) => {
-            let mut w = vec![(c.my_efd, MAGIC_BELL, libc::EPOLLIN), (c.unix(), MAGIC_HUP, libc::EPOLLRDHUP)];
+            let mut w = vec![(c.my_efd, MAGIC_BELL, libc::EPOLLIN)];
+            // The peer's hang-up ([`crate::conn::Liveness`]).
+            let hup = c.hup_fd(hup);
+            if hup >= 0 {
+                w.push((hup, MAGIC_HUP, libc::EPOLLRDHUP));
+            }
             // A connection to another host: its UDP socket rings like a bell.
             w.extend(c.remote_fd().map(|fd| (fd, MAGIC_BELL, libc::EPOLLIN)));
             // A connector not attached yet: an acceptor asking by path B (the
@@ -105,13 +111,14 @@ pub struct EpSet {
     /// The entries of each member (by [`Socket::key`]).
     of_member: IntMap<usize, Vec<usize>>,
     /// The member behind each waker descriptor in the kernel set (doorbells,
-    /// liveness sockets, markers).
+    /// program sockets watched for the peer's hang-up, markers).
     by_waker: IntMap<c_int, Socket>,
-    /// Connections whose bell and Unix socket are in the kernel set. They stay
-    /// after EPOLL_CTL_DEL (programs such as hiredis delete and re-add on every
-    /// request) until the connection is closed: a bell with no entry is drained
-    /// and ignored.
-    wakers: Vec<Socket>,
+    /// Members whose wakers are in the kernel set, each with the program's
+    /// descriptor registered for its peer's hang-up (-1: none). They stay after
+    /// EPOLL_CTL_DEL (programs such as hiredis delete and re-add on every request)
+    /// until the connection is closed: a bell with no entry is drained and
+    /// ignored.
+    wakers: Vec<(Socket, c_int)>,
     /// A UDP member had no wakers yet (not bound when added): look again.
     pending_udp: bool,
     /// Members the program put in the kernel set itself (counted from the set's
@@ -120,9 +127,6 @@ pub struct EpSet {
     kernel_members: Option<usize>,
     /// [`FORKS`] when the set was met: the count is trusted only in the same era.
     forks_at_join: u32,
-    /// [`crate::conn::HUP_MOVES`] when this set last made sure that each connection's current
-    /// liveness socket is in the kernel set.
-    hup_moves_seen: u32,
     /// When a zero-timeout call last asked the kernel set, and the calls since.
     last_kernel_look: Option<Instant>,
     calls_since_kernel_look: u32,
@@ -269,10 +273,15 @@ impl EpSet {
         self.of_member.insert(key, idx);
     }
 
-    /// Puts `m`'s wakers in the kernel set (and in `by_waker`); false if it has
-    /// none yet.
-    fn add_wakers(&mut self, epfd: c_int, m: &Socket) -> bool {
-        let Some(w) = wakers(m) else { return false };
+    /// Puts `m`'s wakers in the kernel set (and in `by_waker`), watching the
+    /// peer's hang-up through the program's descriptor `fd`; false if it has none
+    /// yet.
+    fn add_wakers(&mut self, epfd: c_int, m: &Socket, fd: c_int) -> bool {
+        let hup = match m {
+            Socket::Tcp(c) if c.watched_by_socket() => fd,
+            _ => -1,
+        };
+        let Some(w) = wakers(m, hup) else { return false };
         for (fd, magic, ev) in w {
             let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
             // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
@@ -280,36 +289,31 @@ impl EpSet {
             unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
             self.by_waker.insert(fd, m.clone());
         }
-        self.wakers.push(m.clone());
+        self.wakers.push((m.clone(), hup));
         true
     }
 
-    /// After [`crate::conn::hup_moved`]: every connection of this set whose liveness socket is
-    /// not the one registered gets it registered (a crash of the peer that now
-    /// holds the other end must wake the set, as the kernel's FIN would).
-    fn follow_hup_moves(&mut self, epfd: c_int) {
-        let moves = crate::conn::HUP_MOVES.load(Ordering::Acquire);
-        if moves == self.hup_moves_seen {
-            return;
-        }
-        self.hup_moves_seen = moves;
-        let moved: Vec<Socket> = self
-            .wakers
-            .iter()
-            .filter(|m| match m {
-                Socket::Tcp(c) => !self.by_waker.get(&c.unix()).is_some_and(|x| x.same(m)),
-                _ => false,
-            })
-            .cloned()
-            .collect();
-        for m in moved {
-            let Socket::Tcp(c) = &m else { continue };
-            let u = c.unix();
-            let mut e = epoll_event { events: libc::EPOLLRDHUP as u32, u64: MAGIC_HUP | u as u32 as u64 };
-            // SAFETY: a local epoll_event; EEXIST (already there) is fine.
-            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, u, &mut e) };
-            self.by_waker.insert(u, m.clone());
-            self.touch(&m);
+    /// Takes the program's descriptor `fd` out of the kernel set where it watches
+    /// `m`'s peer, before the program closes it or puts another file at its
+    /// number (the kernel would keep the registration while the file lives on
+    /// in another descriptor, under a number it may give to another file). The
+    /// watch moves to `other`, another descriptor of the same connection, if the
+    /// program has one (-1: none).
+    fn unwatch(&mut self, epfd: c_int, m: &Socket, fd: c_int, other: c_int) {
+        let Some(w) = self.wakers.iter_mut().find(|(x, hup)| *hup == fd && x.same(m)) else { return };
+        let mut e = epoll_event { events: 0, u64: 0 };
+        // SAFETY: a local epoll_event; `fd` is still the connection's socket.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, &mut e) };
+        self.by_waker.remove(&fd);
+        w.1 = -1;
+        if other >= 0 {
+            let mut e = epoll_event { events: libc::EPOLLRDHUP as u32, u64: MAGIC_HUP | other as u32 as u64 };
+            // SAFETY: a local epoll_event; `other` is the program's descriptor of
+            // the same connection.
+            if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, other, &mut e) } == 0 {
+                w.1 = other;
+                self.by_waker.insert(other, m.clone());
+            }
         }
     }
 
@@ -318,10 +322,12 @@ impl EpSet {
         for i in self.of_member.get(&m.key()).cloned().unwrap_or_default() {
             self.remove(i);
         }
-        let before = self.wakers.len();
-        self.wakers.retain(|c| !c.same(m));
-        if self.wakers.len() != before {
-            del_wakers(epfd, m);
+        let gone: Vec<c_int> = self.wakers.iter().filter(|(c, _)| c.same(m)).map(|w| w.1).collect();
+        if !gone.is_empty() {
+            self.wakers.retain(|(c, _)| !c.same(m));
+            for hup in gone {
+                del_wakers(epfd, m, hup);
+            }
             self.by_waker.retain(|_, c| !c.same(m));
         }
     }
@@ -338,8 +344,8 @@ fn sets() -> std::sync::MutexGuard<'static, Option<Sets>> {
     SETS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn del_wakers(epfd: c_int, c: &Socket) {
-    let Some(w) = wakers(c) else { return };
+fn del_wakers(epfd: c_int, c: &Socket, hup: c_int) {
+    let Some(w) = wakers(c, hup) else { return };
     for (fd, _, _) in w {
         let mut e = epoll_event { events: 0, u64: 0 };
         // SAFETY: a local epoll_event.
@@ -387,7 +393,6 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
         // `None` if the set was known and has gone since (closed by another thread).
         kernel_members,
         forks_at_join: FORKS.load(Ordering::Relaxed),
-        hup_moves_seen: crate::conn::HUP_MOVES.load(Ordering::Acquire),
         ..EpSet::default()
     });
     SETS_KNOWN.store(true, Ordering::Relaxed);
@@ -398,7 +403,7 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
                 real::set_errno(libc::EEXIST);
                 return -1;
             }
-            if !set.wakers.iter().any(|x| x.same(&conn)) && !set.add_wakers(epfd, &conn) {
+            if !set.wakers.iter().any(|(x, _)| x.same(&conn)) && !set.add_wakers(epfd, &conn, fd) {
                 set.pending_udp = true;
             }
             set.insert(Entry {
@@ -480,6 +485,28 @@ pub fn after_fork() {
 /// epoll set.
 pub fn forget_conn(conn: &Arc<Conn>) {
     forget_member(&Socket::Tcp(conn.clone()));
+}
+
+/// The program is about to close its descriptor `fd` of `conn` (or to put another
+/// file at its number): wherever it watches the peer's hang-up, the watch moves
+/// to another of the program's descriptors of the connection (`other_fd` finds
+/// one, asked only if needed), or ends with the last.
+pub fn hup_fd_closing(fd: c_int, conn: &Arc<Conn>, other_fd: &dyn Fn() -> Option<c_int>) {
+    if SETS_LIVE.load(Ordering::Relaxed) == 0 || !conn.watched_by_socket() {
+        return;
+    }
+    let m = Socket::Tcp(conn.clone());
+    let mut g = sets();
+    let Some(map) = g.as_mut() else { return };
+    let mut other: Option<c_int> = None;
+    for (&epfd, set) in map.iter_mut() {
+        if set.wakers.iter().any(|(x, hup)| *hup == fd && x.same(&m)) {
+            // (Not the last descriptor: `fdrefs` still counts `fd`.)
+            let last = conn.fdrefs.load(Ordering::Acquire) <= 1;
+            let to = *other.get_or_insert_with(|| if last { -1 } else { other_fd().unwrap_or(-1) });
+            set.unwatch(epfd, &m, fd, to);
+        }
+    }
 }
 
 /// A UDP socket's last descriptor was closed.
@@ -644,12 +671,11 @@ fn gather(epfd: c_int, set: &mut EpSet, max: usize, may_sleep: bool, may_skip: b
     if !set.live() {
         return None;
     }
-    set.follow_hup_moves(epfd);
     if set.pending_udp {
         set.pending_udp = false;
-        let members: Vec<Socket> = set.entries().map(|e| e.conn.clone()).collect();
-        for m in members {
-            if !set.wakers.iter().any(|x| x.same(&m)) && !set.add_wakers(epfd, &m) {
+        let members: Vec<(Socket, c_int)> = set.entries().map(|e| (e.conn.clone(), e.fd)).collect();
+        for (m, fd) in members {
+            if !set.wakers.iter().any(|(x, _)| x.same(&m)) && !set.add_wakers(epfd, &m, fd) {
                 set.pending_udp = true;
             }
         }
@@ -770,9 +796,13 @@ pub unsafe fn wait(
                 with_set(epfd, |set| {
                     if let Some(m) = set.by_waker.get(&fd).cloned() {
                         let Socket::Tcp(c) = &m else { return };
-                        c.check_peer();
-                        // A hang-up stays reported: a connection without entries
-                        // leaves the kernel set, or every wait would return at once.
+                        // A hang-up stays reported (level-triggered), or every wait
+                        // would return at once: once the peer is known gone (the
+                        // connection remembers), its watch leaves the kernel set,
+                        // and a connection without entries leaves it altogether.
+                        if c.check_peer(fd) && c.watched_by_socket() {
+                            set.unwatch(epfd, &m, fd, -1);
+                        }
                         if set.of_member.contains_key(&m.key()) {
                             set.touch(&m);
                         } else {

@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use libc::{c_char, c_int, pid_t};
 
-use crate::conn::{self, Carriers, Conn, Shm, HDR};
+use crate::conn::{self, Carriers, Conn, Liveness, Shm, HDR};
 use crate::{real, table};
 
 const VAR: &str = "STRAIT_HANDOFF";
@@ -64,7 +64,9 @@ pub(crate) struct Record {
     pub(crate) memfd: c_int,
     pub(crate) my_efd: c_int,
     pub(crate) peer_efd: c_int,
-    pub(crate) unix: c_int,
+    /// The library's liveness socket ([`crate::conn::Liveness::Socket`]), or -1:
+    /// the TCP socket itself tells.
+    pub(crate) hup: c_int,
     /// `Conn::shut_flags`.
     pub(crate) shut: u8,
 }
@@ -73,7 +75,7 @@ impl Record {
     pub(crate) fn encode(&self) -> String {
         format!(
             "{}:{}:{}:{}:{}:{}:{}:{}",
-            self.ino, self.side, self.ring, self.memfd, self.my_efd, self.peer_efd, self.unix, self.shut
+            self.ino, self.side, self.ring, self.memfd, self.my_efd, self.peer_efd, self.hup, self.shut
         )
     }
 
@@ -94,7 +96,7 @@ impl Record {
             memfd: fd(3)?,
             my_efd: fd(4)?,
             peer_efd: fd(5)?,
-            unix: fd(6)?,
+            hup: f[6].parse::<c_int>().ok().filter(|&v| v >= -1)?,
             shut: f[7].parse().ok()?,
         })
     }
@@ -190,9 +192,10 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
 }
 
 /// Copies of what carries connection `c` (whose descriptor `fd` is one): the memfd
-/// (peeked out of the vault, which keeps it), both eventfds and the Unix socket,
-/// none close-on-exec, owned by the caller; and the record that describes them.
-pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, [c_int; 4])> {
+/// (peeked out of the vault, which keeps it), both eventfds and the library's
+/// liveness socket if it has one, none close-on-exec, owned by the caller; and the
+/// record that describes them (its descriptor fields are those copies, in order).
+pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, Vec<c_int>)> {
     let ino = inode(fd)?;
     let mut buf = [0u8; 8];
     let memfd = match crate::sock::recv_fds(c.vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
@@ -203,7 +206,10 @@ pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, [c_int; 4])> {
         }
         Err(_) => return None,
     };
-    let copies = [memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd), inheritable_dup(c.unix())];
+    let mut copies = vec![memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd)];
+    if !c.watched_by_socket() {
+        copies.push(inheritable_dup(c.hup_fd(-1)));
+    }
     if copies.iter().any(|&f| f < 0) {
         crate::sock::close_all(&copies.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
         return None;
@@ -215,7 +221,7 @@ pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, [c_int; 4])> {
         memfd: copies[0],
         my_efd: copies[1],
         peer_efd: copies[2],
-        unix: copies[3],
+        hup: copies.get(3).copied().unwrap_or(-1),
         shut: c.shut_flags(),
     };
     Some((record, copies))
@@ -465,7 +471,8 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
     if !crate::sock::memfd_ok(r.memfd, HDR + 2 * r.ring) {
         return false;
     }
-    let carriers = [r.memfd, r.my_efd, r.peer_efd, r.unix];
+    let carriers: Vec<c_int> =
+        [r.memfd, r.my_efd, r.peer_efd, r.hup].into_iter().filter(|&f| f >= 0).collect();
     for &fd in &carriers {
         // SAFETY: plain syscall on a descriptor handed to us.
         unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as usize) };
@@ -484,7 +491,15 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
     let c = Arc::new(Conn::new(
         shm,
         r.side,
-        Carriers { my_efd: r.my_efd, peer_efd: r.peer_efd, unix: r.unix, vault },
+        Carriers {
+            my_efd: r.my_efd,
+            peer_efd: r.peer_efd,
+            liveness: if r.hup >= 0 { Liveness::Socket(r.hup) } else { Liveness::TcpSocket },
+            vault,
+            // Not known here (the record comes from the environment or another
+            // process): the ring only.
+            peer_pid: None,
+        },
         nonblock,
         None,
     ));
@@ -854,7 +869,7 @@ mod tests {
     #[test]
     fn records_round_trip_and_reject_garbage() {
         let r =
-            Record { ino: 12345, side: 1, ring: 262144, memfd: 7, my_efd: 8, peer_efd: 9, unix: 10, shut: 2 };
+            Record { ino: 12345, side: 1, ring: 262144, memfd: 7, my_efd: 8, peer_efd: 9, hup: 10, shut: 2 };
         assert_eq!(Record::parse(&r.encode()), Some(r));
         for bad in [
             "",

@@ -36,6 +36,11 @@ pub(crate) struct Hello {
     pub(crate) ino: u64,
     /// The connector's user (SO_PEERCRED), for the per-user cap.
     pub(crate) uid: u32,
+    /// The connector's process (SO_PEERCRED of the link the hello came on; 0: not
+    /// known), the one process a rendezvous may write into.
+    pub(crate) pid: libc::pid_t,
+    /// The link the hello came on (the marker's accepted connection, or a path-B
+    /// asker's socket).
     pub(crate) unix: c_int,
     pub(crate) at: Instant,
 }
@@ -68,8 +73,8 @@ pub(crate) fn far_end_inode(fd: c_int) -> Option<u64> {
 pub(crate) struct Claims {
     pub(crate) hellos: Vec<Hello>,
     /// Unix connections at the marker that have not sent their hello yet, with
-    /// their users.
-    pub(crate) waiting: Vec<(c_int, u32)>,
+    /// their credentials (`None`: the kernel did not say).
+    pub(crate) waiting: Vec<(c_int, Option<libc::ucred>)>,
     /// When this listener last tried to take its name (see `Listener::claim_name`).
     pub(crate) last_claim: Option<Instant>,
 }
@@ -78,7 +83,7 @@ impl Claims {
     /// Hellos and waiting connections of user `uid`.
     pub(crate) fn held_by(&self, uid: u32) -> usize {
         self.hellos.iter().filter(|h| h.uid == uid).count()
-            + self.waiting.iter().filter(|w| w.1 == uid).count()
+            + self.waiting.iter().filter(|w| w.1.map_or(u32::MAX, |c| c.uid) == uid).count()
     }
 }
 

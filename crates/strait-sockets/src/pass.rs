@@ -135,7 +135,8 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isi
     for (f, c) in &conns {
         let Some((mut r, cs)) = record_for(*f, c) else { continue };
         let base = copies.len() as c_int;
-        (r.memfd, r.my_efd, r.peer_efd, r.unix) = (base, base + 1, base + 2, base + 3);
+        (r.memfd, r.my_efd, r.peer_efd) = (base, base + 1, base + 2);
+        r.hup = if cs.len() > 3 { base + 3 } else { -1 };
         records.push(r.encode());
         copies.extend_from_slice(&cs);
     }
@@ -319,20 +320,25 @@ struct Bundle {
 fn adopt(records: Vec<Record>, fds: Vec<c_int>, passed: &[(c_int, u64)]) {
     let mut used: Vec<bool> = fds.iter().map(|&f| f < 0).collect();
     for mut r in records {
-        let idx = [r.memfd, r.my_efd, r.peer_efd, r.unix];
+        let mut idx = vec![r.memfd, r.my_efd, r.peer_efd];
+        if r.hup != -1 {
+            idx.push(r.hup);
+        }
         if idx.iter().any(|&i| i < 0 || i as usize >= fds.len() || used[i as usize]) {
             continue;
         }
         for &i in &idx {
             used[i as usize] = true;
         }
-        (r.memfd, r.my_efd, r.peer_efd, r.unix) =
-            (fds[idx[0] as usize], fds[idx[1] as usize], fds[idx[2] as usize], fds[idx[3] as usize]);
+        let at = |k: usize| idx.get(k).map_or(-1, |&i| fds[i as usize]);
+        (r.memfd, r.my_efd, r.peer_efd, r.hup) = (at(0), at(1), at(2), at(3));
         let mine: Vec<(c_int, u64)> = passed.iter().copied().filter(|p| p.1 == r.ino).collect();
         if mine.is_empty() || !crate::sock::memfd_ok(r.memfd, crate::conn::HDR + 2 * r.ring) {
             // Not taken: the hold the sender took for us ends with these copies
             // (the liveness socket's copy closes with them).
-            close_all(&[r.memfd, r.my_efd, r.peer_efd, r.unix]);
+            close_all(
+                &[r.memfd, r.my_efd, r.peer_efd, r.hup].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>(),
+            );
             continue;
         }
         // (Past the memfd check, adopt_one closes what it does not keep.)

@@ -89,13 +89,14 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
                 continue;
             }
         }
-        // Kernel members, plus (when sleeping) each connection's bell and Unix socket,
+        // Kernel members, plus (when sleeping) each connection's bell and hang-up,
         // plus each UDP socket's marker and (when sleeping) its doorbell.
         let nk = tmp.len();
         if sleep {
-            for (_, c) in &acc {
+            for (i, c) in &acc {
                 tmp.push(pollfd { fd: c.my_efd, events: libc::POLLIN, revents: 0 });
-                tmp.push(pollfd { fd: c.unix(), events: libc::POLLRDHUP, revents: 0 });
+                // The peer's hang-up: the program's own socket (see `Liveness`).
+                tmp.push(pollfd { fd: c.hup_fd(fds[*i].fd), events: libc::POLLRDHUP, revents: 0 });
                 // A connection to another host: its UDP socket wakes us directly.
                 tmp.push(pollfd { fd: c.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 });
                 // A connector not attached yet: an acceptor asking by path B.
@@ -119,12 +120,12 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
             return Some(-1);
         }
         if sleep {
-            for (j, (_, c)) in acc.iter().enumerate() {
+            for (j, (i, c)) in acc.iter().enumerate() {
                 if tmp[nk + 4 * j].revents != 0 || tmp[nk + 4 * j + 2].revents != 0 {
                     c.drain_bell();
                 }
                 if tmp[nk + 4 * j + 1].revents != 0 {
-                    c.check_peer();
+                    c.check_peer(fds[*i].fd);
                 }
                 // (A path-B ask is answered by the readiness look below.)
             }

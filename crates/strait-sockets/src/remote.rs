@@ -54,8 +54,8 @@ use strait_wire::auth::TAG_LEN;
 use strait_xdp::{Mac, XdpChannel, XdpConfig, XdpPort};
 
 use crate::conn::{
-    ctl, Carriers, Conn, FarEnd, FarSetup, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL, WCLOSED,
-    WSLEEP,
+    ctl, Carriers, Conn, FarEnd, FarSetup, Liveness, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL,
+    WCLOSED, WSLEEP,
 };
 use crate::listening::Marker;
 use crate::real;
@@ -560,7 +560,7 @@ fn new_conn(side: usize, nonblock: bool) -> Option<(Arc<Conn>, c_int, c_int)> {
     let conn = Arc::new(Conn::new(
         shm,
         side,
-        Carriers { my_efd: efd, peer_efd, unix: sp[0], vault },
+        Carriers { my_efd: efd, peer_efd, liveness: Liveness::Socket(sp[0]), vault, peer_pid: None },
         nonblock,
         None,
     ));

@@ -243,6 +243,13 @@ pub fn entries() -> Vec<(c_int, Arc<Conn>)> {
     SOCKETS.entries().into_iter().filter_map(|(fd, s)| Some((fd, s.tcp()?))).collect()
 }
 
+/// One of the program's descriptors of `conn` other than `except` (a look at the
+/// whole table: only when an epoll set's watch must move off a descriptor that
+/// is closing).
+pub fn fd_of(conn: &Arc<Conn>, except: c_int) -> Option<c_int> {
+    entries().into_iter().find(|(fd, c)| *fd != except && Arc::ptr_eq(c, conn)).map(|e| e.0)
+}
+
 /// One descriptor of a socket went away: the last one releases it and takes it out
 /// of every epoll set (as the kernel would).
 fn drop_socket_ref(s: Socket) {

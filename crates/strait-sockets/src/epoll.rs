@@ -551,6 +551,9 @@ pub fn to_kernel(conn: &Arc<Conn>) {
                 .collect()
         })
         .unwrap_or_default();
+    // Our wakers leave first: one of them may be the very socket, registered for
+    // the peer's hang-up, which the kernel would not take twice.
+    forget_member(&m);
     for (epfd, fd, mut ev) in joins {
         // SAFETY: a local epoll_event; the program's descriptor and set.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
@@ -558,7 +561,6 @@ pub fn to_kernel(conn: &Arc<Conn>) {
         // counting one too many costs only a system call).
         note_kernel_ctl(epfd, libc::EPOLL_CTL_ADD, 0);
     }
-    forget_member(&m);
 }
 
 /// `close(epfd)`.

@@ -893,16 +893,16 @@ pub unsafe fn close(fd: c_int) -> c_int {
         // kernel can tell whether another process (one made by a raw clone, which
         // the library never saw) still holds the socket.
         let conn = table::remove(fd);
-        let ids = conn
-            .as_ref()
-            .filter(|c| c.fdrefs.load(std::sync::atomic::Ordering::Acquire) == 1)
-            .and_then(|_| Some((crate::sock::sock_key(fd, false)?, crate::sock::sock_key(fd, true)?)));
-        if ids.is_some() {
-            if let Some(c) = &conn {
-                // Unread early bytes in the kernel socket would make its close a reset.
-                c.discard_early_copy(fd);
-            }
+        let last = conn.as_ref().filter(|c| c.fdrefs.load(std::sync::atomic::Ordering::Acquire) == 1);
+        if let Some(c) = last {
+            // Unread early bytes in the kernel socket would make its close a reset.
+            c.discard_early_copy(fd);
         }
+        // (The socket's addresses are asked only where the library, not the
+        // kernel's hang-up, tells the peer: see `Conn::release_closed`.)
+        let ids = last
+            .filter(|c| !c.watched_by_socket())
+            .and_then(|_| Some((crate::sock::sock_key(fd, false)?, crate::sock::sock_key(fd, true)?)));
         forget(fd);
         if let Some(c) = &conn {
             // Before the number is free for another file.

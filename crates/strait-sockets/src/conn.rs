@@ -13,7 +13,10 @@
 //! 64     state: 0 pending (connector waits), 1 attached, 2 kernel (given up)
 //! 128+64*s  holders of side s (processes that still hold the connection)
 //! 1024+1024*d  control block of direction d (0: connector -> acceptor):
-//!        +0 tail (producer) +64 write-closed (producer) +128 producer sleeps
+//!        +0 tail (producer) +64 write-closed (producer) +72 closes (producer:
+//!        a hint, counted, that a process of the producer's end closed its
+//!        last descriptor; the kernel's hang-up says whether that was the last
+//!        holder) +128 producer sleeps
 //!        +192 producer lock
 //!        +512 head (consumer) +576 read-closed (consumer) +640 consumer sleeps
 //!        +704 consumer lock
@@ -65,8 +68,9 @@ use crate::wait::{signals_restart, sock_timeout};
 
 pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
 /// 3: a connector no longer binds a port before its hello, and its path-B name is
-/// its socket's inode.
-pub const VERSION: u32 = 3;
+/// its socket's inode. 4: a close is told by the kernel's hang-up of the TCP
+/// socket and the [`CLOSES`] hint, no longer by marks in the rings.
+pub const VERSION: u32 = 4;
 pub const HDR: usize = 4096;
 const OFF_STATE: usize = 64;
 pub(crate) const fn off_holders(side: usize) -> usize {
@@ -77,6 +81,11 @@ pub(crate) const fn ctl(d: usize) -> usize {
 }
 pub(crate) const TAIL: usize = 0;
 pub(crate) const WCLOSED: usize = 64;
+/// A counter the producer's end bumps when one of its processes closed its last
+/// descriptor of the connection (in the line of [`WCLOSED`], which every look at
+/// the end of stream loads anyway): the consumer then asks the kernel at once
+/// whether that was the last holder ([`Conn::look_after_close`]).
+const CLOSES: usize = 72;
 pub(crate) const WSLEEP: usize = 128;
 pub(crate) const WLOCK: usize = 192;
 pub(crate) const HEAD: usize = 512;
@@ -347,6 +356,8 @@ pub struct Conn {
     /// line back (which the fence of its wake check would wait for: `strait anatomy
     /// --transports strait-run` measured that as most of a read's return).
     head_seen: AtomicU64,
+    /// The peer's [`CLOSES`] counter when this end last asked the kernel about it.
+    closes_seen: AtomicU64,
 }
 
 enum Waited {
@@ -410,6 +421,7 @@ impl Conn {
             kernel_connected: AtomicBool::new(false),
             rv_peer: AtomicI32::new(peer_pid.unwrap_or(0)),
             head_seen: AtomicU64::new(0),
+            closes_seen: AtomicU64::new(0),
             spin: spin_policy(),
         }
     }
@@ -534,7 +546,7 @@ impl Conn {
     /// noticed within microseconds there, and at once by poll/epoll (they watch the
     /// hang-up) and by a blocked call.
     fn check_peer_now_and_then(&self, fd: c_int) -> bool {
-        if self.peer_dead.load(Ordering::Relaxed) {
+        if self.peer_dead.load(Ordering::Relaxed) || self.look_after_close(fd) {
             return true;
         }
         if !self.idle_polls.fetch_add(1, Ordering::Relaxed).is_multiple_of(64) {
@@ -581,6 +593,20 @@ impl Conn {
             return true;
         }
         false
+    }
+
+    /// After a process of the peer's end closed its last descriptor (its
+    /// [`CLOSES`] hint moved since we last looked): asks the kernel at once, through
+    /// the program's descriptor `fd`, whether the peer's socket hung up (true: the
+    /// peer is gone). Once per hint, so a peer whose other holders live on (a
+    /// forked child) costs one system call, not one per look.
+    fn look_after_close(&self, fd: c_int) -> bool {
+        let closes = self.w(self.rx(), CLOSES).load(Ordering::Acquire);
+        if fd < 0 || closes == self.closes_seen.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.closes_seen.store(closes, Ordering::Relaxed);
+        self.check_peer(fd)
     }
 
     /// A connection to another host: moves what arrived into the rings and what the
@@ -647,6 +673,7 @@ impl Conn {
             }
         }
         self.pump_remote();
+        self.look_after_close(fd);
         let mut bits = 0i16;
         let (rx_tail, readable) = match self.avail() {
             Ok((h, n)) => (h + n, n > 0 || self.rx_eof()),
@@ -1531,7 +1558,8 @@ impl Conn {
     /// TCP socket is still open (established, or the peer closed first), another
     /// process holds it and the peer must not see the close. When that process
     /// closes or exits, the peer learns it (its close, or the liveness socket's
-    /// hang-up).
+    /// hang-up). A connection on this host watched through its TCP socket leaves
+    /// all of this to the kernel, whose hang-up comes exactly then.
     pub fn release_closed(&self, ids: Option<(crate::sock::Key, crate::sock::Key)>) {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
@@ -1547,6 +1575,21 @@ impl Conn {
         let on_this_host = self.remote.get().is_none() && !self.remote_kernel.load(Ordering::Relaxed);
         if self.side == 0 && on_this_host && !self.counted.swap(true, Ordering::Relaxed) {
             ACCELERATED.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.watched_by_socket() {
+            // The kernel tells the peer: our TCP socket hangs up when its last
+            // holder, here or in any other process (one made by a raw clone
+            // included), closes it or dies, and the peer reads what we wrote, then
+            // the end ([`Liveness::TcpSocket`]); the hang-up wakes it wherever it
+            // sleeps. No mark in the rings, no question to the kernel, no bell:
+            // only the close hint is counted and its sleeping flags taken, so that
+            // its next look (a zero-timeout epoll_wait that trusts the flags,
+            // [`Conn::announce_stands`], or a non-blocking read) asks the kernel now.
+            self.w(self.tx(), CLOSES).fetch_add(1, Ordering::Release);
+            for flag in [self.w(self.tx(), RSLEEP), self.w(self.rx(), WSLEEP)] {
+                peer_needs_wake(flag);
+            }
+            return;
         }
         if let Some((local, peer)) = ids.filter(|_| self.vault >= 0) {
             let h = self.shm.word(off_holders(self.side));
@@ -1567,7 +1610,8 @@ impl Conn {
     /// A connection settled after the program closed it (a forked child may still
     /// hold it): this process's hold ends now.
     pub fn after_late_attach(&self) {
-        if self.release_deferred.swap(false, Ordering::AcqRel) && self.attached() {
+        if self.release_deferred.swap(false, Ordering::AcqRel) && self.attached() && !self.watched_by_socket()
+        {
             self.drop_hold();
         }
     }

@@ -89,19 +89,23 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
                 continue;
             }
         }
-        // Kernel members, plus (when sleeping) each connection's bell and hang-up,
-        // plus each UDP socket's marker and (when sleeping) its doorbell.
+        // Kernel members, plus each connection's hang-up (the peer's close reaches
+        // us only through the kernel: `Liveness`), plus (when sleeping) each
+        // connection's bell, plus each UDP socket's marker and (when sleeping) its
+        // doorbell.
         let nk = tmp.len();
-        if sleep {
-            for (i, c) in &acc {
-                tmp.push(pollfd { fd: c.my_efd, events: libc::POLLIN, revents: 0 });
-                // The peer's hang-up: the program's own socket (see `Liveness`).
-                tmp.push(pollfd { fd: c.hup_fd(fds[*i].fd), events: libc::POLLRDHUP, revents: 0 });
-                // A connection to another host: its UDP socket wakes us directly.
-                tmp.push(pollfd { fd: c.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 });
-                // A connector not attached yet: an acceptor asking by path B.
-                tmp.push(pollfd { fd: c.pending_listener().unwrap_or(-1), events: libc::POLLIN, revents: 0 });
-            }
+        for (i, c) in &acc {
+            let bell = |fd: c_int| if sleep { fd } else { -1 };
+            tmp.push(pollfd { fd: bell(c.my_efd), events: libc::POLLIN, revents: 0 });
+            tmp.push(pollfd { fd: c.hup_fd(fds[*i].fd), events: libc::POLLRDHUP, revents: 0 });
+            // A connection to another host: its UDP socket wakes us directly.
+            tmp.push(pollfd { fd: bell(c.remote_fd().unwrap_or(-1)), events: libc::POLLIN, revents: 0 });
+            // A connector not attached yet: an acceptor asking by path B.
+            tmp.push(pollfd {
+                fd: bell(c.pending_listener().unwrap_or(-1)),
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
         let nu = tmp.len();
         for (_, u) in &udp {
@@ -119,16 +123,15 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         if r < 0 {
             return Some(-1);
         }
-        if sleep {
-            for (j, (i, c)) in acc.iter().enumerate() {
-                if tmp[nk + 4 * j].revents != 0 || tmp[nk + 4 * j + 2].revents != 0 {
-                    c.drain_bell();
-                }
-                if tmp[nk + 4 * j + 1].revents != 0 {
-                    c.check_peer(fds[*i].fd);
-                }
-                // (A path-B ask is answered by the readiness look below.)
+        let mut hung_up = vec![false; acc.len()];
+        for (j, (i, c)) in acc.iter().enumerate() {
+            if tmp[nk + 4 * j].revents != 0 || tmp[nk + 4 * j + 2].revents != 0 {
+                c.drain_bell();
             }
+            if tmp[nk + 4 * j + 1].revents != 0 {
+                hung_up[j] = c.check_peer(fds[*i].fd);
+            }
+            // (A path-B ask is answered by the readiness look below.)
         }
         for (j, (i, u)) in udp.iter().enumerate() {
             if tmp[nu + 2 * j].revents != 0 {
@@ -140,7 +143,8 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
             tmp[*i].revents |= shm_before[j] | udp_revents(u, fds[*i].events);
         }
         for (j, (i, c)) in acc.iter().enumerate() {
-            tmp[*i].revents = if sleep { conn_revents(c, fds[*i].fd, fds[*i].events) } else { saved[j] };
+            tmp[*i].revents =
+                if sleep || hung_up[j] { conn_revents(c, fds[*i].fd, fds[*i].events) } else { saved[j] };
         }
         let total = tmp[..nk].iter().filter(|p| p.revents != 0).count() as c_int;
         let timed_out = remaining(deadline) == Some(Duration::ZERO);

@@ -3,7 +3,9 @@
 //! the peer's socket is gone, and only then. Two things follow, each attacked here:
 //! a peer's `shutdown` must never reach the kernel socket (its FIN would read as
 //! the peer's death), and an epoll set must keep watching a connection whose
-//! registered descriptor the program closes while another one stays open.
+//! registered descriptor the program closes while another one stays open. A close
+//! is told by that hang-up too (no mark in the rings, which a process holding the
+//! socket unseen would make a lie), and seen at the next look.
 
 use std::sync::Once;
 use std::time::{Duration, Instant};
@@ -14,14 +16,18 @@ use strait_sockets::calls;
 mod common;
 use common::*;
 
-fn init() {
+/// Sets the library up once; the guard runs the tests one at a time (a child forked
+/// by one would hold the other tests' sockets, and their peers would never hang up).
+fn init() -> std::sync::MutexGuard<'static, ()> {
     static INIT: Once = Once::new();
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     INIT.call_once(|| {
         strait_sockets::init();
         // SAFETY: plain signal disposition: a wrong EPIPE must fail an assertion,
         // not kill the test process.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     });
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Bytes moved after the half-close: several rings' worth, so the writer sleeps in
@@ -34,7 +40,7 @@ const AFTER_HALF_CLOSE: usize = 8 << 20;
 /// dead and fail its writes (EPIPE) once it waits for room.
 #[test]
 fn a_peers_half_close_is_not_its_hang_up() {
-    init();
+    let _serial = init();
     let (a, c) = carried_pair();
     // SAFETY: the library's shutdown on our descriptor.
     assert_eq!(unsafe { calls::shutdown(c, libc::SHUT_WR) }, 0, "shutdown");
@@ -85,7 +91,7 @@ fn a_peers_half_close_is_not_its_hang_up() {
 /// the hang-up would name connection 2, and connection 1 would never be looked at.
 #[test]
 fn a_set_watches_a_connection_through_its_remaining_descriptor() {
-    init();
+    let _serial = init();
     let (a1, c1) = carried_pair();
     let go = pipe();
     // SAFETY: fork; the child only reads a pipe and leaves with _exit.
@@ -152,6 +158,87 @@ fn a_set_watches_a_connection_through_its_remaining_descriptor() {
         calls::close(dup1);
         calls::close(a1);
         calls::close(c2);
+        libc::close(go[0]);
+        libc::close(go[1]);
+    }
+}
+
+/// Non-blocking reads of an idle connection answer EAGAIN (the library asks the
+/// kernel about the peer only now and then there); the peer closes; the very next
+/// read is the end of stream. Without the close hint in shared memory it would
+/// answer EAGAIN until the library next asked the kernel.
+#[test]
+fn a_closing_peer_is_seen_by_the_next_nonblocking_read() {
+    let _serial = init();
+    let (a, c) = carried_pair();
+    // SAFETY: plain fcntl on our descriptor, through the library.
+    unsafe {
+        let fl = calls::fcntl(a, libc::F_GETFL, 0);
+        ok(calls::fcntl(a, libc::F_SETFL, (fl | libc::O_NONBLOCK) as usize), "O_NONBLOCK");
+    }
+    let mut b = [0u8; 16];
+    let read = |b: &mut [u8; 16]| {
+        // SAFETY: reads into a local buffer.
+        let n = unsafe { calls::read(a, b.as_mut_ptr().cast::<c_void>(), b.len()) };
+        (n, std::io::Error::last_os_error().raw_os_error())
+    };
+    for _ in 0..10 {
+        assert_eq!(read(&mut b), (-1, Some(libc::EAGAIN)), "nothing yet");
+    }
+    // SAFETY: our descriptor: the connection's last at that end.
+    unsafe { calls::close(c) };
+    assert_eq!(read(&mut b).0, 0, "the end of stream, at once");
+    // SAFETY: our descriptor.
+    unsafe { calls::close(a) };
+}
+
+/// The connector's process closes its descriptor while a forked child still holds
+/// the socket: the connection lives (reads answer EAGAIN, not the end), as the
+/// kernel's would; once the child is gone, the end of stream comes.
+#[test]
+fn a_close_while_another_process_holds_the_socket_is_no_end() {
+    let _serial = init();
+    let (a, c) = carried_pair();
+    let go = pipe();
+    // SAFETY: fork; the child only reads a pipe and leaves with _exit.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        let mut b = [0u8; 1];
+        // SAFETY: the child waits for its cue, then leaves holding the socket.
+        unsafe {
+            let flags = libc::fcntl(go[0], libc::F_GETFL);
+            libc::fcntl(go[0], libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            libc::read(go[0], b.as_mut_ptr().cast::<c_void>(), 1);
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: our descriptors, through the library.
+    unsafe {
+        calls::close(c);
+        let fl = calls::fcntl(a, libc::F_GETFL, 0);
+        ok(calls::fcntl(a, libc::F_SETFL, (fl | libc::O_NONBLOCK) as usize), "O_NONBLOCK");
+    }
+    let mut b = [0u8; 16];
+    for _ in 0..100 {
+        // SAFETY: reads into a local buffer.
+        let n = unsafe { calls::read(a, b.as_mut_ptr().cast::<c_void>(), b.len()) };
+        assert_eq!(n, -1, "the child still holds the connection: no end of stream");
+    }
+    // SAFETY: the cue, one byte from a local; then the child's end.
+    unsafe {
+        assert_eq!(libc::write(go[1], b"q".as_ptr().cast::<c_void>(), 1), 1);
+        let mut status = 0;
+        assert_eq!(libc::waitpid(child, &mut status, 0), child);
+    }
+    let mut p = libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, through the library.
+    assert_eq!(unsafe { calls::poll(&mut p, 1, 5000) }, 1, "the child's exit is seen");
+    // SAFETY: reads into a local buffer.
+    assert_eq!(unsafe { calls::read(a, b.as_mut_ptr().cast::<c_void>(), b.len()) }, 0, "then the end");
+    // SAFETY: our descriptors.
+    unsafe {
+        calls::close(a);
         libc::close(go[0]);
         libc::close(go[1]);
     }

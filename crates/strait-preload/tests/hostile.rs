@@ -32,8 +32,11 @@ fn can_run() -> bool {
 }
 
 /// Writes `body` to a script file of its own, readable by every user.
+/// Writes a Python program; `@LAYOUT_VERSION@` in it becomes the library's layout
+/// version (the peers played by hand speak the library's own).
 fn script(tag: &str, body: &str) -> PathBuf {
-    strait_testkit::script("hostile", tag, body)
+    let body = body.replace("@LAYOUT_VERSION@", &strait_sockets::LAYOUT_VERSION.to_string());
+    strait_testkit::script("hostile", tag, &body)
 }
 
 /// A Python program under the library (as root), its stdout piped.
@@ -433,7 +436,7 @@ import fcntl, os, socket, struct, sys
 port = int(sys.argv[1])
 ns = os.stat('/proc/self/ns/net').st_ino
 name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
-MAGIC, VERSION = 0x3130504354545253, 3
+MAGIC, VERSION = 0x3130504354545253, @LAYOUT_VERSION@
 def hello(ring, efd, token):
     m = os.memfd_create('x', os.MFD_ALLOW_SEALING)
     os.ftruncate(m, 4096 + 2 * min(ring, 1 << 16))
@@ -483,14 +486,15 @@ const HOSTILE_PEER: &str = r#"
 import fcntl, os, random, socket, struct, sys, time, mmap
 port, seeds, first, messages = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == 'messages'
 # Words that decide something: mode, state, holders, and per direction the
-# positions, close and sleep flags, locks and the rendezvous words (conn.rs layout).
+# positions, close flags and close hint, sleep flags, locks and the rendezvous
+# words (conn.rs layout).
 WORDS = [24, 64, 128, 192]
 for d in (0, 1):
     base = 1024 + 1024 * d
-    WORDS += [base + o for o in (0, 64, 128, 192, 512, 576, 640, 704, 768, 776, 784, 792, 800, 896)]
+    WORDS += [base + o for o in (0, 64, 72, 128, 192, 512, 576, 640, 704, 768, 776, 784, 792, 800, 896)]
 ns = os.stat('/proc/self/ns/net').st_ino
 name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
-MAGIC, VERSION, RING = 0x3130504354545253, 3, 1 << 16
+MAGIC, VERSION, RING = 0x3130504354545253, @LAYOUT_VERSION@, 1 << 16
 CHOSEN = [0, 1, 2, 3, 7, 8, 4095, 4096, RING - 1, RING, RING + 1, 1 << 31, 1 << 40, (1 << 63) - 1, 1 << 63,
           (1 << 64) - 1, os.getpid(), 1, os.getppid()]
 for seed in range(first, first + seeds):

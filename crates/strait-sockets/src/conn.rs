@@ -246,6 +246,15 @@ pub(crate) trait FarEnd: Send + Sync {
 /// looks inside (only the far end's module knows the type).
 pub(crate) type FarSetup = Box<dyn std::any::Any + Send>;
 
+/// Connectors of this process waiting for their acceptors: while there are none,
+/// a sleeping epoll_wait looks for no attach deadline among its members.
+static AWAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// True if some connector of this process still waits for its acceptor.
+pub(crate) fn any_awaiting_attach() -> bool {
+    AWAITING.load(Ordering::Relaxed) != 0
+}
+
 /// Process-wide counters (printed at exit with `STRAIT_STATS=1`).
 pub static ACCELERATED: AtomicUsize = AtomicUsize::new(0);
 pub static KERNEL_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
@@ -391,6 +400,9 @@ impl Conn {
             Liveness::Socket(u) => Liveness::Socket(crate::fds::keep(u)),
             Liveness::TcpSocket => Liveness::TcpSocket,
         };
+        if pending.is_some() {
+            AWAITING.fetch_add(1, Ordering::Relaxed);
+        }
         Conn {
             shm,
             side,
@@ -863,6 +875,7 @@ impl Conn {
         }
         let p = pending.take()?;
         self.awaiting.store(false, Ordering::Release);
+        AWAITING.fetch_sub(1, Ordering::Relaxed);
         if st == ATTACHED_B && p.asked >= 0 {
             // The acceptor that asked is the peer a rendezvous may write into (the
             // marker's holder, who got the hello first, is not).
@@ -1750,6 +1763,7 @@ pub(crate) fn vault_memfd(memfd: c_int) -> c_int {
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(p) = self.pending.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            AWAITING.fetch_sub(1, Ordering::Relaxed);
             p.close();
         }
         // These descriptors belong to this connection alone.

@@ -57,6 +57,10 @@ pub mod calls;
 mod stats;
 pub mod stdio;
 
+/// The version of the connection mapping's layout that a hello names (tests that
+/// play a peer by hand write it).
+pub use conn::VERSION as LAYOUT_VERSION;
+
 /// Sets the library up in a new process (called once, when it is loaded, by the
 /// cdylib's initialiser).
 pub fn init() {

@@ -145,8 +145,6 @@ pub struct PendingC {
     /// Our Unix socket connected to the listener's marker, which the hello went
     /// out on (its holder drops hellos whose link hung up): kept until settled.
     pub marker: c_int,
-    /// Kept open only until settled, for path B.
-    pub memfd: c_int,
     /// Our per-connection name (-1 if it could not be bound).
     pub listener: c_int,
     pub hello: [u8; 48],
@@ -854,7 +852,7 @@ impl Conn {
         let mut st = self.state();
         if st == PENDING && p.listener >= 0 && fd >= 0 {
             // Path B: an acceptor that did not get our hello asks us.
-            if let Some(c) = p.serve(fd, self.my_efd, self.peer_efd) {
+            if let Some(c) = p.serve(fd, self.my_efd, self.peer_efd, self.vault) {
                 if p.asked >= 0 {
                     // SAFETY: our socket.
                     unsafe { real::close(p.asked) };
@@ -1735,6 +1733,23 @@ impl<'a> StepLock<'a> {
 impl Drop for StepLock<'_> {
     fn drop(&mut self) {
         self.0.store(0, Ordering::Release);
+    }
+}
+
+/// A copy of the memfd that `vault` ([`vault_memfd`]) holds, peeked (the vault
+/// keeps it); `None` if there is none.
+pub(crate) fn memfd_in_vault(vault: c_int) -> Option<c_int> {
+    if vault < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 8];
+    match crate::sock::recv_fds(vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(m) if m.fds.len() == 1 => Some(m.fds[0]),
+        Ok(m) => {
+            crate::sock::close_all(&m.fds);
+            None
+        }
+        Err(_) => None,
     }
 }
 

@@ -605,6 +605,8 @@ fn attach_wait(own_listener: bool) -> Duration {
 /// Everything a connector sets up before its TCP connect.
 pub struct Prepared {
     shm: Shm,
+    /// The mapping's memfd, until the vault takes it.
+    memfd: c_int,
     /// The marker's holder ([`MarkerLink::holder`]).
     holder: libc::pid_t,
     efd_c: c_int,
@@ -671,12 +673,12 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
     }
     Some(Prepared {
         shm,
+        memfd,
         holder: link.holder,
         efd_c,
         efd_a,
         pending: PendingC {
             marker: unix,
-            memfd,
             listener,
             hello: h,
             deadline: Instant::now() + attach_wait(link.ours),
@@ -689,7 +691,9 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
 pub fn register(fd: c_int, p: Prepared) {
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
-    let vault = crate::conn::vault_memfd(p.pending.memfd);
+    // The vault keeps the memfd from now on (path B and `exec` take copies).
+    let vault = crate::conn::vault_memfd(p.memfd);
+    close_all(&[p.memfd]);
     let conn = Arc::new(Conn::new(
         p.shm,
         0,
@@ -711,24 +715,24 @@ pub fn register(fd: c_int, p: Prepared) {
 impl Prepared {
     /// The TCP connect failed: undo.
     pub fn abandon(self) {
-        close_all(&[self.efd_c, self.efd_a]);
+        close_all(&[self.memfd, self.efd_c, self.efd_a]);
         self.pending.close();
     }
 }
 
 impl PendingC {
-    /// Closes everything kept until settling (the marker link, the memfd, the
-    /// path-B name and the socket of an acceptor that asked there).
+    /// Closes everything kept until settling (the marker link, the path-B name and
+    /// the socket of an acceptor that asked there).
     pub fn close(&self) {
         let fds: Vec<c_int> =
-            [self.marker, self.memfd, self.listener, self.asked].into_iter().filter(|&f| f >= 0).collect();
+            [self.marker, self.listener, self.asked].into_iter().filter(|&f| f >= 0).collect();
         close_all(&fds);
     }
 
     /// Path B, connector side: serves one request waiting at our name, after
     /// checking that the asker holds the other end of `fd`. Returns the Unix socket
     /// the hello went out on.
-    pub fn serve(&self, fd: c_int, efd_c: c_int, efd_a: c_int) -> Option<c_int> {
+    pub fn serve(&self, fd: c_int, efd_c: c_int, efd_a: c_int, vault: c_int) -> Option<c_int> {
         if self.listener < 0 {
             return None;
         }
@@ -775,8 +779,12 @@ impl PendingC {
             close_all(&[c]);
             return None;
         };
-        let sent = send_fds(c, &self.hello, &[self.memfd, efd_c, efd_a, token]);
-        close_all(&[token]);
+        let Some(memfd) = crate::conn::memfd_in_vault(vault) else {
+            close_all(&[c, token]);
+            return None;
+        };
+        let sent = send_fds(c, &self.hello, &[memfd, efd_c, efd_a, token]);
+        close_all(&[token, memfd]);
         if !sent {
             close_all(&[c]);
             return None;

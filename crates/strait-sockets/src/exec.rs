@@ -197,15 +197,7 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
 /// record that describes them (its descriptor fields are those copies, in order).
 pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, Vec<c_int>)> {
     let ino = inode(fd)?;
-    let mut buf = [0u8; 8];
-    let memfd = match crate::sock::recv_fds(c.vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-        Ok(m) if m.fds.len() == 1 => m.fds[0],
-        Ok(m) => {
-            crate::sock::close_all(&m.fds);
-            return None;
-        }
-        Err(_) => return None,
-    };
+    let memfd = conn::memfd_in_vault(c.vault)?;
     let mut copies = vec![memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd)];
     if !c.watched_by_socket() {
         copies.push(inheritable_dup(c.hup_fd(-1)));

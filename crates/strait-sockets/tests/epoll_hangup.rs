@@ -7,7 +7,6 @@
 
 use std::sync::Once;
 
-use libc::c_void;
 use strait_sockets::calls;
 
 mod common;
@@ -31,21 +30,7 @@ fn init() {
 fn a_dead_peer_is_reported_to_a_set_of_carried_members_alone() {
     init();
     let (a, c) = carried_pair();
-    let go = pipe();
-    // SAFETY: fork; the child only reads a pipe and leaves with _exit.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
-    if child == 0 {
-        let mut b = [0u8; 1];
-        // SAFETY: the child waits for its cue (blocking read of a local byte), then
-        // dies without closing anything, as a crashed process would.
-        unsafe {
-            let flags = libc::fcntl(go[0], libc::F_GETFL);
-            libc::fcntl(go[0], libc::F_SETFL, flags & !libc::O_NONBLOCK);
-            libc::read(go[0], b.as_mut_ptr().cast::<c_void>(), 1);
-            libc::_exit(0);
-        }
-    }
+    let (child, go) = fork_holder();
     // The connector's end now lives in the child alone.
     // SAFETY: our descriptor.
     unsafe { calls::close(c) };
@@ -56,12 +41,7 @@ fn a_dead_peer_is_reported_to_a_set_of_carried_members_alone() {
     for _ in 0..10 {
         assert!(poll_once(ep).is_empty(), "the peer is alive");
     }
-    // SAFETY: the cue, one byte from a local; then the child's end.
-    unsafe {
-        assert_eq!(libc::write(go[1], b"q".as_ptr().cast::<c_void>(), 1), 1);
-        let mut status = 0;
-        assert_eq!(libc::waitpid(child, &mut status, 0), child);
-    }
+    let_holder_go(child, go);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let mut calls_made = 0usize;
     let got = loop {
@@ -78,7 +58,5 @@ fn a_dead_peer_is_reported_to_a_set_of_carried_members_alone() {
     unsafe {
         calls::close(ep);
         calls::close(a);
-        libc::close(go[0]);
-        libc::close(go[1]);
     }
 }

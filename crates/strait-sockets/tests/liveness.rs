@@ -93,21 +93,7 @@ fn a_peers_half_close_is_not_its_hang_up() {
 fn a_set_watches_a_connection_through_its_remaining_descriptor() {
     let _serial = init();
     let (a1, c1) = carried_pair();
-    let go = pipe();
-    // SAFETY: fork; the child only reads a pipe and leaves with _exit.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
-    if child == 0 {
-        let mut b = [0u8; 1];
-        // SAFETY: the child waits for its cue (blocking read of a local byte), then
-        // dies without closing anything, as a crashed process would.
-        unsafe {
-            let flags = libc::fcntl(go[0], libc::F_GETFL);
-            libc::fcntl(go[0], libc::F_SETFL, flags & !libc::O_NONBLOCK);
-            libc::read(go[0], b.as_mut_ptr().cast::<c_void>(), 1);
-            libc::_exit(0);
-        }
-    }
+    let (child, go) = fork_holder();
     // Connection 1's connector now lives in the child alone.
     // SAFETY: our descriptor.
     unsafe { calls::close(c1) };
@@ -133,12 +119,7 @@ fn a_set_watches_a_connection_through_its_remaining_descriptor() {
     for _ in 0..10 {
         assert!(poll_once(ep).is_empty(), "both peers are alive");
     }
-    // SAFETY: the cue, one byte from a local; then the child's end.
-    unsafe {
-        assert_eq!(libc::write(go[1], b"q".as_ptr().cast::<c_void>(), 1), 1);
-        let mut status = 0;
-        assert_eq!(libc::waitpid(child, &mut status, 0), child);
-    }
+    let_holder_go(child, go);
     let deadline = Instant::now() + Duration::from_secs(5);
     let got = loop {
         let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
@@ -158,8 +139,6 @@ fn a_set_watches_a_connection_through_its_remaining_descriptor() {
         calls::close(dup1);
         calls::close(a1);
         calls::close(c2);
-        libc::close(go[0]);
-        libc::close(go[1]);
     }
 }
 
@@ -199,20 +178,7 @@ fn a_closing_peer_is_seen_by_the_next_nonblocking_read() {
 fn a_close_while_another_process_holds_the_socket_is_no_end() {
     let _serial = init();
     let (a, c) = carried_pair();
-    let go = pipe();
-    // SAFETY: fork; the child only reads a pipe and leaves with _exit.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
-    if child == 0 {
-        let mut b = [0u8; 1];
-        // SAFETY: the child waits for its cue, then leaves holding the socket.
-        unsafe {
-            let flags = libc::fcntl(go[0], libc::F_GETFL);
-            libc::fcntl(go[0], libc::F_SETFL, flags & !libc::O_NONBLOCK);
-            libc::read(go[0], b.as_mut_ptr().cast::<c_void>(), 1);
-            libc::_exit(0);
-        }
-    }
+    let (child, go) = fork_holder();
     // SAFETY: our descriptors, through the library.
     unsafe {
         calls::close(c);
@@ -225,12 +191,7 @@ fn a_close_while_another_process_holds_the_socket_is_no_end() {
         let n = unsafe { calls::read(a, b.as_mut_ptr().cast::<c_void>(), b.len()) };
         assert_eq!(n, -1, "the child still holds the connection: no end of stream");
     }
-    // SAFETY: the cue, one byte from a local; then the child's end.
-    unsafe {
-        assert_eq!(libc::write(go[1], b"q".as_ptr().cast::<c_void>(), 1), 1);
-        let mut status = 0;
-        assert_eq!(libc::waitpid(child, &mut status, 0), child);
-    }
+    let_holder_go(child, go);
     let mut p = libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 };
     // SAFETY: one pollfd, through the library.
     assert_eq!(unsafe { calls::poll(&mut p, 1, 5000) }, 1, "the child's exit is seen");
@@ -239,7 +200,5 @@ fn a_close_while_another_process_holds_the_socket_is_no_end() {
     // SAFETY: our descriptors.
     unsafe {
         calls::close(a);
-        libc::close(go[0]);
-        libc::close(go[1]);
     }
 }

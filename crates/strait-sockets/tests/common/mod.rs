@@ -97,3 +97,38 @@ pub fn pipe() -> [c_int; 2] {
     ok(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) }, "pipe2");
     p
 }
+
+/// Forks a child that holds every descriptor of this process (sockets included)
+/// until [`let_holder_go`]: it waits for one byte on a pipe, then leaves with
+/// `_exit` without closing anything, as a crashed process would. Returns (child,
+/// pipe).
+pub fn fork_holder() -> (libc::pid_t, [c_int; 2]) {
+    let go = pipe();
+    // SAFETY: fork; the child only reads a pipe and leaves with _exit.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        let mut b = [0u8; 1];
+        // SAFETY: the child waits for its cue (blocking read of a local byte), then
+        // dies without closing anything.
+        unsafe {
+            let flags = libc::fcntl(go[0], libc::F_GETFL);
+            libc::fcntl(go[0], libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            libc::read(go[0], b.as_mut_ptr().cast::<c_void>(), 1);
+            libc::_exit(0);
+        }
+    }
+    (child, go)
+}
+
+/// Lets a [`fork_holder`] child go and waits until it is gone.
+pub fn let_holder_go(child: libc::pid_t, go: [c_int; 2]) {
+    // SAFETY: the cue, one byte from a local; then the child's end; then our pipe.
+    unsafe {
+        assert_eq!(libc::write(go[1], b"q".as_ptr().cast::<c_void>(), 1), 1);
+        let mut status = 0;
+        assert_eq!(libc::waitpid(child, &mut status, 0), child);
+        libc::close(go[0]);
+        libc::close(go[1]);
+    }
+}

@@ -8,7 +8,8 @@
 //! adds one descriptor to the message: a *bundle*, a Unix socket holding in flight
 //! one message that describes each passed connection (the records of `exec.rs`,
 //! with descriptor indices) and carries copies of what carries it (the rings'
-//! memfd, both eventfds, the liveness socket). The library of the receiving
+//! memfd, both eventfds, and a connection to another host's liveness socket; the
+//! passed TCP socket itself tells of a local peer's hang-up). The library of the receiving
 //! process takes the bundle off the message before the program sees it, maps the
 //! rings and enters the received descriptors as the connection. The receiver takes
 //! a hold on the connection (counted for it by the sender), so the sender may

@@ -1,7 +1,7 @@
 //! A dead peer's hang-up on a set of carried members alone: a zero-timeout
 //! `epoll_wait` that leaves the kernel set unasked (the set has no kernel member
 //! and no bell rang) must still ask it now and then, since only the kernel sees the
-//! peer's process die (its liveness socket hangs up; nothing in shared memory
+//! peer's process die (its TCP socket hangs up; nothing in shared memory
 //! changes). The time window is made long (10 s), so the one call in 64 that asks
 //! is what finds it. One test in its own process: it forks.
 

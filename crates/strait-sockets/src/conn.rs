@@ -50,7 +50,7 @@
 //! (the "vault"), from which `exec` takes a copy with `MSG_PEEK` to hand the mapping
 //! to the new program (see `exec.rs`).
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -319,7 +319,7 @@ pub struct Conn {
     wr_shut: AtomicBool,
     /// Shutdowns the kernel socket owes if the connection ends on the kernel
     /// (bit 0 read, bit 1 write; [`Conn::defer_kernel_shutdown`]).
-    kernel_shut: std::sync::atomic::AtomicU8,
+    kernel_shut: AtomicU8,
     peer_dead: AtomicBool,
     /// Descriptors of this process that refer to this connection.
     pub fdrefs: AtomicUsize,
@@ -413,7 +413,7 @@ impl Conn {
             nonblock: AtomicBool::new(nonblock),
             rd_shut: AtomicBool::new(false),
             wr_shut: AtomicBool::new(false),
-            kernel_shut: std::sync::atomic::AtomicU8::new(0),
+            kernel_shut: AtomicU8::new(0),
             peer_dead: AtomicBool::new(false),
             fdrefs: AtomicUsize::new(1),
             released: AtomicBool::new(false),
@@ -605,6 +605,17 @@ impl Conn {
         false
     }
 
+    /// A poll or epoll set that asked for `POLLRDHUP` on the hang-up descriptor
+    /// ([`Conn::hup_fd`]) reported `revents` for it: true (and remembered) if
+    /// they say the peer is gone. The report is the kernel's answer already; no
+    /// second look.
+    pub fn hung_up(&self, revents: i16) -> bool {
+        if revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0 {
+            self.peer_dead.store(true, Ordering::Relaxed);
+        }
+        self.peer_dead.load(Ordering::Relaxed)
+    }
+
     /// After a process of the peer's end closed its last descriptor (its
     /// [`CLOSES`] hint moved since we last looked): asks the kernel at once, through
     /// the program's descriptor `fd`, whether the peer's socket hung up (true: the
@@ -736,12 +747,17 @@ impl Conn {
     /// peer's sleeping flags first, as a send does, so that a peer's epoll set that
     /// trusts standing flags ([`Conn::announce_stands`]) sees the change.
     fn ring_bell_for_close(&self) {
-        // Both taken (the peer may wait for data and for room); the bell rings
-        // whatever they said: a close always wakes.
+        // The bell rings whatever the flags said: a close always wakes.
+        self.take_peer_flags();
+        self.ring_bell();
+    }
+
+    /// Takes both of the peer's sleeping flags (it may wait for data and for
+    /// room), so that its next look does not trust them.
+    fn take_peer_flags(&self) {
         for flag in [self.w(self.tx(), RSLEEP), self.w(self.rx(), WSLEEP)] {
             peer_needs_wake(flag);
         }
-        self.ring_bell();
     }
 
     /// Blocks until `ready()` or `deadline`, spinning first (as long as spinning
@@ -794,9 +810,7 @@ impl Conn {
                 if p[0].revents != 0 {
                     self.drain_bell();
                 }
-                if p[1].revents != 0 {
-                    self.check_peer(fd);
-                }
+                self.hung_up(p[1].revents);
             }
         }
     }
@@ -1597,9 +1611,7 @@ impl Conn {
             // its next look (a zero-timeout epoll_wait that trusts the flags,
             // [`Conn::announce_stands`], or a non-blocking read) asks the kernel now.
             self.w(self.tx(), CLOSES).fetch_add(1, Ordering::Release);
-            for flag in [self.w(self.tx(), RSLEEP), self.w(self.rx(), WSLEEP)] {
-                peer_needs_wake(flag);
-            }
+            self.take_peer_flags();
             return;
         }
         if let Some((local, peer)) = ids.filter(|_| self.vault >= 0) {

@@ -816,7 +816,7 @@ pub unsafe fn wait(
                         // would return at once: once the peer is known gone (the
                         // connection remembers), its watch leaves the kernel set,
                         // and a connection without entries leaves it altogether.
-                        if c.check_peer(fd) && c.watched_by_socket() {
+                        if c.hung_up(e.events as i16) && c.watched_by_socket() {
                             set.unwatch(epfd, &m, fd, -1);
                         }
                         if set.of_member.contains_key(&m.key()) {

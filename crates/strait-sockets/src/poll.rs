@@ -123,14 +123,11 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         if r < 0 {
             return Some(-1);
         }
-        let mut hung_up = vec![false; acc.len()];
-        for (j, (i, c)) in acc.iter().enumerate() {
+        for (j, (_, c)) in acc.iter().enumerate() {
             if tmp[nk + 4 * j].revents != 0 || tmp[nk + 4 * j + 2].revents != 0 {
                 c.drain_bell();
             }
-            if tmp[nk + 4 * j + 1].revents != 0 {
-                hung_up[j] = c.check_peer(fds[*i].fd);
-            }
+            c.hung_up(tmp[nk + 4 * j + 1].revents);
             // (A path-B ask is answered by the readiness look below.)
         }
         for (j, (i, u)) in udp.iter().enumerate() {
@@ -143,8 +140,9 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
             tmp[*i].revents |= shm_before[j] | udp_revents(u, fds[*i].events);
         }
         for (j, (i, c)) in acc.iter().enumerate() {
-            tmp[*i].revents =
-                if sleep || hung_up[j] { conn_revents(c, fds[*i].fd, fds[*i].events) } else { saved[j] };
+            // (Looked at again after a sleep, or when the hang-up was reported.)
+            let again = sleep || tmp[nk + 4 * j + 1].revents != 0;
+            tmp[*i].revents = if again { conn_revents(c, fds[*i].fd, fds[*i].events) } else { saved[j] };
         }
         let total = tmp[..nk].iter().filter(|p| p.revents != 0).count() as c_int;
         let timed_out = remaining(deadline) == Some(Duration::ZERO);

@@ -150,11 +150,7 @@ fn a_set_watches_a_connection_through_its_remaining_descriptor() {
 fn a_closing_peer_is_seen_by_the_next_nonblocking_read() {
     let _serial = init();
     let (a, c) = carried_pair();
-    // SAFETY: plain fcntl on our descriptor, through the library.
-    unsafe {
-        let fl = calls::fcntl(a, libc::F_GETFL, 0);
-        ok(calls::fcntl(a, libc::F_SETFL, (fl | libc::O_NONBLOCK) as usize), "O_NONBLOCK");
-    }
+    set_nonblocking(a);
     let mut b = [0u8; 16];
     let read = |b: &mut [u8; 16]| {
         // SAFETY: reads into a local buffer.
@@ -179,12 +175,9 @@ fn a_close_while_another_process_holds_the_socket_is_no_end() {
     let _serial = init();
     let (a, c) = carried_pair();
     let (child, go) = fork_holder();
-    // SAFETY: our descriptors, through the library.
-    unsafe {
-        calls::close(c);
-        let fl = calls::fcntl(a, libc::F_GETFL, 0);
-        ok(calls::fcntl(a, libc::F_SETFL, (fl | libc::O_NONBLOCK) as usize), "O_NONBLOCK");
-    }
+    // SAFETY: our descriptor.
+    unsafe { calls::close(c) };
+    set_nonblocking(a);
     let mut b = [0u8; 16];
     for _ in 0..100 {
         // SAFETY: reads into a local buffer.

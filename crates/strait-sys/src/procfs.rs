@@ -23,15 +23,13 @@ static ROOT: AtomicI32 = AtomicI32::new(-1);
 /// (the library moves its descriptors above the program's) and gives it to
 /// [`set_root`]. `None` where `/proc` is not mounted.
 pub fn open_root() -> Option<c_int> {
-    // SAFETY: a NUL-terminated literal path; plain system call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat,
-            libc::AT_FDCWD,
-            c"/proc".as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
+    openat(libc::AT_FDCWD, c"/proc", libc::O_PATH | libc::O_DIRECTORY)
+}
+
+/// The raw `openat` system call (close-on-exec added); `None` if it fails.
+fn openat(dir: c_int, path: &CStr, flags: c_int) -> Option<c_int> {
+    // SAFETY: a NUL-terminated path; plain system call.
+    let fd = unsafe { libc::syscall(libc::SYS_openat, dir, path.as_ptr(), flags | libc::O_CLOEXEC) };
     c_int::try_from(fd).ok().filter(|&fd| fd >= 0)
 }
 
@@ -58,9 +56,7 @@ fn locate(rel: &str) -> Option<(c_int, CString)> {
 /// the descriptor. `None` if it cannot be opened.
 pub fn open(rel: &str, flags: c_int) -> Option<c_int> {
     let (dir, path) = locate(rel)?;
-    // SAFETY: a NUL-terminated path; plain system call.
-    let fd = unsafe { libc::syscall(libc::SYS_openat, dir, path.as_ptr(), flags | libc::O_CLOEXEC) };
-    c_int::try_from(fd).ok().filter(|&fd| fd >= 0)
+    openat(dir, &path, flags)
 }
 
 /// The target of the symbolic link `rel` under `/proc` (such as `self/fd/3`, whose
@@ -137,11 +133,7 @@ pub fn own_fds() -> Option<Vec<c_int>> {
 /// `None` if it cannot be opened or read or is longer than `limit` bytes (a part
 /// could mislead).
 pub fn read_raw(path: &CStr, limit: usize) -> Option<Vec<u8>> {
-    // SAFETY: a NUL-terminated path; plain system call.
-    let fd = unsafe {
-        libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC)
-    };
-    read_fd(c_int::try_from(fd).ok().filter(|&fd| fd >= 0)?, limit)
+    read_fd(openat(libc::AT_FDCWD, path, libc::O_RDONLY)?, limit)
 }
 
 /// Reads `fd` to its end and closes it.

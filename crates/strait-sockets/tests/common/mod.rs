@@ -80,6 +80,15 @@ pub fn poll_once(ep: c_int) -> Vec<(u64, u32)> {
     out[..n as usize].iter().map(|e| ({ e.u64 }, { e.events })).collect()
 }
 
+/// Makes `fd` non-blocking, through the library (as a program's `fcntl` would).
+pub fn set_nonblocking(fd: c_int) {
+    // SAFETY: the library's fcntl on our descriptor.
+    unsafe {
+        let fl = calls::fcntl(fd, libc::F_GETFL, 0);
+        ok(calls::fcntl(fd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as usize), "O_NONBLOCK");
+    }
+}
+
 pub fn write_byte(fd: c_int) {
     // SAFETY: one byte from a local.
     assert_eq!(unsafe { calls::write(fd, b"x".as_ptr().cast::<c_void>(), 1) }, 1, "write");

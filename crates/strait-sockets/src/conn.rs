@@ -292,8 +292,8 @@ pub struct Carriers {
     pub peer_efd: c_int,
     /// How the peer's end is watched.
     pub liveness: Liveness,
-    /// The vault holding the mapping's memfd (-1: none).
-    pub vault: c_int,
+    /// Where the mapping's memfd is kept ([`crate::vault`]).
+    pub vault: crate::vault::Kept,
     /// The process a rendezvous may write into: the kernel's word on who sent the
     /// hello (or, for a connector, who holds the marker or asked by path B), never
     /// a pid read from shared memory. `None`: the ring only.
@@ -308,9 +308,8 @@ pub struct Conn {
     pub my_efd: c_int,
     pub peer_efd: c_int,
     liveness: Liveness,
-    /// Holds the mapping's memfd in flight (-1: none, e.g. a connection to another
-    /// host), for `exec`.
-    pub vault: c_int,
+    /// Where the mapping's memfd is kept, for `exec`, descriptor passing and path B.
+    pub vault: crate::vault::Kept,
     pending: Mutex<Option<PendingC>>,
     /// A connector whose acceptor has not attached yet (`pending` is set).
     awaiting: AtomicBool,
@@ -393,7 +392,7 @@ pub enum IoErr {
 impl Conn {
     pub fn new(shm: Shm, side: usize, fds: Carriers, nonblock: bool, pending: Option<PendingC>) -> Conn {
         let Carriers { my_efd, peer_efd, liveness, vault, peer_pid } = fds;
-        let [my_efd, peer_efd, vault] = [my_efd, peer_efd, vault].map(crate::fds::keep);
+        let [my_efd, peer_efd] = [my_efd, peer_efd].map(crate::fds::keep);
         let liveness = match liveness {
             Liveness::Socket(u) => Liveness::Socket(crate::fds::keep(u)),
             Liveness::TcpSocket => Liveness::TcpSocket,
@@ -1614,7 +1613,7 @@ impl Conn {
             self.take_peer_flags();
             return;
         }
-        if let Some((local, peer)) = ids.filter(|_| self.vault >= 0) {
+        if let Some((local, peer)) = ids.filter(|_| self.vault.is_some()) {
             let h = self.shm.word(off_holders(self.side));
             let before = h.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(1)));
             if before.unwrap_or(0) > 1 {
@@ -1748,45 +1747,6 @@ impl Drop for StepLock<'_> {
     }
 }
 
-/// A copy of the memfd that `vault` ([`vault_memfd`]) holds, peeked (the vault
-/// keeps it); `None` if there is none.
-pub(crate) fn memfd_in_vault(vault: c_int) -> Option<c_int> {
-    if vault < 0 {
-        return None;
-    }
-    let mut buf = [0u8; 8];
-    match crate::sock::recv_fds(vault, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-        Ok(m) if m.fds.len() == 1 => Some(m.fds[0]),
-        Ok(m) => {
-            crate::sock::close_all(&m.fds);
-            None
-        }
-        Err(_) => None,
-    }
-}
-
-/// Puts `memfd` in flight in a new socketpair and returns the end that holds it
-/// (close-on-exec; -1 on failure). The caller still owns `memfd`.
-pub(crate) fn vault_memfd(memfd: c_int) -> c_int {
-    let mut sp = [-1; 2];
-    // SAFETY: socketpair writes two descriptors into `sp`.
-    if unsafe {
-        libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sp.as_mut_ptr())
-    } != 0
-    {
-        return -1;
-    }
-    let sent = crate::sock::send_fds(sp[1], b"memfd", &[memfd]);
-    // SAFETY: our socket; the message stays queued at sp[0] after the sender closes.
-    unsafe { real::close(sp[1]) };
-    if !sent {
-        // SAFETY: our socket.
-        unsafe { real::close(sp[0]) };
-        return -1;
-    }
-    sp[0]
-}
-
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(p) = self.pending.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
@@ -1794,7 +1754,8 @@ impl Drop for Conn {
             p.close();
         }
         // These descriptors belong to this connection alone.
-        crate::fds::let_go(&[self.my_efd, self.peer_efd, self.vault]);
+        crate::fds::let_go(&[self.my_efd, self.peer_efd]);
+        crate::vault::release(self.vault);
         if let Liveness::Socket(u) = self.liveness {
             crate::fds::let_go(&[u]);
         }

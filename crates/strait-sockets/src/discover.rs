@@ -463,13 +463,11 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     let [memfd, efd_c, efd_a] = h.fds;
     let total = HDR + 2 * h.ring;
     let shm = if memfd_ok(memfd, total) { Shm::map(memfd, h.ring) } else { None };
-    let vault = if shm.is_some() { crate::conn::vault_memfd(memfd) } else { -1 };
+    let vault = if shm.is_some() { crate::vault::keep(memfd) } else { crate::vault::Kept::Nothing };
     close_all(&[memfd]);
     let Some(shm) = shm.filter(|s| s.header_ok()) else {
         close_all(&[efd_c, efd_a, h.unix]);
-        if vault >= 0 {
-            close_all(&[vault]);
-        }
+        crate::vault::release(vault);
         crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -482,9 +480,7 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     if shm.state().compare_exchange(PENDING, to, Ordering::AcqRel, Ordering::Acquire).is_err() {
         // The connector gave up waiting: the connection stays on the kernel path.
         close_all(&[efd_c, efd_a, h.unix]);
-        if vault >= 0 {
-            close_all(&[vault]);
-        }
+        crate::vault::release(vault);
         crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
         return;
     }
@@ -692,7 +688,7 @@ pub fn register(fd: c_int, p: Prepared) {
     // SAFETY: plain syscall.
     let nonblock = unsafe { real::fcntl(fd, libc::F_GETFL, 0) } & libc::O_NONBLOCK != 0;
     // The vault keeps the memfd from now on (path B and `exec` take copies).
-    let vault = crate::conn::vault_memfd(p.memfd);
+    let vault = crate::vault::keep(p.memfd);
     close_all(&[p.memfd]);
     let conn = Arc::new(Conn::new(
         p.shm,
@@ -732,7 +728,7 @@ impl PendingC {
     /// Path B, connector side: serves one request waiting at our name, after
     /// checking that the asker holds the other end of `fd`. Returns the Unix socket
     /// the hello went out on.
-    pub fn serve(&self, fd: c_int, efd_c: c_int, efd_a: c_int, vault: c_int) -> Option<c_int> {
+    pub fn serve(&self, fd: c_int, efd_c: c_int, efd_a: c_int, vault: crate::vault::Kept) -> Option<c_int> {
         if self.listener < 0 {
             return None;
         }
@@ -779,7 +775,7 @@ impl PendingC {
             close_all(&[c]);
             return None;
         };
-        let Some(memfd) = crate::conn::memfd_in_vault(vault) else {
+        let Some(memfd) = crate::vault::copy(vault) else {
             close_all(&[c, token]);
             return None;
         };

@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use libc::{c_char, c_int, pid_t};
 
-use crate::conn::{self, Carriers, Conn, Liveness, Shm, HDR};
+use crate::conn::{Carriers, Conn, Liveness, Shm, HDR};
 use crate::{real, table};
 
 const VAR: &str = "STRAIT_HANDOFF";
@@ -159,7 +159,7 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
             continue;
         }
         done.push(Arc::as_ptr(&c));
-        if c.vault < 0 || !c.attached() {
+        if !c.vault.is_some() || !c.attached() {
             continue;
         }
         let fds: Vec<c_int> = entries.iter().filter(|(_, x)| Arc::ptr_eq(x, &c)).map(|(f, _)| *f).collect();
@@ -192,12 +192,15 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
 }
 
 /// Copies of what carries connection `c` (whose descriptor `fd` is one): the memfd
-/// (peeked out of the vault, which keeps it), both eventfds and the library's
+/// (a copy from the vault, which keeps it), both eventfds and the library's
 /// liveness socket if it has one, none close-on-exec, owned by the caller; and the
 /// record that describes them (its descriptor fields are those copies, in order).
 pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, Vec<c_int>)> {
     let ino = inode(fd)?;
-    let memfd = conn::memfd_in_vault(c.vault)?;
+    let memfd = crate::vault::copy(c.vault)?;
+    // (The vault's copies are close-on-exec.)
+    // SAFETY: plain syscall on the copy we own.
+    unsafe { real::fcntl(memfd, libc::F_SETFD, 0) };
     let mut copies = vec![memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd)];
     if !c.watched_by_socket() {
         copies.push(inheritable_dup(c.hup_fd(-1)));
@@ -470,7 +473,7 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
         unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as usize) };
     }
     let shm = Shm::map(r.memfd, r.ring).filter(|s| s.header_ok());
-    let vault = if shm.is_some() { conn::vault_memfd(r.memfd) } else { -1 };
+    let vault = if shm.is_some() { crate::vault::keep(r.memfd) } else { crate::vault::Kept::Nothing };
     crate::sock::close_all(&[r.memfd]);
     let Some(shm) = shm else {
         crate::sock::close_all(&carriers[1..]);

@@ -189,6 +189,28 @@ pub fn keep(fd: c_int) -> c_int {
     fd
 }
 
+thread_local! {
+    static OWN_CLOSES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, in which a value of a library the crate uses closes a descriptor of
+/// the library's through libc's `close` (an `io_uring` instance dropped): that
+/// `close` reaches the kernel at once, as the library's own closes do, rather than
+/// the program's `close` (which would look the number up in tables whose locks the
+/// caller, a fork handler say, may hold).
+pub(crate) fn own_closes<R>(f: impl FnOnce() -> R) -> R {
+    let was = OWN_CLOSES.with(|c| c.replace(true));
+    let r = f();
+    OWN_CLOSES.with(|c| c.set(was));
+    r
+}
+
+/// Whether the `close` being made is one of [`own_closes`].
+#[inline]
+pub(crate) fn closing_own() -> bool {
+    OWN_CLOSES.with(std::cell::Cell::get)
+}
+
 /// Closes descriptors taken with [`keep`] (negative ones are skipped).
 pub fn let_go(fds: &[c_int]) {
     for &fd in fds.iter().filter(|&&fd| fd >= 0) {

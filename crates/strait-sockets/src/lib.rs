@@ -30,6 +30,7 @@ mod real;
 mod settings;
 mod sock;
 mod trust;
+mod vault;
 mod wait;
 // Transports: one connection or socket over shared memory (or a far end).
 mod conn;

@@ -101,7 +101,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isi
     let mut conns: Vec<(c_int, Arc<Conn>)> = Vec::new();
     for f in passed {
         if let Some(c) = crate::settle::accel(f) {
-            if c.vault >= 0 && c.attached() && !conns.iter().any(|(_, x)| Arc::ptr_eq(x, &c)) {
+            if c.vault.is_some() && c.attached() && !conns.iter().any(|(_, x)| Arc::ptr_eq(x, &c)) {
                 conns.push((f, c));
             }
         }

@@ -20,10 +20,13 @@ extern "C" fn before_fork() {
             u.add_holder();
         }
         table::lock_for_fork();
+        // The child's ring of memfds, filled now (no other process touches it).
+        crate::vault::before_fork();
     });
 }
 
 extern "C" fn in_parent() {
+    let _ = catch_unwind(|| crate::vault::after_fork(false));
     let _ = catch_unwind(table::unlock_after_fork);
     crate::epoll::after_fork();
 }
@@ -31,6 +34,7 @@ extern "C" fn in_parent() {
 extern "C" fn in_child() {
     // This child was seen: the fork watch need not report it.
     fork_watch_reset();
+    let _ = catch_unwind(|| crate::vault::after_fork(true));
     let _ = catch_unwind(table::unlock_after_fork);
     conn::after_fork_child();
     udp::after_fork_child();
@@ -116,6 +120,7 @@ fn new_process_seen() {
     conn::after_fork_child();
     udp::after_fork_child();
     remote::after_fork_child();
+    crate::vault::after_raw_clone();
     UNSEEN_FORKS.fetch_add(1, Ordering::Relaxed);
 }
 

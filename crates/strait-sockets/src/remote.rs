@@ -556,7 +556,7 @@ fn new_conn(side: usize, nonblock: bool) -> Option<(Arc<Conn>, c_int, c_int)> {
     }
     let (memfd, shm) = rings?;
     // The vault lets a forked child that execs hand the rings to the new program.
-    let vault = crate::conn::vault_memfd(memfd);
+    let vault = crate::vault::keep(memfd);
     let conn = Arc::new(Conn::new(
         shm,
         side,

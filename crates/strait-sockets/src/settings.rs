@@ -26,6 +26,9 @@ pub struct Settings {
     /// Longest a zero-timeout `epoll_wait` goes without asking the kernel set
     /// (`STRAIT_EPOLL_KERNEL_LOOK_US`; tests make it long to see what else bounds it).
     pub epoll_kernel_look: Duration,
+    /// Connections' memfds kept in the process's io_uring vault ring (the default)
+    /// rather than a socketpair each (`STRAIT_VAULT=socket`).
+    pub vault_ring: bool,
 }
 
 impl Settings {
@@ -50,6 +53,7 @@ impl Settings {
                     .map(|v| v.max(1) as usize)
                     .unwrap_or(64 << 10),
                 epoll_kernel_look: Duration::from_micros(env_u64("STRAIT_EPOLL_KERNEL_LOOK_US").unwrap_or(2)),
+                vault_ring: std::env::var("STRAIT_VAULT").map_or(true, |v| v.trim() != "socket"),
             }
         })
     }

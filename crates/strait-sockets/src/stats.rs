@@ -16,7 +16,10 @@
 //! process was made without fork handlers (a raw `clone`) and noticed by the fork
 //! watch (`unseen-forks`); what the library holds for itself at exit and at most
 //! (`lib-fds`, `lib-fds-peak`: its own descriptors; `shm-bytes`, `shm-bytes-peak`:
-//! shared memory mapped for rings).
+//! shared memory mapped for rings); the vault of connections' memfds
+//! (`vault-rings`: io_uring vault rings this process made, 0 when each connection
+//! keeps a socketpair instead; `vault-live`, `vault-dead`: slots of connections
+//! held, and of closed ones awaiting the next rotation).
 
 use std::sync::atomic::Ordering;
 
@@ -26,11 +29,12 @@ use crate::udp;
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let held = crate::fds::held();
+        let vault = crate::vault::census();
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
              udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
              refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {} \
-             lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {}\n",
+             lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {} vault-rings {} vault-live {} vault-dead {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -54,6 +58,9 @@ extern "C" fn at_exit() {
             held.fds_peak,
             held.shm_bytes,
             held.shm_peak,
+            vault.2,
+            vault.0,
+            vault.1,
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -35,6 +35,13 @@ impl Mapping {
         Self::map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
     }
 
+    /// Maps `len` zeroed bytes shared with every process this one forks or clones
+    /// from now on (and with no other): memory for words that several processes
+    /// of one family update, such as a lock.
+    pub fn anonymous_shared(len: usize) -> io::Result<Mapping> {
+        Self::map(len, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+    }
+
     /// Maps `len` zeroed private bytes with every page populated up front.
     pub fn anonymous_populated(len: usize) -> io::Result<Mapping> {
         Self::map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0)

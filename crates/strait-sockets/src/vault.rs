@@ -460,7 +460,7 @@ impl<'a> SharedLock<'a> {
                 return SharedLock(word);
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

@@ -64,13 +64,26 @@ fn server_then_client(
     attach_timeout_ms: &str,
     arg: &str,
 ) -> (Child, BufReader<ChildStdout>, Output) {
+    server_then_client_env(srv, delay, cli, attach_timeout_ms, arg, &[])
+}
+
+/// As [`server_then_client`], with `env` for both.
+fn server_then_client_env(
+    srv: &Path,
+    delay: &str,
+    cli: &Path,
+    attach_timeout_ms: &str,
+    arg: &str,
+    env: &[(&str, &str)],
+) -> (Child, BufReader<ChildStdout>, Output) {
     let port = free_port().to_string();
     let (server, sout) = spawn_until_line(
-        &mut strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay]),
+        strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
+            .envs(env.iter().copied()),
         "LISTENING",
     );
     let out = run_for(
-        &mut strait_run(&[
+        strait_run(&[
             "--stats",
             "--attach-timeout-ms",
             attach_timeout_ms,
@@ -79,7 +92,8 @@ fn server_then_client(
             cli.to_str().expect("p"),
             &port,
             arg,
-        ]),
+        ])
+        .envs(env.iter().copied()),
         Duration::from_secs(60),
     )
     .expect("client finished");
@@ -286,6 +300,33 @@ fn many_connections_leave_no_descriptor_or_mapping_behind() {
         // the 110 made alone would pass this.
         assert!(stat(e, "lib-fds-peak") <= 2 * 110 + 8, "{who} holds 2 descriptors per connection: {e}");
         assert!(stat(e, "shm-bytes-peak") >= 100 * 4096, "{who} held rings while open: {e}");
+    }
+}
+
+/// Where io_uring is refused (a seccomp filter, `kernel.io_uring_disabled`) or
+/// `STRAIT_VAULT=socket` asks: each connection keeps its memfd in a socketpair of
+/// its own, and the same 110 connections are carried and answered with nothing
+/// left behind (three descriptors per connection at the peak instead of two).
+#[test]
+fn the_socketpair_vault_carries_the_same_connections() {
+    ensure(PYTHON, "python3");
+    let (srv, cli) = (script("many-srv", MANY_SERVER), script("many-cli", MANY_CLIENT));
+    let (server, _, out) =
+        server_then_client_env(&srv, "110:100", &cli, "5000", "100:10", &[("STRAIT_VAULT", "socket")]);
+    let so = server.wait_with_output().expect("server");
+    let (text, err, serr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&so.stderr),
+    );
+    assert!(text.contains("ANSWERS 100"), "client: {text}\n{err}\nserver: {serr}");
+    for (who, e) in [("client", &err), ("server", &serr)] {
+        assert_eq!(stat(e, "accelerated"), 110, "{who}: {e}");
+        assert_eq!(stat(e, "vault-rings"), 0, "{who} made no vault ring: {e}");
+        assert!(stat(e, "lib-fds") <= 2, "{who} holds no connection's descriptor after closing: {e}");
+        assert_eq!(stat(e, "shm-bytes"), 0, "{who} holds no ring after closing: {e}");
+        assert!(stat(e, "lib-fds-peak") > 2 * 110 + 8, "{who} kept a socketpair per connection: {e}");
+        assert!(stat(e, "lib-fds-peak") <= 3 * 110 + 8, "{who} holds 3 descriptors per connection: {e}");
     }
 }
 

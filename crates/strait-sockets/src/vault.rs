@@ -668,49 +668,54 @@ mod tests {
         }
     }
 
-    /// The attack the rotation answers: a process made by a raw `clone` (no fork
-    /// handlers) shares the ring; its parent closes the connection and every other,
-    /// and exits; the child, at its first library call, still gets the memfd (an
-    /// emptied slot would lose the connection at the child's `exec`).
-    #[test]
-    fn a_raw_clone_child_keeps_what_its_parent_closed() {
-        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let fd = tagged(0xc10e);
-        let k = keep(fd);
-        close(fd);
+    /// How a child process is made in [`child_copies_after`].
+    #[derive(Clone, Copy, PartialEq)]
+    enum Made {
+        /// With the vault's fork handlers (called by hand: unit tests register none).
+        ByFork,
+        /// Without them, as by a raw clone(2).
+        ByRawClone,
+    }
+
+    /// Makes a child, lets the parent run `meanwhile`, then has the child (at what
+    /// is its first library call) copy `k` out of its vault; whether the copy held
+    /// `tag`.
+    fn child_copies_after(k: Kept, tag: u64, made: Made, meanwhile: impl FnOnce()) -> bool {
+        if made == Made::ByFork {
+            before_fork();
+        }
         let (mut go, mut done) = ([-1; 2], [-1; 2]);
         // SAFETY: two local arrays for pipe descriptors.
         unsafe {
             assert_eq!(libc::pipe(go.as_mut_ptr()), 0);
             assert_eq!(libc::pipe(done.as_mut_ptr()), 0);
         }
-        // No handler of the library's runs (none is registered in unit tests), as
-        // after a raw clone(2); libc's fork keeps the allocator usable in the child
-        // of this many-threaded harness.
+        // libc's fork keeps the allocator usable in the child of this many-threaded
+        // harness; no handler of the library's is registered in unit tests.
         // SAFETY: the child only makes system calls and uses the vault before it
         // exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
+            if made == Made::ByFork {
+                after_fork(true);
+            }
             let mut b = 0u8;
             // SAFETY: waits for the parent's cue on a pipe of ours, then exits.
             unsafe {
                 libc::read(go[0], (&mut b as *mut u8).cast(), 1);
-                after_raw_clone();
-                let ok = copy(k).is_some_and(|c| tag_of(c) == 0xc10e);
+                if made == Made::ByRawClone {
+                    after_raw_clone();
+                }
+                let ok = copy(k).is_some_and(|c| tag_of(c) == tag);
                 libc::write(done[1], [u8::from(ok)].as_ptr().cast(), 1);
                 libc::_exit(0);
             }
         }
         assert!(pid > 0);
-        // The parent closes it, then enough others for a rotation and the end of
-        // its ring.
-        release(k);
-        for t in 0..(2 * DEAD_BEFORE_ROTATION as u64) {
-            let fd = tagged(t);
-            let other = keep(fd);
-            close(fd);
-            release(other);
+        if made == Made::ByFork {
+            after_fork(false);
         }
+        meanwhile();
         let mut b = 0u8;
         // SAFETY: pipes of ours; a local byte; the child is ours to reap.
         unsafe {
@@ -721,49 +726,43 @@ mod tests {
                 libc::close(f);
             }
         }
-        assert_eq!(b, 1, "the child got the memfd its parent had closed");
+        b == 1
+    }
+
+    /// The attack the rotation answers: a process made by a raw `clone` (no fork
+    /// handlers) shares the ring; its parent closes the connection and enough
+    /// others to rotate and drop its ring; the child, at its first library call,
+    /// still gets the memfd (an emptied slot would lose the connection at the
+    /// child's `exec`).
+    #[test]
+    fn a_raw_clone_child_keeps_what_its_parent_closed() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let fd = tagged(0xc10e);
+        let k = keep(fd);
+        close(fd);
+        let got = child_copies_after(k, 0xc10e, Made::ByRawClone, || {
+            release(k);
+            for t in 0..(2 * DEAD_BEFORE_ROTATION as u64) {
+                let fd = tagged(t);
+                let other = keep(fd);
+                close(fd);
+                release(other);
+            }
+        });
+        assert!(got, "the child got the memfd its parent had closed");
     }
 
     /// The fork handlers give the child a ring of its own, filled before the fork:
-    /// the child's copy works after the parent closed the connection and rotated.
+    /// the child's copy works after the parent closed the connection.
     #[test]
     fn a_forked_child_gets_a_ring_of_its_own() {
         let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let fd = tagged(0xf0f0);
         let k = keep(fd);
         close(fd);
-        before_fork();
-        let (mut go, mut done) = ([-1; 2], [-1; 2]);
-        // SAFETY: two local arrays for pipe descriptors.
-        unsafe {
-            assert_eq!(libc::pipe(go.as_mut_ptr()), 0);
-            assert_eq!(libc::pipe(done.as_mut_ptr()), 0);
-        }
-        // SAFETY: as in the raw-clone test; the vault's handlers are called by hand.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            after_fork(true);
-            let mut b = 0u8;
-            // SAFETY: as in the raw-clone test.
-            unsafe {
-                libc::read(go[0], (&mut b as *mut u8).cast(), 1);
-                let ok = copy(k).is_some_and(|c| tag_of(c) == 0xf0f0);
-                libc::write(done[1], [u8::from(ok)].as_ptr().cast(), 1);
-                libc::_exit(0);
-            }
-        }
-        after_fork(false);
-        release(k);
-        let mut b = 0u8;
-        // SAFETY: as in the raw-clone test.
-        unsafe {
-            libc::write(go[1], [1u8].as_ptr().cast(), 1);
-            assert_eq!(libc::read(done[0], (&mut b as *mut u8).cast(), 1), 1);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-            for f in go.into_iter().chain(done) {
-                libc::close(f);
-            }
-        }
-        assert_eq!(b, 1, "the forked child's own ring holds the memfd");
+        assert!(
+            child_copies_after(k, 0xf0f0, Made::ByFork, || release(k)),
+            "the forked child's own ring holds the memfd"
+        );
     }
 }

@@ -154,14 +154,19 @@ pub fn is_internal(fd: c_int) -> bool {
 /// (the kernel sizes a process's descriptor table to its highest descriptor).
 fn high_base() -> c_int {
     static BASE: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| {
-        // SAFETY: rlimit is plain old data; getrlimit fills it.
-        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-        // SAFETY: a local rlimit.
-        let soft =
-            if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 { r.rlim_cur } else { 1024 };
-        (soft / 2).clamp(64, 4096) as c_int
-    })
+    *BASE.get_or_init(|| (soft_nofile() / 2).clamp(64, 4096) as c_int)
+}
+
+/// The process's soft descriptor limit now (1024 if it cannot be read).
+pub(crate) fn soft_nofile() -> u64 {
+    // SAFETY: rlimit is plain old data; getrlimit fills it.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a local rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+        r.rlim_cur
+    } else {
+        1024
+    }
 }
 
 /// A close-on-exec duplicate of `fd` for the library's own use, above the program's

@@ -128,13 +128,8 @@ pub(crate) fn before_fork() {
     let mut v = lock();
     v.for_child = None;
     if v.live_n > 0 {
-        let live = v.live.clone();
         let slots = v.ring.as_ref().map_or(MIN_SLOTS, |r| r.slots);
-        if let Some(mut child) = Ring::create(slots) {
-            if v.copy_into(&mut child, &live) {
-                v.for_child = Some(child);
-            }
-        }
+        v.for_child = v.ring_with_live(slots);
     }
     FORK_GUARD.with(|g| *g.borrow_mut() = Some(v));
 }
@@ -166,12 +161,9 @@ pub(crate) fn after_raw_clone() {
         v.drop_ring();
         return;
     }
-    let live = v.live.clone();
     let slots = v.ring.as_ref().map_or(MIN_SLOTS, |r| r.slots);
-    if let Some(mut fresh) = Ring::create(slots) {
-        if v.copy_into(&mut fresh, &live) {
-            v.switch_to(fresh);
-        }
+    if let Some(fresh) = v.ring_with_live(slots) {
+        v.switch_to(fresh);
     }
 }
 
@@ -209,12 +201,7 @@ impl Vault {
             Some(s) => s,
             None => {
                 // No ring yet, or a full one: a fresh ring with room to double.
-                let want = (2 * (self.live_n + 1)).max(MIN_SLOTS as usize);
-                let mut fresh = Ring::create(u32::try_from(want).unwrap_or(u32::MAX))?;
-                let live = self.live.clone();
-                if !self.copy_into(&mut fresh, &live) {
-                    return None;
-                }
+                let fresh = self.ring_with_live(doubled(self.live_n + 1))?;
                 self.switch_to(fresh);
                 self.ring.as_mut()?.free_slot()?
             }
@@ -249,41 +236,20 @@ impl Vault {
         }
         // Rotate: the live slots into a fresh ring (room to double), the old one
         // closed here.
-        let want = (2 * self.live_n).max(MIN_SLOTS as usize);
-        let Some(mut fresh) = Ring::create(u32::try_from(want).unwrap_or(u32::MAX)) else { return };
-        let live = self.live.clone();
-        if self.copy_into(&mut fresh, &live) {
+        if let Some(fresh) = self.ring_with_live(doubled(self.live_n)) {
             self.switch_to(fresh);
         }
     }
 
-    /// Copies the slots set in `live` from the current ring into `to` (same
-    /// numbers); whether every one arrived.
-    fn copy_into(&mut self, to: &mut Ring, live: &[u64]) -> bool {
-        let Some(from) = self.ring.as_mut() else { return live.iter().all(|&w| w == 0) };
-        let slots: Vec<u32> = ones(live).collect();
-        if slots.iter().any(|&s| s >= to.slots) {
-            return false;
-        }
-        for chunk in slots.chunks(ENTRIES as usize) {
-            let mut ops = Vec::with_capacity(chunk.len());
-            for &s in chunk {
-                let Ok(dest) = types::DestinationSlot::try_from_slot_target(s) else { return false };
-                ops.push(
-                    opcode::MsgRingSendFd::new(types::Fd(to.fd), types::Fixed(s), dest, 0)
-                        .opcode_flags(MSG_RING_CQE_SKIP)
-                        .build(),
-                );
-            }
-            let res = from.run(&ops);
-            if res.len() != chunk.len() || res.iter().any(|&r| r < 0) {
-                return false;
-            }
-            for &s in chunk {
-                set(&mut to.occupied, s, true);
-            }
-        }
-        true
+    /// A fresh ring of `slots` holding every live slot of the current one (same
+    /// numbers); `None` if it could not be made or a copy failed.
+    fn ring_with_live(&mut self, slots: u32) -> Option<Ring> {
+        let mut fresh = Ring::create(slots)?;
+        let copied = match self.ring.as_mut() {
+            Some(from) => copy_slots(from, &mut fresh, &self.live),
+            None => self.live_n == 0,
+        };
+        copied.then_some(fresh)
     }
 
     /// Makes `r` the ring (the old one is closed here).
@@ -296,6 +262,39 @@ impl Vault {
         self.ring = None;
         self.dead_n = 0;
     }
+}
+
+/// A table for `live` connections with room to double.
+fn doubled(live: usize) -> u32 {
+    u32::try_from((2 * live).max(MIN_SLOTS as usize)).unwrap_or(u32::MAX)
+}
+
+/// Copies the slots set in `live` from ring `from` into ring `to` (same numbers),
+/// 64 per submission; whether every one arrived.
+fn copy_slots(from: &mut Ring, to: &mut Ring, live: &[u64]) -> bool {
+    let slots: Vec<u32> = ones(live).collect();
+    if slots.iter().any(|&s| s >= to.slots) {
+        return false;
+    }
+    for chunk in slots.chunks(ENTRIES as usize) {
+        let mut ops = Vec::with_capacity(chunk.len());
+        for &s in chunk {
+            let Ok(dest) = types::DestinationSlot::try_from_slot_target(s) else { return false };
+            ops.push(
+                opcode::MsgRingSendFd::new(types::Fd(to.fd), types::Fixed(s), dest, 0)
+                    .opcode_flags(MSG_RING_CQE_SKIP)
+                    .build(),
+            );
+        }
+        let res = from.run(&ops);
+        if res.len() != chunk.len() || res.iter().any(|&r| r < 0) {
+            return false;
+        }
+        for &s in chunk {
+            set(&mut to.occupied, s, true);
+        }
+    }
+    true
 }
 
 /// One io_uring instance used only for its fixed-file table.
@@ -331,6 +330,8 @@ impl Ring {
                 return None;
             }
         };
+        // The crate's ring owns the number the kernel gave, among the program's;
+        // the library keeps a duplicate above them and maps the queues through it.
         let params = tmp.params().clone();
         let fd = crate::fds::dup_high(tmp.as_raw_fd());
         crate::fds::own_closes(|| drop(tmp));
@@ -484,11 +485,7 @@ fn monotonic_ns() -> u64 {
 
 /// The largest table the kernel allows now (the soft descriptor limit, at most 2^20).
 fn table_limit() -> u32 {
-    // SAFETY: rlimit is plain old data; getrlimit fills it.
-    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: a local rlimit.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 { r.rlim_cur } else { 1024 };
-    soft.clamp(MIN_SLOTS as u64, 1 << 20) as u32
+    crate::fds::soft_nofile().clamp(MIN_SLOTS as u64, 1 << 20) as u32
 }
 
 /// Whether the kernel knows the two operations the vault needs (asked once).
@@ -603,6 +600,15 @@ mod tests {
         }
     }
 
+    /// Keeps a memfd holding `tag` (closing the test's descriptor, as the library
+    /// does once the vault has it).
+    fn kept(tag: u64) -> Kept {
+        let fd = tagged(tag);
+        let k = keep(fd);
+        close(fd);
+        k
+    }
+
     /// The tag the memfd `fd` holds.
     fn tag_of(fd: c_int) -> u64 {
         let mut t = 0u64;
@@ -621,9 +627,7 @@ mod tests {
     #[test]
     fn a_kept_memfd_comes_back() {
         let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let fd = tagged(0xfeed);
-        let k = keep(fd);
-        close(fd);
+        let k = kept(0xfeed);
         assert!(matches!(k, Kept::Slot(_)), "this kernel has io_uring's fixed-file install: {k:?}");
         let c = copy(k).expect("a copy");
         assert_eq!(tag_of(c), 0xfeed);
@@ -639,14 +643,7 @@ mod tests {
     fn closed_slots_rotate_away_and_the_live_ones_survive() {
         let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let made = RINGS_MADE.load(Ordering::Relaxed);
-        let kept: Vec<(u64, Kept)> = (0..40u64)
-            .map(|t| {
-                let fd = tagged(t);
-                let k = keep(fd);
-                close(fd);
-                (t, k)
-            })
-            .collect();
+        let kept: Vec<(u64, Kept)> = (0..40u64).map(|t| (t, kept(t))).collect();
         let (live, _, _) = census();
         assert!(live >= 40);
         // Close the even ones: 20 dead against 20 live makes a rotation.
@@ -737,16 +734,11 @@ mod tests {
     #[test]
     fn a_raw_clone_child_keeps_what_its_parent_closed() {
         let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let fd = tagged(0xc10e);
-        let k = keep(fd);
-        close(fd);
+        let k = kept(0xc10e);
         let got = child_copies_after(k, 0xc10e, Made::ByRawClone, || {
             release(k);
             for t in 0..(2 * DEAD_BEFORE_ROTATION as u64) {
-                let fd = tagged(t);
-                let other = keep(fd);
-                close(fd);
-                release(other);
+                release(kept(t));
             }
         });
         assert!(got, "the child got the memfd its parent had closed");
@@ -757,9 +749,7 @@ mod tests {
     #[test]
     fn a_forked_child_gets_a_ring_of_its_own() {
         let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let fd = tagged(0xf0f0);
-        let k = keep(fd);
-        close(fd);
+        let k = kept(0xf0f0);
         assert!(
             child_copies_after(k, 0xf0f0, Made::ByFork, || release(k)),
             "the forked child's own ring holds the memfd"

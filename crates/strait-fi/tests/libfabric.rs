@@ -310,10 +310,18 @@ fn open_mpi_four_ranks_everything_across_namespaces() {
     let pair = strait_udp::netns::VethPair::create().expect("veth pair (needs root)");
     let dir = temp_dir(&format!("mpi-ns-{}", pair.ns[0]));
     // mpirun starts its daemons through this "rsh": it enters the namespace named
-    // as the host.
+    // as the host. Both namespaces share the host name and /tmp, so without a
+    // temporary directory per "host" the two daemons made the same session
+    // directory (/tmp/ompi.<host>.<uid>/jf.<job>) at the same moment, and Open MPI's
+    // directory creation, which does not expect a racing creator, failed in one of
+    // them ("mkdir ... File exists", orte_init failed; once in CI).
     let agent = dir.join("ns-agent.sh");
-    std::fs::write(&agent, "#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" sh -c \"$*\"\n")
-        .expect("agent");
+    let script = format!(
+        "#!/bin/sh\nhost=$1; shift\ntmp={}/tmp-$host\nmkdir -p \"$tmp\"\n\
+         exec ip netns exec \"$host\" env TMPDIR=\"$tmp\" sh -c \"$*\"\n",
+        dir.display()
+    );
+    std::fs::write(&agent, script).expect("agent");
     std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let hosts = dir.join("hosts");
     std::fs::write(&hosts, format!("{} slots=2\n{} slots=2\n", pair.ns[0], pair.ns[1])).expect("hostfile");

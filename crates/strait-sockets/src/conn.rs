@@ -1,5 +1,7 @@
 //! One accelerated TCP connection: a shared mapping with two byte rings (one per
-//! direction) and an eventfd doorbell per side. The program's own TCP socket tells
+//! direction) and a doorbell per side: a slot in the doorbells of the process pair
+//! ([`crate::pair`]), or (a connection to another host, or a peer that offered no
+//! pair) an eventfd of the connection's own. The program's own TCP socket tells
 //! that the peer is gone: no byte and no shutdown of the library's ever goes through
 //! it, so its hang-up (the kernel's FIN or reset) comes exactly when the last
 //! process holding the peer's socket closed it or died, whatever forks, passes and
@@ -10,6 +12,8 @@
 //! ```text
 //! 0      magic u64, version u32, ring bytes u32
 //! 24     mode: bit 0 the connector asks for messages, bit 1 both agreed
+//! 32     the connector wrote before the attach
+//! 40     the acceptor's pair slot (path A); 48: the same for path B
 //! 64     state: 0 pending (connector waits), 1 attached, 2 kernel (given up)
 //! 128+64*s  holders of side s (processes that still hold the connection)
 //! 1024+1024*d  control block of direction d (0: connector -> acceptor):
@@ -69,8 +73,9 @@ use crate::wait::{signals_restart, sock_timeout};
 pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
 /// 3: a connector no longer binds a port before its hello, and its path-B name is
 /// its socket's inode. 4: a close is told by the kernel's hang-up of the TCP
-/// socket and the [`CLOSES`] hint, no longer by marks in the rings.
-pub const VERSION: u32 = 4;
+/// socket and the [`CLOSES`] hint, no longer by marks in the rings. 5: doorbells
+/// per process pair (the acceptor's slot in the header).
+pub const VERSION: u32 = 5;
 pub const HDR: usize = 4096;
 const OFF_STATE: usize = 64;
 pub(crate) const fn off_holders(side: usize) -> usize {
@@ -107,6 +112,12 @@ pub(crate) const OFF_MODE: usize = 24;
 /// Header word set by a connector that wrote before its acceptor attached (those
 /// bytes went to the kernel socket too: the acceptor discards that copy).
 pub(crate) const OFF_EARLY: usize = 32;
+/// Header word where an acceptor that attaches by path A publishes its slot of the
+/// process pair (written before the attach, read by the connector after it).
+pub(crate) const OFF_ACCEPTOR_SLOT: usize = 40;
+/// The same for an acceptor that attaches by path B (a separate word: an acceptor
+/// that loses the race to attach must not overwrite the winner's slot).
+pub(crate) const OFF_ACCEPTOR_SLOT_B: usize = 48;
 pub(crate) const MODE_ASKED: u64 = 1;
 pub(crate) const MODE_AGREED: u64 = 2;
 /// Length header of a message in the ring.
@@ -283,13 +294,49 @@ pub enum Liveness {
     Socket(c_int),
 }
 
+/// A connection's doorbell in the pair of its two processes.
+pub struct PairBell {
+    pub pair: Arc<crate::pair::Pair>,
+    /// Our slot, in the half we read.
+    pub my_slot: u32,
+    /// The peer's slot, in its half (the peer's word: [`crate::pair::Pair::ring`]
+    /// bounds it).
+    pub peer_slot: u32,
+}
+
+/// A pair a pending connector offered in a hello, with the state the attach sets
+/// when the acceptor took that hello.
+pub struct Offered {
+    /// [`ATTACHED`] (the marker's holder) or [`ATTACHED_B`] (a path-B asker).
+    pub attach: u64,
+    pub pair: Arc<crate::pair::Pair>,
+    pub my_slot: u32,
+}
+
+/// What a pending connector answers a path-B asker with.
+pub enum ServeWith {
+    /// Its own eventfds (connector's, acceptor's).
+    Own([c_int; 2]),
+    /// A process pair with the asker (made or reused when serving it).
+    Pair,
+}
+
+/// How the two ends of a connection ring each other.
+pub enum Bells {
+    /// An eventfd per end, the connection's own: ours (the peer rings it), the
+    /// peer's.
+    Own { mine: c_int, peer: c_int },
+    /// A slot in the doorbells of the process pair.
+    Pair(PairBell),
+    /// A connector before its acceptor attached: the pairs its hellos offered.
+    Pending(Vec<Offered>),
+}
+
 /// The descriptors that carry one end of a connection besides its mapping (owned by
 /// the [`Conn`] made from them).
 pub struct Carriers {
-    /// Our eventfd (the peer rings it).
-    pub my_efd: c_int,
-    /// The peer's eventfd.
-    pub peer_efd: c_int,
+    /// The doorbells.
+    pub bells: Bells,
     /// How the peer's end is watched.
     pub liveness: Liveness,
     /// Where the mapping's memfd is kept ([`crate::vault`]).
@@ -305,8 +352,16 @@ pub struct Conn {
     pub shm: Shm,
     /// 0: connector, 1: acceptor. We produce direction `side`, consume `1 - side`.
     pub side: usize,
+    /// Our own eventfd ([`Bells::Own`]; -1 for a connection that rings through its
+    /// process pair).
     pub my_efd: c_int,
+    /// The peer's own eventfd ([`Bells::Own`]; else -1).
     pub peer_efd: c_int,
+    /// The pair bell ([`Bells::Pair`], or a connector's offer once its acceptor
+    /// attached).
+    pair: std::sync::OnceLock<PairBell>,
+    /// A pending connector's offers ([`Bells::Pending`]) until one is chosen.
+    offered: Mutex<Vec<Offered>>,
     liveness: Liveness,
     /// Where the mapping's memfd is kept, for `exec`, descriptor passing and path B.
     pub vault: crate::vault::Kept,
@@ -391,8 +446,17 @@ pub enum IoErr {
 
 impl Conn {
     pub fn new(shm: Shm, side: usize, fds: Carriers, nonblock: bool, pending: Option<PendingC>) -> Conn {
-        let Carriers { my_efd, peer_efd, liveness, vault, peer_pid } = fds;
-        let [my_efd, peer_efd] = [my_efd, peer_efd].map(crate::fds::keep);
+        let Carriers { bells, liveness, vault, peer_pid } = fds;
+        let (mut my_efd, mut peer_efd) = (-1, -1);
+        let pair = std::sync::OnceLock::new();
+        let mut offered = Vec::new();
+        match bells {
+            Bells::Own { mine, peer } => [my_efd, peer_efd] = [mine, peer].map(crate::fds::keep),
+            Bells::Pair(b) => {
+                let _ = pair.set(b);
+            }
+            Bells::Pending(o) => offered = o,
+        }
         let liveness = match liveness {
             Liveness::Socket(u) => Liveness::Socket(crate::fds::keep(u)),
             Liveness::TcpSocket => Liveness::TcpSocket,
@@ -405,6 +469,8 @@ impl Conn {
             side,
             my_efd,
             peer_efd,
+            pair,
+            offered: Mutex::new(offered),
             liveness,
             vault,
             awaiting: AtomicBool::new(pending.is_some()),
@@ -532,12 +598,121 @@ impl Conn {
     }
 
     fn ring_bell(&self) {
-        crate::sock::ring_eventfd(self.peer_efd);
+        if self.peer_efd >= 0 {
+            crate::sock::ring_eventfd(self.peer_efd);
+        } else if let Some(b) = self.pair_bell() {
+            b.pair.ring(b.peer_slot);
+        }
+    }
+
+    /// The key this connection's pair slots are bound to: its address in its
+    /// `Arc` (the key the epoll sets know it by).
+    fn key(&self) -> u64 {
+        self as *const Conn as u64
+    }
+
+    /// Binds the connection's pair slots to it: call once it is in its `Arc`
+    /// (rings for it are reported to epoll sets from then on).
+    pub fn bind_bells(&self) {
+        if let Some(b) = self.pair.get() {
+            b.pair.bind(b.my_slot, self.key());
+        }
+        for o in self.offered.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            o.pair.bind(o.my_slot, self.key());
+        }
+    }
+
+    /// A pending connector served a path-B asker with `o`: it replaces an earlier
+    /// path-B offer (whose slot goes back).
+    pub(crate) fn offer(&self, o: Offered) {
+        o.pair.bind(o.my_slot, self.key());
+        let mut offered = self.offered.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = offered.iter().position(|x| x.attach == o.attach) {
+            let old = offered.swap_remove(i);
+            old.pair.free(old.my_slot);
+        }
+        offered.push(o);
+    }
+
+    /// True if the connection rings through process pairs (not eventfds of its own).
+    pub fn uses_pairs(&self) -> bool {
+        self.my_efd < 0 && (self.pair.get().is_some() || !self.offered_now().is_empty())
+    }
+
+    fn offered_now(&self) -> std::sync::MutexGuard<'_, Vec<Offered>> {
+        self.offered.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pair bell; a connector's is chosen at the first look after its acceptor
+    /// attached (the offer that acceptor took, with the slot it published), and
+    /// the other offers' slots go back.
+    pub(crate) fn pair_bell(&self) -> Option<&PairBell> {
+        if let Some(b) = self.pair.get() {
+            return Some(b);
+        }
+        let st = self.state();
+        if st != ATTACHED && st != ATTACHED_B {
+            return None;
+        }
+        let rest = {
+            let mut offered = self.offered_now();
+            if offered.is_empty() {
+                return self.pair.get();
+            }
+            let mut rest = std::mem::take(&mut *offered);
+            if let Some(i) = rest.iter().position(|o| o.attach == st) {
+                let o = rest.swap_remove(i);
+                let word = if st == ATTACHED { OFF_ACCEPTOR_SLOT } else { OFF_ACCEPTOR_SLOT_B };
+                // The peer's word: out of range rings nothing.
+                let peer_slot =
+                    u32::try_from(self.shm.word(word).load(Ordering::Acquire)).unwrap_or(u32::MAX);
+                let _ = self.pair.set(PairBell { pair: o.pair, my_slot: o.my_slot, peer_slot });
+            }
+            rest
+        };
+        for o in rest {
+            o.pair.free(o.my_slot);
+        }
+        crate::pair::retire_idle();
+        self.pair.get()
+    }
+
+    /// The pairs this connection may be rung through (its own, or a pending
+    /// connector's offers), for epoll sets.
+    pub(crate) fn watched_pairs(&self) -> Vec<Arc<crate::pair::Pair>> {
+        if let Some(b) = self.pair_bell() {
+            return vec![b.pair.clone()];
+        }
+        self.offered_now().iter().map(|o| o.pair.clone()).collect()
+    }
+
+    /// The descriptor a sleeper on this connection polls for its bell: its own
+    /// eventfd, or this thread's [`crate::hub`] with the pairs' bells in it (-1:
+    /// none).
+    pub fn bell_fd(&self) -> c_int {
+        if self.my_efd >= 0 {
+            return self.my_efd;
+        }
+        let mut fd = -1;
+        for p in self.watched_pairs() {
+            fd = crate::hub::watch(p.my_bell());
+        }
+        fd
+    }
+
+    /// A poll found `fd` (what [`Conn::bell_fd`] gave) readable: consumes the
+    /// wake-up (reads our eventfd, or settles the thread's hub).
+    pub fn after_bell(&self, fd: c_int) {
+        if self.my_efd >= 0 {
+            self.drain_bell();
+        } else if fd >= 0 {
+            crate::hub::settle(fd);
+        }
     }
 
     /// Rings the peer's eventfd whether or not it said it sleeps (a rendezvous
     /// completion must not wait for the sleeper's next look).
-    fn ring_bell_always(&self) {
+    pub(crate) fn ring_bell_always(&self) {
         self.ring_bell();
     }
 
@@ -653,8 +828,13 @@ impl Conn {
         self.remote.get().and_then(|b| b.wake_fd())
     }
 
+    /// Moves a connection to another host along and reads our own eventfd (a pair's
+    /// bell is never read: [`crate::pair`]).
     pub fn drain_bell(&self) {
         self.pump_remote();
+        if self.my_efd < 0 {
+            return;
+        }
         let mut v: u64 = 0;
         // SAFETY: eventfd read into a local; the eventfd is non-blocking.
         unsafe { real::read(self.my_efd, (&mut v as *mut u64).cast(), 8) };
@@ -795,7 +975,7 @@ impl Conn {
                 ms = ms.min((d - now).as_millis() as c_int + 1);
             }
             let mut p = [
-                libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.bell_fd(), events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: self.hup_fd(fd), events: libc::POLLRDHUP, revents: 0 },
                 libc::pollfd { fd: self.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 },
             ];
@@ -807,7 +987,7 @@ impl Conn {
             }
             if r > 0 {
                 if p[0].revents != 0 {
-                    self.drain_bell();
+                    self.after_bell(p[0].fd);
                 }
                 self.hung_up(p[1].revents);
             }
@@ -830,13 +1010,13 @@ impl Conn {
             let listener =
                 self.pending.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(-1, |p| p.listener);
             let mut fds = [
-                libc::pollfd { fd: self.my_efd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.bell_fd(), events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: listener, events: libc::POLLIN, revents: 0 },
             ];
             // SAFETY: two pollfds on the stack (a negative fd is ignored).
             unsafe { real::poll(fds.as_mut_ptr(), 2, 5) };
             if fds[0].revents != 0 {
-                self.drain_bell();
+                self.after_bell(fds[0].fd);
             }
         }
     }
@@ -865,7 +1045,12 @@ impl Conn {
         let mut st = self.state();
         if st == PENDING && p.listener >= 0 && fd >= 0 {
             // Path B: an acceptor that did not get our hello asks us.
-            if let Some(c) = p.serve(fd, self.my_efd, self.peer_efd, self.vault) {
+            let with =
+                if self.my_efd >= 0 { ServeWith::Own([self.my_efd, self.peer_efd]) } else { ServeWith::Pair };
+            if let Some((c, offer)) = p.serve(fd, with, self.vault) {
+                if let Some(o) = offer {
+                    self.offer(o);
+                }
                 if p.asked >= 0 {
                     // SAFETY: our socket.
                     unsafe { real::close(p.asked) };
@@ -1754,7 +1939,21 @@ impl Drop for Conn {
             p.close();
         }
         // These descriptors belong to this connection alone.
-        crate::fds::let_go(&[self.my_efd, self.peer_efd]);
+        if self.my_efd >= 0 {
+            crate::fds::let_go(&[self.my_efd, self.peer_efd]);
+        }
+        // Our slots of process pairs go back (the pairs themselves are shared).
+        let mut offered = std::mem::take(self.offered.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if let Some(b) = self.pair.take() {
+            offered.push(Offered { attach: 0, pair: b.pair, my_slot: b.my_slot });
+        }
+        if !offered.is_empty() {
+            for o in &offered {
+                o.pair.free(o.my_slot);
+            }
+            drop(offered);
+            crate::pair::retire_idle();
+        }
         crate::vault::release(self.vault);
         if let Liveness::Socket(u) = self.liveness {
             crate::fds::let_go(&[u]);

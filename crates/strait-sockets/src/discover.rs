@@ -13,7 +13,8 @@
 //!   binds its own per-connection name `strait.c.<netns>.<socket inode>` (its TCP
 //!   socket's inode: known before the SYN, unlike the port, which the kernel's
 //!   `connect` picks for an unbound socket as it would without strait), sends a
-//!   hello (a sealed memfd, two eventfds, and an
+//!   hello (a sealed memfd; the process pair's memfd and its two eventfds, with the
+//!   connector's slot, or two eventfds of the connection's own; and an
 //!   `O_PATH` token of its TCP socket: a proof that it holds the socket, with no power
 //!   over it) to the marker, and only then does the real TCP connect. Not one byte is
 //!   ever sent on the TCP connection. The hello goes out only after the marker's
@@ -42,9 +43,10 @@ use std::time::{Duration, Instant};
 use libc::{c_int, sockaddr, socklen_t};
 
 use crate::conn::{
-    Carriers, Conn, Liveness, PendingC, Shm, ATTACHED, ATTACHED_B, HDR, KERNEL, MAGIC, PENDING, VERSION,
+    Bells, Carriers, Conn, Liveness, Offered, PairBell, PendingC, ServeWith, Shm, ATTACHED, ATTACHED_B, HDR,
+    KERNEL, MAGIC, OFF_ACCEPTOR_SLOT, OFF_ACCEPTOR_SLOT_B, PENDING, VERSION,
 };
-use crate::listening::{far_end_inode, Claims, Hello, Listener};
+use crate::listening::{far_end_inode, Claims, Hello, HelloPair, Listener};
 use crate::real;
 use crate::settings::Settings;
 use crate::sock::{
@@ -55,8 +57,34 @@ use crate::trust::{self, Proto};
 
 const HELLO_LEN: usize = 48;
 
-/// Hellos a listener keeps unclaimed at most; the oldest goes first.
-const MAX_HELLOS: usize = 1024;
+/// Hellos a listener keeps unclaimed at least before the oldest goes (more when
+/// the descriptor limit allows: [`max_hellos`]).
+const MIN_HELLOS: usize = 1024;
+
+/// Hellos a listener keeps unclaimed: a burst of connectors as large as the
+/// kernel's accept queues may hold each wait for its accept, within a quarter of
+/// the descriptor limit (a queued hello holds three or four descriptors).
+fn max_hellos() -> usize {
+    (crate::fds::soft_nofile() as usize / 4).clamp(MIN_HELLOS, 16 * MIN_HELLOS)
+}
+
+/// Queues hello `h` for an accept; the oldest goes when too many wait. A pair it
+/// offers that this process holds already costs no descriptor from now on.
+fn queue_hello(p: &mut Claims, mut h: Hello) {
+    if let Some(hp) = h.pair.as_mut() {
+        if hp.known.is_none() {
+            if let Some(known) = crate::pair::known(hp.memfd) {
+                close_all(&[hp.memfd, hp.bells[0], hp.bells[1]]);
+                (hp.memfd, hp.bells) = (-1, [-1, -1]);
+                hp.known = Some(known);
+            }
+        }
+    }
+    if p.hellos.len() >= max_hellos() {
+        p.hellos.remove(0).close();
+    }
+    p.hellos.push(h);
+}
 /// Unix connections at the marker that have not sent their hello yet, at most.
 const MAX_WAITING: usize = 256;
 /// Hellos and waiting connections one user other than root and ours may hold at a
@@ -161,7 +189,7 @@ fn recv_hello(sock: c_int) -> Option<Result<HelloMsg, ()>> {
     };
     let (n, fds) = (m.len, m.fds);
     let mut out = [0u8; HELLO_LEN];
-    if n != HELLO_LEN || fds.len() != 4 || m.truncated {
+    if n != HELLO_LEN || !(fds.len() == 4 || fds.len() == 5) || m.truncated {
         close_all(&fds);
         return Some(Err(()));
     }
@@ -182,30 +210,31 @@ fn parse_hello(
     let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
     let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
     let ring = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default()) as usize;
-    let ino = trust::token_inode(fds.get(3).copied().unwrap_or(-1)).unwrap_or(0);
+    // [memfd, own eventfds x2, token], or [memfd, pair memfd, pair bells x2, token].
+    let with_pair = fds.len() == 5;
+    let token = fds.last().copied().unwrap_or(-1);
+    let ino = trust::token_inode(token).unwrap_or(0);
+    let bells = if with_pair { &fds[2..4] } else { &fds[1..fds.len().min(3)] };
     let ok = magic == MAGIC
         && version == VERSION
         && ring.is_power_of_two()
         && (4096..=Settings::get().ring).contains(&ring)
-        && fds.len() == 4
-        && trust::is_eventfd(fds[1])
-        && trust::is_eventfd(fds[2])
+        && (fds.len() == 4 || with_pair)
+        && bells.len() == 2
+        && bells.iter().all(|&b| trust::is_eventfd(b))
         && ino != 0;
     if !ok {
         close_all(&fds);
         close_all(&[unix]);
         return trust::refuse();
     }
-    Some(Hello {
-        ring,
-        fds: [fds[0], fds[1], fds[2]],
-        token: fds[3],
-        ino,
-        uid,
-        pid,
-        unix,
-        at: Instant::now(),
-    })
+    let slot = u32::from_le_bytes(h[16..20].try_into().unwrap_or_default());
+    let (own, pair) = if with_pair {
+        ([fds[0], -1, -1], Some(HelloPair { memfd: fds[1], bells: [fds[2], fds[3]], slot, known: None }))
+    } else {
+        ([fds[0], fds[1], fds[2]], None)
+    };
+    Some(Hello { ring, fds: own, pair, token, ino, uid, pid, unix, at: Instant::now() })
 }
 
 impl Listener {
@@ -260,6 +289,23 @@ impl Listener {
                 trust::refuse::<()>();
                 continue;
             }
+            // A connector sends its hello right after connecting: read at once, a
+            // burst of thousands of connectors is never cut down to the newest
+            // `MAX_WAITING` unread links (their hellos lost, each connection then
+            // asked for by path B).
+            match recv_hello(c) {
+                Some(Ok((h, fds))) => {
+                    if let Some(h) = parse_hello(&h, fds, c, cred) {
+                        queue_hello(p, h);
+                    }
+                    continue;
+                }
+                Some(Err(())) => {
+                    close_all(&[c]);
+                    continue;
+                }
+                None => {}
+            }
             if p.waiting.len() >= MAX_WAITING {
                 let (old, _) = p.waiting.remove(0);
                 close_all(&[old]);
@@ -278,10 +324,7 @@ impl Listener {
                 Some(Ok((h, fds))) => {
                     p.waiting.remove(i);
                     if let Some(h) = parse_hello(&h, fds, c, cred) {
-                        if p.hellos.len() >= MAX_HELLOS {
-                            p.hellos.remove(0).close();
-                        }
-                        p.hellos.push(h);
+                        queue_hello(p, h);
                     }
                 }
             }
@@ -382,6 +425,8 @@ pub(crate) fn register_listener(fd: c_int, marker: Option<c_int>) {
             unix: std::sync::atomic::AtomicI32::new(u),
             name: (sa, len),
             pending: Mutex::new(Claims::default()),
+            shared: std::sync::atomic::AtomicBool::new(marker.is_some()),
+            forks_at: crate::vault::forks(),
         }),
     );
 }
@@ -454,6 +499,8 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     let Some(l) = listener(lfd) else { return };
     let (h, path_b) = match l.take(fd) {
         Some(h) => (h, false),
+        // (Path B only where another process may have taken the hello.)
+        None if l.alone() => return,
         None => match ask_connector(fd) {
             Some(h) => (h, true),
             None => return,
@@ -461,17 +508,47 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     };
     close_all(&[h.token]);
     let [memfd, efd_c, efd_a] = h.fds;
+    let own = [efd_c, efd_a].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>();
     let total = HDR + 2 * h.ring;
     let shm = if memfd_ok(memfd, total) { Shm::map(memfd, h.ring) } else { None };
     let vault = if shm.is_some() { crate::vault::keep(memfd) } else { crate::vault::Kept::Nothing };
     close_all(&[memfd]);
-    let Some(shm) = shm.filter(|s| s.header_ok()) else {
-        close_all(&[efd_c, efd_a, h.unix]);
+    let fall_back = |bell: Option<PairBell>| {
+        close_all(&own);
+        close_all(&[h.unix]);
         crate::vault::release(vault);
+        if let Some(b) = bell {
+            b.pair.free(b.my_slot);
+            drop(b);
+            crate::pair::retire_idle();
+        }
         crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
-        return;
+    };
+    let Some(shm) = shm.filter(|s| s.header_ok()) else {
+        h.close_pair();
+        return fall_back(None);
     };
     let to = if path_b { ATTACHED_B } else { ATTACHED };
+    // The pair the hello offered: adopted now that the hello proved itself (the one
+    // we hold already under its inode, if any), our slot claimed and published
+    // before the attach below (which releases it to the connector).
+    let bell = match h.pair {
+        None => None,
+        Some(HelloPair { memfd, bells, slot, known }) => {
+            let adopted = match known {
+                Some(p) => Ok(p),
+                None => crate::pair::adopt(memfd, bells, h.pid),
+            };
+            let Ok(pair) = adopted else {
+                crate::trust::REFUSED.fetch_add(1, Ordering::Relaxed);
+                return fall_back(None);
+            };
+            let Some(my_slot) = pair.claim() else { return fall_back(None) };
+            let word = if path_b { OFF_ACCEPTOR_SLOT_B } else { OFF_ACCEPTOR_SLOT };
+            shm.word(word).store(u64::from(my_slot), Ordering::Relaxed);
+            Some(PairBell { pair, my_slot, peer_slot: slot })
+        }
+    };
     // Message mode when both ends ask for it (published by the attach below).
     let mode = shm.word(crate::conn::OFF_MODE);
     if Settings::get().messages && mode.load(Ordering::Relaxed) & crate::conn::MODE_ASKED != 0 {
@@ -479,10 +556,7 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     }
     if shm.state().compare_exchange(PENDING, to, Ordering::AcqRel, Ordering::Acquire).is_err() {
         // The connector gave up waiting: the connection stays on the kernel path.
-        close_all(&[efd_c, efd_a, h.unix]);
-        crate::vault::release(vault);
-        crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
-        return;
+        return fall_back(bell);
     }
     // The link the hello came on has done its work: the TCP socket tells from now
     // on whether the connector lives.
@@ -491,8 +565,10 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
         shm,
         1,
         Carriers {
-            my_efd: efd_a,
-            peer_efd: efd_c,
+            bells: match bell {
+                Some(b) => Bells::Pair(b),
+                None => Bells::Own { mine: efd_a, peer: efd_c },
+            },
             liveness: Liveness::TcpSocket,
             vault,
             peer_pid: (h.pid > 0).then_some(h.pid),
@@ -500,11 +576,11 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
         nonblock,
         None,
     ));
-    // The connector's eventfd under its new number: `Conn::new` moved the one we
-    // received above the program's descriptors and closed the old number (a bell
-    // rung there went nowhere, and a connector already asleep in poll or epoll
-    // slept on until its next time slice, 1 s).
-    crate::sock::ring_eventfd(conn.peer_efd);
+    conn.bind_bells();
+    // Wakes a connector asleep in poll or epoll (for its own eventfd: under its
+    // new number, as `Conn::new` moved the one we received above the program's
+    // descriptors).
+    conn.ring_bell_always();
     crate::conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
     if path_b {
         crate::conn::PATH_B.fetch_add(1, Ordering::Relaxed);
@@ -605,9 +681,67 @@ pub struct Prepared {
     memfd: c_int,
     /// The marker's holder ([`MarkerLink::holder`]).
     holder: libc::pid_t,
-    efd_c: c_int,
-    efd_a: c_int,
+    bells: Offer,
     pending: PendingC,
+}
+
+/// The doorbells a connector's hello offers.
+enum Offer {
+    /// A slot in a process pair with the marker's holder.
+    Pair(Arc<crate::pair::Pair>, u32),
+    /// Eventfds of the connection's own (connector's, acceptor's): no pair could
+    /// be had.
+    Own(c_int, c_int),
+}
+
+impl Offer {
+    /// The descriptors the hello carries for it (the pair's memfd is a copy from
+    /// the vault, owned by the caller: the first of the returned, to close).
+    fn hello_fds(&self) -> Option<(Vec<c_int>, Option<c_int>)> {
+        match self {
+            Offer::Own(c, a) => Some((vec![*c, *a], None)),
+            Offer::Pair(p, _) => {
+                let m = crate::vault::copy(p.kept())?;
+                let [c, o] = p.bells();
+                Some((vec![m, c, o], Some(m)))
+            }
+        }
+    }
+
+    fn undo(self) {
+        match self {
+            Offer::Own(c, a) => close_all(&[c, a]),
+            Offer::Pair(p, slot) => {
+                p.free(slot);
+                drop(p);
+                crate::pair::retire_idle();
+            }
+        }
+    }
+}
+
+/// A process pair with `peer` and a slot of ours in it, or eventfds of the
+/// connection's own when none can be had (`None`: not even those).
+fn offer_for(peer: libc::pid_t) -> Option<Offer> {
+    if Settings::get().pairs {
+        if let Some(p) = crate::pair::for_peer(peer) {
+            if let Some(slot) = p.claim() {
+                return Some(Offer::Pair(p, slot));
+            }
+        }
+    }
+    // SAFETY: plain syscalls.
+    let (c, a) = unsafe {
+        (
+            libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK),
+            libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK),
+        )
+    };
+    if c < 0 || a < 0 {
+        close_all(&[c, a].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
+        return None;
+    }
+    Some(Offer::Own(c, a))
 }
 
 /// Before the TCP connect: creates the shared memory and sends the hello to the
@@ -619,6 +753,7 @@ pub struct Prepared {
 /// that closes first leaves, costs a long search and then fails; `connect` may
 /// reuse such a port for another destination.)
 pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
+    settle_attached();
     let unix = link.unix;
     let fail = |fds: &[c_int]| {
         close_all(&fds.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
@@ -628,14 +763,15 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
     let ring = Settings::get().ring;
     let total = HDR + 2 * ring;
     let memfd = strait_sys::sealed_memfd(c"strait-tcp", total).map_or(-1, IntoRawFd::into_raw_fd);
-    // SAFETY: plain syscalls.
-    let efd_c = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    // SAFETY: as above.
-    let efd_a = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if memfd < 0 || efd_c < 0 || efd_a < 0 {
-        return fail(&[memfd, efd_c, efd_a, unix]);
+    if memfd < 0 {
+        return fail(&[unix]);
     }
-    let Some(shm) = Shm::map(memfd, ring) else { return fail(&[memfd, efd_c, efd_a, unix]) };
+    let Some(bells) = offer_for(link.holder) else { return fail(&[memfd, unix]) };
+    let fail = |fds: &[c_int], bells: Offer| {
+        bells.undo();
+        fail(fds)
+    };
+    let Some(shm) = Shm::map(memfd, ring) else { return fail(&[memfd, unix], bells) };
     shm.init_header();
     if Settings::get().messages {
         shm.word(crate::conn::OFF_MODE).store(crate::conn::MODE_ASKED, Ordering::Relaxed);
@@ -644,11 +780,22 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
     h[0..8].copy_from_slice(&MAGIC.to_le_bytes());
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
     h[12..16].copy_from_slice(&(ring as u32).to_le_bytes());
-    let Some(token) = trust::socket_token(fd) else { return fail(&[memfd, efd_c, efd_a, unix]) };
-    let sent = send_fds(unix, &h, &[memfd, efd_c, efd_a, token]);
+    if let Offer::Pair(_, slot) = &bells {
+        h[16..20].copy_from_slice(&slot.to_le_bytes());
+    }
+    let Some(token) = trust::socket_token(fd) else { return fail(&[memfd, unix], bells) };
+    let Some((carried, copy)) = bells.hello_fds() else {
+        close_all(&[token]);
+        return fail(&[memfd, unix], bells);
+    };
+    let mut all = vec![memfd];
+    all.extend_from_slice(&carried);
+    all.push(token);
+    let sent = send_fds(unix, &h, &all);
     close_all(&[token]);
+    close_all(&copy.into_iter().collect::<Vec<_>>());
     if !sent {
-        return fail(&[memfd, efd_c, efd_a, unix]);
+        return fail(&[memfd, unix], bells);
     }
     // Path B: our own name, for an acceptor that did not get the hello.
     // SAFETY: plain syscall.
@@ -671,8 +818,7 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
         shm,
         memfd,
         holder: link.holder,
-        efd_c,
-        efd_a,
+        bells,
         pending: PendingC {
             marker: unix,
             listener,
@@ -694,8 +840,12 @@ pub fn register(fd: c_int, p: Prepared) {
         p.shm,
         0,
         Carriers {
-            my_efd: p.efd_c,
-            peer_efd: p.efd_a,
+            bells: match p.bells {
+                Offer::Own(c, a) => Bells::Own { mine: c, peer: a },
+                Offer::Pair(pair, my_slot) => {
+                    Bells::Pending(vec![Offered { attach: ATTACHED, pair, my_slot }])
+                }
+            },
             liveness: Liveness::TcpSocket,
             vault,
             peer_pid: (p.holder > 0).then_some(p.holder),
@@ -703,15 +853,55 @@ pub fn register(fd: c_int, p: Prepared) {
         nonblock,
         Some(p.pending),
     ));
+    conn.bind_bells();
+    awaiting().push_back(Arc::downgrade(&conn));
     if let Some(old) = crate::table::insert(fd, conn) {
         crate::table::drop_ref(old);
+    }
+}
+
+/// This process's connectors that may still wait for their acceptors, oldest
+/// first.
+static AWAITING: Mutex<std::collections::VecDeque<std::sync::Weak<Conn>>> =
+    Mutex::new(std::collections::VecDeque::new());
+
+fn awaiting() -> std::sync::MutexGuard<'static, std::collections::VecDeque<std::sync::Weak<Conn>>> {
+    AWAITING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Before a new connect: settles the oldest connectors whose acceptors attached
+/// (or whose wait for them ended) although the program has not used them since,
+/// so their marker links and path-B names close now (an acceptor asking by path B
+/// then learns at once that there is nothing to attach to). A client that opens thousands of connections before it
+/// uses any (a pool filled at start) then holds what the kernel would, not three
+/// descriptors for each until its first use. Amortised: each connector leaves the
+/// queue once; the sweep stops at the first still waiting (acceptors attach in
+/// about the order connectors came).
+fn settle_attached() {
+    let mut q = awaiting();
+    while let Some(w) = q.front() {
+        let Some(c) = w.upgrade() else {
+            q.pop_front();
+            continue;
+        };
+        let expired = c.attach_deadline().is_some_and(|d| Instant::now() >= d);
+        if c.awaiting_attach() && c.state() == PENDING && !expired {
+            break;
+        }
+        q.pop_front();
+        drop(q);
+        // Without the program's descriptor: only a decided state is taken (a
+        // path-B ask is answered by the program's next call).
+        c.try_settle(-1);
+        q = awaiting();
     }
 }
 
 impl Prepared {
     /// The TCP connect failed: undo.
     pub fn abandon(self) {
-        close_all(&[self.memfd, self.efd_c, self.efd_a]);
+        close_all(&[self.memfd]);
+        self.bells.undo();
         self.pending.close();
     }
 }
@@ -727,8 +917,14 @@ impl PendingC {
 
     /// Path B, connector side: serves one request waiting at our name, after
     /// checking that the asker holds the other end of `fd`. Returns the Unix socket
-    /// the hello went out on.
-    pub fn serve(&self, fd: c_int, efd_c: c_int, efd_a: c_int, vault: crate::vault::Kept) -> Option<c_int> {
+    /// the hello went out on, and the pair offered to the asker (a pair with the
+    /// asker's process: the marker's holder is another process).
+    pub fn serve(
+        &self,
+        fd: c_int,
+        with: ServeWith,
+        vault: crate::vault::Kept,
+    ) -> Option<(c_int, Option<Offered>)> {
         if self.listener < 0 {
             return None;
         }
@@ -775,17 +971,47 @@ impl PendingC {
             close_all(&[c]);
             return None;
         };
-        let Some(memfd) = crate::vault::copy(vault) else {
-            close_all(&[c, token]);
-            return None;
+        let offer = match with {
+            ServeWith::Own([efd_c, efd_a]) => Offer::Own(efd_c, efd_a),
+            ServeWith::Pair => {
+                let asker = trust::peer_cred(c).map_or(0, |cr| cr.pid);
+                let pair = crate::pair::for_peer(asker);
+                match pair.and_then(|p| p.claim().map(|s| (p, s))) {
+                    Some((p, s)) => Offer::Pair(p, s),
+                    None => {
+                        close_all(&[c, token]);
+                        return None;
+                    }
+                }
+            }
         };
-        let sent = send_fds(c, &self.hello, &[memfd, efd_c, efd_a, token]);
-        close_all(&[token, memfd]);
-        if !sent {
-            close_all(&[c]);
-            return None;
+        let fail = |offer: Offer, fds: &[c_int]| {
+            close_all(fds);
+            if matches!(offer, Offer::Pair(..)) {
+                offer.undo();
+            }
+            None
+        };
+        let Some(memfd) = crate::vault::copy(vault) else { return fail(offer, &[c, token]) };
+        let Some((carried, copy)) = offer.hello_fds() else { return fail(offer, &[c, token, memfd]) };
+        let mut hello = self.hello;
+        if let Offer::Pair(_, slot) = &offer {
+            hello[16..20].copy_from_slice(&slot.to_le_bytes());
         }
-        Some(c)
+        let mut all = vec![memfd];
+        all.extend_from_slice(&carried);
+        all.push(token);
+        let sent = send_fds(c, &hello, &all);
+        close_all(&[token, memfd]);
+        close_all(&copy.into_iter().collect::<Vec<_>>());
+        if !sent {
+            return fail(offer, &[c]);
+        }
+        let offered = match offer {
+            Offer::Pair(pair, my_slot) => Some(Offered { attach: ATTACHED_B, pair, my_slot }),
+            Offer::Own(..) => None,
+        };
+        Some((c, offered))
     }
 }
 
@@ -845,7 +1071,17 @@ mod tests {
             let token = crate::trust::socket_token(sock).expect("token");
             let ino = crate::trust::token_inode(token).expect("a socket's token");
             assert_eq!(crate::trust::token_inode(sock), Some(ino), "the socket and its token name one inode");
-            let h = Hello { ring: 0, fds: [-1; 3], token, ino, uid: 0, pid: 0, unix: -1, at: Instant::now() };
+            let h = Hello {
+                ring: 0,
+                fds: [-1; 3],
+                pair: None,
+                token,
+                ino,
+                uid: 0,
+                pid: 0,
+                unix: -1,
+                at: Instant::now(),
+            };
             let addr = listener.local_addr().expect("addr");
             let sa = libc::sockaddr_in {
                 sin_family: libc::AF_INET as u16,

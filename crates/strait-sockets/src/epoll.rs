@@ -12,6 +12,7 @@ use strait_sys::IntMap;
 
 use crate::conn::Conn;
 use crate::fdtable::Shared;
+use crate::pair::{ConsumerId, Pair, Rung};
 use crate::real;
 use crate::settings::Settings;
 use crate::socket::Socket;
@@ -23,6 +24,11 @@ use crate::wait::{remaining, slice_until};
 const MAGIC_BELL: u64 = 0x5354_5241_4954_0000 << 16;
 const MAGIC_HUP: u64 = 0x5354_5241_4955_0000 << 16;
 const MAGIC_MARK: u64 = 0x5354_5241_4956_0000 << 16;
+/// The bell of a process pair ([`crate::pair`]), registered edge-triggered once per
+/// set for all the set's members of that pair.
+const MAGIC_PAIR: u64 = 0x5354_5241_4957_0000 << 16;
+/// Sets made so far: each set's consumer identity with the pairs.
+static SET_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 const MAGIC_MASK: u64 = !0xffff_ffff;
 
 /// A zero-timeout `epoll_wait` may leave the kernel set unasked if it asked less
@@ -52,7 +58,9 @@ static SETS_KNOWN: AtomicBool = AtomicBool::new(false);
 fn wakers(m: &Socket, hup: c_int) -> Option<Vec<(c_int, u64, i32)>> {
     match m {
         Socket::Tcp(c) => {
-            let mut w = vec![(c.my_efd, MAGIC_BELL, libc::EPOLLIN)];
+            // Our own eventfd (a pair's bell is registered once per set: `watch_pair`).
+            let mut w: Vec<(c_int, u64, i32)> =
+                (c.my_efd >= 0).then_some((c.my_efd, MAGIC_BELL, libc::EPOLLIN)).into_iter().collect();
             // The peer's hang-up ([`crate::conn::Liveness`]).
             let hup = c.hup_fd(hup);
             if hup >= 0 {
@@ -130,6 +138,11 @@ pub struct EpSet {
     /// When a zero-timeout call last asked the kernel set, and the calls since.
     last_kernel_look: Option<Instant>,
     calls_since_kernel_look: u32,
+    /// This set's identity as a consumer of process pairs (never reused).
+    id: u64,
+    /// The pairs whose bells are in the kernel set (by bell), with how many
+    /// members ring through each.
+    pairs: IntMap<c_int, (Arc<Pair>, usize)>,
 }
 
 /// A member's wakers in the kernel set.
@@ -140,6 +153,11 @@ struct Registered {
     fds: Vec<c_int>,
     /// The program's descriptor registered for the peer's hang-up (-1: none).
     hup: c_int,
+    /// The bells of the pairs it rings through, counted in [`EpSet::pairs`].
+    pairs: Vec<c_int>,
+    /// A connector still waiting for its acceptor when registered: its pairs are
+    /// looked at again until it settles (a path-B asker gets a pair of its own).
+    settling: bool,
 }
 
 /// One place for an entry.
@@ -274,8 +292,13 @@ impl EpSet {
 
     /// A waker of member `m` rang: its entries may have changed.
     fn touch(&mut self, m: &Socket) {
+        self.touch_key(m.key());
+    }
+
+    /// The member with key `key` rang: its entries may have changed (a key with no
+    /// entries is ignored).
+    fn touch_key(&mut self, key: usize) {
         // Taken out and put back (no copy: this runs for every doorbell).
-        let key = m.key();
         let Some(idx) = self.of_member.get_mut(&key).map(std::mem::take) else { return };
         for &i in &idx {
             self.mark(i);
@@ -301,8 +324,93 @@ impl EpSet {
             self.by_waker.insert(fd, m.clone());
             fds.push(fd);
         }
-        self.wakers.insert(m.key(), Registered { member: m.clone(), fds, hup });
+        let mut reg = Registered { member: m.clone(), fds, hup, pairs: Vec::new(), settling: false };
+        if let Socket::Tcp(c) = m {
+            reg.settling = c.awaiting_attach();
+            for p in c.watched_pairs() {
+                self.watch_pair(epfd, &p, &mut reg.pairs);
+            }
+        }
+        self.wakers.insert(m.key(), reg);
         true
+    }
+
+    /// Puts pair `p`'s bell in the kernel set (edge-triggered, once per set) and
+    /// counts one more member ringing through it (`counted`: the member's list).
+    fn watch_pair(&mut self, epfd: c_int, p: &Arc<Pair>, counted: &mut Vec<c_int>) {
+        let bell = p.my_bell();
+        if counted.contains(&bell) {
+            return;
+        }
+        counted.push(bell);
+        let id = self.id;
+        let e = self.pairs.entry(bell).or_insert_with(|| {
+            let mut ev = epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+                u64: MAGIC_PAIR | bell as u32 as u64,
+            };
+            // SAFETY: a local epoll_event; the pair's eventfd.
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, bell, &mut ev) };
+            p.register(ConsumerId(id));
+            (p.clone(), 0)
+        });
+        e.1 += 1;
+    }
+
+    /// One member less rings through the pairs of `bells`: a pair no member rings
+    /// through leaves the kernel set.
+    fn unwatch_pairs(&mut self, epfd: c_int, bells: &[c_int]) {
+        for bell in bells {
+            let Some(e) = self.pairs.get_mut(bell) else { continue };
+            e.1 -= 1;
+            if e.1 == 0 {
+                if let Some((p, _)) = self.pairs.remove(bell) {
+                    p.unregister(ConsumerId(self.id));
+                }
+                let mut ev = epoll_event { events: 0, u64: 0 };
+                // SAFETY: a local epoll_event.
+                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, *bell, &mut ev) };
+            }
+        }
+    }
+
+    /// A pending connector's pairs may have changed (a path-B asker got one):
+    /// watches the new ones; once it settled, stops looking.
+    fn rewatch_settling(&mut self, epfd: c_int, key: usize) {
+        let Some(reg) = self.wakers.get(&key) else { return };
+        if !reg.settling {
+            return;
+        }
+        let Socket::Tcp(c) = &reg.member else { return };
+        let c = c.clone();
+        let mut counted = reg.pairs.clone();
+        for p in c.watched_pairs() {
+            self.watch_pair(epfd, &p, &mut counted);
+        }
+        if let Some(reg) = self.wakers.get_mut(&key) {
+            reg.pairs = counted;
+            reg.settling = c.awaiting_attach();
+        }
+    }
+
+    /// Pair bell `bell` rang: the members that rang (or, when the pair cannot
+    /// tell, all of this set's members of the pair) may have changed.
+    fn pair_rang(&mut self, bell: c_int) {
+        let Some((p, _)) = self.pairs.get(&bell) else { return };
+        match p.take(Some(ConsumerId(self.id))) {
+            Rung::These(keys) => {
+                for k in keys {
+                    self.touch_key(k as usize);
+                }
+            }
+            Rung::All => {
+                let keys: Vec<usize> =
+                    self.wakers.iter().filter(|(_, r)| r.pairs.contains(&bell)).map(|(&k, _)| k).collect();
+                for k in keys {
+                    self.touch_key(k);
+                }
+            }
+        }
     }
 
     /// Takes the program's descriptor `fd` out of the kernel set where it watches
@@ -337,6 +445,7 @@ impl EpSet {
             self.remove(i);
         }
         if let Some(w) = self.wakers.remove(&m.key()) {
+            self.unwatch_pairs(epfd, &w.pairs);
             del_wakers(epfd, &w.member, w.hup);
             for fd in w.fds {
                 if self.by_waker.get(&fd).is_some_and(|x| x.same(m)) {
@@ -407,6 +516,7 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
         // `None` if the set was known and has gone since (closed by another thread).
         kernel_members,
         forks_at_join: FORKS.load(Ordering::Relaxed),
+        id: SET_IDS.fetch_add(1, Ordering::Relaxed),
         ..EpSet::default()
     });
     SETS_KNOWN.store(true, Ordering::Relaxed);
@@ -584,7 +694,11 @@ pub fn forget_set(epfd: c_int) {
     }
     let mut g = sets();
     if let Some(map) = g.as_mut() {
-        map.remove(&epfd);
+        if let Some(set) = map.remove(&epfd) {
+            for (p, _) in set.pairs.values() {
+                p.unregister(ConsumerId(set.id));
+            }
+        }
         let n = map.values().filter(|s| s.live()).count();
         SETS_LIVE.store(n, Ordering::Relaxed);
     }
@@ -613,7 +727,7 @@ fn evaluate(e: &mut Entry) -> i16 {
 /// Ready accelerated members (level- or edge-triggered, one-shot), at most `max`.
 /// Only dirty entries are looked at; an entry found not ready is armed (its
 /// sleeping flags set, then looked at once more, closing the race with the peer).
-fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
+fn collect(epfd: c_int, set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
     // Each queued entry at most once per call: those that stay queued go to the back.
     for _ in 0..set.queue.len() {
         if out.len() >= max {
@@ -650,6 +764,9 @@ fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
         // unless drained); others wait for their bell, armed. A connector still
         // waiting for its acceptor is looked at every time (its deadline rings no
         // bell).
+        // (After the look: a path-B asker served in it got a pair of its own.)
+        let settling = matches!(&e.conn, Socket::Tcp(c) if c.awaiting_attach());
+        let key = e.conn.key();
         let mut stay = (bits != 0 && level) || matches!(&e.conn, Socket::Tcp(c) if c.awaiting_attach());
         if !stay && !e.armed {
             e.conn.announce(e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
@@ -662,6 +779,9 @@ fn collect(set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize) {
             // Behind the others: a set with more ready entries than `max` reports
             // them all in turn.
             set.queue.push_back((i, gen));
+        }
+        if settling {
+            set.rewatch_settling(epfd, key);
         }
     }
 }
@@ -698,9 +818,9 @@ fn gather(epfd: c_int, set: &mut EpSet, max: usize, may_sleep: bool, may_skip: b
     }
     let answered = may_skip && set.queue_rung();
     let mut acc = Vec::new();
-    collect(set, &mut acc, max);
+    collect(epfd, set, &mut acc, max);
     if acc.is_empty() {
-        collect(set, &mut acc, max);
+        collect(epfd, set, &mut acc, max);
     }
     let attach = if acc.is_empty() && may_sleep && crate::conn::any_awaiting_attach() {
         set.entries()
@@ -797,6 +917,9 @@ pub unsafe fn wait(
                         set.touch(&c);
                     }
                 });
+            } else if data & MAGIC_MASK == MAGIC_PAIR {
+                woke = true;
+                with_set(epfd, |set| set.pair_rang(fd));
             } else if data & MAGIC_MASK == MAGIC_MARK {
                 woke = true;
                 with_set(epfd, |set| {
@@ -837,7 +960,7 @@ pub unsafe fn wait(
         if (sleep || poll_only) && acc.is_empty() && (woke || kernel > 0) {
             let left = max - acc.len() - kernel.min(max - acc.len());
             let mut more = Vec::new();
-            with_set(epfd, |set| collect(set, &mut more, left));
+            with_set(epfd, |set| collect(epfd, set, &mut more, left));
             acc.extend(more);
         }
         if !acc.is_empty() || kernel > 0 || !sleep || remaining(deadline) == Some(Duration::ZERO) {

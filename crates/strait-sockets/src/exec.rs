@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use libc::{c_char, c_int, pid_t};
 
-use crate::conn::{Carriers, Conn, Liveness, Shm, HDR};
+use crate::conn::{Bells, Carriers, Conn, Liveness, PairBell, Shm, HDR};
 use crate::{real, table};
 
 const VAR: &str = "STRAIT_HANDOFF";
@@ -62,28 +62,53 @@ pub(crate) struct Record {
     pub(crate) side: usize,
     pub(crate) ring: usize,
     pub(crate) memfd: c_int,
+    /// Our eventfd, or (a connection of a process pair) the pair's bell we wait on.
     pub(crate) my_efd: c_int,
+    /// The peer's eventfd, or the pair's bell we ring.
     pub(crate) peer_efd: c_int,
     /// The library's liveness socket ([`crate::conn::Liveness::Socket`]), or -1:
     /// the TCP socket itself tells.
     pub(crate) hup: c_int,
     /// `Conn::shut_flags`.
     pub(crate) shut: u8,
+    /// The process pair the connection rings through, if it does.
+    pub(crate) pair: Option<PairRecord>,
+}
+
+/// A connection's process pair in a [`Record`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PairRecord {
+    /// The pair's memfd.
+    pub(crate) memfd: c_int,
+    /// The half the connection's end reads.
+    pub(crate) half: crate::pair::Half,
+    /// Another process may read that half too (a spawned program, a process a
+    /// descriptor was passed to, a fork before).
+    pub(crate) shared: bool,
+    pub(crate) my_slot: u32,
+    pub(crate) peer_slot: u32,
 }
 
 impl Record {
     pub(crate) fn encode(&self) -> String {
-        format!(
+        let base = format!(
             "{}:{}:{}:{}:{}:{}:{}:{}",
             self.ino, self.side, self.ring, self.memfd, self.my_efd, self.peer_efd, self.hup, self.shut
-        )
+        );
+        match self.pair {
+            None => base,
+            Some(p) => {
+                let flags = u8::from(p.half == crate::pair::Half::Creator) | (u8::from(p.shared) << 1);
+                format!("{base}:{}:{}:{}:{flags}", p.memfd, p.my_slot, p.peer_slot)
+            }
+        }
     }
 
     /// Parses one record; `None` for anything malformed (the variable comes from the
     /// environment, which the program may have changed).
     pub(crate) fn parse(s: &str) -> Option<Record> {
         let f: Vec<&str> = s.split(':').collect();
-        if f.len() != 8 {
+        if f.len() != 8 && f.len() != 12 {
             return None;
         }
         let fd = |i: usize| f[i].parse::<c_int>().ok().filter(|&v| v >= 0);
@@ -98,6 +123,18 @@ impl Record {
             peer_efd: fd(5)?,
             hup: f[6].parse::<c_int>().ok().filter(|&v| v >= -1)?,
             shut: f[7].parse().ok()?,
+            pair: if f.len() == 12 {
+                let flags = f[11].parse::<u8>().ok()?;
+                Some(PairRecord {
+                    memfd: fd(8)?,
+                    my_slot: f[9].parse().ok()?,
+                    peer_slot: f[10].parse().ok()?,
+                    half: if flags & 1 != 0 { crate::pair::Half::Creator } else { crate::pair::Half::Other },
+                    shared: flags & 2 != 0,
+                })
+            } else {
+                None
+            },
         })
     }
 }
@@ -177,7 +214,8 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
         if !(survives || all) {
             continue;
         }
-        let Some((record, copies)) = record_for(*fd, &c) else { continue };
+        // A spawned program (or the child that execs) holds the pair beside us.
+        let Some((record, copies)) = record_for(*fd, &c, new_process) else { continue };
         h.fds.extend_from_slice(&copies);
         records.push(record.encode());
         if new_process {
@@ -192,19 +230,57 @@ fn prepare(new_process: bool, all: bool) -> Handoff {
 }
 
 /// Copies of what carries connection `c` (whose descriptor `fd` is one): the memfd
-/// (a copy from the vault, which keeps it), both eventfds and the library's
-/// liveness socket if it has one, none close-on-exec, owned by the caller; and the
-/// record that describes them (its descriptor fields are those copies, in order).
-pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, Vec<c_int>)> {
+/// (a copy from the vault, which keeps it), both eventfds (or its process pair's
+/// bells), the library's liveness socket if it has one, and its pair's memfd if it
+/// has one, none close-on-exec, owned by the caller; and the record that describes
+/// them (its descriptor fields are those copies). `shared`: another process will
+/// hold the pair beside this one (the record says so, and this process's pair
+/// is marked so too).
+pub(crate) fn record_for(fd: c_int, c: &Conn, shared: bool) -> Option<(Record, Vec<c_int>)> {
     let ino = inode(fd)?;
-    let memfd = crate::vault::copy(c.vault)?;
-    // (The vault's copies are close-on-exec.)
-    // SAFETY: plain syscall on the copy we own.
-    unsafe { real::fcntl(memfd, libc::F_SETFD, 0) };
-    let mut copies = vec![memfd, inheritable_dup(c.my_efd), inheritable_dup(c.peer_efd)];
-    if !c.watched_by_socket() {
+    let vault_copy = |k: crate::vault::Kept| {
+        let m = crate::vault::copy(k)?;
+        // (The vault's copies are close-on-exec.)
+        // SAFETY: plain syscall on the copy we own.
+        unsafe { real::fcntl(m, libc::F_SETFD, 0) };
+        Some(m)
+    };
+    let memfd = vault_copy(c.vault)?;
+    let pair = if c.uses_pairs() { Some(c.pair_bell()?) } else { None };
+    let (mine, peers) = match pair {
+        Some(b) => {
+            let [cr, ot] = b.pair.bells();
+            match b.pair.half() {
+                crate::pair::Half::Creator => (cr, ot),
+                crate::pair::Half::Other => (ot, cr),
+            }
+        }
+        None => (c.my_efd, c.peer_efd),
+    };
+    let mut copies = vec![memfd, inheritable_dup(mine), inheritable_dup(peers)];
+    let hup = if c.watched_by_socket() {
+        -1
+    } else {
         copies.push(inheritable_dup(c.hup_fd(-1)));
-    }
+        copies[copies.len() - 1]
+    };
+    let pair = match pair {
+        None => None,
+        Some(b) => {
+            let m = vault_copy(b.pair.kept()).unwrap_or(-1);
+            copies.push(m);
+            if shared {
+                b.pair.mark_shared();
+            }
+            Some(PairRecord {
+                memfd: m,
+                half: b.pair.half(),
+                shared: shared || b.pair.is_shared(),
+                my_slot: b.my_slot,
+                peer_slot: b.peer_slot,
+            })
+        }
+    };
     if copies.iter().any(|&f| f < 0) {
         crate::sock::close_all(&copies.iter().copied().filter(|&f| f >= 0).collect::<Vec<_>>());
         return None;
@@ -216,8 +292,9 @@ pub(crate) fn record_for(fd: c_int, c: &Conn) -> Option<(Record, Vec<c_int>)> {
         memfd: copies[0],
         my_efd: copies[1],
         peer_efd: copies[2],
-        hup: copies.get(3).copied().unwrap_or(-1),
+        hup,
         shut: c.shut_flags(),
+        pair,
     };
     Some((record, copies))
 }
@@ -466,8 +543,10 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
     if !crate::sock::memfd_ok(r.memfd, HDR + 2 * r.ring) {
         return false;
     }
-    let carriers: Vec<c_int> =
-        [r.memfd, r.my_efd, r.peer_efd, r.hup].into_iter().filter(|&f| f >= 0).collect();
+    let carriers: Vec<c_int> = [r.memfd, r.my_efd, r.peer_efd, r.hup, r.pair.map_or(-1, |p| p.memfd)]
+        .into_iter()
+        .filter(|&f| f >= 0)
+        .collect();
     for &fd in &carriers {
         // SAFETY: plain syscall on a descriptor handed to us.
         unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as usize) };
@@ -479,6 +558,24 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
         crate::sock::close_all(&carriers[1..]);
         return false;
     };
+    // The pair (the one this process holds already under its inode and half, if
+    // any), with our slot taken again.
+    let bells = match r.pair {
+        None => Bells::Own { mine: r.my_efd, peer: r.peer_efd },
+        Some(p) => {
+            let creator_first = match p.half {
+                crate::pair::Half::Creator => [r.my_efd, r.peer_efd],
+                crate::pair::Half::Other => [r.peer_efd, r.my_efd],
+            };
+            let pair = crate::pair::reopen(p.memfd, creator_first, p.half, p.shared);
+            let Some(pair) = pair.ok().filter(|q| q.claim_exact(p.my_slot)) else {
+                crate::sock::close_all(&[r.hup].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
+                crate::vault::release(vault);
+                return false;
+            };
+            Bells::Pair(PairBell { pair, my_slot: p.my_slot, peer_slot: p.peer_slot })
+        }
+    };
     let fds: Vec<c_int> = socks.iter().filter(|s| s.1 == r.ino).map(|s| s.0).collect();
     // SAFETY: plain syscall.
     let nonblock =
@@ -487,8 +584,7 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
         shm,
         r.side,
         Carriers {
-            my_efd: r.my_efd,
-            peer_efd: r.peer_efd,
+            bells,
             liveness: if r.hup >= 0 { Liveness::Socket(r.hup) } else { Liveness::TcpSocket },
             vault,
             // Not known here (the record comes from the environment or another
@@ -498,6 +594,7 @@ pub(crate) fn adopt_one(r: Record, socks: &[(c_int, u64)]) -> bool {
         nonblock,
         None,
     ));
+    c.bind_bells();
     c.counted.store(true, Ordering::Relaxed);
     c.restore_shut_flags(r.shut);
     if fds.is_empty() {
@@ -863,8 +960,17 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_reject_garbage() {
-        let r =
-            Record { ino: 12345, side: 1, ring: 262144, memfd: 7, my_efd: 8, peer_efd: 9, hup: 10, shut: 2 };
+        let r = Record {
+            ino: 12345,
+            side: 1,
+            ring: 262144,
+            memfd: 7,
+            my_efd: 8,
+            peer_efd: 9,
+            hup: 10,
+            shut: 2,
+            pair: None,
+        };
         assert_eq!(Record::parse(&r.encode()), Some(r));
         for bad in [
             "",

@@ -25,7 +25,9 @@
 // System: what the library asks of the kernel and keeps for itself.
 mod fds;
 mod fdtable;
+mod hub;
 mod local;
+mod pair;
 mod real;
 mod settings;
 mod sock;

@@ -27,8 +27,11 @@ pub struct Listening {
 /// `accept` of its connection.
 pub(crate) struct Hello {
     pub(crate) ring: usize,
-    /// memfd, connector's eventfd, acceptor's eventfd.
+    /// memfd, connector's eventfd, acceptor's eventfd (-1, -1 when the hello
+    /// offers a process pair instead).
     pub(crate) fds: [c_int; 3],
+    /// The process pair the hello offers ([`crate::pair`]), if it does.
+    pub(crate) pair: Option<HelloPair>,
     /// `O_PATH` token of the connector's TCP socket ([`trust::socket_token`]).
     pub(crate) token: c_int,
     /// The inode of the socket the token names (read from the token here, never
@@ -54,9 +57,32 @@ impl Hello {
     }
 
     pub(crate) fn close(&self) {
-        close_all(&self.fds);
+        close_all(&self.fds.into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
+        self.close_pair();
         close_all(&[self.unix, self.token]);
     }
+
+    /// Closes the descriptors of the pair the hello offers (none if this process
+    /// held the pair already).
+    pub(crate) fn close_pair(&self) {
+        if let Some(p) = &self.pair {
+            close_all(&[p.memfd, p.bells[0], p.bells[1]].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
+        }
+    }
+}
+
+/// The process pair a hello offers: not adopted (mapped) until its hello is taken
+/// for an accepted connection, so hellos no one takes cost no mapping.
+pub(crate) struct HelloPair {
+    /// The pair's sealed memfd.
+    pub(crate) memfd: c_int,
+    /// Its bells, the creator's (the connector's) first.
+    pub(crate) bells: [c_int; 2],
+    /// The connector's slot in its half (its word: the ring bounds it).
+    pub(crate) slot: u32,
+    /// The pair, when this process held it already (its descriptors above are
+    /// then closed, -1).
+    pub(crate) known: Option<std::sync::Arc<crate::pair::Pair>>,
 }
 
 /// The inode of the socket at the other end of the connected TCP socket `fd` (on
@@ -95,6 +121,24 @@ pub struct Listener {
     /// by a process that then exited).
     pub(crate) name: (libc::sockaddr_un, socklen_t),
     pub(crate) pending: Mutex<Claims>,
+    /// The rendezvous name's socket came from another process (passed, or kept
+    /// over an `exec`) or went to one (passed on), which may read hellos from it.
+    pub(crate) shared: std::sync::atomic::AtomicBool,
+    /// Forks this process had seen when the listener was made
+    /// ([`crate::vault::forks`]).
+    pub(crate) forks_at: u32,
+}
+
+impl Listener {
+    /// No other process can read this listener's hellos: it holds the name's
+    /// socket, made here and never shared by a fork since. A connection accepted
+    /// here whose hello is not queued then never sent one (or it went stale): no
+    /// use asking its connector by path B.
+    pub(crate) fn alone(&self) -> bool {
+        !self.shared.load(std::sync::atomic::Ordering::Relaxed)
+            && self.forks_at == crate::vault::forks()
+            && self.unix.load(std::sync::atomic::Ordering::Relaxed) >= 0
+    }
 }
 
 /// The marker of one listening socket: connectors' HELLOs arrive there.

@@ -115,6 +115,8 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isi
         if let (Some(l), Some(ino)) = (crate::discover::listener(f), inode(f)) {
             if let Some(m) = l.marker() {
                 listeners.push((ino, m));
+                // The receiver may take hellos of our accepts from now on.
+                l.shared.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
     }
@@ -134,10 +136,16 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<isi
         }
     }
     for (f, c) in &conns {
-        let Some((mut r, cs)) = record_for(*f, c) else { continue };
+        // The receiver holds the connection's pair beside us.
+        let Some((mut r, cs)) = record_for(*f, c, true) else { continue };
+        // Descriptor fields become indices into the bundle's descriptors.
         let base = copies.len() as c_int;
-        (r.memfd, r.my_efd, r.peer_efd) = (base, base + 1, base + 2);
-        r.hup = if cs.len() > 3 { base + 3 } else { -1 };
+        let index = |fd: c_int| cs.iter().position(|&x| x == fd).map_or(-1, |i| base + i as c_int);
+        (r.memfd, r.my_efd, r.peer_efd, r.hup) =
+            (index(r.memfd), index(r.my_efd), index(r.peer_efd), index(r.hup));
+        if let Some(p) = r.pair.as_mut() {
+            p.memfd = index(p.memfd);
+        }
         records.push(r.encode());
         copies.extend_from_slice(&cs);
     }
@@ -325,20 +333,29 @@ fn adopt(records: Vec<Record>, fds: Vec<c_int>, passed: &[(c_int, u64)]) {
         if r.hup != -1 {
             idx.push(r.hup);
         }
+        if let Some(p) = r.pair {
+            idx.push(p.memfd);
+        }
         if idx.iter().any(|&i| i < 0 || i as usize >= fds.len() || used[i as usize]) {
             continue;
         }
         for &i in &idx {
             used[i as usize] = true;
         }
-        let at = |k: usize| idx.get(k).map_or(-1, |&i| fds[i as usize]);
-        (r.memfd, r.my_efd, r.peer_efd, r.hup) = (at(0), at(1), at(2), at(3));
+        let at = |i: c_int| if i < 0 { -1 } else { fds[i as usize] };
+        (r.memfd, r.my_efd, r.peer_efd, r.hup) = (at(r.memfd), at(r.my_efd), at(r.peer_efd), at(r.hup));
+        if let Some(p) = r.pair.as_mut() {
+            p.memfd = at(p.memfd);
+        }
         let mine: Vec<(c_int, u64)> = passed.iter().copied().filter(|p| p.1 == r.ino).collect();
         if mine.is_empty() || !crate::sock::memfd_ok(r.memfd, crate::conn::HDR + 2 * r.ring) {
             // Not taken: the hold the sender took for us ends with these copies
             // (the liveness socket's copy closes with them).
             close_all(
-                &[r.memfd, r.my_efd, r.peer_efd, r.hup].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>(),
+                &[r.memfd, r.my_efd, r.peer_efd, r.hup, r.pair.map_or(-1, |p| p.memfd)]
+                    .into_iter()
+                    .filter(|&f| f >= 0)
+                    .collect::<Vec<_>>(),
             );
             continue;
         }

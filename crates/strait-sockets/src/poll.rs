@@ -96,7 +96,8 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         let nk = tmp.len();
         for (i, c) in &acc {
             let bell = |fd: c_int| if sleep { fd } else { -1 };
-            tmp.push(pollfd { fd: bell(c.my_efd), events: libc::POLLIN, revents: 0 });
+            // Our eventfd, or this thread's hub of pair bells (once per pair).
+            tmp.push(pollfd { fd: if sleep { c.bell_fd() } else { -1 }, events: libc::POLLIN, revents: 0 });
             tmp.push(pollfd { fd: c.hup_fd(fds[*i].fd), events: libc::POLLRDHUP, revents: 0 });
             // A connection to another host: its UDP socket wakes us directly.
             tmp.push(pollfd { fd: bell(c.remote_fd().unwrap_or(-1)), events: libc::POLLIN, revents: 0 });
@@ -123,8 +124,17 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
         if r < 0 {
             return Some(-1);
         }
+        let mut hub_settled = false;
         for (j, (_, c)) in acc.iter().enumerate() {
-            if tmp[nk + 4 * j].revents != 0 || tmp[nk + 4 * j + 2].revents != 0 {
+            let bell = tmp[nk + 4 * j];
+            if bell.revents != 0 && c.uses_pairs() {
+                // One settle of the thread's hub for all members that share it.
+                if !hub_settled {
+                    c.after_bell(bell.fd);
+                    hub_settled = true;
+                }
+                c.pump_remote();
+            } else if bell.revents != 0 || tmp[nk + 4 * j + 2].revents != 0 {
                 c.drain_bell();
             }
             c.hung_up(tmp[nk + 4 * j + 1].revents);

@@ -20,6 +20,10 @@ extern "C" fn before_fork() {
             u.add_holder();
         }
         table::lock_for_fork();
+        // The process pairs and the threads' hubs (in that order everywhere: a
+        // pair is made under the first, and its memfd kept in the vault).
+        crate::pair::before_fork();
+        crate::hub::before_fork();
         // The child's ring of memfds, filled now (no other process touches it).
         crate::vault::before_fork();
     });
@@ -27,6 +31,8 @@ extern "C" fn before_fork() {
 
 extern "C" fn in_parent() {
     let _ = catch_unwind(|| crate::vault::after_fork(false));
+    let _ = catch_unwind(|| crate::hub::after_fork(false));
+    let _ = catch_unwind(crate::pair::after_fork);
     let _ = catch_unwind(table::unlock_after_fork);
     crate::epoll::after_fork();
 }
@@ -35,6 +41,8 @@ extern "C" fn in_child() {
     // This child was seen: the fork watch need not report it.
     fork_watch_reset();
     let _ = catch_unwind(|| crate::vault::after_fork(true));
+    let _ = catch_unwind(|| crate::hub::after_fork(true));
+    let _ = catch_unwind(crate::pair::after_fork);
     let _ = catch_unwind(table::unlock_after_fork);
     conn::after_fork_child();
     udp::after_fork_child();
@@ -121,6 +129,8 @@ fn new_process_seen() {
     udp::after_fork_child();
     remote::after_fork_child();
     crate::vault::after_raw_clone();
+    crate::pair::after_raw_clone();
+    crate::epoll::after_fork();
     UNSEEN_FORKS.fetch_add(1, Ordering::Relaxed);
 }
 

@@ -54,8 +54,8 @@ use strait_wire::auth::TAG_LEN;
 use strait_xdp::{Mac, XdpChannel, XdpConfig, XdpPort};
 
 use crate::conn::{
-    ctl, Carriers, Conn, FarEnd, FarSetup, Liveness, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED, RSLEEP, TAIL,
-    WCLOSED, WSLEEP,
+    ctl, Bells, Carriers, Conn, FarEnd, FarSetup, Liveness, Shm, ATTACHED, HDR, HEAD, KERNEL, RCLOSED,
+    RSLEEP, TAIL, WCLOSED, WSLEEP,
 };
 use crate::listening::Marker;
 use crate::real;
@@ -560,7 +560,12 @@ fn new_conn(side: usize, nonblock: bool) -> Option<(Arc<Conn>, c_int, c_int)> {
     let conn = Arc::new(Conn::new(
         shm,
         side,
-        Carriers { my_efd: efd, peer_efd, liveness: Liveness::Socket(sp[0]), vault, peer_pid: None },
+        Carriers {
+            bells: Bells::Own { mine: efd, peer: peer_efd },
+            liveness: Liveness::Socket(sp[0]),
+            vault,
+            peer_pid: None,
+        },
         nonblock,
         None,
     ));
@@ -865,16 +870,32 @@ fn step(conn: &Arc<Conn>, p: &mut Pending) -> Step {
                             });
                     }
                     let via = if p.xdp_local.is_some() { Via::Xdp } else { Via::Udp };
-                    let up = (via == Via::Xdp || p.udp.connect(acceptor).is_ok())
-                        && attach(conn, p, via).is_some();
-                    let word = match (up, via) {
+                    let bridge = if via == Via::Xdp || p.udp.connect(acceptor).is_ok() {
+                        new_bridge(conn, p, via)
+                    } else {
+                        None
+                    };
+                    let word = match (bridge.is_some(), via) {
                         (false, _) => NO,
                         (true, Via::Xdp) => GX,
                         (true, Via::Udp) => GO,
                     };
                     let mine = p.xdp_local.as_ref().map(|(port, id)| (port.local_mac(), *id));
                     let sent = send_confirmation(tcp, word, p.nonce, p.cnonce, mine.filter(|_| word == GX));
-                    Step::Done(up && sent)
+                    // The bridge is published only once the answer is on the TCP
+                    // connection: from then on the program's other threads use the
+                    // connection without waiting for this settling, and their
+                    // `shutdown` shuts the kernel socket too, whose FIN must follow the
+                    // answer (ahead of it, the answer fails and the acceptor reads end
+                    // of stream, while bytes already written to the rings would be
+                    // carried by neither path). Unpublished, the bridge just goes.
+                    match bridge {
+                        Some(b) if sent => {
+                            publish(conn, b, via);
+                            Step::Done(true)
+                        }
+                        _ => Step::Done(false),
+                    }
                 }
             }
         }
@@ -1212,6 +1233,13 @@ fn xdp_port_for(local: &[u8; 16], peer: &[u8; 16]) -> Option<Arc<XdpPort>> {
 /// Starts the bridge of a settled connection; `None` if the device could not be
 /// set up (the connection then stays with the kernel).
 fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
+    publish(conn, new_bridge(conn, p, via)?, via);
+    Some(())
+}
+
+/// The bridge of a connection about to settle on strait, not yet in use; `None` if
+/// the device could not be set up.
+fn new_bridge(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<Arc<Bridge>> {
     let (memfd, bridge_unix) = (p.memfd, p.bridge_unix);
     let mut rel = config_or_default(ReliableConfig::from_env());
     rel.auth = data_auth(p.cnonce, p.nonce, p.ports, matches!(p.role, Role::Connector { .. }));
@@ -1264,6 +1292,12 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
             failed: false,
         }),
     });
+    Some(bridge)
+}
+
+/// Makes `bridge` carry `conn`: the program's calls and the background thread use
+/// it from now on.
+fn publish(conn: &Arc<Conn>, bridge: Arc<Bridge>, via: Via) {
     conn.shm.state().store(ATTACHED, Ordering::Release);
     let _ = conn.remote.set(bridge.clone());
     let bg = background();
@@ -1273,7 +1307,6 @@ fn attach(conn: &Arc<Conn>, p: &Pending, via: Via) -> Option<()> {
     if via == Via::Xdp {
         crate::conn::REMOTE_XDP.fetch_add(1, Ordering::Relaxed);
     }
-    Some(())
 }
 
 // ------------------------------------------------------------------ listeners

@@ -19,7 +19,9 @@
 //! shared memory mapped for rings); the vault of connections' memfds
 //! (`vault-rings`: io_uring vault rings this process made, 0 when each connection
 //! keeps a socketpair instead; `vault-live`, `vault-dead`: slots of connections
-//! held, and of closed ones awaiting the next rotation).
+//! held, and of closed ones awaiting the next rotation); the doorbells of process
+//! pairs (`pairs`: pairs held, two eventfds each; `pair-conns`: connections that
+//! ring through them; `hubs`: threads' epoll instances for pair bells).
 
 use std::sync::atomic::Ordering;
 
@@ -30,11 +32,13 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let held = crate::fds::held();
         let vault = crate::vault::census();
+        let (pairs, pair_conns) = crate::pair::census();
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
              udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
              refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {} \
-             lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {} vault-rings {} vault-live {} vault-dead {}\n",
+             lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {} vault-rings {} vault-live {} vault-dead {} \
+             pairs {} pair-conns {} hubs {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -61,6 +65,9 @@ extern "C" fn at_exit() {
             vault.2,
             vault.0,
             vault.1,
+            pairs,
+            pair_conns,
+            crate::hub::count(),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

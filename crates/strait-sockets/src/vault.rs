@@ -134,9 +134,19 @@ pub(crate) fn before_fork() {
     FORK_GUARD.with(|g| *g.borrow_mut() = Some(v));
 }
 
+/// Forks (in the parent and the child) and raw clones (in the child) this process
+/// has seen: a resource met before the last one may be shared with another process.
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
+/// [`FORKS`] now.
+pub(crate) fn forks() -> u32 {
+    FORKS.load(Ordering::Relaxed)
+}
+
 /// After `fork`, in the parent (`child == false`) or the child, before the table
 /// is unlocked.
 pub(crate) fn after_fork(child: bool) {
+    FORKS.fetch_add(1, Ordering::Relaxed);
     let Some(mut v) = FORK_GUARD.with(|g| g.borrow_mut().take()) else { return };
     // (In the parent the child's ring closes here.)
     let theirs = v.for_child.take().filter(|_| child);
@@ -156,6 +166,7 @@ pub(crate) fn after_fork(child: bool) {
 /// call: copies its live slots out of the ring it shares with its parent into one
 /// of its own.
 pub(crate) fn after_raw_clone() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
     let mut v = lock();
     if v.live_n == 0 {
         v.drop_ring();
@@ -583,11 +594,12 @@ fn ones(bits: &[u64]) -> impl Iterator<Item = u32> + '_ {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// The vault is one per process: its tests take turns.
-    static SERIAL: Mutex<()> = Mutex::new(());
+    /// The vault is one per process: its tests (and the pairs', which keep memfds
+    /// in it) take turns.
+    pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
     /// A memfd holding `tag`.
     fn tagged(tag: u64) -> c_int {

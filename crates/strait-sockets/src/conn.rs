@@ -695,7 +695,8 @@ impl Conn {
         }
         let mut fd = -1;
         for p in self.watched_pairs() {
-            fd = crate::hub::watch(p.my_bell());
+            // No hub (a seccomp filter): the pair's bell itself.
+            fd = crate::hub::watch(p.my_bell()).unwrap_or(p.my_bell());
         }
         fd
     }
@@ -705,8 +706,14 @@ impl Conn {
     pub fn after_bell(&self, fd: c_int) {
         if self.my_efd >= 0 {
             self.drain_bell();
-        } else if fd >= 0 {
+        } else if crate::hub::is_mine(fd) {
             crate::hub::settle(fd);
+        } else if fd >= 0 {
+            // A pair's bell polled directly (no hub: see `hub.rs`): read, or it
+            // stays readable.
+            let mut v: u64 = 0;
+            // SAFETY: eventfd read into a local; the eventfd is non-blocking.
+            unsafe { real::read(fd, (&mut v as *mut u64).cast(), 8) };
         }
     }
 

@@ -30,9 +30,9 @@ pub struct Settings {
     /// rather than a socketpair each (`STRAIT_VAULT=socket`).
     pub vault_ring: bool,
     /// Local connections ring through the doorbells of their process pair
-    /// (`STRAIT_BELLS=pair`) rather than two eventfds each (the default: a blocked
-    /// call on a pair waits through a per-thread epoll instance, which a seccomp
-    /// sandbox such as sshd's pre-authentication child kills the process for).
+    /// (`STRAIT_BELLS=pair`) rather than two eventfds each (the default until pair
+    /// mode is measured against it and its seccomp fallback is settled:
+    /// ARCHITECTURE.md).
     pub pairs: bool,
 }
 

@@ -617,7 +617,7 @@ impl Conn {
         if let Some(b) = self.pair.get() {
             b.pair.bind(b.my_slot, self.key());
         }
-        for o in self.offered.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for o in self.offered_now().iter() {
             o.pair.bind(o.my_slot, self.key());
         }
     }
@@ -626,7 +626,7 @@ impl Conn {
     /// path-B offer (whose slot goes back).
     pub(crate) fn offer(&self, o: Offered) {
         o.pair.bind(o.my_slot, self.key());
-        let mut offered = self.offered.lock().unwrap_or_else(|e| e.into_inner());
+        let mut offered = self.offered_now();
         if let Some(i) = offered.iter().position(|x| x.attach == o.attach) {
             let old = offered.swap_remove(i);
             old.pair.free(old.my_slot);
@@ -693,12 +693,12 @@ impl Conn {
         if self.my_efd >= 0 {
             return self.my_efd;
         }
-        let mut fd = -1;
-        for p in self.watched_pairs() {
-            // No hub (a seccomp filter): the pair's bell itself.
-            fd = crate::hub::watch(p.my_bell()).unwrap_or(p.my_bell());
+        // No hub (a seccomp filter): the pair's bell itself.
+        let watch = |p: &crate::pair::Pair| crate::hub::watch(p.my_bell()).unwrap_or(p.my_bell());
+        if let Some(b) = self.pair_bell() {
+            return watch(&b.pair);
         }
-        fd
+        self.offered_now().iter().fold(-1, |_, o| watch(&o.pair))
     }
 
     /// A poll found `fd` (what [`Conn::bell_fd`] gave) readable: consumes the
@@ -711,9 +711,7 @@ impl Conn {
         } else if fd >= 0 {
             // A pair's bell polled directly (no hub: see `hub.rs`): read, or it
             // stays readable.
-            let mut v: u64 = 0;
-            // SAFETY: eventfd read into a local; the eventfd is non-blocking.
-            unsafe { real::read(fd, (&mut v as *mut u64).cast(), 8) };
+            crate::sock::drain_eventfd(fd);
         }
     }
 
@@ -839,12 +837,9 @@ impl Conn {
     /// bell is never read: [`crate::pair`]).
     pub fn drain_bell(&self) {
         self.pump_remote();
-        if self.my_efd < 0 {
-            return;
+        if self.my_efd >= 0 {
+            crate::sock::drain_eventfd(self.my_efd);
         }
-        let mut v: u64 = 0;
-        // SAFETY: eventfd read into a local; the eventfd is non-blocking.
-        unsafe { real::read(self.my_efd, (&mut v as *mut u64).cast(), 8) };
     }
 
     /// The path-B listener of a connector still waiting for its acceptor: an

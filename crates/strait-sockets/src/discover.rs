@@ -80,7 +80,8 @@ fn queue_hello(p: &mut Claims, mut h: Hello) {
             }
         }
     }
-    if p.hellos.len() >= max_hellos() {
+    // (The limit is asked of the kernel only once the queue is long.)
+    if p.hellos.len() >= MIN_HELLOS && p.hellos.len() >= max_hellos() {
         p.hellos.remove(0).close();
     }
     p.hellos.push(h);

@@ -236,9 +236,7 @@ impl Pair {
             close_all(&[memfd, bells[0], bells[1]].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
             return Err(PairError::Make(e));
         }
-        let p = Pair::open(memfd, bells, Half::Creator, peer_pid, true);
-        close_all(&[memfd]);
-        let p = p?;
+        let p = Pair::open(memfd, bells, Half::Creator, peer_pid, true)?;
         p.word(0).store(MAGIC, Ordering::Relaxed);
         p.word(8).store(u64::from(VERSION), Ordering::Release);
         Ok(p)
@@ -248,6 +246,20 @@ impl Pair {
     /// first; ownership of the three descriptors passes to this call, which
     /// closes what it does not keep): this process reads the other half.
     pub fn adopt(memfd: c_int, bells: [c_int; 2], peer_pid: libc::pid_t) -> Result<Pair, PairError> {
+        Pair::checked_open(memfd, bells, Half::Other, peer_pid, false)
+    }
+
+    /// Checks what another process handed over (a sealed memfd of [`LEN`] bytes,
+    /// two eventfds, the pair's header) and opens it for `half` (ownership of the
+    /// three descriptors passes to this call, which closes what it does not keep;
+    /// `fresh`: take the half's claim over, see [`Pair::claim_half`]).
+    fn checked_open(
+        memfd: c_int,
+        bells: [c_int; 2],
+        half: Half,
+        peer_pid: libc::pid_t,
+        fresh: bool,
+    ) -> Result<Pair, PairError> {
         let checked = if !crate::sock::memfd_ok(memfd, LEN) {
             Err(PairError::NotSealed)
         } else if !bells.iter().all(|&b| crate::trust::is_eventfd(b)) {
@@ -259,9 +271,7 @@ impl Pair {
             close_all(&[memfd, bells[0], bells[1]]);
             return Err(e);
         }
-        let p = Pair::open(memfd, bells, Half::Other, peer_pid, false);
-        close_all(&[memfd]);
-        let p = p?;
+        let p = Pair::open(memfd, bells, half, peer_pid, fresh)?;
         let magic = p.word(0).load(Ordering::Acquire);
         let version = p.word(8).load(Ordering::Acquire) as u32;
         if magic != MAGIC || version != VERSION {
@@ -270,7 +280,8 @@ impl Pair {
         Ok(p)
     }
 
-    /// Maps `memfd` (the caller closes it) and takes ownership of `bells`.
+    /// Maps `memfd` and keeps it in the vault, keeps `bells`: ownership of the
+    /// three passes to this call.
     fn open(
         memfd: c_int,
         bells: [c_int; 2],
@@ -282,11 +293,11 @@ impl Pair {
         let map = match (inode, Mapping::shared(memfd, LEN, 0)) {
             (Some(_), Ok(m)) => m,
             (_, Err(e)) => {
-                close_all(&bells);
+                close_all(&[memfd, bells[0], bells[1]]);
                 return Err(PairError::Map(e.raw_os_error().unwrap_or(0)));
             }
             (None, Ok(_)) => {
-                close_all(&bells);
+                close_all(&[memfd, bells[0], bells[1]]);
                 return Err(PairError::Map(real::errno()));
             }
         };
@@ -305,6 +316,8 @@ impl Pair {
             shared: AtomicBool::new(false),
             local: Mutex::new(Local::default()),
         };
+        // (The vault holds it now.)
+        close_all(&[memfd]);
         p.claim_half(fresh);
         Ok(p)
     }
@@ -575,11 +588,9 @@ pub fn for_peer(peer_pid: libc::pid_t) -> Option<Arc<Pair>> {
 /// already reads under that memfd's inode (the copies are closed), else a new one.
 pub fn adopt(memfd: c_int, bells: [c_int; 2], peer_pid: libc::pid_t) -> Result<Arc<Pair>, PairError> {
     let mut all = pairs();
-    if let Some(ino) = inode_of(memfd) {
-        if let Some(p) = all.iter().find(|p| p.inode == ino && p.half == Half::Other) {
-            close_all(&[memfd, bells[0], bells[1]]);
-            return Ok(p.clone());
-        }
+    if let Some(p) = held(&all, memfd, Half::Other) {
+        close_all(&[memfd, bells[0], bells[1]]);
+        return Ok(p);
     }
     let p = Arc::new(Pair::adopt(memfd, bells, peer_pid)?);
     all.push(p.clone());
@@ -589,8 +600,13 @@ pub fn adopt(memfd: c_int, bells: [c_int; 2], peer_pid: libc::pid_t) -> Result<A
 /// The pair this process reads the other half of under `memfd`'s inode, if it
 /// holds one (a hello offering a pair it adopted already).
 pub fn known(memfd: c_int) -> Option<Arc<Pair>> {
+    held(&pairs(), memfd, Half::Other)
+}
+
+/// The pair of `pairs` under `memfd`'s inode whose `half` this process reads.
+fn held(pairs: &[Arc<Pair>], memfd: c_int, half: Half) -> Option<Arc<Pair>> {
     let ino = inode_of(memfd)?;
-    pairs().iter().find(|p| p.inode == ino && p.half == Half::Other).cloned()
+    pairs.iter().find(|p| p.inode == ino && p.half == half).cloned()
 }
 
 /// Takes over a pair from an `exec` or descriptor-passing record: its memfd and
@@ -599,34 +615,14 @@ pub fn known(memfd: c_int) -> Option<Arc<Pair>> {
 /// process holds already under that inode and half, if any (the copies closed).
 pub fn reopen(memfd: c_int, bells: [c_int; 2], half: Half, shared: bool) -> Result<Arc<Pair>, PairError> {
     let mut all = pairs();
-    if let Some(ino) = inode_of(memfd) {
-        if let Some(p) = all.iter().find(|p| p.inode == ino && p.half == half) {
-            close_all(&[memfd, bells[0], bells[1]]);
-            if shared {
-                p.mark_shared();
-            }
-            return Ok(p.clone());
-        }
-    }
-    let checked = if !crate::sock::memfd_ok(memfd, LEN) {
-        Err(PairError::NotSealed)
-    } else if !bells.iter().all(|&b| crate::trust::is_eventfd(b)) {
-        Err(PairError::NotEventfd)
-    } else {
-        Ok(())
-    };
-    if let Err(e) = checked {
+    if let Some(p) = held(&all, memfd, half) {
         close_all(&[memfd, bells[0], bells[1]]);
-        return Err(e);
+        if shared {
+            p.mark_shared();
+        }
+        return Ok(p);
     }
-    let p = Pair::open(memfd, bells, half, 0, !shared);
-    close_all(&[memfd]);
-    let p = p?;
-    let magic = p.word(0).load(Ordering::Acquire);
-    let version = p.word(8).load(Ordering::Acquire) as u32;
-    if magic != MAGIC || version != VERSION {
-        return Err(PairError::BadHeader(magic, version));
-    }
+    let p = Pair::checked_open(memfd, bells, half, 0, !shared)?;
     if shared {
         p.mark_shared();
     }
@@ -709,6 +705,21 @@ mod tests {
         (a, b)
     }
 
+    /// A slot of `p`'s reader, claimed and bound to `key`.
+    fn bound(p: &Pair, key: u64) -> u32 {
+        let s = p.claim().expect("slot");
+        p.bind(s, key);
+        s
+    }
+
+    /// Two consumers of `b` (epoll sets) registered.
+    fn two_consumers(b: &Pair) -> (ConsumerId, ConsumerId) {
+        let (c1, c2) = (ConsumerId(1), ConsumerId(2));
+        b.register(c1);
+        b.register(c2);
+        (c1, c2)
+    }
+
     fn epoll_on(fd: c_int) -> c_int {
         // SAFETY: plain syscalls on a local event.
         unsafe {
@@ -760,16 +771,8 @@ mod tests {
     fn bits_taken_by_one_consumer_reach_the_others() {
         let _s = crate::vault::tests::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let (a, b) = both();
-        let (c1, c2) = (ConsumerId(1), ConsumerId(2));
-        b.register(c1);
-        b.register(c2);
-        let slots: Vec<u32> = (0..3)
-            .map(|k| {
-                let s = b.claim().expect("slot");
-                b.bind(s, 100 + k);
-                s
-            })
-            .collect();
+        let (c1, c2) = two_consumers(&b);
+        let slots: Vec<u32> = (0..3).map(|k| bound(&b, 100 + k)).collect();
         a.ring(slots[0]);
         a.ring(slots[2]);
         assert_eq!(b.take(Some(c1)), Rung::These(vec![100, 102]));
@@ -786,13 +789,9 @@ mod tests {
     fn an_overflowing_backlog_asks_for_all() {
         let _s = crate::vault::tests::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let (a, b) = both();
-        let (c1, c2) = (ConsumerId(1), ConsumerId(2));
-        b.register(c1);
-        b.register(c2);
+        let (c1, c2) = two_consumers(&b);
         for k in 0..(BACKLOG_MAX as u64 + 10) {
-            let s = b.claim().expect("slot");
-            b.bind(s, k);
-            a.ring(s);
+            a.ring(bound(&b, k));
         }
         assert!(matches!(b.take(Some(c1)), Rung::These(v) if v.len() == BACKLOG_MAX + 10));
         assert_eq!(b.take(Some(c2)), Rung::All);
@@ -810,9 +809,7 @@ mod tests {
         let [c, o] = a.bells();
         let b2 = Pair::adopt(memfd, [dup(c), dup(o)], 0).expect("adopt");
         assert!(b2.is_shared() && b.is_shared() && a.peer_shared());
-        let s = b.claim().expect("slot");
-        b.bind(s, 5);
-        a.ring(s);
+        a.ring(bound(&b, 5));
         assert_eq!(b.take(None), Rung::All);
     }
 
@@ -865,10 +862,8 @@ mod tests {
         let mut keys = std::collections::HashSet::new();
         let mut slots = Vec::new();
         for k in 0..50u64 {
-            let s = b.claim().expect("slot");
-            b.bind(s, 1000 + k);
             keys.insert(1000 + k);
-            slots.push(s);
+            slots.push(bound(&b, 1000 + k));
         }
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for round in 0..200 {

@@ -1923,9 +1923,7 @@ impl Background {
             unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
             rung = fds[0].revents != 0;
             if rung {
-                let mut v = 0u64;
-                // SAFETY: eventfd read into a local (non-blocking).
-                unsafe { real::read(self.efd, (&mut v as *mut u64).cast(), 8) };
+                crate::sock::drain_eventfd(self.efd);
             }
             // The pollfds after the eventfd and the pending connections' are the
             // watched bridges', in order.

@@ -106,6 +106,14 @@ pub(crate) fn ring_eventfd(fd: c_int) {
     unsafe { real::write(fd, (&one as *const u64).cast(), 8) };
 }
 
+/// Empties an eventfd after a wake-up (non-blocking: an empty one stays so).
+pub(crate) fn drain_eventfd(fd: c_int) {
+    let mut v: u64 = 0;
+    // SAFETY: an 8-byte eventfd read into a local; the library's eventfds are
+    // non-blocking.
+    unsafe { real::read(fd, (&mut v as *mut u64).cast(), 8) };
+}
+
 pub(crate) fn send_fds(sock: c_int, data: &[u8], fds: &[c_int]) -> bool {
     strait_sys::send_fds_with(real::sendmsg, sock, data, fds, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
         .is_ok_and(|n| n == data.len())

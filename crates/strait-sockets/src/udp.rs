@@ -690,9 +690,7 @@ impl UdpSock {
     /// Empties the doorbell after a wake-up.
     pub fn drain_bell(&self) {
         if let Some(rx) = self.rx.get() {
-            let mut v: u64 = 0;
-            // SAFETY: eventfd read into a local; the eventfd is non-blocking.
-            unsafe { real::read(rx.efd, (&mut v as *mut u64).cast(), 8) };
+            crate::sock::drain_eventfd(rx.efd);
         }
     }
 

@@ -100,9 +100,11 @@ fn a_third_process_cannot_claim_the_connection() {
 
 #[test]
 fn a_stranger_asking_the_connector_is_refused_and_a_late_accept_uses_the_kernel() {
-    // The server accepts only after the client gave up waiting (300 ms): meanwhile
-    // a stranger asks the client's per-connection name with the wrong socket.
-    let (s, c) = checked(pair_env(true, true, "lateaccept", "thief", &[("STRAIT_ATTACH_TIMEOUT_MS", "300")]));
+    // The server accepts (at 1.5 s) only after the client gave up waiting (attach
+    // timeout 20 ms: a connection in the accept queue is waited for 60 of them,
+    // 1.2 s): meanwhile a stranger asks the client's per-connection name with the
+    // wrong socket.
+    let (s, c) = checked(pair_env(true, true, "lateaccept", "thief", &[("STRAIT_ATTACH_TIMEOUT_MS", "20")]));
     assert!(c.stdout.contains("thief refused") && c.stdout.contains("echo ok"), "{}", c.stdout);
     assert_eq!(accelerated(&c), 0, "{}", c.stderr);
     assert!(c.stderr.contains("kernel-fallback 1"), "{}", c.stderr);
@@ -240,12 +242,13 @@ fn message_mode_asked_by_one_end_only_stays_a_byte_stream() {
 #[test]
 fn a_nonblocking_connector_never_waits_for_a_slow_acceptor() {
     // The acceptor accepts after 300 ms (within the attach timeout: shared memory)
-    // or after 1.5 s (past it: the kernel); the client's calls answer EAGAIN at once
-    // meanwhile and poll or epoll wake it when the connection is settled. The client
-    // checks that no call took 50 ms.
-    for (smode, accel, fallback) in [("slowaccept", 1, 0), ("lateaccept", 0, 1)] {
+    // or after 1.5 s (past the longest wait for a connection in the accept queue,
+    // 60 attach timeouts of 20 ms: the kernel); the client's calls answer EAGAIN at
+    // once meanwhile and poll or epoll wake it when the connection is settled. The
+    // client checks that no call took 50 ms.
+    for (smode, timeout, accel, fallback) in [("slowaccept", "1000", 1, 0), ("lateaccept", "20", 0, 1)] {
         for cmode in ["nbslow", "nbslow-epoll"] {
-            let (s, c) = pair(true, true, smode, cmode);
+            let (s, c) = pair_env(true, true, smode, cmode, &[("STRAIT_ATTACH_TIMEOUT_MS", timeout)]);
             check(&s, smode);
             check(&c, cmode);
             assert!(c.stdout.contains("nonblocking ok"), "{smode} {cmode}: {}", c.stdout);

@@ -159,8 +159,20 @@ pub struct PendingC {
     /// Our per-connection name (-1 if it could not be bound).
     pub listener: c_int,
     pub hello: [u8; 48],
-    /// When the connector stops waiting for the acceptor (then: the kernel).
+    /// When the connector stops waiting for the acceptor (then: the kernel),
+    /// unless the acceptor cannot have taken the connection yet then (see
+    /// [`PendingC::acceptor_pending`]).
     pub deadline: Instant,
+    /// How long the connector waits for its acceptor (the attach timeout, or
+    /// nothing for a single thread's own listener).
+    pub wait: Duration,
+    /// When the connector sent its hello.
+    pub since: Instant,
+    /// The listener is this process's own (its accept queue waits for us).
+    pub own: bool,
+    /// Until the next look at the handshake, the accept queue and the hello
+    /// (doubles).
+    pub look: Duration,
     /// A path-B asker we answered (its socket becomes ours if it attaches).
     pub asked: c_int,
 }
@@ -1062,7 +1074,13 @@ impl Conn {
             st = self.state();
         }
         if st == PENDING {
-            if Instant::now() < p.deadline {
+            let now = Instant::now();
+            if now < p.deadline {
+                return None;
+            }
+            // Without the program's descriptor the handshake cannot be looked at:
+            // the program's next call decides.
+            if fd < 0 || p.acceptor_pending(fd, now) {
                 return None;
             }
             st = match self.shm.state().compare_exchange(PENDING, KERNEL, Ordering::AcqRel, Ordering::Acquire)

@@ -68,15 +68,24 @@ fn max_hellos() -> usize {
     (crate::fds::soft_nofile() as usize / 4).clamp(MIN_HELLOS, 16 * MIN_HELLOS)
 }
 
-/// Queues hello `h` for an accept; the oldest goes when too many wait. A pair it
-/// offers that this process holds already costs no descriptor from now on.
+/// Queues hello `h` for an accept; the oldest goes when too many wait. The pair
+/// it offers is adopted now (the one this process holds already under its inode,
+/// if any): the hellos of one connector process that wait together hold its
+/// descriptors once, not three each (a client that connects dozens of times
+/// before the first accept would fill the descriptor table with copies). A pair
+/// that fails the checks refuses the hello.
 fn queue_hello(p: &mut Claims, mut h: Hello) {
     if let Some(hp) = h.pair.as_mut() {
         if hp.known.is_none() {
-            if let Some(known) = crate::pair::known(hp.memfd) {
-                close_all(&[hp.memfd, hp.bells[0], hp.bells[1]]);
-                (hp.memfd, hp.bells) = (-1, [-1, -1]);
-                hp.known = Some(known);
+            let adopted = crate::pair::adopt(hp.memfd, hp.bells, h.pid);
+            (hp.memfd, hp.bells) = (-1, [-1, -1]);
+            match adopted {
+                Ok(pair) => hp.known = Some(pair),
+                Err(_) => {
+                    h.close();
+                    trust::refuse::<()>();
+                    return;
+                }
             }
         }
     }
@@ -230,12 +239,19 @@ fn parse_hello(
         return trust::refuse();
     }
     let slot = u32::from_le_bytes(h[16..20].try_into().unwrap_or_default());
-    let (own, pair) = if with_pair {
-        ([fds[0], -1, -1], Some(HelloPair { memfd: fds[1], bells: [fds[2], fds[3]], slot, known: None }))
+    let (bells, pair) = if with_pair {
+        ([-1, -1], Some(HelloPair { memfd: fds[1], bells: [fds[2], fds[3]], slot, known: None }))
     } else {
-        ([fds[0], fds[1], fds[2]], None)
+        ([fds[1], fds[2]], None)
     };
-    Some(Hello { ring, fds: own, pair, token, ino, uid, pid, unix, at: Instant::now() })
+    // Mapped and kept in the vault now: while the hello waits for its accept, it
+    // holds no descriptor for the ring (a burst of thousands of connectors waits in
+    // the kernel's accept queue as cheaply as it would without strait).
+    let memfd = fds[0];
+    let shm = if memfd_ok(memfd, HDR + 2 * ring) { Shm::map(memfd, ring) } else { None };
+    let vault = if shm.is_some() { crate::vault::keep(memfd) } else { crate::vault::Kept::Nothing };
+    close_all(&[memfd, token]);
+    Some(Hello { shm, vault, bells, pair, ino, uid, pid, unix, at: Instant::now() })
 }
 
 impl Listener {
@@ -334,6 +350,7 @@ impl Listener {
         // as when another SO_REUSEPORT listener took the connection, or gave up):
         // their Unix sockets hung up. Looked for once several have gathered, so an
         // accept normally costs no extra system call.
+        let queued = p.hellos.len();
         if p.hellos.len() >= HELLOS_BEFORE_SWEEP {
             let mut fds: Vec<libc::pollfd> = p
                 .hellos
@@ -352,9 +369,10 @@ impl Listener {
                 });
             }
         }
-        // Hellos nobody claimed for long: their connectors gave up already.
+        // Hellos nobody claimed for longer than a connector waits for a
+        // connection in the accept queue: their connectors gave up already.
         let now = Instant::now();
-        let stale = Settings::get().attach_timeout * 4;
+        let stale = Settings::get().attach_timeout * (QUEUE_WAITS + 2);
         p.hellos.retain(|h| {
             let keep = now.duration_since(h.at) < stale;
             if !keep {
@@ -362,6 +380,10 @@ impl Listener {
             }
             keep
         });
+        if p.hellos.len() < queued {
+            // (Pairs adopted for hellos that went may now be idle.)
+            crate::pair::retire_idle();
+        }
     }
 
     fn take(&self, fd: c_int) -> Option<Hello> {
@@ -507,13 +529,10 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
             None => return,
         },
     };
-    close_all(&[h.token]);
-    let [memfd, efd_c, efd_a] = h.fds;
+    let mut h = h;
+    let [efd_c, efd_a] = h.bells;
     let own = [efd_c, efd_a].into_iter().filter(|&f| f >= 0).collect::<Vec<_>>();
-    let total = HDR + 2 * h.ring;
-    let shm = if memfd_ok(memfd, total) { Shm::map(memfd, h.ring) } else { None };
-    let vault = if shm.is_some() { crate::vault::keep(memfd) } else { crate::vault::Kept::Nothing };
-    close_all(&[memfd]);
+    let (shm, vault) = (h.shm.take(), h.vault);
     let fall_back = |bell: Option<PairBell>| {
         close_all(&own);
         close_all(&[h.unix]);
@@ -825,6 +844,10 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
             listener,
             hello: h,
             deadline: Instant::now() + attach_wait(link.ours),
+            wait: attach_wait(link.ours),
+            since: Instant::now(),
+            own: link.ours,
+            look: Duration::ZERO,
             asked: -1,
         },
     })
@@ -907,7 +930,65 @@ impl Prepared {
     }
 }
 
+/// The first look at a connection whose acceptor cannot have attached yet, after
+/// the attach deadline (then every twice as long, up to [`QUEUE_LOOK_MAX`]).
+const QUEUE_LOOK_FIRST: Duration = Duration::from_millis(20);
+const QUEUE_LOOK_MAX: Duration = Duration::from_millis(500);
+/// A connection another process's listener holds in its accept queue is waited
+/// for at most this many attach waits after the hello.
+const QUEUE_WAITS: u32 = 60;
+/// An accepted connection whose hello the listener's process still holds is
+/// waited for at most this many attach waits after the hello.
+const HELD_WAITS: u32 = 2;
+
 impl PendingC {
+    /// At the attach deadline: true if the connector keeps waiting because its
+    /// acceptor cannot have attached yet: the kernel's handshake is still under way
+    /// (a SYN dropped at a full accept queue is sent again only after a second),
+    /// the connection waits in another process's accept queue (the kernel's
+    /// diagnostics show no inode for its far end: a busy server accepts thousands
+    /// late, and the kernel would keep them there too), or it was accepted but the
+    /// marker's holder still holds our hello (our link to it is open: the acceptor
+    /// is between the kernel's accept and its attach, which closes the link, as
+    /// dropping the hello does). A connection to our own listener is not waited for
+    /// beyond the attach wait (our own thread may be the acceptor); another's, at
+    /// most [`QUEUE_WAITS`] attach waits in the accept queue and [`HELD_WAITS`]
+    /// once accepted. The deadline moves to the next look.
+    pub fn acceptor_pending(&mut self, fd: c_int, now: Instant) -> bool {
+        if self.wait.is_zero() {
+            return false;
+        }
+        let until = |n: u32| self.since + self.wait * n;
+        // Waiting until when, for what reason.
+        let end = if crate::sock::tcp_connecting(fd) {
+            // (The kernel's connect gives up by itself.)
+            Some(now + QUEUE_LOOK_MAX)
+        } else if self.own {
+            None
+        } else if now < until(QUEUE_WAITS) && crate::listening::far_end_unaccepted(fd) {
+            Some(until(QUEUE_WAITS))
+        } else if now < until(HELD_WAITS) && self.hello_held() {
+            Some(until(HELD_WAITS))
+        } else {
+            None
+        };
+        let Some(end) = end else { return false };
+        self.look = (self.look * 2).clamp(QUEUE_LOOK_FIRST, QUEUE_LOOK_MAX);
+        self.deadline = (now + self.look).min(end);
+        true
+    }
+
+    /// The marker's holder still holds our hello: its end of our link is open.
+    fn hello_held(&self) -> bool {
+        if self.marker < 0 {
+            return false;
+        }
+        let mut p = libc::pollfd { fd: self.marker, events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one pollfd; no waiting.
+        let r = unsafe { real::poll(&mut p, 1, 0) };
+        r == 0
+    }
+
     /// Closes everything kept until settling (the marker link, the path-B name and
     /// the socket of an acceptor that asked there).
     pub fn close(&self) {
@@ -1073,10 +1154,10 @@ mod tests {
             let ino = crate::trust::token_inode(token).expect("a socket's token");
             assert_eq!(crate::trust::token_inode(sock), Some(ino), "the socket and its token name one inode");
             let h = Hello {
-                ring: 0,
-                fds: [-1; 3],
+                shm: None,
+                vault: crate::vault::Kept::Nothing,
+                bells: [-1; 2],
                 pair: None,
-                token,
                 ino,
                 uid: 0,
                 pid: 0,

@@ -26,16 +26,21 @@ pub struct Listening {
 /// A connector's hello, waiting at a listener's marker to be claimed by the
 /// `accept` of its connection.
 pub(crate) struct Hello {
-    pub(crate) ring: usize,
-    /// memfd, connector's eventfd, acceptor's eventfd (-1, -1 when the hello
-    /// offers a process pair instead).
-    pub(crate) fds: [c_int; 3],
+    /// The connection's shared memory, mapped from the hello's memfd, which is
+    /// kept in the vault from then on: a queued hello holds no descriptor for it
+    /// (`None`: the memfd was not a proper one; the accept falls back).
+    pub(crate) shm: Option<crate::conn::Shm>,
+    /// Where the memfd is kept.
+    pub(crate) vault: crate::vault::Kept,
+    /// Connector's eventfd, acceptor's eventfd (-1, -1 when the hello offers a
+    /// process pair instead).
+    pub(crate) bells: [c_int; 2],
     /// The process pair the hello offers ([`crate::pair`]), if it does.
     pub(crate) pair: Option<HelloPair>,
-    /// `O_PATH` token of the connector's TCP socket ([`trust::socket_token`]).
-    pub(crate) token: c_int,
-    /// The inode of the socket the token names (read from the token here, never
-    /// from the hello's bytes).
+    /// The inode of the connector's TCP socket, read from the `O_PATH` token the
+    /// hello carried ([`trust::socket_token`]), never from the hello's bytes. (The
+    /// token is closed at once: sockfs numbers its inodes in sequence, so no other
+    /// socket takes the number while the hello waits.)
     pub(crate) ino: u64,
     /// The connector's user (SO_PEERCRED), for the per-user cap.
     pub(crate) uid: u32,
@@ -49,17 +54,19 @@ pub(crate) struct Hello {
 }
 
 impl Hello {
-    /// The hello's token names the socket with inode `ino`: for an accepted
+    /// The hello's token named the socket with inode `ino`: for an accepted
     /// connection, its far end as [`far_end_inode`] gives it (the socket the kernel
     /// has at the peer address, connected to the accepted socket's address).
     pub(crate) fn names(&self, ino: u64) -> bool {
         ino != 0 && self.ino == ino
     }
 
+    /// Lets go of everything the hello holds (its mapping goes when it is dropped).
     pub(crate) fn close(&self) {
-        close_all(&self.fds.into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
+        close_all(&self.bells.into_iter().filter(|&f| f >= 0).collect::<Vec<_>>());
         self.close_pair();
-        close_all(&[self.unix, self.token]);
+        close_all(&[self.unix]);
+        crate::vault::release(self.vault);
     }
 
     /// Closes the descriptors of the pair the hello offers (none if this process
@@ -71,8 +78,9 @@ impl Hello {
     }
 }
 
-/// The process pair a hello offers: not adopted (mapped) until its hello is taken
-/// for an accepted connection, so hellos no one takes cost no mapping.
+/// The process pair a hello offers: adopted when the hello is queued at the
+/// marker (`discover::queue_hello`), or, for a hello a path-B ask brought, when it
+/// is taken.
 pub(crate) struct HelloPair {
     /// The pair's sealed memfd.
     pub(crate) memfd: c_int,
@@ -92,6 +100,19 @@ pub(crate) struct HelloPair {
 pub(crate) fn far_end_inode(fd: c_int) -> Option<u64> {
     let (peer, local) = (sock_key(fd, true)?, sock_key(fd, false)?);
     trust::diag_lookup(Proto::Tcp, peer, local).map(|s| s.inode).filter(|&i| i != 0)
+}
+
+/// True if the far end of the connected TCP socket `fd` is in this network
+/// namespace and waits in its listener's accept queue: the kernel reports no
+/// inode for a socket no process holds, and a socket in the accept queue is still
+/// open (established, or the peer closed its side: a socket the acceptor closed is
+/// in one of the closing states, without an inode too).
+pub(crate) fn far_end_unaccepted(fd: c_int) -> bool {
+    /// `TCP_ESTABLISHED`, `TCP_SYN_RECV` and `TCP_CLOSE_WAIT` of the kernel's
+    /// `tcp_states.h`.
+    const OPEN: [u8; 3] = [1, 3, 8];
+    let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };
+    trust::diag_lookup(Proto::Tcp, peer, local).is_some_and(|s| s.inode == 0 && OPEN.contains(&s.state))
 }
 
 /// What waits at a listener's marker.

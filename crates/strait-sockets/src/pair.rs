@@ -597,12 +597,6 @@ pub fn adopt(memfd: c_int, bells: [c_int; 2], peer_pid: libc::pid_t) -> Result<A
     Ok(p)
 }
 
-/// The pair this process reads the other half of under `memfd`'s inode, if it
-/// holds one (a hello offering a pair it adopted already).
-pub fn known(memfd: c_int) -> Option<Arc<Pair>> {
-    held(&pairs(), memfd, Half::Other)
-}
-
 /// The pair of `pairs` under `memfd`'s inode whose `half` this process reads.
 fn held(pairs: &[Arc<Pair>], memfd: c_int, half: Half) -> Option<Arc<Pair>> {
     let ino = inode_of(memfd)?;

@@ -29,10 +29,8 @@ pub struct Settings {
     /// Connections' memfds kept in the process's io_uring vault ring (the default)
     /// rather than a socketpair each (`STRAIT_VAULT=socket`).
     pub vault_ring: bool,
-    /// Local connections ring through the doorbells of their process pair
-    /// (`STRAIT_BELLS=pair`) rather than two eventfds each (the default until pair
-    /// mode is measured against it and its seccomp fallback is settled:
-    /// ARCHITECTURE.md).
+    /// Local connections ring through the doorbells of their process pair (the
+    /// default) rather than two eventfds each (`STRAIT_BELLS=own`).
     pub pairs: bool,
 }
 
@@ -59,7 +57,7 @@ impl Settings {
                     .unwrap_or(64 << 10),
                 epoll_kernel_look: Duration::from_micros(env_u64("STRAIT_EPOLL_KERNEL_LOOK_US").unwrap_or(2)),
                 vault_ring: std::env::var("STRAIT_VAULT").map_or(true, |v| v.trim() != "socket"),
-                pairs: std::env::var("STRAIT_BELLS").is_ok_and(|v| v.trim() == "pair"),
+                pairs: std::env::var("STRAIT_BELLS").map_or(true, |v| v.trim() != "own"),
             }
         })
     }

@@ -89,6 +89,22 @@ pub(crate) fn is_tcp_stream(fd: c_int) -> bool {
         && socket_option(fd, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
 }
 
+/// True while the kernel's TCP handshake of `fd` is under way (`SYN_SENT`), as
+/// `TCP_INFO` tells; false once it is established or failed, or if the kernel
+/// does not say.
+pub(crate) fn tcp_connecting(fd: c_int) -> bool {
+    /// `TCP_SYN_SENT` in the kernel's `tcp_states.h`.
+    const TCP_SYN_SENT: u8 = 2;
+    // (The state is the first byte of `struct tcp_info`; the kernel copies as
+    // much of the structure as the buffer holds.)
+    let mut info = [0u8; 8];
+    let mut l = info.len() as socklen_t;
+    // SAFETY: a local buffer and its length.
+    let r =
+        unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut l) };
+    r == 0 && l >= 1 && info[0] == TCP_SYN_SENT
+}
+
 /// An integer `SOL_SOCKET` option of `fd`, or `None` (not a socket, or refused).
 pub(crate) fn socket_option(fd: c_int, opt: c_int) -> Option<c_int> {
     let mut v: c_int = 0;

@@ -75,6 +75,23 @@ fn guard<T>(fallback: impl FnOnce() -> T, body: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Runs `call`, which makes a descriptor for the program; if the descriptor table
+/// is full (EMFILE) while connectors still wait for their acceptors, those stay
+/// with the kernel and let go of what they held for the wait
+/// ([`discover::shed_pending`]), and `call` runs once more: the program holds as
+/// many connections under strait as without it, at the same limit.
+fn shedding(call: impl Fn() -> c_int) -> c_int {
+    let r = call();
+    if r >= 0 || real::errno() != libc::EMFILE {
+        return r;
+    }
+    if guard(|| 0, discover::shed_pending) == 0 {
+        real::set_errno(libc::EMFILE);
+        return r;
+    }
+    call()
+}
+
 fn io_result(r: Result<usize, IoErr>, sigpipe: bool) -> ssize_t {
     match r {
         Ok(n) => n as ssize_t,
@@ -235,7 +252,8 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
 /// As for libc's `socket`.
 pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: forwarded arguments.
-    let fd = unsafe { real::socket(domain, ty, proto) };
+    let real = || unsafe { real::socket(domain, ty, proto) };
+    let fd = shedding(real);
     guard(
         || fd,
         || {
@@ -335,7 +353,7 @@ fn after_accept(lfd: c_int, fd: c_int, flags: c_int) -> c_int {
 pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     guard(|| (), || discover::before_accept(fd));
     // SAFETY: forwarded arguments.
-    let r = unsafe { real::accept(fd, addr, len) };
+    let r = shedding(|| unsafe { real::accept(fd, addr, len) });
     guard(|| r, || after_accept(fd, r, 0))
 }
 
@@ -344,7 +362,7 @@ pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_i
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     guard(|| (), || discover::before_accept(fd));
     // SAFETY: forwarded arguments.
-    let r = unsafe { real::accept4(fd, addr, len, flags) };
+    let r = shedding(|| unsafe { real::accept4(fd, addr, len, flags) });
     guard(|| r, || after_accept(fd, r, flags))
 }
 
@@ -1334,7 +1352,7 @@ pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -
 /// As for libc's `epoll_wait`.
 pub unsafe fn epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
     // SAFETY: forwarded arguments.
-    let real = || unsafe { real::epoll_wait(ep, ev, max, timeout) };
+    let real = || unsafe { crate::epoll::kernel_wait(ep, ev, max, timeout, None) };
     guard(real, || {
         // SAFETY: the caller's event buffer of `max` entries.
         unsafe { crate::epoll::wait(ep, ev, max, timeout_ms(timeout), None) }.unwrap_or_else(real)
@@ -1351,7 +1369,8 @@ pub unsafe fn epoll_pwait(
     mask: *const sigset_t,
 ) -> c_int {
     // SAFETY: forwarded arguments.
-    let real = || unsafe { real::epoll_pwait(ep, ev, max, timeout, mask) };
+    let real =
+        || unsafe { crate::epoll::kernel_wait(ep, ev, max, timeout, (!mask.is_null()).then_some(mask)) };
     guard(real, || {
         let m = (!mask.is_null()).then_some(mask);
         // SAFETY: the caller's event buffer of `max` entries.

@@ -1104,6 +1104,20 @@ impl Conn {
         Some(st == ATTACHED || st == ATTACHED_B)
     }
 
+    /// Connector only, for [`crate::discover::shed_pending`]: a connection still
+    /// waiting for its acceptor stays with the kernel, and what it held for the
+    /// wait closes now; its next use settles it there. False if it was decided
+    /// already.
+    pub fn shed_pending(&self) -> bool {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = pending.as_mut() else { return false };
+        if self.shm.state().compare_exchange(PENDING, KERNEL, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return false;
+        }
+        p.close_now();
+        true
+    }
+
     /// Reads into the iovecs. `Ok(0)` is end of stream.
     pub fn recv(
         &self,

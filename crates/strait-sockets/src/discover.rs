@@ -908,8 +908,8 @@ fn settle_attached() {
             q.pop_front();
             continue;
         };
-        let expired = c.attach_deadline().is_some_and(|d| Instant::now() >= d);
-        if c.awaiting_attach() && c.state() == PENDING && !expired {
+        // (One whose deadline passed stays too: deciding takes its descriptor.)
+        if c.awaiting_attach() && c.state() == PENDING {
             break;
         }
         q.pop_front();
@@ -919,6 +919,17 @@ fn settle_attached() {
         c.try_settle(-1);
         q = awaiting();
     }
+}
+
+/// Under descriptor pressure (a call of the program's that makes a descriptor
+/// failed with EMFILE): the connectors of this process still waiting for their
+/// acceptors stay with the kernel (decided now: an acceptor that comes later finds
+/// the connection taken), and the descriptors they held for the wait (the marker
+/// link, the path-B name, an asker's socket) close. Each one's next use finds it
+/// on the kernel. Returns how many were let go.
+pub(crate) fn shed_pending() -> usize {
+    let waiting: Vec<Arc<Conn>> = awaiting().iter().filter_map(std::sync::Weak::upgrade).collect();
+    waiting.iter().filter(|c| c.shed_pending()).count()
 }
 
 impl Prepared {
@@ -987,6 +998,12 @@ impl PendingC {
         // SAFETY: one pollfd; no waiting.
         let r = unsafe { real::poll(&mut p, 1, 0) };
         r == 0
+    }
+
+    /// Closes everything kept until settling, now, leaving nothing to close later.
+    pub fn close_now(&mut self) {
+        self.close();
+        (self.marker, self.listener, self.asked) = (-1, -1, -1);
     }
 
     /// Closes everything kept until settling (the marker link, the path-B name and

@@ -841,6 +841,62 @@ fn with_set<T>(epfd: c_int, f: impl FnOnce(&mut EpSet) -> T) -> Option<T> {
     g.as_mut().and_then(|m| m.get_mut(&epfd)).map(f)
 }
 
+/// The kernel's `epoll_pwait` (`epoll_wait` without `mask`) for `ms` milliseconds
+/// (-1: no bound). In a process that made an io_uring instance (the vault), a
+/// blocking wait sleeps in `ppoll` on the set and then takes its events without
+/// sleeping: the teardown of an instance interrupts `epoll_wait` with EINTR
+/// though no signal came ([`crate::vault::interrupts_epoll`]), while `ppoll` is
+/// restarted by the kernel then and fails with EINTR only when a signal handler
+/// ran, as `epoll_wait` would without strait. One system call more per sleep.
+///
+/// # Safety
+/// `events` has room for `max` entries.
+pub(crate) unsafe fn kernel_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    ms: c_int,
+    mask: Option<*const sigset_t>,
+) -> c_int {
+    // SAFETY (both calls): the caller's buffer of `max` entries.
+    let now = |ms: c_int| unsafe {
+        match mask {
+            None => real::epoll_wait(epfd, events, max, ms),
+            Some(m) => real::epoll_pwait(epfd, events, max, ms, m),
+        }
+    };
+    if ms == 0 || !crate::vault::interrupts_epoll() {
+        return now(ms);
+    }
+    let deadline = u64::try_from(ms).ok().map(|ms| Instant::now() + Duration::from_millis(ms));
+    loop {
+        let ts = deadline.map(|d| {
+            let left = d.saturating_duration_since(Instant::now());
+            libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos().into() }
+        });
+        let mut p = libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd; a timespec and a mask that outlive the call, or null.
+        let r = unsafe {
+            real::ppoll(
+                &mut p,
+                1,
+                ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec),
+                mask.unwrap_or(std::ptr::null()),
+            )
+        };
+        if r <= 0 {
+            return r;
+        }
+        // (No mask here: the wait that could deliver signals is over.)
+        // SAFETY: as above.
+        let n = unsafe { real::epoll_wait(epfd, events, max, 0) };
+        if n != 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            return n;
+        }
+        // Another thread took the events: sleep on for the rest.
+    }
+}
+
 /// `epoll_wait`/`epoll_pwait` on a set with accelerated members; `None`: none.
 ///
 /// # Safety
@@ -889,12 +945,7 @@ pub unsafe fn wait(
             0
         } else {
             // SAFETY: the caller's buffer has room for `max >= room` entries.
-            unsafe {
-                match mask {
-                    None => real::epoll_wait(epfd, events, room as c_int, ms),
-                    Some(m) => real::epoll_pwait(epfd, events, room as c_int, ms, m),
-                }
-            }
+            unsafe { kernel_wait(epfd, events, room as c_int, ms, mask) }
         };
         if r < 0 {
             if !acc.is_empty() {

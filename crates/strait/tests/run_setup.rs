@@ -76,10 +76,23 @@ fn server_then_client_env(
     arg: &str,
     env: &[(&str, &str)],
 ) -> (Child, BufReader<ChildStdout>, Output) {
+    server_then_client_envs(srv, delay, cli, attach_timeout_ms, arg, env, env)
+}
+
+/// As [`server_then_client`], with `senv` for the server and `env` for the client.
+fn server_then_client_envs(
+    srv: &Path,
+    delay: &str,
+    cli: &Path,
+    attach_timeout_ms: &str,
+    arg: &str,
+    senv: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> (Child, BufReader<ChildStdout>, Output) {
     let port = free_port().to_string();
     let (server, sout) = spawn_until_line(
         strait_run(&["--stats", "--", PYTHON, srv.to_str().expect("p"), &port, delay])
-            .envs(env.iter().copied()),
+            .envs(senv.iter().copied()),
         "LISTENING",
     );
     let out = run_for(
@@ -228,17 +241,20 @@ fn bytes_written_and_closed_before_the_accept_arrive() {
 /// Accepts `n` connections, answers each one's payload with its SHA-256, then
 /// closes every connection and the listener before it exits.
 const MANY_SERVER: &str = r#"
-import hashlib, os, resource, socket, sys
+import hashlib, os, resource, socket, sys, time
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 limit = min(int(os.environ.get('NOFILE_LIMIT', hard)), hard)
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 port = int(sys.argv[1])
-total, used = (int(x) for x in sys.argv[2].split(':'))  # accepted, of which answered
+# accepted, of which answered[, seconds before the first accept]
+total, used, *wait = sys.argv[2].split(':')
+total, used = int(total), int(used)
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(('127.0.0.1', port))
 l.listen(min(total, 4096))
 print('LISTENING', flush=True)
+time.sleep(float(wait[0]) if wait else 0)
 conns = [l.accept()[0] for _ in range(total)]
 for c in conns[:used]:
     c.settimeout(30)
@@ -277,6 +293,24 @@ for c in conns + unused:
 print('ANSWERS', ok, flush=True)
 "#;
 
+/// [`MANY_SERVER`] accepting 110 connections and [`MANY_CLIENT`] holding 100 of
+/// them (and 10 more opened unused), with `env` for both: fails unless all 100
+/// were answered right; returns the client's and the server's stderr (their
+/// `--stats` lines).
+fn hundred_and_ten(env: &[(&str, &str)]) -> (String, String) {
+    ensure(PYTHON, "python3");
+    let (srv, cli) = (script("many-srv", MANY_SERVER), script("many-cli", MANY_CLIENT));
+    let (server, _, out) = server_then_client_env(&srv, "110:100", &cli, "5000", "100:10", env);
+    let so = server.wait_with_output().expect("server");
+    let (text, err, serr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&so.stderr),
+    );
+    assert!(text.contains("ANSWERS 100"), "{env:?}: client: {text}\n{err}\nserver: {serr}");
+    (err.into(), serr.into())
+}
+
 /// 100 connections held at once between two processes, all carried, each answered
 /// right; once the programs closed them, the library holds no connection's
 /// descriptor and maps no shared memory (`shm-bytes 0`, `vault-live` only what an
@@ -287,19 +321,8 @@ print('ANSWERS', ok, flush=True)
 /// with two eventfds per connection (`STRAIT_BELLS=own`), two per connection.
 #[test]
 fn many_connections_leave_no_descriptor_or_mapping_behind() {
-    ensure(PYTHON, "python3");
-    let n = "100";
-    let (srv, cli) = (script("many-srv", MANY_SERVER), script("many-cli", MANY_CLIENT));
     for bells in ["pair", "own"] {
-        let env = [("STRAIT_BELLS", bells)];
-        let (server, _, out) = server_then_client_env(&srv, "110:100", &cli, "5000", "100:10", &env);
-        let so = server.wait_with_output().expect("server");
-        let (text, err, serr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&so.stderr),
-        );
-        assert!(text.contains(&format!("ANSWERS {n}")), "{bells}: client: {text}\n{err}\nserver: {serr}");
+        let (err, serr) = hundred_and_ten(&[("STRAIT_BELLS", bells)]);
         for (who, e) in [("client", &err), ("server", &serr)] {
             assert_eq!(stat(e, "accelerated"), 110, "{bells}: {who}: {e}");
             assert_eq!(stat(e, "shm-bytes"), 0, "{bells}: {who} holds no ring after closing: {e}");
@@ -512,6 +535,48 @@ fn one_epoll_server_answers_a_hundred_clients_of_a_hundred_connections() {
     assert_eq!(stat(&serr, "pair-conns"), 0, "server holds no slot of a closed connection: {serr}");
 }
 
+/// A client that connects 2,000 times before it uses any connection, with a
+/// descriptor limit of 2,100 (room for its 2,000 sockets and the interpreter's
+/// own, as on the kernel), to a server that starts accepting only after a second:
+/// connectors still waiting for their acceptors hold a marker link and a path-B
+/// name each, so the table fills long before the 2,000th socket; the library then
+/// lets those connectors go to the kernel and closes what they held, and the
+/// program's `socket` succeeds. Every connection is
+/// answered right, on the kernel (the baseline) and under strait (where most go
+/// to the kernel: the server accepts none for a second). Without the shedding the
+/// client dies of EMFILE.
+#[test]
+fn a_client_at_its_descriptor_limit_holds_as_many_connections_as_on_the_kernel() {
+    ensure(PYTHON, "python3");
+    let n = connections_within_limit(2_000);
+    let limit = (n + 100).to_string();
+    let (srv, cli) = (script("tight-srv", MANY_SERVER), script("tight-cli", MANY_CLIENT));
+    let (counts, arg) = (format!("{n}:{n}:1.0"), format!("{n}:0"));
+    for disabled in [true, false] {
+        let mut env = vec![("NOFILE_LIMIT", limit.as_str())];
+        let mut senv: Vec<(&str, &str)> = vec![];
+        if disabled {
+            env.push(("STRAIT_DISABLE", "1"));
+            senv.push(("STRAIT_DISABLE", "1"));
+        }
+        let (server, _, out) = server_then_client_envs(&srv, &counts, &cli, "5000", &arg, &senv, &env);
+        let so = wait_bounded(server, Instant::now() + Duration::from_secs(60));
+        let (text, err, serr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&so.stderr),
+        );
+        let how = if disabled { "kernel" } else { "strait" };
+        assert!(text.contains(&format!("ANSWERS {n}")), "{how}: client: {text}\n{err}\nserver: {serr}");
+        if !disabled {
+            // (A connect whose own setup found the table full went to the kernel
+            // uncounted.)
+            assert!(stat(&err, "kernel-fallback") > 0, "connectors were let go to the kernel: {err}");
+            assert!(stat(&err, "accelerated") + stat(&err, "kernel-fallback") <= n, "counted once: {err}");
+        }
+    }
+}
+
 /// What [`wait_bounded`] adds to the output of a child it killed.
 const KILLED: &str = "\n(killed: still running at the deadline)\n";
 
@@ -539,18 +604,8 @@ fn wait_bounded(mut child: Child, deadline: Instant) -> Output {
 /// process pair, three with two eventfds per connection (`STRAIT_BELLS=own`).
 #[test]
 fn the_socketpair_vault_carries_the_same_connections() {
-    ensure(PYTHON, "python3");
-    let (srv, cli) = (script("many-srv", MANY_SERVER), script("many-cli", MANY_CLIENT));
     for (bells, per_conn) in [("pair", 1), ("own", 3)] {
-        let env = [("STRAIT_VAULT", "socket"), ("STRAIT_BELLS", bells)];
-        let (server, _, out) = server_then_client_env(&srv, "110:100", &cli, "5000", "100:10", &env);
-        let so = server.wait_with_output().expect("server");
-        let (text, err, serr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&so.stderr),
-        );
-        assert!(text.contains("ANSWERS 100"), "{bells}: client: {text}\n{err}\nserver: {serr}");
+        let (err, serr) = hundred_and_ten(&[("STRAIT_VAULT", "socket"), ("STRAIT_BELLS", bells)]);
         for (who, e) in [("client", &err), ("server", &serr)] {
             assert_eq!(stat(e, "accelerated"), 110, "{bells}: {who}: {e}");
             assert_eq!(stat(e, "vault-rings"), 0, "{bells}: {who} made no vault ring: {e}");

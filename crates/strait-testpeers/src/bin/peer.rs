@@ -1405,7 +1405,11 @@ fn epoll_loop(flows: &mut [Flow], step: impl Fn(&mut Flow), done: impl Fn(&Flow)
     while !flows.iter().all(&done) {
         // SAFETY: a live event array and its length.
         let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as c_int, 20_000) };
-        assert!(n > 0, "epoll_wait: nothing for 20 s ({n}): a lost wake-up");
+        assert!(
+            n > 0,
+            "epoll_wait: nothing for 20 s ({n}, {}): a lost wake-up",
+            std::io::Error::last_os_error()
+        );
         for e in &events[..n as usize] {
             let i = e.u64 as usize;
             let f = &mut flows[i];

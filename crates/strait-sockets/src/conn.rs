@@ -1104,7 +1104,7 @@ impl Conn {
         Some(st == ATTACHED || st == ATTACHED_B)
     }
 
-    /// Connector only, for [`crate::discover::shed_pending`]: a connection still
+    /// Connector only, for the shedding under descriptor pressure: a connection still
     /// waiting for its acceptor stays with the kernel, and what it held for the
     /// wait closes now; its next use settles it there. False if it was decided
     /// already.

@@ -617,36 +617,6 @@ pub(crate) mod tests {
     /// in it) take turns.
     pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
-    /// The teardown of an io_uring instance this thread made sends it task work,
-    /// which makes a blocking `epoll_wait` fail with EINTR though no signal came
-    /// (10 times in 10 on Linux 6.18): the epoll shims' kernel wait sleeps in
-    /// `ppoll` instead, which the kernel restarts, and times out as it should.
-    #[test]
-    fn a_torn_down_ring_does_not_interrupt_an_epoll_wait() {
-        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        for _ in 0..5 {
-            let mut r = Ring::create(16).expect("ring");
-            let m = tagged(7);
-            r.put(1, m).expect("put");
-            // SAFETY: our memfd.
-            unsafe { libc::close(m) };
-            drop(r);
-            assert!(interrupts_epoll());
-            // SAFETY: plain syscalls on a fresh epoll set; a local event array.
-            unsafe {
-                let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
-                assert!(ep >= 0);
-                let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
-                let t = std::time::Instant::now();
-                let n = crate::epoll::kernel_wait(ep, ev.as_mut_ptr(), 4, 30, None);
-                let e = std::io::Error::last_os_error();
-                libc::close(ep);
-                assert_eq!(n, 0, "an empty set times out, no EINTR: {e}");
-                assert!(t.elapsed() >= std::time::Duration::from_millis(25), "slept its timeout");
-            }
-        }
-    }
-
     /// A memfd holding `tag`.
     fn tagged(tag: u64) -> c_int {
         // SAFETY: plain syscalls on a fresh memfd of ours; a local buffer.

@@ -834,6 +834,8 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
             listener = -1;
         }
     }
+    // (Asked once: for our own listener it counts our threads in /proc.)
+    let (wait, now) = (attach_wait(link.ours), Instant::now());
     Some(Prepared {
         shm,
         memfd,
@@ -843,9 +845,9 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
             marker: unix,
             listener,
             hello: h,
-            deadline: Instant::now() + attach_wait(link.ours),
-            wait: attach_wait(link.ours),
-            since: Instant::now(),
+            deadline: now + wait,
+            wait,
+            since: now,
             own: link.ours,
             look: Duration::ZERO,
             asked: -1,

@@ -843,11 +843,12 @@ fn with_set<T>(epfd: c_int, f: impl FnOnce(&mut EpSet) -> T) -> Option<T> {
 
 /// The kernel's `epoll_pwait` (`epoll_wait` without `mask`) for `ms` milliseconds
 /// (-1: no bound). In a process that made an io_uring instance (the vault), a
-/// blocking wait sleeps in `ppoll` on the set and then takes its events without
-/// sleeping: the teardown of an instance interrupts `epoll_wait` with EINTR
-/// though no signal came ([`crate::vault::interrupts_epoll`]), while `ppoll` is
-/// restarted by the kernel then and fails with EINTR only when a signal handler
-/// ran, as `epoll_wait` would without strait. One system call more per sleep.
+/// blocking wait sleeps in `poll` (`ppoll` with a mask) on the set, in slices,
+/// and then takes its events without sleeping: the teardown of an instance
+/// interrupts `epoll_wait` with EINTR though no signal came
+/// ([`crate::vault::interrupts_epoll`]), while `poll` is restarted by the kernel
+/// then and fails with EINTR only when a signal handler ran, as `epoll_wait`
+/// would without strait. One system call more per sleep.
 ///
 /// # Safety
 /// `events` has room for `max` entries.
@@ -870,30 +871,23 @@ pub(crate) unsafe fn kernel_wait(
     }
     let deadline = u64::try_from(ms).ok().map(|ms| Instant::now() + Duration::from_millis(ms));
     loop {
-        let ts = deadline.map(|d| {
-            let left = d.saturating_duration_since(Instant::now());
-            libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos().into() }
-        });
-        let mut p = libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd; a timespec and a mask that outlive the call, or null.
-        let r = unsafe {
-            real::ppoll(
-                &mut p,
-                1,
-                ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec),
-                mask.unwrap_or(std::ptr::null()),
-            )
-        };
-        if r <= 0 {
+        let mut set = [libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 }];
+        let r = crate::wait::kernel_poll(&mut set, crate::wait::slice_ms(deadline), mask);
+        if r < 0 {
             return r;
         }
-        // (No mask here: the wait that could deliver signals is over.)
-        // SAFETY: as above.
-        let n = unsafe { real::epoll_wait(epfd, events, max, 0) };
-        if n != 0 || deadline.is_some_and(|d| Instant::now() >= d) {
-            return n;
+        if r > 0 {
+            // (No mask here: the wait that could deliver signals is over.)
+            // SAFETY: the caller's buffer of `max` entries.
+            let n = unsafe { real::epoll_wait(epfd, events, max, 0) };
+            if n != 0 {
+                return n;
+            }
+            // Another thread took the events: sleep on for the rest.
         }
-        // Another thread took the events: sleep on for the rest.
+        if remaining(deadline) == Some(Duration::ZERO) {
+            return 0;
+        }
     }
 }
 

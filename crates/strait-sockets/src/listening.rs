@@ -98,8 +98,14 @@ pub(crate) struct HelloPair {
 /// connected to `fd`'s address. One question to the kernel, however many hellos
 /// wait.
 pub(crate) fn far_end_inode(fd: c_int) -> Option<u64> {
+    far_end(fd).map(|s| s.inode).filter(|&i| i != 0)
+}
+
+/// What the kernel's diagnostics say of the far end of the connected TCP socket
+/// `fd` (on this host).
+fn far_end(fd: c_int) -> Option<trust::DiagSock> {
     let (peer, local) = (sock_key(fd, true)?, sock_key(fd, false)?);
-    trust::diag_lookup(Proto::Tcp, peer, local).map(|s| s.inode).filter(|&i| i != 0)
+    trust::diag_lookup(Proto::Tcp, peer, local)
 }
 
 /// True if the far end of the connected TCP socket `fd` is in this network
@@ -111,8 +117,7 @@ pub(crate) fn far_end_unaccepted(fd: c_int) -> bool {
     /// `TCP_ESTABLISHED`, `TCP_SYN_RECV` and `TCP_CLOSE_WAIT` of the kernel's
     /// `tcp_states.h`.
     const OPEN: [u8; 3] = [1, 3, 8];
-    let (Some(peer), Some(local)) = (sock_key(fd, true), sock_key(fd, false)) else { return false };
-    trust::diag_lookup(Proto::Tcp, peer, local).is_some_and(|s| s.inode == 0 && OPEN.contains(&s.state))
+    far_end(fd).is_some_and(|s| s.inode == 0 && OPEN.contains(&s.state))
 }
 
 /// What waits at a listener's marker.

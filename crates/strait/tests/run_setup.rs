@@ -393,20 +393,9 @@ fn ten_thousand_connections_at_the_programs_descriptor_limit() {
     let arg = format!("{n}:0");
     let (srv, cli) = (script("tenk-srv", MANY_SERVER), script("tenk-cli", MANY_CLIENT));
     let counts = format!("{n}:{n}");
-    for disabled in [true, false] {
-        let mut env: Vec<(&str, &str)> = vec![];
-        if disabled {
-            env.push(("STRAIT_DISABLE", "1"));
-        }
-        let (server, _, out) = server_then_client_env(&srv, &counts, &cli, "5000", &arg, &env);
-        let so = wait_bounded(server, Instant::now() + Duration::from_secs(60));
-        let (text, err, serr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&so.stderr),
-        );
-        let how = if disabled { "kernel" } else { "strait" };
-        assert!(text.contains(&format!("ANSWERS {n}")), "{how}: client: {text}\n{err}\nserver: {serr}");
+    for (disabled, err, so) in kernel_then_strait(&srv, &counts, &cli, &arg, n, &[], &[]) {
+        let (how, serr) =
+            (if disabled { "kernel" } else { "strait" }, String::from_utf8_lossy(&so.stderr).into_owned());
         assert!(so.status.success(), "{how}: server: {serr}");
         if disabled {
             continue;
@@ -552,14 +541,36 @@ fn a_client_at_its_descriptor_limit_holds_as_many_connections_as_on_the_kernel()
     let limit = (n + 100).to_string();
     let (srv, cli) = (script("tight-srv", MANY_SERVER), script("tight-cli", MANY_CLIENT));
     let (counts, arg) = (format!("{n}:{n}:1.0"), format!("{n}:0"));
-    for disabled in [true, false] {
-        let mut env = vec![("NOFILE_LIMIT", limit.as_str())];
-        let mut senv: Vec<(&str, &str)> = vec![];
-        if disabled {
-            env.push(("STRAIT_DISABLE", "1"));
-            senv.push(("STRAIT_DISABLE", "1"));
+    let limit = [("NOFILE_LIMIT", limit.as_str())];
+    for (disabled, err, _) in kernel_then_strait(&srv, &counts, &cli, &arg, n, &[], &limit) {
+        if !disabled {
+            // (A connect whose own setup found the table full went to the kernel
+            // uncounted.)
+            assert!(stat(&err, "kernel-fallback") > 0, "connectors were let go to the kernel: {err}");
+            assert!(stat(&err, "accelerated") + stat(&err, "kernel-fallback") <= n, "counted once: {err}");
         }
-        let (server, _, out) = server_then_client_envs(&srv, &counts, &cli, "5000", &arg, &senv, &env);
+    }
+}
+
+/// Runs the server `srv` (`counts`) and the client `cli` (`arg`), with `senv` and
+/// `env`, first on the kernel (the library loaded but disabled: the baseline),
+/// then under strait; fails unless the client got `n` right answers both times.
+/// Per run: whether strait was disabled, the client's stderr (its `--stats`
+/// line) and the server's output (waited for, 60 s at most).
+fn kernel_then_strait(
+    srv: &Path,
+    counts: &str,
+    cli: &Path,
+    arg: &str,
+    n: usize,
+    senv: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> Vec<(bool, String, Output)> {
+    let mut runs = Vec::new();
+    for disabled in [true, false] {
+        let off = if disabled { &[("STRAIT_DISABLE", "1")][..] } else { &[] };
+        let (senv, env) = ([senv, off].concat(), [env, off].concat());
+        let (server, _, out) = server_then_client_envs(srv, counts, cli, "5000", arg, &senv, &env);
         let so = wait_bounded(server, Instant::now() + Duration::from_secs(60));
         let (text, err, serr) = (
             String::from_utf8_lossy(&out.stdout),
@@ -568,13 +579,9 @@ fn a_client_at_its_descriptor_limit_holds_as_many_connections_as_on_the_kernel()
         );
         let how = if disabled { "kernel" } else { "strait" };
         assert!(text.contains(&format!("ANSWERS {n}")), "{how}: client: {text}\n{err}\nserver: {serr}");
-        if !disabled {
-            // (A connect whose own setup found the table full went to the kernel
-            // uncounted.)
-            assert!(stat(&err, "kernel-fallback") > 0, "connectors were let go to the kernel: {err}");
-            assert!(stat(&err, "accelerated") + stat(&err, "kernel-fallback") <= n, "counted once: {err}");
-        }
+        runs.push((disabled, err.into_owned(), so));
     }
+    runs
 }
 
 /// What [`wait_bounded`] adds to the output of a child it killed.

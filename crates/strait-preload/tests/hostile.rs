@@ -429,29 +429,40 @@ fn a_flood_of_the_marker_neither_stalls_connects_nor_grows_the_server() {
 
 /// Hostile hellos from another user at a real server's marker: a ring of 2 GiB, a
 /// pipe for a doorbell, a token of the attacker's own socket for someone else's
-/// connection. The server refuses each (counted) and serves the next real client
-/// through shared memory.
+/// connection, and hellos offering a process pair that is not one (an unsealed
+/// memfd; a sealed one of the pair's size without its header), which the server
+/// adopts as it queues the hello, before any accept. The server refuses each
+/// (counted) and serves the next real client through shared memory.
 const FORGER: &str = r#"
 import fcntl, os, socket, struct, sys
 port = int(sys.argv[1])
 ns = os.stat('/proc/self/ns/net').st_ino
 name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
 MAGIC, VERSION = 0x3130504354545253, @LAYOUT_VERSION@
-def hello(ring, efd, token):
+def hello(ring, efd, token, pair=None):
     m = os.memfd_create('x', os.MFD_ALLOW_SEALING)
     os.ftruncate(m, 4096 + 2 * min(ring, 1 << 16))
     fcntl.fcntl(m, 1033, 1 | 2 | 4 | 8)  # F_ADD_SEALS: SEAL, SHRINK, GROW, WRITE
     h = struct.pack('<QII', MAGIC, VERSION, ring) + bytes(32)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(name)
-    s.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack('4i', m, efd, efd, token))])
+    fds = [m, efd, efd, token] if pair is None else [m, pair, efd, efd, token]
+    s.sendmsg([h], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack('%di' % len(fds), *fds))])
     return s
+PAIR_LEN = 4096 + 2 * (4096 + 8192)  # pair.rs: LEN
+def pair_memfd(sealed):
+    p = os.memfd_create('p', os.MFD_ALLOW_SEALING)
+    os.ftruncate(p, PAIR_LEN)
+    if sealed:
+        fcntl.fcntl(p, 1033, 1 | 2 | 4)  # SEAL, SHRINK, GROW: the right kind, but no header
+    return p
 mine = socket.socket()
 mine.bind(('127.0.0.1', 0))
 token = os.open('/proc/self/fd/%d' % mine.fileno(), os.O_PATH)
 r, w = os.pipe()
 e = os.eventfd(0, os.EFD_NONBLOCK)
-keep = [hello(1 << 31, e, token), hello(1 << 16, w, token), hello(1 << 16, e, token)]
+keep = [hello(1 << 31, e, token), hello(1 << 16, w, token), hello(1 << 16, e, token),
+        hello(1 << 16, e, token, pair_memfd(False)), hello(1 << 16, e, token, pair_memfd(True))]
 print('SENT', flush=True)
 import time; time.sleep(5)
 "#;
@@ -474,7 +485,11 @@ fn forged_hellos_are_refused_and_real_clients_still_attach() {
     assert!(c.0 && c.1.contains("ECHO OK"), "client: {c:?}");
     assert!(server.0, "{server:?}");
     assert_eq!(stat(&c.2, "accelerated"), 1, "{}", c.2);
-    assert!(stat(&server.2, "refused") >= 2, "the bad ring and the pipe doorbell: {}", server.2);
+    assert!(
+        stat(&server.2, "refused") >= 4,
+        "the bad ring, the pipe doorbell, the two bad pairs: {}",
+        server.2
+    );
 }
 
 /// The hostile peer: follows the connector's side of the setup (a hello with a

@@ -117,6 +117,9 @@ fn do_recv(c: &Conn, fd: c_int, iov: &[(*mut u8, usize)], flags: c_int) -> ssize
         flags & libc::MSG_DONTWAIT != 0,
         flags & libc::MSG_WAITALL != 0,
     );
+    if matches!(r, Ok(n) if n > 0) && flags & libc::MSG_PEEK == 0 {
+        c.count_op();
+    }
     io_result(r, false)
 }
 
@@ -126,6 +129,7 @@ fn do_recv(c: &Conn, fd: c_int, iov: &[(*mut u8, usize)], flags: c_int) -> ssize
 fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssize_t {
     strait_probe::probe!(strait_probe::Stage::WriteLookup);
     let sigpipe = flags & libc::MSG_NOSIGNAL == 0;
+    c.count_op();
     if !c.awaiting_attach() {
         return io_result(c.send(fd, iov, flags & libc::MSG_DONTWAIT != 0), sigpipe);
     }

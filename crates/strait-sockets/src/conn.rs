@@ -420,6 +420,12 @@ pub struct Conn {
     /// The peer process a rendezvous may write into ([`Carriers::peer_pid`]; 0:
     /// none). A connector settled by path B learns it from the asker's socket.
     rv_peer: AtomicI32,
+    /// A connection this process made on this host: where to, and when (see
+    /// [`Conn::set_origin`]).
+    origin: std::sync::OnceLock<Origin>,
+    /// Reads and writes with data this process made on the connection, counted up
+    /// to a bound (what `worth.rs` learns from).
+    ops: std::sync::atomic::AtomicU32,
     /// How long this connection's blocked calls spin before they sleep.
     spin: SpinPolicy,
     /// The reader's head of our transmit ring as this process last read it: never
@@ -510,6 +516,26 @@ impl Conn {
             head_seen: AtomicU64::new(0),
             closes_seen: AtomicU64::new(0),
             spin: spin_policy(),
+            origin: std::sync::OnceLock::new(),
+            ops: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    /// Marks a connection this process made to `dest` (a connector on this host),
+    /// so that what it carried is learned when it ends here.
+    pub fn set_origin(&self, dest: crate::sock::Key) {
+        let _ = self.origin.set(Origin {
+            dest,
+            pid: strait_sys::pid::current_pid(),
+            forks: crate::vault::forks(),
+        });
+    }
+
+    /// Counts a read or write that moved data (up to a bound: only "more than the
+    /// threshold" matters).
+    pub fn count_op(&self) {
+        if self.origin.get().is_some() && self.ops.load(Ordering::Relaxed) < OPS_COUNTED {
+            self.ops.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -1966,8 +1992,28 @@ impl Drop for StepLock<'_> {
     }
 }
 
+/// Where and when a connector made its connection ([`Conn::set_origin`]).
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    dest: crate::sock::Key,
+    /// The process that made it: a forked child's copy learns nothing.
+    pid: u32,
+    /// This process's forks when it was made: after a fork, the other process
+    /// may have carried what this one did not see.
+    forks: u32,
+}
+
+/// [`Conn::count_op`] counts to here.
+const OPS_COUNTED: u32 = 1 << 20;
+
 impl Drop for Conn {
     fn drop(&mut self) {
+        if let Some(o) = self.origin.get() {
+            if self.attached() && o.pid == strait_sys::pid::current_pid() && o.forks == crate::vault::forks()
+            {
+                crate::worth::connection_ended(o.dest, *self.ops.get_mut());
+            }
+        }
         if let Some(p) = self.pending.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             AWAITING.fetch_sub(1, Ordering::Relaxed);
             p.close();

@@ -283,6 +283,12 @@ impl Listener {
             // No name of our own (see `on_listen`): no hellos come here.
             return;
         }
+        self.pump_begins(p);
+        self.pump_marker(p, unix);
+        self.pump_ends(p);
+    }
+
+    fn pump_marker(&self, p: &mut Claims, unix: c_int) {
         loop {
             // SAFETY: accept4 without an address buffer.
             let c = unsafe {
@@ -398,7 +404,9 @@ impl Listener {
                 if !p.hellos.is_empty() {
                     if let Some(ino) = *far.get_or_insert_with(|| far_end_inode(fd)) {
                         if let Some(i) = p.hellos.iter().position(|h| h.names(ino)) {
-                            return Some(p.hellos.swap_remove(i));
+                            let h = p.hellos.swap_remove(i);
+                            self.board_sync(&mut p);
+                            return Some(h);
                         }
                     }
                 }
@@ -450,6 +458,10 @@ pub(crate) fn register_listener(fd: c_int, marker: Option<c_int>) {
             pending: Mutex::new(Claims::default()),
             shared: std::sync::atomic::AtomicBool::new(marker.is_some()),
             forks_at: crate::vault::forks(),
+            // (Only a listener whose name this process bound: for one that came
+            // with its name from another process, that process may read hellos
+            // too.)
+            board: if marker.is_none() && u >= 0 { crate::listening::Board::new() } else { None },
         }),
     );
 }
@@ -460,12 +472,17 @@ const HELLOS_BEFORE_SWEEP: usize = 16;
 /// How often a listener without its name tries to take it.
 const CLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// Accepted connections whose connectors were asked for their hello by path B
+/// (`--stats`: `path-b-asks`; whether they answered or not).
+pub static PATH_B_ASKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 const REQ_MAGIC: u64 = 0x3130_5145_5254_5253; // "SRTREQ01"
 
 /// Path B: asks the connector of `fd` directly for its hello, proving with a token
 /// of the accepted socket that we hold the other end. The connector's name is
 /// asked only if its holder is root, us, or the owner of the connector's socket.
 fn ask_connector(fd: c_int) -> Option<Hello> {
+    PATH_B_ASKS.fetch_add(1, Ordering::Relaxed);
     let (peer, local) = (sock_key(fd, true)?, sock_key(fd, false)?);
     let far = trust::diag_lookup(Proto::Tcp, peer, local).filter(|s| s.inode != 0)?;
     let (sa, len) = conn_name(far.inode);
@@ -523,7 +540,11 @@ pub fn on_accept(lfd: c_int, fd: c_int, nonblock: bool) {
     let (h, path_b) = match l.take(fd) {
         Some(h) => (h, false),
         // (Path B only where another process may have taken the hello.)
-        None if l.alone() => return,
+        None if l.alone()
+            || l.nothing_held_elsewhere(&mut l.pending.lock().unwrap_or_else(|e| e.into_inner())) =>
+        {
+            return
+        }
         None => match ask_connector(fd) {
             Some(h) => (h, true),
             None => return,
@@ -622,6 +643,8 @@ pub struct MarkerLink {
     /// The marker was bound by this very process, which still holds the listening
     /// socket.
     pub ours: bool,
+    /// The address and port connected to.
+    pub dest: Key,
 }
 
 /// Before a TCP `connect` to `addr`: connects to the listener's rendezvous name.
@@ -634,7 +657,12 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<M
         return None;
     }
     let (dest, lo) = key_of(addr, len)?;
-    if !(lo || crate::local::host_address(&dest.0)) || !is_tcp_stream(fd) {
+    // (Connections to this destination too short to pay for the setup: the
+    // kernel's, without a system call more.)
+    if !(lo || crate::local::host_address(&dest.0))
+        || !crate::worth::connect_wanted(dest)
+        || !is_tcp_stream(fd)
+    {
         return None;
     }
     // Remote port 0 is in no connection: the look-up finds the listener.
@@ -648,6 +676,7 @@ pub fn pre_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<M
                 holder: cred.pid,
                 ours: u32::try_from(cred.pid).is_ok_and(|p| p == strait_sys::pid::current_pid())
                     && holds_marker(&sa, slen),
+                dest,
             }),
             None => {
                 close_all(&[u]);
@@ -701,6 +730,8 @@ pub struct Prepared {
     memfd: c_int,
     /// The marker's holder ([`MarkerLink::holder`]).
     holder: libc::pid_t,
+    /// Where the connection goes ([`MarkerLink::dest`]).
+    dest: Key,
     bells: Offer,
     pending: PendingC,
 }
@@ -840,6 +871,7 @@ pub fn prepare(fd: c_int, link: MarkerLink) -> Option<Prepared> {
         shm,
         memfd,
         holder: link.holder,
+        dest: link.dest,
         bells,
         pending: PendingC {
             marker: unix,
@@ -880,6 +912,7 @@ pub fn register(fd: c_int, p: Prepared) {
         Some(p.pending),
     ));
     conn.bind_bells();
+    conn.set_origin(p.dest);
     awaiting().push_back(Arc::downgrade(&conn));
     if let Some(old) = crate::table::insert(fd, conn) {
         crate::table::drop_ref(old);

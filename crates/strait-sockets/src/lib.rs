@@ -34,6 +34,7 @@ mod sock;
 mod trust;
 mod vault;
 mod wait;
+mod worth;
 // Transports: one connection or socket over shared memory (or a far end).
 mod conn;
 mod udp;

@@ -5,6 +5,7 @@
 //! they do is in `discover` and `remote`.
 
 use std::net::UdpSocket;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -129,6 +130,10 @@ pub(crate) struct Claims {
     pub(crate) waiting: Vec<(c_int, Option<libc::ucred>)>,
     /// When this listener last tried to take its name (see `Listener::claim_name`).
     pub(crate) last_claim: Option<Instant>,
+    /// Entries of `hellos` and `waiting` counted on the listener's [`Board`], and
+    /// by which process (a forked child's copies are its own, not yet counted).
+    counted: usize,
+    counted_by: u32,
 }
 
 impl Claims {
@@ -136,6 +141,31 @@ impl Claims {
     pub(crate) fn held_by(&self, uid: u32) -> usize {
         self.hellos.iter().filter(|h| h.uid == uid).count()
             + self.waiting.iter().filter(|w| w.1.map_or(u32::MAX, |c| c.uid) == uid).count()
+    }
+}
+
+/// A page shared by the processes of one family (the listener's maker and those
+/// it made by `fork` or a raw `clone`, which may all read the marker): how many
+/// hellos and unread hello links they hold between them, plus one for each pump of
+/// the marker under way. Only this family maps it (anonymous shared memory, not
+/// inherited by an `exec`, never passed).
+pub(crate) struct Board(strait_sys::Mapping);
+
+// SAFETY: the page is only read and written through atomics (`held`); the mapping
+// itself is never changed after it is made.
+unsafe impl Sync for Board {}
+// SAFETY: as above; the mapping belongs to the board, unmapped once when dropped.
+unsafe impl Send for Board {}
+
+impl Board {
+    pub(crate) fn new() -> Option<Board> {
+        strait_sys::Mapping::anonymous_shared(4096).ok().map(Board)
+    }
+
+    fn held(&self) -> &AtomicU64 {
+        // SAFETY: the page is 4096 bytes, aligned, mapped for the board's life;
+        // word 0 is only used as an atomic.
+        unsafe { &*self.0.ptr().cast::<AtomicU64>() }
     }
 }
 
@@ -153,6 +183,9 @@ pub struct Listener {
     /// Forks this process had seen when the listener was made
     /// ([`crate::vault::forks`]).
     pub(crate) forks_at: u32,
+    /// What the processes of this family that read the marker hold (`None`: a
+    /// listener that came from another process, or the page could not be made).
+    pub(crate) board: Option<Board>,
 }
 
 impl Listener {
@@ -165,6 +198,57 @@ impl Listener {
             && self.forks_at == crate::vault::forks()
             && self.unix.load(std::sync::atomic::Ordering::Relaxed) >= 0
     }
+
+    /// Before reading the marker: counts a pump under way on the board (so that
+    /// an acceptor of the family that looks meanwhile asks by path B).
+    pub(crate) fn pump_begins(&self, p: &mut Claims) {
+        self.board_sync(p);
+        if let Some(b) = &self.board {
+            b.held().fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// After reading the marker: the board counts what this process holds now,
+    /// then no longer the pump.
+    pub(crate) fn pump_ends(&self, p: &mut Claims) {
+        self.board_sync(p);
+        if let Some(b) = &self.board {
+            b.held().fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Brings the board's count of this process's hellos and links up to date.
+    pub(crate) fn board_sync(&self, p: &mut Claims) {
+        let Some(b) = &self.board else { return };
+        let me = strait_sys::pid::current_pid();
+        if p.counted_by != me {
+            // Copies a fork made: this process's own from now on.
+            (p.counted, p.counted_by) = (0, me);
+        }
+        let now = p.hellos.len() + p.waiting.len();
+        if now > p.counted {
+            b.held().fetch_add((now - p.counted) as u64, Ordering::SeqCst);
+        } else if now < p.counted {
+            b.held().fetch_sub((p.counted - now) as u64, Ordering::SeqCst);
+        }
+        p.counted = now;
+    }
+
+    /// No other process can hold the hello of a connection this process accepted
+    /// and found none for, after it read the marker (`p` locked since): the
+    /// listener holds the name, was never shared with another program, and the
+    /// board shows nothing held and no pump under way in the rest of its family.
+    /// A connector sends its hello before its TCP connect, so the hello is then
+    /// either read by us already or was never sent (the connector chose the kernel,
+    /// or is not under strait), and asking by path B would only cost system calls.
+    pub(crate) fn nothing_held_elsewhere(&self, p: &mut Claims) -> bool {
+        if self.shared.load(Ordering::Relaxed) || self.unix.load(Ordering::Relaxed) < 0 {
+            return false;
+        }
+        let Some(b) = &self.board else { return false };
+        self.board_sync(p);
+        b.held().load(Ordering::SeqCst) == p.counted as u64
+    }
 }
 
 /// The marker of one listening socket: connectors' HELLOs arrive there.
@@ -175,6 +259,11 @@ pub(crate) struct Marker {
 impl Drop for Listener {
     fn drop(&mut self) {
         let p = self.pending.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = &self.board {
+            if p.counted_by == strait_sys::pid::current_pid() {
+                b.held().fetch_sub(p.counted as u64, Ordering::SeqCst);
+            }
+        }
         for h in p.hellos.drain(..) {
             h.close();
         }

@@ -32,6 +32,13 @@ pub struct Settings {
     /// Local connections ring through the doorbells of their process pair (the
     /// default) rather than two eventfds each (`STRAIT_BELLS=own`).
     pub pairs: bool,
+    /// New connections to a destination whose connections were too short to pay
+    /// for their setup stay on the kernel (`STRAIT_SETUP`: `adaptive`, the default,
+    /// or `always`; see `worth.rs`).
+    pub setup_adaptive: bool,
+    /// The most reads and writes with data a connection may carry and still count
+    /// as too short for its setup (`STRAIT_SETUP_MIN_OPS`).
+    pub setup_min_ops: u32,
 }
 
 impl Settings {
@@ -58,6 +65,9 @@ impl Settings {
                 epoll_kernel_look: Duration::from_micros(env_u64("STRAIT_EPOLL_KERNEL_LOOK_US").unwrap_or(2)),
                 vault_ring: std::env::var("STRAIT_VAULT").map_or(true, |v| v.trim() != "socket"),
                 pairs: std::env::var("STRAIT_BELLS").map_or(true, |v| v.trim() != "own"),
+                setup_adaptive: std::env::var("STRAIT_SETUP").map_or(true, |v| v.trim() != "always"),
+                setup_min_ops: env_u64("STRAIT_SETUP_MIN_OPS")
+                    .map_or(8, |v| v.min(u64::from(u32::MAX)) as u32),
             }
         })
     }

@@ -21,7 +21,11 @@
 //! keeps a socketpair instead; `vault-live`, `vault-dead`: slots of connections
 //! held, and of closed ones awaiting the next rotation); the doorbells of process
 //! pairs (`pairs`: pairs held, two eventfds each; `pair-conns`: connections that
-//! ring through them; `hubs`: threads' epoll instances for pair bells).
+//! ring through them; `hubs`: threads' epoll instances for pair bells);
+//! connections this process left on the kernel path because its connections to
+//! the same listener were too short to pay for the setup (`kernel-short`, see
+//! `worth.rs`); accepted connections whose connectors were asked for their hello
+//! directly (`path-b-asks`, answered or not).
 
 use std::sync::atomic::Ordering;
 
@@ -38,7 +42,7 @@ extern "C" fn at_exit() {
              udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
              refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {} \
              lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {} vault-rings {} vault-live {} vault-dead {} \
-             pairs {} pair-conns {} hubs {}\n",
+             pairs {} pair-conns {} hubs {} kernel-short {} path-b-asks {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -68,6 +72,8 @@ extern "C" fn at_exit() {
             pairs,
             pair_conns,
             crate::hub::count(),
+            crate::worth::KERNEL_SHORT.load(Ordering::Relaxed),
+            crate::discover::PATH_B_ASKS.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -656,7 +656,10 @@ fn handoff(mode: &str, client: &str, client_args: &[&str], receiver_args: &[&str
         if mode == "listener" { sender.take().map(|c| stderr_of(c, Duration::from_secs(30))) } else { None };
     let mut cargs = vec!["--stats", "--", PYTHON, cli.to_str().expect("p"), &port];
     cargs.extend_from_slice(client_args);
-    let client = run_for(&mut strait_run(&cargs), Duration::from_secs(240)).expect("client finished");
+    // (Every connection set up, however short: what is tested is the hand-over,
+    // not the choice of `STRAIT_SETUP`'s default.)
+    let client = run_for(strait_run(&cargs).env("STRAIT_SETUP", "always"), Duration::from_secs(240))
+        .expect("client finished");
     let sender = match (early, sender) {
         (Some(s), _) => s,
         (None, Some(c)) => stderr_of(c, Duration::from_secs(30)),
@@ -756,7 +759,9 @@ fn a_socket_activated_service_accelerates_the_connections_on_its_inherited_liste
     // client comes while the service is still starting (see ACTIVATED_SERVER).
     std::thread::sleep(Duration::from_millis(200));
     let out = run_for(
-        &mut strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "19"]),
+        // (Every one of the short connections set up: see `handoff`.)
+        strait_run(&["--stats", "--", PYTHON, cli.to_str().expect("p"), &port, "19"])
+            .env("STRAIT_SETUP", "always"),
         Duration::from_secs(120),
     )
     .expect("client finished");

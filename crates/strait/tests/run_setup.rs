@@ -728,6 +728,8 @@ fn connects_stay_accelerated_when_every_local_port_is_in_time_wait() {
     let out = run_for(
         std::process::Command::new("unshare")
             .args(["--net", "--", "sh", "-c", &inner])
+            // (Every short connection set up: the ports are what is tested.)
+            .env("STRAIT_SETUP", "always")
             .env_remove("LD_PRELOAD"),
         Duration::from_secs(120),
     )
@@ -942,4 +944,130 @@ fn run_for_child(child: &mut Child, out: &mut BufReader<ChildStdout>, bound: Dur
     let _ = child.kill();
     let _ = child.wait();
     std::io::read_to_string(out).unwrap_or_default()
+}
+
+/// A listener shared by `workers` forked processes (argv: port, workers), each
+/// echoing 64-byte messages on the connections it accepts until one sends 64
+/// `Q`s, which ends that worker. The parent only waits for them.
+const FORKED_ECHO_SERVER: &str = r#"
+import os, socket, sys
+port, workers = int(sys.argv[1]), int(sys.argv[2])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(64)
+print('LISTENING', flush=True)
+def serve():
+    while True:
+        c, _ = l.accept()
+        while True:
+            d = b''
+            while len(d) < 64:
+                b = c.recv(64 - len(d))
+                if not b:
+                    break
+                d += b
+            if len(d) < 64:
+                break
+            if d == b'Q' * 64:
+                c.close()
+                return
+            c.sendall(d)
+        c.close()
+kids = []
+for _ in range(workers):
+    pid = os.fork()
+    if pid == 0:
+        serve()
+        sys.exit(0)
+    kids.append(pid)
+for k in kids:
+    os.waitpid(k, 0)
+"#;
+
+/// One process (argv: port, `short:long:rounds:workers`): `short` connections of
+/// one echoed message each, one after the other, then `long` connections of
+/// `rounds` messages each, every message random and checked; then one quit
+/// connection per worker.
+const SHORT_THEN_LONG_CLIENT: &str = r#"
+import os, socket, sys
+port = int(sys.argv[1])
+short, long_, rounds, workers = (int(x) for x in sys.argv[2].split(':'))
+def connection(n):
+    c = socket.create_connection(('127.0.0.1', port), timeout=30)
+    for _ in range(n):
+        d = os.urandom(64)
+        c.sendall(d)
+        got = b''
+        while len(got) < 64:
+            b = c.recv(64 - len(got))
+            if not b:
+                raise SystemExit('EOF after %d bytes' % len(got))
+            got += b
+        if got != d:
+            raise SystemExit('BAD echo')
+    c.close()
+for _ in range(short):
+    connection(1)
+for _ in range(long_):
+    connection(rounds)
+for _ in range(workers):
+    c = socket.create_connection(('127.0.0.1', port), timeout=30)
+    c.sendall(b'Q' * 64)
+    c.recv(1)
+    c.close()
+print('DONE', flush=True)
+"#;
+
+/// A connection per request does not pay the shared-memory setup (issue 17:
+/// `worth.rs`): a client whose connections to a listener each carried one request
+/// and its answer leaves the next ones on the kernel path from their `connect` on
+/// (`kernel-short`), but for samples; once a sample carries more (the same client
+/// then makes connections of 20 round trips), connections to the listener are set
+/// up on shared memory again. Every echo is checked; nothing falls back after
+/// waiting. The server's workers are forked, so the hello of a connection could
+/// have reached another worker: the listener's board (`listening.rs`) tells the
+/// acceptor that no process of its family holds one, so it does not ask the
+/// connector by path B for each kernel connection (`path-b-asks`: 0 with one
+/// worker; about one per kernel connection without the board). With
+/// `STRAIT_SETUP=always` every connection is set up, as before.
+#[test]
+fn short_connections_stay_on_the_kernel_and_long_ones_are_set_up_again() {
+    ensure(PYTHON, "python3");
+    let (srv, cli) =
+        (script("forked-echo", FORKED_ECHO_SERVER), script("short-long", SHORT_THEN_LONG_CLIENT));
+    let (short, long, rounds) = (100, 150, 20);
+    for (setup, workers) in [("adaptive", 1), ("adaptive", 2), ("always", 1)] {
+        let env = [("STRAIT_SETUP", setup)];
+        let arg = format!("{short}:{long}:{rounds}:{workers}");
+        let (server, _, out) = server_then_client_env(&srv, &workers.to_string(), &cli, "5000", &arg, &env);
+        let so = wait_bounded(server, Instant::now() + Duration::from_secs(60));
+        let (text, err, serr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&so.stderr),
+        );
+        let ctx = format!("{setup}, {workers} worker(s): client: {text}\n{err}\nserver: {serr}");
+        assert!(text.contains("DONE"), "{ctx}");
+        let total = short + long + workers;
+        let (accelerated, kernel_short) = (stat(&err, "accelerated"), stat(&err, "kernel-short"));
+        assert_eq!(stat(&err, "kernel-fallback") + stat(&serr, "kernel-fallback"), 0, "{ctx}");
+        assert_eq!(accelerated + kernel_short, total, "every connection decided at its connect: {ctx}");
+        assert_eq!(stat(&serr, "accelerated"), accelerated, "{ctx}");
+        if setup == "always" {
+            assert_eq!(kernel_short, 0, "{ctx}");
+            continue;
+        }
+        // Of the short ones, the first few and the samples (every 16th, then at
+        // doubling intervals) were set up; of the long ones, those before the next
+        // sample (at most 64 here) stayed on the kernel.
+        assert!(kernel_short >= short - 10, "short connections left on the kernel: {ctx}");
+        assert!(accelerated >= long - 64, "long connections set up again: {ctx}");
+        let asks = stat(&serr, "path-b-asks");
+        if workers == 1 {
+            assert_eq!(asks, 0, "no process but the acceptor held a hello: {ctx}");
+        } else {
+            assert!(asks < kernel_short / 4, "path B asked for kernel connections: {ctx}");
+        }
+    }
 }

@@ -531,11 +531,15 @@ impl Conn {
         });
     }
 
-    /// Counts a read or write that moved data (up to a bound: only "more than the
-    /// threshold" matters).
+    /// Counts a read or write that moved data, only up to one past the threshold
+    /// (only "more than it" matters): past it, a load and no store. A count two
+    /// threads race on may lose one, which changes nothing that matters.
     pub fn count_op(&self) {
-        if self.origin.get().is_some() && self.ops.load(Ordering::Relaxed) < OPS_COUNTED {
-            self.ops.fetch_add(1, Ordering::Relaxed);
+        if self.origin.get().is_some() {
+            let n = self.ops.load(Ordering::Relaxed);
+            if n <= Settings::get().setup_min_ops {
+                self.ops.store(n + 1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -2002,9 +2006,6 @@ struct Origin {
     /// may have carried what this one did not see.
     forks: u32,
 }
-
-/// [`Conn::count_op`] counts to here.
-const OPS_COUNTED: u32 = 1 << 20;
 
 impl Drop for Conn {
     fn drop(&mut self) {

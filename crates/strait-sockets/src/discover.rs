@@ -283,7 +283,7 @@ impl Listener {
             // No name of our own (see `on_listen`): no hellos come here.
             return;
         }
-        self.pump_begins(p);
+        self.pump_begins();
         self.pump_marker(p, unix);
         self.pump_ends(p);
     }

@@ -201,8 +201,7 @@ impl Listener {
 
     /// Before reading the marker: counts a pump under way on the board (so that
     /// an acceptor of the family that looks meanwhile asks by path B).
-    pub(crate) fn pump_begins(&self, p: &mut Claims) {
-        self.board_sync(p);
+    pub(crate) fn pump_begins(&self) {
         if let Some(b) = &self.board {
             b.held().fetch_add(1, Ordering::SeqCst);
         }

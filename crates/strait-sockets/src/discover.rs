@@ -358,22 +358,7 @@ impl Listener {
         // accept normally costs no extra system call.
         let queued = p.hellos.len();
         if p.hellos.len() >= HELLOS_BEFORE_SWEEP {
-            let mut fds: Vec<libc::pollfd> = p
-                .hellos
-                .iter()
-                .map(|h| libc::pollfd { fd: h.unix, events: libc::POLLRDHUP, revents: 0 })
-                .collect();
-            // SAFETY: a vector of pollfds and its length; no waiting.
-            if unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) } > 0 {
-                let mut gone = fds.iter().map(|f| f.revents != 0);
-                p.hellos.retain(|h| {
-                    let hung_up = gone.next().unwrap_or(false);
-                    if hung_up {
-                        h.close();
-                    }
-                    !hung_up
-                });
-            }
+            sweep_hung_up(p);
         }
         // Hellos nobody claimed for longer than a connector waits for a
         // connection in the accept queue: their connectors gave up already.
@@ -402,11 +387,28 @@ impl Listener {
                 let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                 self.pump(&mut p);
                 if !p.hellos.is_empty() {
-                    if let Some(ino) = *far.get_or_insert_with(|| far_end_inode(fd)) {
+                    let first_look = far.is_none();
+                    let looked = far.get_or_insert_with(|| {
+                        FAR_END_LOOKS.fetch_add(1, Ordering::Relaxed);
+                        far_end_inode(fd)
+                    });
+                    if let Some(ino) = *looked {
                         if let Some(i) = p.hellos.iter().position(|h| h.names(ino)) {
                             let h = p.hellos.swap_remove(i);
                             self.board_sync(&mut p);
                             return Some(h);
+                        }
+                    }
+                    if first_look {
+                        // None is this connection's: some may be of connectors that
+                        // closed before their connection was accepted (a client's
+                        // probe connection, a health check). Gone now, they would
+                        // cost every later accept this look-up until they go stale.
+                        let queued = p.hellos.len();
+                        sweep_hung_up(&mut p);
+                        if p.hellos.len() < queued {
+                            self.board_sync(&mut p);
+                            crate::pair::retire_idle();
                         }
                     }
                 }
@@ -469,12 +471,41 @@ pub(crate) fn register_listener(fd: c_int, marker: Option<c_int>) {
 /// Unclaimed hellos at which a listener looks for ones whose connectors hung up.
 const HELLOS_BEFORE_SWEEP: usize = 16;
 
+/// Drops the queued hellos whose connectors hung up their Unix sockets (they
+/// closed their connection, or went on without us: attached elsewhere by path B,
+/// as when another SO_REUSEPORT listener took the connection, or gave up). One
+/// `poll`, no waiting.
+fn sweep_hung_up(p: &mut Claims) {
+    if p.hellos.is_empty() {
+        return;
+    }
+    let mut fds: Vec<libc::pollfd> =
+        p.hellos.iter().map(|h| libc::pollfd { fd: h.unix, events: libc::POLLRDHUP, revents: 0 }).collect();
+    // SAFETY: a vector of pollfds and its length; no waiting.
+    if unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) } > 0 {
+        let mut gone = fds.iter().map(|f| f.revents != 0);
+        p.hellos.retain(|h| {
+            let hung_up = gone.next().unwrap_or(false);
+            if hung_up {
+                h.close();
+            }
+            !hung_up
+        });
+    }
+}
+
 /// How often a listener without its name tries to take it.
 const CLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Accepted connections whose connectors were asked for their hello by path B
 /// (`--stats`: `path-b-asks`; whether they answered or not).
 pub static PATH_B_ASKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Accepted connections whose far end the acceptor looked up in the kernel's
+/// socket diagnostics to match it with a queued hello (`--stats`:
+/// `far-end-looks`): one per connection set up, and one per connection accepted
+/// while hellos of others wait.
+pub static FAR_END_LOOKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 const REQ_MAGIC: u64 = 0x3130_5145_5254_5253; // "SRTREQ01"
 

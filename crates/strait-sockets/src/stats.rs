@@ -25,7 +25,8 @@
 //! connections this process left on the kernel path because its connections to
 //! the same listener were too short to pay for the setup (`kernel-short`, see
 //! `worth.rs`); accepted connections whose connectors were asked for their hello
-//! directly (`path-b-asks`, answered or not).
+//! directly (`path-b-asks`, answered or not); accepted connections whose far end
+//! was looked up to match a queued hello (`far-end-looks`).
 
 use std::sync::atomic::Ordering;
 
@@ -42,7 +43,7 @@ extern "C" fn at_exit() {
              udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
              refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {} \
              lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {} vault-rings {} vault-live {} vault-dead {} \
-             pairs {} pair-conns {} hubs {} kernel-short {} path-b-asks {}\n",
+             pairs {} pair-conns {} hubs {} kernel-short {} path-b-asks {} far-end-looks {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
             KERNEL_FALLBACKS.load(Ordering::Relaxed),
@@ -74,6 +75,7 @@ extern "C" fn at_exit() {
             crate::hub::count(),
             crate::worth::KERNEL_SHORT.load(Ordering::Relaxed),
             crate::discover::PATH_B_ASKS.load(Ordering::Relaxed),
+            crate::discover::FAR_END_LOOKS.load(Ordering::Relaxed),
         );
         // SAFETY: writes a local buffer to stderr.
         unsafe { crate::real::write(2, line.as_ptr().cast(), line.len()) };

@@ -998,28 +998,39 @@ for k in kids:
     os.waitpid(k, 0)
 "#;
 
-/// One process (argv: port, `short:long:rounds:workers`): `short` connections of
-/// one echoed message each, one after the other, then `long` connections of
+/// One process (argv: port, `short:long:rounds:workers[:probe]`): with `probe` 1,
+/// first a connection closed before the server (busy with another, held open
+/// meanwhile) accepts it, as wrk's test connection is; then `short` connections
+/// of one echoed message each, one after the other, then `long` connections of
 /// `rounds` messages each, every message random and checked; then one quit
 /// connection per worker.
 const SHORT_THEN_LONG_CLIENT: &str = r#"
 import os, socket, sys
 port = int(sys.argv[1])
-short, long_, rounds, workers = (int(x) for x in sys.argv[2].split(':'))
+args = [int(x) for x in sys.argv[2].split(':')]
+short, long_, rounds, workers = args[:4]
+probe = len(args) > 4 and args[4] == 1
+def echo(c):
+    d = os.urandom(64)
+    c.sendall(d)
+    got = b''
+    while len(got) < 64:
+        b = c.recv(64 - len(got))
+        if not b:
+            raise SystemExit('EOF after %d bytes' % len(got))
+        got += b
+    if got != d:
+        raise SystemExit('BAD echo')
 def connection(n):
     c = socket.create_connection(('127.0.0.1', port), timeout=30)
     for _ in range(n):
-        d = os.urandom(64)
-        c.sendall(d)
-        got = b''
-        while len(got) < 64:
-            b = c.recv(64 - len(got))
-            if not b:
-                raise SystemExit('EOF after %d bytes' % len(got))
-            got += b
-        if got != d:
-            raise SystemExit('BAD echo')
+        echo(c)
     c.close()
+if probe:
+    busy = socket.create_connection(('127.0.0.1', port), timeout=30)
+    echo(busy)
+    socket.create_connection(('127.0.0.1', port), timeout=30).close()
+    busy.close()
 for _ in range(short):
     connection(1)
 for _ in range(long_):
@@ -1083,4 +1094,32 @@ fn short_connections_stay_on_the_kernel_and_long_ones_are_set_up_again() {
             assert!(asks < kernel_short / 4, "path B asked for kernel connections: {ctx}");
         }
     }
+}
+
+/// A connection whose connector closed it before it was accepted (a client's test
+/// connection, a health check) leaves its hello queued at the listener; the
+/// acceptor drops it at the first accept it does not match (its connector hung up
+/// its Unix socket), instead of looking up the far end of every later connection
+/// in the kernel's socket diagnostics to match it (four system calls an accept,
+/// for a minute, in nginx with wrk before this). `far-end-looks` counts the
+/// look-ups: one per connection set up, plus the one that found the hello gone.
+#[test]
+fn a_hello_whose_connector_closed_before_the_accept_costs_later_accepts_nothing() {
+    ensure(PYTHON, "python3");
+    let (srv, cli) =
+        (script("forked-echo", FORKED_ECHO_SERVER), script("short-long", SHORT_THEN_LONG_CLIENT));
+    let short = 100;
+    let arg = format!("{short}:0:0:1:1");
+    let (server, _, out) = server_then_client_env(&srv, "1", &cli, "5000", &arg, &[]);
+    let so = wait_bounded(server, Instant::now() + Duration::from_secs(60));
+    let (text, err, serr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&so.stderr),
+    );
+    let ctx = format!("client: {text}\n{err}\nserver: {serr}");
+    assert!(text.contains("DONE"), "{ctx}");
+    let (looks, set_up) = (stat(&serr, "far-end-looks"), stat(&serr, "accelerated"));
+    assert!(stat(&err, "kernel-short") >= short - 10, "short connections left on the kernel: {ctx}");
+    assert!(looks <= set_up + 2, "far-end look-ups beyond the connections set up: {ctx}");
 }

@@ -842,13 +842,14 @@ fn with_set<T>(epfd: c_int, f: impl FnOnce(&mut EpSet) -> T) -> Option<T> {
 }
 
 /// The kernel's `epoll_pwait` (`epoll_wait` without `mask`) for `ms` milliseconds
-/// (-1: no bound). In a process that made an io_uring instance (the vault), a
-/// blocking wait sleeps in `poll` (`ppoll` with a mask) on the set, in slices,
-/// and then takes its events without sleeping: the teardown of an instance
+/// (-1: no bound). It sleeps in `epoll_wait` itself unless the teardown of an
+/// io_uring instance this process used (the vault's) may still come: that
 /// interrupts `epoll_wait` with EINTR though no signal came
-/// ([`crate::vault::interrupts_epoll`]), while `poll` is restarted by the kernel
-/// then and fails with EINTR only when a signal handler ran, as `epoll_wait`
-/// would without strait. One system call more per sleep.
+/// ([`crate::vault::direct_wait`]). Then it sleeps in `poll` (`ppoll` with a mask)
+/// on the set, which the kernel restarts then and fails with EINTR only when a
+/// signal handler ran, as `epoll_wait` would without strait, and takes the events
+/// without sleeping (one system call more). Either sleep is cut into slices in a
+/// process that made a ring (a ring's close waits for the direct sleepers).
 ///
 /// # Safety
 /// `events` has room for `max` entries.
@@ -866,24 +867,36 @@ pub(crate) unsafe fn kernel_wait(
             Some(m) => real::epoll_pwait(epfd, events, max, ms, m),
         }
     };
-    if ms == 0 || !crate::vault::interrupts_epoll() {
-        return now(ms);
+    if ms == 0 {
+        return now(0);
     }
     let deadline = u64::try_from(ms).ok().map(|ms| Instant::now() + Duration::from_millis(ms));
     loop {
-        let mut set = [libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 }];
-        let r = crate::wait::kernel_poll(&mut set, crate::wait::slice_ms(deadline), mask);
-        if r < 0 {
-            return r;
-        }
-        if r > 0 {
-            // (No mask here: the wait that could deliver signals is over.)
-            // SAFETY: the caller's buffer of `max` entries.
-            let n = unsafe { real::epoll_wait(epfd, events, max, 0) };
-            if n != 0 {
-                return n;
+        match crate::vault::direct_wait() {
+            Some(direct) if !direct.holds_back_closes() => return now(ms),
+            Some(direct) => {
+                let r = now(crate::wait::slice_ms(deadline));
+                drop(direct);
+                if r != 0 {
+                    return r;
+                }
             }
-            // Another thread took the events: sleep on for the rest.
+            None => {
+                let mut set = [libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 }];
+                let r = crate::wait::kernel_poll(&mut set, crate::wait::slice_ms(deadline), mask);
+                if r < 0 {
+                    return r;
+                }
+                if r > 0 {
+                    // (No mask here: the wait that could deliver signals is over.)
+                    // SAFETY: the caller's buffer of `max` entries.
+                    let n = unsafe { real::epoll_wait(epfd, events, max, 0) };
+                    if n != 0 {
+                        return n;
+                    }
+                    // Another thread took the events: sleep on for the rest.
+                }
+            }
         }
         if remaining(deadline) == Some(Duration::ZERO) {
             return 0;
@@ -1041,8 +1054,8 @@ mod tests {
     /// The teardown of an io_uring instance this thread made sends it task work,
     /// which makes a blocking `epoll_wait` fail with EINTR though no signal came
     /// (10 times in 10 on Linux 6.18, right after the vault dropped its ring): the
-    /// shims' kernel wait sleeps in `ppoll` instead, which the kernel restarts, and
-    /// times out as it should.
+    /// shims' kernel wait sleeps restartably (`ppoll`) until the ring's sentinel
+    /// says the teardown has happened, and times out as it should.
     #[test]
     fn a_torn_down_vault_ring_does_not_interrupt_an_epoll_wait() {
         let _g = crate::vault::tests::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1058,7 +1071,7 @@ mod tests {
                 unsafe { libc::close(m) };
                 crate::vault::release(k);
             }
-            if !crate::vault::interrupts_epoll() {
+            if !crate::vault::made_any() {
                 return; // io_uring refused here: nothing to interrupt.
             }
             // SAFETY: plain syscalls on a fresh epoll set; a local event array.
@@ -1073,6 +1086,77 @@ mod tests {
                 assert_eq!(n, 0, "an empty set times out, no EINTR: {e}");
                 assert!(t.elapsed() >= std::time::Duration::from_millis(25), "slept its timeout");
             }
+        }
+    }
+
+    /// A ring closed by one thread while another thread that used it sleeps in
+    /// `epoll_wait` directly: the close waits for that sleep to end (else the
+    /// teardown's task work would make it fail with EINTR, as it did 10 times in
+    /// 10 when the close went ahead), and once the teardowns have happened (their
+    /// sentinels hung up) sleeps are direct again: one system call each.
+    #[test]
+    fn a_ring_closed_while_a_thread_that_used_it_sleeps_in_epoll_wait_does_not_interrupt_it() {
+        use std::time::{Duration, Instant};
+        let _g = crate::vault::tests::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let direct_again = |what: &str| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                if crate::vault::direct_wait().is_some_and(|d| d.holds_back_closes()) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{what}: the teardowns were watched to their end");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        for round in 0..4 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let waiter = std::thread::spawn(move || {
+                // This thread keeps the memfds and submits to the ring (a copy out),
+                // which puts it in the ring's list for the teardown's task work.
+                let kept: Vec<crate::vault::Kept> = (0..8)
+                    .map(|_| {
+                        let m = strait_sys::sealed_memfd(c"epoll-test", 4096)
+                            .map(std::os::fd::IntoRawFd::into_raw_fd)
+                            .expect("memfd");
+                        let k = crate::vault::keep(m);
+                        // SAFETY: our memfd (the vault holds its own reference).
+                        unsafe { libc::close(m) };
+                        k
+                    })
+                    .collect();
+                if let Some(c) = crate::vault::copy(kept[0]) {
+                    // SAFETY: the copy is ours.
+                    unsafe { libc::close(c) };
+                }
+                tx.send(kept).expect("send");
+                // SAFETY: plain syscalls on a fresh epoll set; a local event array.
+                unsafe {
+                    let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+                    assert!(ep >= 0);
+                    let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+                    let t = Instant::now();
+                    let n = super::kernel_wait(ep, ev.as_mut_ptr(), 4, 400, None);
+                    let e = std::io::Error::last_os_error();
+                    libc::close(ep);
+                    (n, e, t.elapsed())
+                }
+            });
+            let kept = rx.recv().expect("kept");
+            if !matches!(kept[0], crate::vault::Kept::Slot(_)) {
+                // io_uring refused here: nothing to interrupt.
+                kept.into_iter().for_each(crate::vault::release);
+                let _ = waiter.join();
+                return;
+            }
+            // The waiter sleeps now; the last release drops the ring.
+            std::thread::sleep(Duration::from_millis(100));
+            for k in kept {
+                crate::vault::release(k);
+            }
+            let (n, e, took) = waiter.join().expect("waiter");
+            assert_eq!(n, 0, "round {round}: an empty set times out, no EINTR: {e}");
+            assert!(took >= Duration::from_millis(390), "round {round}: slept its timeout");
+            direct_again("after a deferred close");
         }
     }
 }

@@ -33,7 +33,7 @@
 use std::cell::RefCell;
 use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -148,8 +148,20 @@ pub(crate) fn forks() -> u32 {
 pub(crate) fn after_fork(child: bool) {
     FORKS.fetch_add(1, Ordering::Relaxed);
     let Some(mut v) = FORK_GUARD.with(|g| g.borrow_mut().take()) else { return };
+    if child {
+        // (The rings below were the parent's: the child's id, not the cached one.)
+        strait_sys::forget_pid();
+        v.teardowns_of_parent();
+    }
     // (In the parent the child's ring closes here.)
-    let theirs = v.for_child.take().filter(|_| child);
+    let theirs = v.for_child.take();
+    let theirs = match theirs {
+        Some(r) if !child => {
+            v.retire(r);
+            None
+        }
+        t => t,
+    };
     if child {
         match theirs {
             // The parent's ring is the parent's: the child closes its copy.
@@ -168,6 +180,7 @@ pub(crate) fn after_fork(child: bool) {
 pub(crate) fn after_raw_clone() {
     FORKS.fetch_add(1, Ordering::Relaxed);
     let mut v = lock();
+    v.teardowns_of_parent();
     if v.live_n == 0 {
         v.drop_ring();
         return;
@@ -197,11 +210,20 @@ struct Vault {
     dead_n: usize,
     /// Filled by [`before_fork`] for the child.
     for_child: Option<Ring>,
+    /// Rings closed whose teardown may still interrupt an `epoll_wait` here.
+    teardowns: Teardowns,
 }
 
 impl Vault {
     const fn new() -> Vault {
-        Vault { ring: None, live: Vec::new(), live_n: 0, dead_n: 0, for_child: None }
+        Vault {
+            ring: None,
+            live: Vec::new(),
+            live_n: 0,
+            dead_n: 0,
+            for_child: None,
+            teardowns: Teardowns { deferred: Vec::new(), watching: Vec::new() },
+        }
     }
 
     fn keep(&mut self, memfd: c_int) -> Option<u32> {
@@ -265,14 +287,177 @@ impl Vault {
 
     /// Makes `r` the ring (the old one is closed here).
     fn switch_to(&mut self, r: Ring) {
-        self.ring = Some(r);
+        if let Some(old) = self.ring.replace(r) {
+            self.retire(old);
+        }
         self.dead_n = 0;
     }
 
     fn drop_ring(&mut self) {
-        self.ring = None;
+        if let Some(old) = self.ring.take() {
+            self.retire(old);
+        }
         self.dead_n = 0;
     }
+
+    /// Closes our descriptor of `r`. If a thread of this process made or used it,
+    /// the ring's teardown (whenever its last holder closes it) sends those threads
+    /// task work, which makes a blocking `epoll_wait` fail with EINTR: the close
+    /// waits while any thread sleeps in `epoll_wait` directly ([`DirectWait`]), and
+    /// the teardown is watched until it has happened.
+    fn retire(&mut self, r: Ring) {
+        let me = strait_sys::current_pid();
+        if r.made_by != me && r.used_by != me {
+            // (A copy a fork or clone inherited: no thread here is the ring's.)
+            return drop(r);
+        }
+        // Counted before the waiters are looked at, as `direct_wait` counts itself
+        // before it looks at this (one of the two sees the other).
+        PENDING.fetch_add(1, Ordering::SeqCst);
+        if DIRECT_WAITERS.load(Ordering::SeqCst) > 0 {
+            self.teardowns.deferred.push(r);
+        } else {
+            self.close_watched(r);
+        }
+    }
+
+    /// Closes `r`, watching its teardown through a sentinel (counted in
+    /// [`PENDING`] already).
+    fn close_watched(&mut self, r: Ring) {
+        // (Teardowns watched before that have happened go first: a process that
+        // closes rings often, and seldom sleeps, watches few at a time.)
+        if !self.teardowns.watching.is_empty() {
+            self.teardowns_pending();
+        }
+        match r.sentinel() {
+            Some(rd) => self.teardowns.watching.push(rd),
+            None => {
+                // Not watchable: this process sleeps restartably from now on.
+                UNWATCHED.store(true, Ordering::Relaxed);
+                PENDING.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        drop(r);
+    }
+
+    /// Whether a teardown may still interrupt an `epoll_wait`: a ring waits to be
+    /// closed, or a closed one's sentinel has not hung up. Drops those that have.
+    fn teardowns_pending(&mut self) -> bool {
+        if !self.teardowns.deferred.is_empty() {
+            return true;
+        }
+        let w = &mut self.teardowns.watching;
+        if w.is_empty() {
+            return false;
+        }
+        let mut fds: Vec<libc::pollfd> =
+            w.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        // SAFETY: a vector of pollfds and its length; no waiting.
+        if unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) } > 0 {
+            let done: Vec<c_int> = fds.iter().filter(|f| f.revents != 0).map(|f| f.fd).collect();
+            w.retain(|fd| !done.contains(fd));
+            crate::fds::let_go(&done);
+            PENDING.fetch_sub(done.len(), Ordering::SeqCst);
+        }
+        !w.is_empty()
+    }
+
+    /// Closes the rings that waited for the direct sleepers, if none is left.
+    fn close_deferred(&mut self) {
+        if DIRECT_WAITERS.load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        for r in std::mem::take(&mut self.teardowns.deferred) {
+            self.close_watched(r);
+        }
+    }
+
+    /// In a new process (fork or raw clone): its threads are in no ring's list
+    /// (the kernel gives a new task none), so the parent's teardowns are not its;
+    /// their copies are closed (a deferred ring too: the parent closes its own).
+    fn teardowns_of_parent(&mut self) {
+        crate::fds::let_go(&std::mem::take(&mut self.teardowns.watching));
+        drop(std::mem::take(&mut self.teardowns.deferred));
+        PENDING.store(0, Ordering::SeqCst);
+        DIRECT_WAITERS.store(0, Ordering::SeqCst);
+        UNWATCHED.store(false, Ordering::Relaxed);
+    }
+}
+
+/// What [`Vault::retire`] left to happen: rings to close once no thread sleeps in
+/// `epoll_wait` directly, and the read ends of closed rings' sentinels.
+struct Teardowns {
+    deferred: Vec<Ring>,
+    /// (Kept library descriptors: see [`crate::fds::keep`].)
+    watching: Vec<c_int>,
+}
+
+// ---- teardowns and epoll_wait ----------------------------------------------------
+//
+// A blocking `epoll_wait` fails with EINTR when a ring its thread made or used is
+// torn down (the kernel's `io_ring_exit_work` sends each such thread task work, and
+// `epoll_wait`, unlike `poll`, is not restarted after it). The epoll shims sleep in
+// `epoll_wait` directly when no teardown can come (one system call a sleep, as
+// without strait) and restartably otherwise (`epoll::kernel_wait`). A ring this
+// process used is closed only while no thread sleeps directly, and its teardown is
+// watched through a **sentinel**: the write end of a pipe put in a slot kept for it
+// at the top of the ring's table, which the kernel closes when it frees the table,
+// after every thread's task work has run; the pipe's read end then reads hang-up.
+
+/// Slots at the top of every ring's table kept for sentinels: one per process that
+/// closes the ring having used it (taken in turn through the ring's shared page).
+const SENTINEL_SLOTS: u32 = 4;
+/// Threads in a blocking `epoll_wait` made directly ([`DirectWait`]).
+static DIRECT_WAITERS: AtomicU32 = AtomicU32::new(0);
+/// Rings deferred plus sentinels watched (see [`Teardowns`]).
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+/// A teardown could not be watched: every sleep is restartable from then on.
+static UNWATCHED: AtomicBool = AtomicBool::new(false);
+
+/// Leave to sleep in `epoll_wait` directly, held for the sleep; see
+/// [`direct_wait`].
+pub(crate) struct DirectWait {
+    counted: bool,
+}
+
+impl DirectWait {
+    /// Whether a ring's close may wait for this sleep to end (the sleep should then
+    /// be cut into slices).
+    pub(crate) fn holds_back_closes(&self) -> bool {
+        self.counted
+    }
+}
+
+impl Drop for DirectWait {
+    fn drop(&mut self) {
+        if self.counted
+            && DIRECT_WAITERS.fetch_sub(1, Ordering::SeqCst) == 1
+            && PENDING.load(Ordering::SeqCst) > 0
+        {
+            lock().close_deferred();
+        }
+    }
+}
+
+/// Whether this thread may sleep in `epoll_wait` directly now: no ring teardown
+/// can interrupt it (none made, or every one closed has happened). `None`: sleep
+/// restartably (`ppoll`), as a teardown may still come.
+pub(crate) fn direct_wait() -> Option<DirectWait> {
+    if !MADE_ANY.load(Ordering::Relaxed) {
+        // (No thread of ours is in any ring's list: a ring made meanwhile by
+        // another thread is not this one's.)
+        return Some(DirectWait { counted: false });
+    }
+    if UNWATCHED.load(Ordering::Relaxed) {
+        return None;
+    }
+    DIRECT_WAITERS.fetch_add(1, Ordering::SeqCst);
+    let w = DirectWait { counted: true };
+    if PENDING.load(Ordering::SeqCst) == 0 || !lock().teardowns_pending() {
+        return Some(w);
+    }
+    drop(w);
+    None
 }
 
 /// A table for `live` connections with room to double.
@@ -284,7 +469,7 @@ fn doubled(live: usize) -> u32 {
 /// 64 per submission; whether every one arrived.
 fn copy_slots(from: &mut Ring, to: &mut Ring, live: &[u64]) -> bool {
     let slots: Vec<u32> = ones(live).collect();
-    if slots.iter().any(|&s| s >= to.slots) {
+    if slots.iter().any(|&s| s >= to.usable()) {
         return false;
     }
     for chunk in slots.chunks(ENTRIES as usize) {
@@ -323,6 +508,10 @@ struct Ring {
     occupied: Vec<u64>,
     /// The word of `occupied` the next free-slot search starts at.
     hint: usize,
+    /// The process that made it (its making thread is in the ring's list).
+    made_by: u32,
+    /// The last process that submitted to it (its submitting threads are too).
+    used_by: u32,
 }
 
 impl Ring {
@@ -357,7 +546,21 @@ impl Ring {
         let uring = crate::fds::own_closes(|| unsafe { IoUring::from_fd(fd, params) }).ok()?;
         crate::fds::add_internal(&[fd]);
         let shared = strait_sys::Mapping::anonymous_shared(4096).ok()?;
-        let r = Ring { uring: ManuallyDrop::new(uring), fd, slots, shared, occupied: Vec::new(), hint: 0 };
+        let me = strait_sys::current_pid();
+        let mut r = Ring {
+            uring: ManuallyDrop::new(uring),
+            fd,
+            slots,
+            shared,
+            occupied: Vec::new(),
+            hint: 0,
+            made_by: me,
+            used_by: 0,
+        };
+        // (The sentinels' slots are never a connection's.)
+        for s in slots - SENTINEL_SLOTS..slots {
+            set(&mut r.occupied, s, true);
+        }
         if !ops_supported(&r.uring) {
             REFUSED.store(true, Ordering::Relaxed);
             return None;
@@ -376,13 +579,49 @@ impl Ring {
             let word = self.occupied.get(w).copied().unwrap_or(0);
             if word != u64::MAX {
                 let s = w as u32 * 64 + (!word).trailing_zeros();
-                if s < self.slots {
+                if s < self.usable() {
                     self.hint = w;
                     return Some(s);
                 }
             }
         }
         None
+    }
+
+    /// Slots a connection's memfd may take (below the sentinels').
+    fn usable(&self) -> u32 {
+        self.slots - SENTINEL_SLOTS
+    }
+
+    /// Puts a sentinel of this ring's teardown in a slot kept for it: the read end
+    /// of a pipe (a kept library descriptor) whose only write end is in the ring's
+    /// table, so that it hangs up once the kernel has freed the ring. `None` if
+    /// the slots are used up or a call failed.
+    fn sentinel(&self) -> Option<c_int> {
+        // SAFETY: the shared page is 4096 bytes, mapped for the ring's life; the u32
+        // at byte 16 is only used as an atomic.
+        let next = unsafe { &*self.shared.ptr().add(16).cast::<AtomicU32>() };
+        let k = next.fetch_add(1, Ordering::Relaxed);
+        if k >= SENTINEL_SLOTS {
+            return None;
+        }
+        let mut p = [-1; 2];
+        // SAFETY: a local array for the pipe's two descriptors.
+        if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return None;
+        }
+        let put = self.uring.submitter().register_files_update(self.slots - 1 - k, &[p[1]]);
+        // SAFETY: the write end just made (the ring holds its own reference).
+        unsafe { real::close(p[1]) };
+        if put.ok() != Some(1) {
+            // SAFETY: the read end just made.
+            unsafe { real::close(p[0]) };
+            return None;
+        }
+        match crate::fds::keep(p[0]) {
+            -1 => None,
+            rd => Some(rd),
+        }
     }
 
     fn put(&mut self, slot: u32, memfd: c_int) -> std::io::Result<()> {
@@ -397,6 +636,7 @@ impl Ring {
     /// Submits `ops` (at most [`ENTRIES`]) under the shared lock and returns their
     /// results in order (fewer if some did not complete within [`OP_BOUND`]).
     fn run(&mut self, ops: &[io_uring::squeue::Entry]) -> Vec<i32> {
+        self.used_by = strait_sys::current_pid();
         let _held = SharedLock::take(&self.shared);
         // Completions a holder that died left behind are not ours.
         self.uring.completion().for_each(drop);
@@ -524,16 +764,12 @@ fn ring_vault_wanted() -> bool {
 /// connection of this process keeps its memfd in a socketpair.
 static REFUSED: AtomicBool = AtomicBool::new(false);
 
-/// This process has made an io_uring instance (see [`interrupts_epoll`]).
+/// This process has made an io_uring instance (see [`direct_wait`]).
 static MADE_ANY: AtomicBool = AtomicBool::new(false);
 
-/// True once this process has made an io_uring instance. A thread that made or
-/// used one is sent task work when the instance is torn down (the kernel's
-/// `io_ring_exit_work`), which interrupts a blocking `epoll_wait` with EINTR
-/// although no signal came (`poll` and `ppoll` are restarted by the kernel then,
-/// `epoll_wait` is not): the epoll shims then sleep in `ppoll` instead
-/// (`epoll::kernel_wait`).
-pub(crate) fn interrupts_epoll() -> bool {
+/// True once this process has made an io_uring instance.
+#[cfg(test)]
+pub(crate) fn made_any() -> bool {
     MADE_ANY.load(Ordering::Relaxed)
 }
 /// Rings this process made.

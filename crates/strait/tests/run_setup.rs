@@ -347,9 +347,10 @@ fn many_connections_leave_no_descriptor_or_mapping_behind() {
             } else {
                 assert_eq!(stat(e, "pairs"), 0, "{who} made no pair: {e}");
                 assert_eq!(stat(e, "vault-live"), 0, "{who} keeps no memfd of a connection it closed: {e}");
-                // (At most three stay: the handle on /proc, the diagnostics
-                // socket, the vault ring; nothing per connection.)
-                assert!(stat(e, "lib-fds") <= 3, "{who} holds no connection's descriptor after closing: {e}");
+                // (At most four stay: the handle on /proc, the diagnostics
+                // socket, the vault ring or the watch on its teardown
+                // (`vault.rs`), one more such watch; nothing per connection.)
+                assert!(stat(e, "lib-fds") <= 4, "{who} holds no connection's descriptor after closing: {e}");
                 assert!(
                     stat(e, "lib-fds-peak") >= 100,
                     "{who} held the library's descriptors while open: {e}"

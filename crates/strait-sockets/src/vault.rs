@@ -329,7 +329,11 @@ impl Vault {
         if !self.teardowns.watching.is_empty() {
             self.teardowns_pending();
         }
-        match r.sentinel() {
+        // (A process that forks with connections open makes each child's ring and
+        // so watches its teardown until that child lets go of it: past a few, it
+        // sleeps restartably for good rather than hold a descriptor per child.)
+        let watchable = self.teardowns.watching.len() < MAX_WATCHED;
+        match if watchable { r.sentinel() } else { None } {
             Some(rd) => self.teardowns.watching.push(rd),
             None => {
                 // Not watchable: this process sleeps restartably from now on.
@@ -407,6 +411,8 @@ struct Teardowns {
 /// Slots at the top of every ring's table kept for sentinels: one per process that
 /// closes the ring having used it (taken in turn through the ring's shared page).
 const SENTINEL_SLOTS: u32 = 4;
+/// Teardowns watched at once at most (each holds a descriptor).
+const MAX_WATCHED: usize = 8;
 /// Threads in a blocking `epoll_wait` made directly ([`DirectWait`]).
 static DIRECT_WAITERS: AtomicU32 = AtomicU32::new(0);
 /// Rings deferred plus sentinels watched (see [`Teardowns`]).

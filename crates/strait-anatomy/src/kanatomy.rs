@@ -1,7 +1,7 @@
 //! The kernel paths of `strait anatomy`: a blocking UDP or TCP ping-pong over
-//! loopback between two pinned threads, with user-space TSC stamps around the
-//! calls and tracepoint events ([`crate::ktrace`]) inside the kernel, on one time
-//! line.
+//! loopback (or, with [`Across`], over a veth pair between two network namespaces)
+//! between two pinned threads, with user-space TSC stamps around the calls and
+//! tracepoint events ([`crate::ktrace`]) inside the kernel, on one time line.
 //!
 //! One direction's chain (S sends, R receives; milestones in path order):
 //!
@@ -22,7 +22,10 @@
 //! | → R user stamp before its reply | application turnaround | user |
 //!
 //! On loopback the receive half (softirq, IP, UDP/TCP receive) runs on the
-//! sender's CPU, in its system call. The wake-up stage is zero when the receiver
+//! sender's CPU, in its system call. A veth pair between two namespaces takes the
+//! same chain (its transmit hands the packet to `netif_rx` of the peer device, whose
+//! backlog the sender's softirq drains), so the same milestones dissect it; only the
+//! device stage is named after it. The wake-up stage is zero when the receiver
 //! was not asleep. (`skb:skb_copy_datagram_iovec` would split the copy from the
 //! switch-in, but it does not fire for these receives on this kernel.) Each traced event costs time; as for strait's probes, that cost
 //! is calibrated on the path (traced minus untraced round trips, per event on the
@@ -32,7 +35,7 @@
 //! compared on its own, weighted by the untraced batches' mix (`summarize`).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -90,6 +93,10 @@ pub enum KernelAnatomyError {
     Peer(String),
 }
 
+/// The device stage's name on loopback, and across a veth pair.
+const DEVICE_LOOPBACK: &str = "device transmit (loopback)";
+const DEVICE_VETH: &str = "device transmit (veth)";
+
 /// Stage names and layers for one protocol, in chain order.
 /// TCP has two more tracepoints on its path (`tcp:tcp_sendmsg_locked`,
 /// `tcp:tcp_probe`), which split off the socket layer and IP receive; UDP has
@@ -100,7 +107,7 @@ fn stage_defs(p: Proto) -> [(String, &'static str); 13] {
         ("system call entry".into(), "OS overhead"),
         ("socket layer".into(), "protocol send"),
         (if udp { "socket + UDP send + IP output" } else { "TCP send + IP output" }.into(), "protocol send"),
-        ("device transmit (loopback)".into(), "device/wire"),
+        (DEVICE_LOOPBACK.into(), "device/wire"),
         ("softirq raise → run".into(), "OS overhead"),
         ("backlog (NAPI) poll".into(), "device/wire"),
         ("IP receive".into(), "protocol receive"),
@@ -288,12 +295,27 @@ impl Sock {
     }
 }
 
-fn pair(p: Proto) -> Result<(Sock, Sock), KernelAnatomyError> {
+/// Two network namespaces joined by a veth pair: where the ends of an `--across-netns`
+/// anatomy live (the namespaces are made and removed by the caller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Across {
+    /// The namespaces (names under `/run/netns`) of the pinging and the answering end.
+    pub ns: [String; 2],
+    /// Each end's address on the veth pair.
+    pub ip: [Ipv4Addr; 2],
+}
+
+/// The two connected ends: on loopback, or `across` the veth pair.
+fn pair(p: Proto, across: Option<&Across>) -> Result<(Sock, Sock), KernelAnatomyError> {
     let e = |w| move |x| KernelAnatomyError::Socket(w, x);
+    let (ns, ip) = match across {
+        Some(x) => ([Some(x.ns[0].as_str()), Some(x.ns[1].as_str())], x.ip),
+        None => ([None, None], [Ipv4Addr::LOCALHOST; 2]),
+    };
     match p {
         Proto::Udp => {
-            let a = UdpSocket::bind("127.0.0.1:0").map_err(e("bind"))?;
-            let b = UdpSocket::bind("127.0.0.1:0").map_err(e("bind"))?;
+            let a = strait_sys::netns::within(ns[0], || UdpSocket::bind((ip[0], 0))).map_err(e("bind"))?;
+            let b = strait_sys::netns::within(ns[1], || UdpSocket::bind((ip[1], 0))).map_err(e("bind"))?;
             a.connect(b.local_addr().map_err(e("local_addr"))?).map_err(e("connect"))?;
             b.connect(a.local_addr().map_err(e("local_addr"))?).map_err(e("connect"))?;
             for s in [&a, &b] {
@@ -302,8 +324,9 @@ fn pair(p: Proto) -> Result<(Sock, Sock), KernelAnatomyError> {
             Ok((Sock::Udp(a), Sock::Udp(b)))
         }
         Proto::Tcp => {
-            let l = TcpListener::bind("127.0.0.1:0").map_err(e("bind"))?;
-            let a = TcpStream::connect(l.local_addr().map_err(e("local_addr"))?).map_err(e("connect"))?;
+            let l = strait_sys::netns::within(ns[1], || TcpListener::bind((ip[1], 0))).map_err(e("bind"))?;
+            let to = l.local_addr().map_err(e("local_addr"))?;
+            let a = strait_sys::netns::within(ns[0], || TcpStream::connect(to)).map_err(e("connect"))?;
             let (b, _) = l.accept().map_err(e("accept"))?;
             for s in [&a, &b] {
                 s.set_nodelay(true).map_err(e("nodelay"))?;
@@ -332,13 +355,15 @@ pub struct KernelConfig {
     pub rounds: u32,
     /// Accepted |stage sum - measured| / measured.
     pub tolerance: f64,
+    /// Across two namespaces' veth pair instead of loopback.
+    pub across: Option<Across>,
 }
 
 /// Measures one kernel transport's anatomy at every size. Runs in a thread of its
 /// own (which it pins to CPU 0), with the answering end on CPU 1.
 pub fn run(p: Proto, cfg: &KernelConfig, ticks_per_ns: f64) -> Result<Vec<AnatomyRun>, KernelAnatomyError> {
     let session = TraceSession::open(&EVENTS)?;
-    let (mut a, b) = pair(p)?;
+    let (mut a, b) = pair(p, cfg.across.as_ref())?;
     let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>();
     let (rep_tx, rep_rx) = mpsc::channel::<Result<Vec<(u64, Ev)>, String>>();
     let (tid_tx, tid_rx) = mpsc::channel();
@@ -421,7 +446,15 @@ pub fn run(p: Proto, cfg: &KernelConfig, ticks_per_ns: f64) -> Result<Vec<Anatom
                 let (periods, _, _, _) = batch(per, false)?;
                 plain_p.extend(periods);
             }
-            runs.push(summarize(p, size as u64, &traced, &plain_p, ticks_per_ns, cfg.tolerance));
+            let mut run = summarize(p, size as u64, &traced, &plain_p, ticks_per_ns, cfg.tolerance);
+            if cfg.across.is_some() {
+                for st in &mut run.stages {
+                    if st.name == DEVICE_LOOPBACK {
+                        st.name = DEVICE_VETH.into();
+                    }
+                }
+            }
+            runs.push(run);
         }
         Ok(runs)
     })();

@@ -1338,7 +1338,12 @@ impl<L: Link> Reliable<L> {
         for _ in 0..BATCH {
             let c = &mut self.c;
             let mut res = Ok(false);
-            let got = self.link.recv(&mut |d| res = c.on_datagram(d, now, deliver));
+            let got = self.link.recv(&mut |d| {
+                // A data packet came off the link (the kind byte read unchecked: it
+                // only places a time stamp; everything is checked next).
+                strait_probe::probe!(if d.get(1) == Some(&(PacketKind::Data as u8)) => strait_probe::Stage::RxFound);
+                res = c.on_datagram(d, now, deliver)
+            });
             self.settle(now);
             match got {
                 Ok(true) => {}
@@ -1557,6 +1562,9 @@ impl<L: Link> Device for Reliable<L> {
                 self.push_packet(self.slots[k], PacketKind::Data, flags, end - start, now);
             }
         }
+        // The frame is in its packets, headers and checksums built: what follows is
+        // the link's (queue, then the send call at the doorbell).
+        strait_probe::probe!(strait_probe::Stage::DevFilled);
         self.c.rstats.frames_sent += 1;
         self.c.dstats.frames_sent += 1;
         self.pump(now)?;

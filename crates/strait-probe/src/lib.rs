@@ -36,13 +36,16 @@ pub enum Stage {
     /// The engine is about to write a message's first frame (eager data or RTS),
     /// after the API checks, credit accounting and queueing decisions.
     TxMsg,
-    /// The device reserved a frame and filled it; the commit store follows.
+    /// The device reserved a frame and filled it; the commit store follows (the
+    /// reliability layer: the frame's packets are built, headers and checksums
+    /// included, and go to the link next).
     DevFilled,
     /// The device's doorbell call started.
     DoorbellBegin,
     /// The device's doorbell call returned.
     DoorbellEnd,
-    /// The device's receive poll found a frame.
+    /// The device's receive poll found a frame (the reliability layer: its link
+    /// handed over a data packet, before any check).
     RxFound,
     /// The engine matched a message (eager data or RTS) to a posted receive.
     RxMatch,

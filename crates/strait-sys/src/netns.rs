@@ -66,6 +66,21 @@ pub fn enter(ns: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// Runs `f` on a new thread that entered namespace `ns` first (`None`: on this
+/// thread, where it is), so that the sockets `f` makes live there; they stay there
+/// when handed back to any thread.
+pub fn within<T: Send>(ns: Option<&str>, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
+    let Some(ns) = ns else { return f() };
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            enter(ns)?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the thread in the namespace panicked")))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -99,14 +99,7 @@ impl VethPair {
 
     /// Runs `f` on a thread inside namespace `i` and returns its result.
     pub fn in_ns<T: Send>(&self, i: usize, f: impl FnOnce() -> T + Send) -> io::Result<T> {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                netns::enter(&self.ns[i])?;
-                Ok(f())
-            })
-            .join()
-            .map_err(|_| io::Error::other("namespace thread panicked"))?
-        })
+        netns::within(Some(&self.ns[i]), || Ok(f()))
     }
 
     /// A UDP socket in namespace `i`, bound to its address and port `port` (0 =

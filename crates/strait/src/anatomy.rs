@@ -21,7 +21,7 @@ use strait_anatomy::anatomy::{AnatomyRun, StageRow};
 use strait_anatomy::stages::{self, OneWay, STAGES};
 use strait_anatomy::sys::{pin, unpin};
 use strait_anatomy::Clock;
-use strait_core::{Config, EpId, MemoryRegion, OpKind, Status, Worker};
+use strait_core::{Config, Device, EpId, MemoryRegion, OpKind, Status, Worker};
 use strait_probe::Stamp;
 use strait_shm::{ShmConfig, ShmDevice, ShmListener};
 use thiserror::Error;
@@ -105,8 +105,8 @@ pub fn probe_cost() -> ProbeCost {
 }
 
 /// One end: a worker, its endpoint and buffers.
-struct End {
-    w: Worker<ShmDevice>,
+struct End<D: Device> {
+    w: Worker<D>,
     ep: EpId,
     tx: MemoryRegion,
     rx: MemoryRegion,
@@ -119,9 +119,8 @@ fn region(len: usize) -> Result<MemoryRegion, AnatomyError> {
     Ok(r)
 }
 
-impl End {
-    fn new(w: Worker<ShmDevice>, dev: ShmDevice) -> Result<End, AnatomyError> {
-        let mut w = w;
+impl<D: Device> End<D> {
+    fn new(mut w: Worker<D>, dev: D) -> Result<End<D>, AnatomyError> {
         let ep = w.attach(dev);
         Ok(End { w, ep, tx: region(8)?, rx: region(8)? })
     }
@@ -190,16 +189,18 @@ fn engine_config() -> Result<Config, AnatomyError> {
     Ok(cfg)
 }
 
+/// Makes one end's connected device, on that end's thread, for its worker.
+pub(crate) type MakeDevice<D> = Box<dyn FnOnce(&Worker<D>) -> Result<D, AnatomyError> + Send>;
+
 /// The answering end's loop: one batch of pongs per command, its probe log back.
-fn pong_thread(
-    name: String,
+fn pong_thread<D: Device>(
+    make: MakeDevice<D>,
     cmds: mpsc::Receiver<Cmd>,
     replies: mpsc::Sender<Result<Vec<Stamp>, String>>,
 ) -> Result<(), AnatomyError> {
     let _ = pin(1);
     let w = Worker::new(engine_config()?).map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
-    let dev = ShmDevice::connect(&name, &ShmConfig::default(), w.notifier())
-        .map_err(|e| AnatomyError::Setup(format!("connect: {e}")))?;
+    let dev = make(&w)?;
     let mut end = End::new(w, dev)?;
     while let Ok(Cmd::Batch { size, iters, probes, log }) = cmds.recv() {
         let r = (|| {
@@ -307,7 +308,7 @@ pub(crate) fn measure_rounds<E>(
 
 /// The pinging end's side of one batch: returns the round-trip periods (ticks
 /// between consecutive `post_send` calls).
-fn ping_batch(end: &mut End, size: usize, iters: u64) -> Result<Vec<f64>, AnatomyError> {
+fn ping_batch<D: Device>(end: &mut End<D>, size: usize, iters: u64) -> Result<Vec<f64>, AnatomyError> {
     let mut ts = Vec::with_capacity(iters as usize);
     for _ in 0..iters {
         end.post_recv(size, TAG_PONG)?;
@@ -326,26 +327,57 @@ pub fn run(
     cost: ProbeCost,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(Vec<AnatomyRun>, Vec<String>), AnatomyError> {
+    check_probes(clock)?;
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!("strait-anatomy-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let listener = ShmListener::bind(&name).map_err(|e| AnatomyError::Setup(format!("bind: {e}")))?;
+    let pong: MakeDevice<ShmDevice> = Box::new(move |w| {
+        ShmDevice::connect(&name, &ShmConfig::default(), w.notifier())
+            .map_err(|e| AnatomyError::Setup(format!("connect: {e}")))
+    });
+    let ping: MakeDevice<ShmDevice> = Box::new(move |w| {
+        listener.accept(w.notifier()).map_err(|e| AnatomyError::Setup(format!("accept: {e}")))
+    });
+    run_pair(TRANSPORT, &STAGES, cfg, clock, cost, progress, ping, pong)
+}
+
+/// Fails early when the stage stamps cannot be taken or compared across cores.
+pub(crate) fn check_probes(clock: &Clock) -> Result<(), AnatomyError> {
     if !strait_probe::COMPILED {
         return Err(AnatomyError::ProbesCompiledOut);
     }
     if cfg!(target_arch = "x86_64") && clock.tsc_ghz().is_none() {
         return Err(AnatomyError::NoInvariantTsc(clock.source().name()));
     }
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!("strait-anatomy-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-    let listener = ShmListener::bind(&name).map_err(|e| AnatomyError::Setup(format!("bind: {e}")))?;
+    Ok(())
+}
+
+/// The ping-pong of strait's native API between two threads of this process, each
+/// with its own worker and the device `ping` or `pong` makes on its thread (the
+/// answering end's thread is started first), dissected along the stages `defs`
+/// names (the chain of [`stages::walk`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_pair<D: Device + 'static>(
+    transport: &str,
+    defs: &[stages::StageDef],
+    cfg: &AnatomyConfig,
+    clock: &Clock,
+    cost: ProbeCost,
+    progress: &mut dyn FnMut(u64),
+    ping: MakeDevice<D>,
+    pong: MakeDevice<D>,
+) -> Result<(Vec<AnatomyRun>, Vec<String>), AnatomyError> {
     let (cmd_tx, cmd_rx) = mpsc::channel();
     let (rep_tx, rep_rx) = mpsc::channel();
     let peer = std::thread::Builder::new()
         .name("anatomy-pong".into())
-        .spawn(move || pong_thread(name, cmd_rx, rep_tx))
+        .spawn(move || pong_thread(pong, cmd_rx, rep_tx))
         .map_err(|e| AnatomyError::Setup(format!("thread: {e}")))?;
     let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
     let old_cpus = if two_cores { pin(0) } else { None };
     let result = (|| {
         let w = Worker::new(engine_config()?).map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
-        let dev = listener.accept(w.notifier()).map_err(|e| AnatomyError::Setup(format!("accept: {e}")))?;
+        let dev = ping(&w)?;
         let mut end = End::new(w, dev)?;
         let mut data = Vec::new();
         for &size in &cfg.sizes {
@@ -367,9 +399,9 @@ pub fn run(
     let mut runs = Vec::new();
     let mut notes = Vec::new();
     for d in data {
-        match report_size(TRANSPORT, &STAGES, &d, cost.on_ticks, tpn, cfg.tolerance, &mut notes) {
+        match report_size(transport, defs, &d, cost.on_ticks, tpn, cfg.tolerance, &mut notes) {
             Some(r) => runs.push(r),
-            None => notes.push(format!("{TRANSPORT} {} B: no complete probed path was recorded", d.size)),
+            None => notes.push(format!("{transport} {} B: no complete probed path was recorded", d.size)),
         }
     }
     Ok((runs, notes))
@@ -457,8 +489,8 @@ pub(crate) fn report_size(
     })
 }
 
-fn measure_size(
-    end: &mut End,
+fn measure_size<D: Device>(
+    end: &mut End<D>,
     size: usize,
     cfg: &AnatomyConfig,
     cmds: &mpsc::Sender<Cmd>,

@@ -16,6 +16,7 @@
 pub use strait_core;
 pub use strait_shm;
 
+pub mod across_anatomy;
 pub mod anatomy;
 pub mod bench;
 pub mod netns;

@@ -153,13 +153,21 @@ struct AnatomyArgs {
     #[arg(long, default_value_t = 0.10)]
     tolerance: f64,
     /// Paths to dissect, comma-separated: strait-shm, strait-run, strait-run-udp,
-    /// kernel-udp, kernel-tcp. The kernel paths need root (tracefs); they and
-    /// strait-run-udp run only sizes up to 32K. strait-run and strait-run-udp need
-    /// libstrait_preload.so built with its probes (`cargo
-    /// build --release -p strait-preload --features probes`), found as `strait run`
-    /// finds it (--preload, STRAIT_PRELOAD_LIB, beside strait).
-    #[arg(long, value_delimiter = ',', default_value = "strait-shm,kernel-udp,kernel-tcp")]
+    /// kernel-udp, kernel-tcp (default strait-shm,kernel-udp,kernel-tcp); with
+    /// --across-netns strait-udp, strait-xdp, kernel-udp, kernel-tcp (default all
+    /// four). The kernel paths need root (tracefs); they and strait-run-udp run only
+    /// sizes up to 32K. strait-run and strait-run-udp need libstrait_preload.so built
+    /// with its probes (`cargo build --release -p strait-preload --features
+    /// probes`), found as `strait run` finds it (--preload, STRAIT_PRELOAD_LIB,
+    /// beside strait).
+    #[arg(long, value_delimiter = ',')]
     transports: Vec<String>,
+    /// Dissect the paths between two network namespaces joined by veth pairs
+    /// (created for the run and removed after; needs root) instead of on one host:
+    /// strait's udp and xdp devices and the kernel's UDP and TCP, the stages of the
+    /// kernel's path on both sides of the wire included.
+    #[arg(long)]
+    across_netns: bool,
     /// Directory under which anatomy-<UTC timestamp>/ is created.
     #[arg(long, default_value = "results")]
     out: PathBuf,
@@ -473,6 +481,9 @@ fn anatomy_command(a: &AnatomyArgs) -> String {
     parts.push(format!("--iters {} --warmup {} --rounds {}", a.iters, a.warmup, a.rounds));
     parts.push(format!("--tolerance {}", a.tolerance));
     parts.push(format!("--transports {}", a.transports.join(",")));
+    if a.across_netns {
+        parts.push("--across-netns".into());
+    }
     parts.push(format!("--out {}", shell_quote(&a.out.to_string_lossy())));
     if let Some(p) = &a.preload {
         parts.push(format!("--preload {}", shell_quote(&p.to_string_lossy())));
@@ -481,7 +492,7 @@ fn anatomy_command(a: &AnatomyArgs) -> String {
 }
 
 /// Runs the anatomy; `Ok(false)` when strait's own stages are missing.
-fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
+fn anatomy_run(mut a: AnatomyArgs) -> Result<bool, BenchError> {
     use strait::anatomy::{self as anat, AnatomyConfig};
     use strait_anatomy::anatomy::{
         render_latency_svg, render_svg as anatomy_svg, render_table as anatomy_table, AnatomyReport,
@@ -489,6 +500,22 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
     use strait_anatomy::kanatomy;
     if !(a.tolerance >= 0.0 && a.tolerance.is_finite()) {
         return Err(BenchError::Protocol("--tolerance must be a non-negative number".into()));
+    }
+    use strait::across_anatomy as across;
+    use strait::run_anatomy::{self as run_anat, Proto as RunProto};
+    let known: &[&str] = if a.across_netns {
+        &[across::UDP, across::XDP, "kernel-udp", "kernel-tcp"]
+    } else {
+        &[anat::TRANSPORT, run_anat::TRANSPORT, run_anat::TRANSPORT_UDP, "kernel-udp", "kernel-tcp"]
+    };
+    if a.transports.is_empty() {
+        let default: &[&str] =
+            if a.across_netns { known } else { &[anat::TRANSPORT, "kernel-udp", "kernel-tcp"] };
+        a.transports = default.iter().map(|t| t.to_string()).collect();
+    }
+    if let Some(bad) = a.transports.iter().find(|t| !known.contains(&t.as_str())) {
+        let mode = if a.across_netns { " with --across-netns" } else { "" };
+        return Err(BenchError::UnknownTransport { name: format!("{bad}{mode}"), known: known.join(", ") });
     }
     let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let command = anatomy_command(&a);
@@ -511,13 +538,19 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
             eprint!("\rstrait anatomy: {} {}   ", anat::TRANSPORT, format_size(size));
         }
     };
-    use strait::run_anatomy::{self as run_anat, Proto as RunProto};
-    const KNOWN: [&str; 5] =
-        [anat::TRANSPORT, run_anat::TRANSPORT, run_anat::TRANSPORT_UDP, "kernel-udp", "kernel-tcp"];
-    if let Some(bad) = a.transports.iter().find(|t| !KNOWN.contains(&t.as_str())) {
-        return Err(BenchError::UnknownTransport { name: bad.clone(), known: KNOWN.join(", ") });
-    }
     let want = |t: &str| a.transports.iter().any(|x| x == t);
+    // Removed when the anatomy ends (also on an error return).
+    let veth = if a.across_netns {
+        let pair =
+            strait::netns::VethPair::create("stan").map_err(|e| BenchError::Protocol(e.to_string()))?;
+        notes.push(format!(
+            "across two network namespaces ({} {}, {} {}) joined by veth pairs, not loopback",
+            pair.ends[0].ns, pair.ends[0].ip, pair.ends[1].ns, pair.ends[1].ip
+        ));
+        Some(pair)
+    } else {
+        None
+    };
     let shm = if want(anat::TRANSPORT) {
         anat::run(&cfg, &clock, cost, &mut progress)
     } else {
@@ -577,12 +610,57 @@ fn anatomy_run(a: AnatomyArgs) -> Result<bool, BenchError> {
             }
         }
     }
+    if let Some(pair) = &veth {
+        type Across =
+            fn(
+                &AnatomyConfig,
+                &Clock,
+                anat::ProbeCost,
+                &strait::netns::VethPair,
+                &mut dyn FnMut(u64),
+            )
+                -> Result<(Vec<strait_anatomy::anatomy::AnatomyRun>, Vec<String>), anat::AnatomyError>;
+        let paths: [(&str, Across); 2] = [(across::UDP, across::run_udp), (across::XDP, across::run_xdp)];
+        for (name, f) in paths {
+            if !want(name) {
+                continue;
+            }
+            let mut progress = |size: u64| {
+                if std::io::stderr().is_terminal() {
+                    eprint!("\rstrait anatomy: {name} {}   ", format_size(size));
+                }
+            };
+            match f(&cfg, &clock, cost, pair, &mut progress) {
+                Ok((r, n)) => {
+                    runs.extend(r);
+                    notes.extend(n);
+                }
+                Err(e) => {
+                    eprintln!("strait anatomy: {name}: {e}");
+                    notes.push(format!("{name}: not measured: {e}"));
+                    complete = false;
+                }
+            }
+        }
+    }
     let kcfg = kanatomy::KernelConfig {
         sizes: a.sizes.0.iter().copied().filter(|&s| s <= KERNEL_MAX_SIZE).collect(),
         iters: a.iters,
         warmup: a.warmup,
         rounds: a.rounds,
         tolerance: a.tolerance,
+        across: match &veth {
+            Some(pair) => {
+                let ip = |i: usize| {
+                    pair.ends[i].ip.parse().map_err(|e| BenchError::Protocol(format!("veth address: {e}")))
+                };
+                Some(kanatomy::Across {
+                    ns: [pair.ends[0].ns.clone(), pair.ends[1].ns.clone()],
+                    ip: [ip(0)?, ip(1)?],
+                })
+            }
+            None => None,
+        },
     };
     let skipped: Vec<String> =
         a.sizes.0.iter().filter(|&&s| s > KERNEL_MAX_SIZE).map(|&s| format_size(s)).collect();

@@ -348,3 +348,85 @@ fn strait_run_anatomy_without_probes_says_how_to_build() {
     assert_eq!(o.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("--features probes"), "{stderr}");
 }
+
+/// `--across-netns` (root only: namespaces, XDP, tracefs): strait's udp and xdp
+/// devices and the kernel's UDP and TCP between two namespaces, every stage of each
+/// chain observed, the stages adding up to the reported sum, the kernel's device
+/// stage named for the veth pair, and the namespaces removed after. Paths that
+/// exist only on one host are refused.
+#[test]
+fn across_netns_anatomy_of_strait_and_kernel_as_root() {
+    if !root_or_skip("--across-netns needs root (namespaces, XDP, tracefs)") {
+        return;
+    }
+    let _turn = turn();
+    let out = tmp_dir("across");
+    let (doc, _) = anatomy_json(
+        &["--across-netns", "--sizes", "8,4K", "--iters", "400", "--warmup", "50", "--rounds", "2"],
+        &out,
+    );
+    assert!(text(&doc["machine"], "command").contains("--across-netns"), "{doc}");
+    let notes = doc["notes"].as_array().expect("notes");
+    assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.contains("network namespaces"))), "{doc}");
+    let runs = doc["runs"].as_array().expect("runs");
+    let cells: Vec<(&str, u64)> =
+        runs.iter().map(|r| (text(r, "transport"), r["size_bytes"].as_u64().expect("size"))).collect();
+    let mut want = Vec::new();
+    for t in ["strait-udp", "strait-xdp", "kernel-udp", "kernel-tcp"] {
+        want.extend([(t, 8), (t, 4096)]);
+    }
+    assert_eq!(cells, want, "{doc}");
+    let (tol, floor) = (num(&doc, "tolerance"), num(&doc, "tolerance_floor_ns"));
+    for r in runs {
+        let t = text(r, "transport");
+        let stages = r["stages"].as_array().expect("stages");
+        assert!(r["samples"].as_u64().unwrap_or(0) > 0, "no path was walked: {r}");
+        let names: Vec<&str> = stages.iter().map(|s| text(s, "name")).collect();
+        let mut critical = 0.0;
+        for s in stages {
+            let name = text(s, "name");
+            let ns = num(s, "ns");
+            assert!(ns >= 0.0, "{t} stage {name}: {ns} ns");
+            if s["on_critical_path"].as_bool().expect("on_critical_path") {
+                critical += ns;
+            }
+        }
+        let (sum, measured) = (num(r, "stage_sum_ns"), num(r, "measured_one_way_ns"));
+        assert!(sum > 0.0 && measured > 0.0, "{r}");
+        assert!((critical - sum).abs() < 1e-6 * sum.max(1.0), "{t}: stages add to {critical}, sum {sum}");
+        check_verdict(r, sum, measured, tol, floor);
+        if t.starts_with("strait-") {
+            // The wire stage holds the send call, both kernels' (or XDP's) work and the
+            // peer's poll: microseconds, never nothing.
+            let wire = stages
+                .iter()
+                .find(|s| text(s, "name") == "send call + kernel/wire + peer's receive poll")
+                .unwrap_or_else(|| panic!("{t}: no wire stage in {names:?}"));
+            assert!(num(wire, "ns") > 0.0, "{t}: {r}");
+            assert!(
+                names.contains(&"doorbell (overlaps transfer)"),
+                "{t}: the send call beside the chain: {names:?}"
+            );
+        } else {
+            assert!(names.contains(&"device transmit (veth)"), "{t}: {names:?}");
+            for s in stages {
+                let name = text(s, "name");
+                if !name.starts_with("wake-up") {
+                    assert!(num(s, "raw_ns") > 0.0, "{t} stage {name} was not observed: {r}");
+                }
+            }
+        }
+    }
+    let left = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
+    assert!(!String::from_utf8_lossy(&left.stdout).contains("stan"), "namespaces left behind");
+
+    let o = Command::new(env!("CARGO_BIN_EXE_strait"))
+        .args(["anatomy", "--across-netns", "--transports", "strait-shm"])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run strait");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("strait-shm with --across-netns"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -154,7 +154,11 @@ impl<D: Device> End<D> {
             match self.w.poll() {
                 Some(c) => {
                     if c.status != Status::Ok {
-                        return Err(AnatomyError::PingPong(format!("{:?} ended {:?}", c.op, c.status)));
+                        let why = match self.w.endpoint_error(self.ep) {
+                            Some((_, Some(why))) => format!(" ({why})"),
+                            _ => String::new(),
+                        };
+                        return Err(AnatomyError::PingPong(format!("{:?} ended {:?}{why}", c.op, c.status)));
                     }
                     match c.op {
                         OpKind::Send if sends == 0 => extra += 1,
@@ -202,7 +206,7 @@ fn pong_thread<D: Device>(
     let w = Worker::new(engine_config()?).map_err(|e| AnatomyError::Setup(format!("worker: {e}")))?;
     let dev = make(&w)?;
     let mut end = End::new(w, dev)?;
-    while let Ok(Cmd::Batch { size, iters, probes, log }) = cmds.recv() {
+    while let Some(Cmd::Batch { size, iters, probes, log }) = next_command(&cmds, &mut end) {
         let r = (|| {
             end.prepare(size)?;
             if probes {
@@ -228,6 +232,30 @@ fn pong_thread<D: Device>(
         }
     }
     Ok(())
+}
+
+/// The next command for the answering end. While it waits, a device with timers
+/// running (the reliability layer's: the last sends' packets not yet all out
+/// behind the congestion window, acknowledgements, retransmissions) is driven as
+/// the benchmark peer drives it: a send completion hands the buffer back, it does
+/// not mean the packets left, and a user-level stack moves only while polled.
+fn next_command<D: Device>(cmds: &mpsc::Receiver<Cmd>, end: &mut End<D>) -> Option<Cmd> {
+    loop {
+        if end.w.next_timer_ns().is_none() {
+            return cmds.recv().ok();
+        }
+        match cmds.recv_timeout(Duration::from_micros(100)) {
+            Ok(c) => return Some(c),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                for _ in 0..64 {
+                    if end.w.progress() == 0 {
+                        break;
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+        }
+    }
 }
 
 /// Raw results of one size.
@@ -500,8 +528,10 @@ fn measure_size<D: Device>(
     let gone = || AnatomyError::PingPong("the pong thread stopped".into());
     let mut batch = |iters: u64, mode: Probes| -> Result<BatchResult, AnatomyError> {
         // Room for every stamp of a batch (a 1 MiB rendezvous takes a few dozen per
-        // round trip and end); allocated here, outside the measured loop.
-        let log = mode.log_room(iters, 24 + 4 * size.div_ceil(64 << 10));
+        // round trip and end; a network device stamps every data packet it
+        // receives, at least 1 KiB each but the last); allocated here, outside the
+        // measured loop.
+        let log = mode.log_room(iters, 24 + 4 * size.div_ceil(64 << 10) + size.div_ceil(1 << 10));
         let probes = mode != Probes::Off;
         if probes {
             strait_probe::start_log(log);

@@ -491,6 +491,28 @@ fn anatomy_command(a: &AnatomyArgs) -> String {
     parts.join(" ")
 }
 
+/// Adds one of strait's paths' runs and notes to the report, or, when it could not
+/// be measured, says why (stderr and notes); whether it was measured.
+fn absorb(
+    name: &str,
+    r: Result<(Vec<strait_anatomy::anatomy::AnatomyRun>, Vec<String>), strait::anatomy::AnatomyError>,
+    runs: &mut Vec<strait_anatomy::anatomy::AnatomyRun>,
+    notes: &mut Vec<String>,
+) -> bool {
+    match r {
+        Ok((r, n)) => {
+            runs.extend(r);
+            notes.extend(n);
+            true
+        }
+        Err(e) => {
+            eprintln!("strait anatomy: {name}: {e}");
+            notes.push(format!("{name}: not measured: {e}"));
+            false
+        }
+    }
+}
+
 /// Runs the anatomy; `Ok(false)` when strait's own stages are missing.
 fn anatomy_run(mut a: AnatomyArgs) -> Result<bool, BenchError> {
     use strait::anatomy::{self as anat, AnatomyConfig};
@@ -598,17 +620,7 @@ fn anatomy_run(mut a: AnatomyArgs) -> Result<bool, BenchError> {
         let r = strait::preload::find_lib(a.preload.clone())
             .map_err(strait::anatomy::AnatomyError::Setup)
             .and_then(|lib| run_anat::run(proto, &rcfg, &clock, &lib));
-        match r {
-            Ok((r, n)) => {
-                runs.extend(r);
-                notes.extend(n);
-            }
-            Err(e) => {
-                eprintln!("strait anatomy: {name}: {e}");
-                notes.push(format!("{name}: not measured: {e}"));
-                complete = false;
-            }
-        }
+        complete &= absorb(name, r, &mut runs, &mut notes);
     }
     if let Some(pair) = &veth {
         type Across =
@@ -630,17 +642,7 @@ fn anatomy_run(mut a: AnatomyArgs) -> Result<bool, BenchError> {
                     eprint!("\rstrait anatomy: {name} {}   ", format_size(size));
                 }
             };
-            match f(&cfg, &clock, cost, pair, &mut progress) {
-                Ok((r, n)) => {
-                    runs.extend(r);
-                    notes.extend(n);
-                }
-                Err(e) => {
-                    eprintln!("strait anatomy: {name}: {e}");
-                    notes.push(format!("{name}: not measured: {e}"));
-                    complete = false;
-                }
-            }
+            complete &= absorb(name, f(&cfg, &clock, cost, pair, &mut progress), &mut runs, &mut notes);
         }
     }
     let kcfg = kanatomy::KernelConfig {

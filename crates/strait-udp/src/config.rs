@@ -45,6 +45,10 @@ pub struct UdpConfig {
     /// default 0 (measured slower on veth and loopback, where the kernel copies a
     /// zero-copy skb anyway; see docs/UDP.md).
     pub zc_min: usize,
+    /// io_uring backend: a lone datagram with nothing else in flight goes out by a
+    /// plain `send` instead of a submission and its completion (measured cheaper
+    /// for a lone small message across veth: docs/PERFORMANCE.md section 33). `STRAIT_UDP_DIRECT_SEND` = 0/1, default 1.
+    pub direct_send: bool,
     /// Doorbell moderation: a flush less than this long after the previous doorbell
     /// leaves its datagrams queued until the window ends (the link's next `recv`,
     /// `flush` or `arm_sleep` rings). 0 rings on every flush.
@@ -71,6 +75,7 @@ impl Default for UdpConfig {
             gso: true,
             gro: true,
             zc_min: 0,
+            direct_send: true,
             coalesce_ns: 8_000,
             stream_coalesce_ns: 32_000,
             sock_buf: 8 << 20,
@@ -126,6 +131,9 @@ impl UdpConfig {
         }
         if let Some(v) = env_num("STRAIT_UDP_ZC_MIN")? {
             c.zc_min = v as usize;
+        }
+        if let Some(v) = env_flag("STRAIT_UDP_DIRECT_SEND")? {
+            c.direct_send = v;
         }
         if let Some(v) = env_num("STRAIT_UDP_COALESCE_US")? {
             c.coalesce_ns = v.saturating_mul(1000);

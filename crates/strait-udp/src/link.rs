@@ -70,6 +70,9 @@ pub struct UdpStats {
     pub gro_trains: u64,
     /// Zero-copy sends.
     pub zc_sends: u64,
+    /// Lone datagrams sent by a plain `send` instead of the io_uring ring (also in
+    /// [`LinkStats::doorbells`]; see [`UdpConfig::direct_send`]).
+    pub direct_sends: u64,
     /// Doorbells (in [`LinkStats::doorbells`]) that submitted datagrams.
     pub tx_doorbells: u64,
     /// System calls made only for receiving: to let the kernel post receive

@@ -87,6 +87,8 @@ pub(crate) struct UringLink {
     gso_ops: Vec<GsoOp>,
     gso_free: Vec<u32>,
     zc_min: usize,
+    /// See [`UdpConfig::direct_send`].
+    direct_send: bool,
     rx_hdr: Box<libc::msghdr>,
     bufring: Mapping,
     rx_mem: Mapping,
@@ -232,6 +234,7 @@ impl UringLink {
             gso_ops,
             gso_free: (0..if gso { GSO_OPS as u32 } else { 0 }).collect(),
             zc_min,
+            direct_send: cfg.direct_send,
             rx_hdr,
             bufring,
             rx_mem,
@@ -437,6 +440,7 @@ impl UringLink {
     pub(crate) fn ring_now(&mut self, now: u64) -> Result<(), LinkError> {
         self.reap();
         let queued = self.txq.len();
+        let direct = self.send_direct();
         self.fill_sq();
         let sent = queued - self.txq.len();
         if sent > 0 {
@@ -451,9 +455,53 @@ impl UringLink {
         if !self.rx_armed {
             self.arm_recv();
         }
+        // The lone datagram went out by itself: enter the kernel only if the ring
+        // has something for it (a re-armed receive, completions to post).
+        let idle_ring = {
+            let sq = self.ring.submission();
+            sq.is_empty() && !sq.taskrun() && !sq.cq_overflow()
+        };
+        if direct > 0 && idle_ring {
+            return Ok(());
+        }
         self.submit().map_err(io_err("io_uring_enter"))?;
         self.reap();
         Ok(())
+    }
+
+    /// Sends a lone queued datagram with a plain `send` when nothing is in flight
+    /// through the ring (so it cannot overtake an earlier datagram) and nothing
+    /// waits in the submission queue. Returns how many went out this way.
+    ///
+    /// For one small datagram, io_uring's submission and completion cost more than
+    /// the send itself; a batch still goes through the ring (one call for many).
+    /// A send the socket cannot take now (`EAGAIN`, `ENOBUFS`, a signal) stays
+    /// queued for the ring, which waits for room; any other error is a failed
+    /// send, as a failed completion would be (the reliability layer resends).
+    fn send_direct(&mut self) -> usize {
+        if !self.direct_send
+            || self.txq.len() != 1
+            || self.tx_inflight != 0
+            || !self.ring.submission().is_empty()
+        {
+            return 0;
+        }
+        let Some(&(slot, len)) = self.txq.front() else { return 0 };
+        let buf = &self.pool.buf(slot)[..len as usize];
+        // SAFETY: `buf` is `len` initialised bytes of a slot this link owns (range
+        // checked in `send`); the kernel only reads them during the call.
+        let r = unsafe { libc::send(self.fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if r < 0 {
+            let e = io::Error::last_os_error().raw_os_error();
+            if matches!(e, Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR)) {
+                return 0;
+            }
+        }
+        self.txq.pop_front();
+        self.stats.doorbells += 1;
+        self.ustats.direct_sends += 1;
+        self.tx_done(slot, if r < 0 { -1 } else { r as i32 });
+        1
     }
 
     pub(crate) fn flush(&mut self) -> Result<(), LinkError> {

@@ -349,6 +349,61 @@ fn veth_datagrams_both_backends_v4_v6() {
     }
 }
 
+/// A lone datagram with nothing in flight leaves by a plain `send`, a batch through
+/// the ring; either way every datagram arrives intact, in the order sent. With
+/// direct sends off, every datagram goes through the ring.
+#[test]
+fn lone_datagrams_skip_the_ring_batches_do_not() {
+    for direct_send in [true, false] {
+        let c = UdpConfig { direct_send, ..cfg(Backend::Uring) };
+        let (mut a, mut b) = loopback_pair(&c);
+        let mut got: Vec<u32> = Vec::new();
+        let mut check = |d: &[u8]| {
+            assert!(d.len() >= 4, "runt datagram of {} bytes", d.len());
+            let k = u32::from_le_bytes(d[..4].try_into().unwrap());
+            let mut expect = vec![0u8; d.len()];
+            fill(k, &mut expect);
+            assert!(d == &expect[..], "datagram {k} corrupted");
+            got.push(k);
+        };
+        let mut sent = 0u32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for round in 0..50u32 {
+            // One lone datagram, flushed on its own; then a batch of 20.
+            let burst = if round % 2 == 0 { 1 } else { 20 };
+            for _ in 0..burst {
+                send_filled(&mut a, sent, [8, 64, 1000, 1400][sent as usize % 4]);
+                sent += 1;
+            }
+            a.flush().unwrap();
+            let mut n = 0;
+            while n < burst {
+                assert!(Instant::now() < deadline, "round {round}: {n} of {burst} arrived");
+                while b
+                    .recv(&mut |d| {
+                        check(d);
+                        n += 1;
+                    })
+                    .unwrap()
+                {}
+                // Completions of earlier ring sends are reaped as the sender polls.
+                let _ = a.recv(&mut |_| {});
+            }
+        }
+        assert_eq!(got, (0..sent).collect::<Vec<_>>(), "datagrams lost or out of order");
+        let u = a.udp_stats();
+        if direct_send {
+            // Every lone datagram: nothing was in flight when it was flushed (the
+            // batch before it had been received, so its completions were reaped).
+            assert_eq!(u.direct_sends, 25, "{u:?}");
+        } else {
+            assert_eq!(u.direct_sends, 0, "{u:?}");
+        }
+        // The batches always go through the ring.
+        assert!(u.tx_doorbells >= 25, "{u:?}");
+    }
+}
+
 fn poll_in(fd: i32, ms: i32) -> bool {
     let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd on the stack.

@@ -9,9 +9,8 @@ mod common;
 use common::Pair;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,21 +19,11 @@ use strait_core::{Device, Link, Reliable, ReliableConfig};
 use strait_xdp::{XdpChannel, XdpConfig, XdpPort};
 
 impl Pair {
-    /// Runs `f` on a thread inside side `side`'s namespace.
+    /// Runs `f` on a thread inside side `side`'s namespace (the project's one
+    /// helper for that, `strait_sys::netns::within`).
     fn within<T: Send>(&self, side: usize, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/var/run/netns/{}", self.ns[side]);
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                let ns = File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-                // SAFETY: enters the namespace behind a live descriptor; affects this
-                // thread only.
-                let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-                f()
-            })
-            .join()
-            .expect("namespace thread panicked")
-        })
+        strait_sys::netns::within(Some(&self.ns[side]), || Ok(f()))
+            .unwrap_or_else(|e| panic!("entering namespace {}: {e}", self.ns[side]))
     }
 
     fn port(&self, side: usize) -> Arc<XdpPort> {

@@ -47,7 +47,8 @@ pub struct UdpConfig {
     pub zc_min: usize,
     /// io_uring backend: a lone datagram with nothing else in flight goes out by a
     /// plain `send` instead of a submission and its completion (measured cheaper
-    /// for a lone small message across veth: docs/PERFORMANCE.md section 33). `STRAIT_UDP_DIRECT_SEND` = 0/1, default 1.
+    /// for a lone small message across veth: docs/PERFORMANCE.md section 33).
+    /// `STRAIT_UDP_DIRECT_SEND` = 0/1, default 1.
     pub direct_send: bool,
     /// Doorbell moderation: a flush less than this long after the previous doorbell
     /// leaves its datagrams queued until the window ends (the link's next `recv`,

@@ -461,7 +461,7 @@ impl UringLink {
             let sq = self.ring.submission();
             sq.is_empty() && !sq.taskrun() && !sq.cq_overflow()
         };
-        if direct > 0 && idle_ring {
+        if direct && idle_ring {
             return Ok(());
         }
         self.submit().map_err(io_err("io_uring_enter"))?;
@@ -471,22 +471,22 @@ impl UringLink {
 
     /// Sends a lone queued datagram with a plain `send` when nothing is in flight
     /// through the ring (so it cannot overtake an earlier datagram) and nothing
-    /// waits in the submission queue. Returns how many went out this way.
+    /// waits in the submission queue. Returns whether it went out this way.
     ///
     /// For one small datagram, io_uring's submission and completion cost more than
     /// the send itself; a batch still goes through the ring (one call for many).
     /// A send the socket cannot take now (`EAGAIN`, `ENOBUFS`, a signal) stays
     /// queued for the ring, which waits for room; any other error is a failed
     /// send, as a failed completion would be (the reliability layer resends).
-    fn send_direct(&mut self) -> usize {
+    fn send_direct(&mut self) -> bool {
         if !self.direct_send
             || self.txq.len() != 1
             || self.tx_inflight != 0
             || !self.ring.submission().is_empty()
         {
-            return 0;
+            return false;
         }
-        let Some(&(slot, len)) = self.txq.front() else { return 0 };
+        let Some(&(slot, len)) = self.txq.front() else { return false };
         let buf = &self.pool.buf(slot)[..len as usize];
         // SAFETY: `buf` is `len` initialised bytes of a slot this link owns (range
         // checked in `send`); the kernel only reads them during the call.
@@ -494,14 +494,14 @@ impl UringLink {
         if r < 0 {
             let e = io::Error::last_os_error().raw_os_error();
             if matches!(e, Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR)) {
-                return 0;
+                return false;
             }
         }
         self.txq.pop_front();
         self.stats.doorbells += 1;
         self.ustats.direct_sends += 1;
         self.tx_done(slot, if r < 0 { -1 } else { r as i32 });
-        1
+        true
     }
 
     pub(crate) fn flush(&mut self) -> Result<(), LinkError> {

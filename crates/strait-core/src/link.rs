@@ -60,6 +60,10 @@ pub struct LinkStats {
     pub doorbells: u64,
     /// Sends refused because the device ring was full.
     pub send_full: u64,
+    /// Doorbells rung by [`Link::push`] with datagrams queued (also in `doorbells`
+    /// when the link counts those): new flights sent without moderation. Links
+    /// without moderation leave it 0.
+    pub pushes: u64,
 }
 
 /// An unreliable datagram carrier to one peer. One `Link` value is one connection.
@@ -91,6 +95,17 @@ pub trait Link {
 
     /// Submits every queued datagram and reaps completed transmissions: the doorbell.
     fn flush(&mut self) -> Result<(), LinkError>;
+
+    /// Submits every queued datagram now, whatever doorbell moderation the link
+    /// does: the reliability layer calls this instead of [`Link::flush`] when the
+    /// queued packets start a new flight (nothing of the connection was
+    /// unacknowledged before them, Nagle's condition), so someone is waiting for
+    /// them and no more are coming soon. A link that also moderates receiving stops
+    /// doing so until a stream shows again: the answer is what is awaited next.
+    /// Links without moderation keep the default, a flush.
+    fn push(&mut self) -> Result<(), LinkError> {
+        self.flush()
+    }
 
     /// If a datagram has arrived, passes its bytes to `handle` (valid only during the
     /// call) and releases it. Returns whether there was one.
@@ -159,6 +174,9 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn flush(&mut self) -> Result<(), LinkError> {
         (**self).flush()
+    }
+    fn push(&mut self) -> Result<(), LinkError> {
+        (**self).push()
     }
     fn recv(&mut self, handle: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
         (**self).recv(handle)

@@ -994,6 +994,9 @@ pub struct Reliable<L: Link> {
     slots: Vec<u32>,
     pieces: Pieces,
     unflushed: bool,
+    /// The unflushed packets start a new flight (the first of them went out with
+    /// nothing unacknowledged before it): the link is pushed, not flushed.
+    push: bool,
     since_timers: u32,
     /// When the timers last ran: a long gap means this side was not listening.
     last_pass_ns: u64,
@@ -1096,6 +1099,7 @@ impl<L: Link> Reliable<L> {
             slots: Vec::new(),
             pieces: Pieces(Vec::new()),
             unflushed: false,
+            push: false,
             since_timers: 0,
             last_pass_ns: now,
         };
@@ -1272,6 +1276,10 @@ impl<L: Link> Reliable<L> {
             p.sent_ns = now.max(1);
             if first {
                 c.unsent -= 1;
+                // Nothing before it is unacknowledged: a new flight, which the
+                // peer is likely waiting for (Nagle's condition, used the other
+                // way round: this one leaves at once, without moderation).
+                self.push |= i == 0;
             }
             p.rto_pending = false;
             c.last_tx_ns = now;
@@ -1295,7 +1303,8 @@ impl<L: Link> Reliable<L> {
         if self.unflushed {
             self.unflushed = false;
             self.c.ack_flushed = self.c.ack_sent;
-            if let Err(e) = self.link.flush() {
+            let r = if std::mem::take(&mut self.push) { self.link.push() } else { self.link.flush() };
+            if let Err(e) = r {
                 return Err(self.link_failed(e));
             }
         }

@@ -835,6 +835,14 @@ impl Link for SimLink {
         Ok(())
     }
 
+    /// A flush (the simulated link does not moderate), counted as a push.
+    fn push(&mut self) -> Result<(), LinkError> {
+        if !self.pending.is_empty() {
+            self.stats.pushes += 1;
+        }
+        self.flush()
+    }
+
     fn recv(&mut self, handle: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
         let d = {
             let mut n = self.net.inner.borrow_mut();

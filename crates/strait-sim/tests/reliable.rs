@@ -14,7 +14,7 @@ use std::rc::Rc;
 
 use strait_core::congestion::Congestion;
 use strait_core::reliable::{PacketAuth, PacketKey, Reliable, ReliableConfig};
-use strait_core::{Completion, Config, Device, Engine, EpId, MemoryRegion, OpKind, Status};
+use strait_core::{Completion, Config, Device, Engine, EpId, Link, MemoryRegion, OpKind, Status};
 use strait_sim::{DirId, Fault, Handler, LinkConfig, LinkParams, Sim, SimLink, SimNet};
 use strait_sys::pattern;
 
@@ -552,4 +552,45 @@ fn the_retransmission_timer_restarts_when_acknowledgements_progress() {
     tick(2.1);
     a.check_peer().expect("timers");
     assert!(a.rstats().timeout_retransmits > 0, "{:?}", a.rstats());
+}
+
+/// Polls both bare devices `passes` times, `step_ns` apart, handing frames that
+/// arrive to nobody: acknowledgements and their delayed timers run.
+fn settle(net: &Net, a: &mut Dev, b: &mut Dev, passes: usize, step_ns: u64) {
+    for _ in 0..passes {
+        for d in [&mut *a, &mut *b] {
+            while d.recv_frame(&mut |_| {}).expect("recv") {}
+            d.doorbell().expect("doorbell");
+        }
+        net.tick(step_ns);
+    }
+}
+
+/// A frame sent with nothing unacknowledged before it starts a new flight, and the
+/// link is pushed (rung past its moderation: someone waits for it); frames that
+/// follow while earlier ones are unacknowledged are a stream, flushed as usual; an
+/// acknowledgement alone is never pushed.
+#[test]
+fn a_new_flight_is_pushed_a_stream_and_acknowledgements_are_not() {
+    let (net, mut a, mut b) = bare_pair(|n| ReliableConfig { congestion: Congestion::Off, ..rel_cfg(n) });
+    settle(&net, &mut a, &mut b, 20, 10_000);
+    let (a0, b0) = (a.link().stats().pushes, b.link().stats().pushes);
+    // Three frames of 15 packets back to back: one flight.
+    for _ in 0..3 {
+        bare_send(&mut a, 20_000);
+    }
+    assert_eq!(a.link().stats().pushes, a0 + 1, "the stream's frames after the first were pushed");
+    // The receiver acknowledges (every 8 packets, the rest after the delay) but
+    // pushes nothing.
+    let acks = b.rstats().acks_sent;
+    settle(&net, &mut a, &mut b, 20, 10_000);
+    assert!(b.rstats().acks_sent > acks, "no acknowledgement sent");
+    assert_eq!(b.link().stats().pushes, b0, "an acknowledgement was pushed");
+    assert_eq!(a.unacked(), 0, "the flight was not acknowledged");
+    // Everything acknowledged: the next frame is a new flight again, and so is
+    // the answer.
+    bare_send(&mut a, 20_000);
+    assert_eq!(a.link().stats().pushes, a0 + 2);
+    bare_send(&mut b, 20_000);
+    assert_eq!(b.link().stats().pushes, b0 + 1);
 }

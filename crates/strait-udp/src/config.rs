@@ -52,12 +52,13 @@ pub struct UdpConfig {
     pub direct_send: bool,
     /// Doorbell moderation: a flush less than this long after the previous doorbell
     /// leaves its datagrams queued until the window ends (the link's next `recv`,
-    /// `flush` or `arm_sleep` rings). 0 rings on every flush.
+    /// `flush` or `arm_sleep` rings) or another doorbell takes them; a push (a new
+    /// flight: `strait_core::Link::push`) is never held. 0 rings on every flush.
     /// `STRAIT_UDP_COALESCE_US`, default 8.
     pub coalesce_ns: u64,
-    /// Doorbell moderation while the link streams (its last doorbell carried at
-    /// least [`crate::STREAM_MIN`] datagrams, or its last receive pass handed out as
-    /// many): the window for sends and for entering the kernel to collect
+    /// Doorbell moderation while the link streams (its last
+    /// [`crate::STREAM_RUN`] doorbells each carried or followed at least
+    /// [`crate::STREAM_MIN`] datagrams one way, and no push since): the window for sends and for entering the kernel to collect
     /// receive completions. `STRAIT_UDP_STREAM_COALESCE_US`, default 32.
     pub stream_coalesce_ns: u64,
     /// Socket send and receive buffer sizes (forced past `rmem_max` when

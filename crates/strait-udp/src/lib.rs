@@ -24,7 +24,7 @@ mod sys;
 mod uring;
 
 pub use config::{Backend, UdpConfig};
-pub use link::{UdpError, UdpLink, UdpStats, STREAM_MIN};
+pub use link::{UdpError, UdpLink, UdpStats, STREAM_MIN, STREAM_RUN};
 
 /// The udp device: the reliability layer over a [`UdpLink`].
 pub type UdpDevice = strait_core::Reliable<UdpLink>;

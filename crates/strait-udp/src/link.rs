@@ -80,16 +80,19 @@ pub struct UdpStats {
     /// overflowed completion ring (io_uring), or an empty `recvmmsg` (mmsg). Also
     /// in [`LinkStats::doorbells`].
     pub rx_doorbells: u64,
-    /// Doorbells rung while the link was streaming (the previous one that carried
-    /// datagrams carried at least [`STREAM_MIN`] of them): moderated by the longer
-    /// stream window.
+    /// Doorbells rung while the link was streaming (the previous [`STREAM_RUN`]
+    /// that carried datagrams carried at least [`STREAM_MIN`] of them one way):
+    /// moderated by the longer stream window.
     pub stream_doorbells: u64,
 }
 
-/// A doorbell that carries at least this many datagrams (or a receive pass that
-/// hands out at least this many) marks a stream: the next is moderated by the
-/// stream window.
+/// A doorbell that carries at least this many datagrams (or follows at least this
+/// many arrivals) is busy; [`STREAM_RUN`] busy doorbells in a row make a stream,
+/// moderated by the stream window.
 pub const STREAM_MIN: usize = 8;
+
+/// This many consecutive busy doorbells (see [`STREAM_MIN`]) make a stream.
+pub const STREAM_RUN: u8 = 2;
 
 /// Queues `slot` (`len` bytes) for the next flush, the same way in both backends: a
 /// slot or length out of range is the caller's error, and a full queue (`cap`
@@ -115,28 +118,36 @@ pub(crate) fn queue_send(
     Ok(true)
 }
 
-/// Doorbell moderation: within `window` ns of the previous doorbell that submitted
-/// datagrams, a flush leaves its datagrams queued (up to half the ring), to be sent
-/// by the next doorbell.
+/// Doorbell moderation: within `window` ns of the previous doorbell (of any kind:
+/// one that only collected arrivals submits whatever is queued too), a flush leaves
+/// its datagrams queued (up to half the ring), to be sent by the next doorbell,
+/// whatever rings it: the link's next `recv` once the window is over, an arrival,
+/// a push, or `arm_sleep` before the thread sleeps.
 ///
-/// While the link streams (its last doorbell carried at least [`STREAM_MIN`]
-/// datagrams, or at least as many arrived since the doorbell before), the window is
-/// `stream_window`, and the io_uring backend also lets the kernel post receive
-/// completions at most once per stream window: a backlog makes batches, and longer
-/// batches make fewer system calls on both sides (acknowledgements included). A
-/// ping-pong moves one or two datagrams per doorbell, so it never waits longer than
-/// `window` (and, its round trip being longer than that, not at all); the first
-/// exchange after a stream may wait up to one stream window.
+/// While the link streams (its last [`STREAM_RUN`] doorbells each carried at least
+/// [`STREAM_MIN`] datagrams one way), the window is `stream_window`, and the
+/// io_uring backend also lets the kernel post receive completions at most once per
+/// stream window: a backlog makes batches, and longer batches make fewer system
+/// calls on both sides (acknowledgements included).
+///
+/// What is not a stream: a ping-pong moves one or two datagrams per doorbell; a
+/// message of a dozen datagrams makes one busy doorbell (two with the
+/// acknowledgement after its eighth), not a run; and a push (a new flight, which
+/// the reliability layer sends with nothing unacknowledged before it:
+/// [`strait_core::Link::push`]) rings at once and ends any stream, since an answer
+/// is awaited next. The acknowledgement a receiver queues when a message arrives
+/// waits in the window for the answer, which carries it in the same doorbell.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Moderation {
     window: u64,
     stream_window: u64,
     batch: usize,
-    /// The last doorbell that submitted datagrams.
-    last_tx: u64,
     /// The last doorbell of any kind (0: unknown).
     last_any: u64,
     streaming: bool,
+    /// Consecutive doorbells (of those that sent or followed arrivals) that
+    /// carried at least [`STREAM_MIN`] datagrams one way.
+    busy_run: u8,
     /// Datagrams received by the last doorbell.
     rx_mark: u64,
 }
@@ -147,9 +158,9 @@ impl Moderation {
             window,
             stream_window: stream_window.max(window),
             batch: (ring / 2).max(1),
-            last_tx: 0,
             last_any: 0,
             streaming: false,
+            busy_run: 0,
             rx_mark: 0,
         }
     }
@@ -157,12 +168,19 @@ impl Moderation {
     /// Whether a flush with `queued` datagrams waiting should ring now.
     pub(crate) fn due(&self, now: u64, queued: usize) -> bool {
         let window = if self.streaming { self.stream_window } else { self.window };
-        self.window == 0 || queued >= self.batch || now.saturating_sub(self.last_tx) >= window
+        self.window == 0 || queued >= self.batch || now.saturating_sub(self.last_any) >= window
     }
 
     /// Whether the kernel should be let post waiting receive completions now.
     pub(crate) fn rx_due(&self, now: u64) -> bool {
         !self.streaming || self.window == 0 || now.saturating_sub(self.last_any) >= self.stream_window
+    }
+
+    /// A push rang the doorbell: the link waits for an answer, not a stream, until
+    /// a doorbell shows a stream again (see [`strait_core::Link::push`]).
+    pub(crate) fn pushed(&mut self) {
+        self.streaming = false;
+        self.busy_run = 0;
     }
 
     /// Whether the link is streaming.
@@ -175,15 +193,17 @@ impl Moderation {
     pub(crate) fn rang(&mut self, now: u64, sent: usize, received: u64) {
         let got = received.wrapping_sub(self.rx_mark);
         self.rx_mark = received;
-        if sent > 0 {
-            self.last_tx = now;
-        }
         if now != 0 {
             self.last_any = now;
         }
-        // A doorbell that neither sent nor followed arrivals says nothing.
+        // A doorbell that neither sent nor followed arrivals says nothing. One
+        // busy doorbell is not a stream yet: a message of a dozen datagrams (and
+        // the acknowledgement its receiver sends after the eighth) makes one, and
+        // must not hold back its own last datagrams.
         if sent > 0 || got > 0 {
-            self.streaming = sent >= STREAM_MIN || got >= STREAM_MIN as u64;
+            let busy = sent >= STREAM_MIN || got >= STREAM_MIN as u64;
+            self.busy_run = if busy { self.busy_run.saturating_add(1) } else { 0 };
+            self.streaming = self.busy_run >= STREAM_RUN;
         }
     }
 }
@@ -410,6 +430,13 @@ impl Link for UdpLink {
         }
     }
 
+    fn push(&mut self) -> Result<(), LinkError> {
+        match &mut self.inner {
+            Inner::Uring(u) => u.push(),
+            Inner::Mmsg(m) => m.push(),
+        }
+    }
+
     fn recv(&mut self, handle: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
         match &mut self.inner {
             Inner::Uring(u) => u.recv(handle),
@@ -460,22 +487,42 @@ mod moderation_tests {
         m.rang(1_000_000, 1, 1);
         assert!(!m.due(1_004_000, 1));
         assert!(m.due(1_008_000, 1));
-        // A doorbell with a stream's worth of datagrams.
-        m.rang(1_010_000, STREAM_MIN, 1);
+        // A doorbell that only collected arrivals starts the window too: what is
+        // queued after it (an acknowledgement) waits for company.
+        m.rang(1_010_000, 0, 2);
+        assert!(!m.due(1_012_000, 1));
+        assert!(m.due(1_018_000, 1));
+        // One busy doorbell (a message of a dozen datagrams) is not a stream ...
+        m.rang(1_020_000, STREAM_MIN + 4, 2);
+        assert!(!m.streaming(), "one busy doorbell made a stream");
+        assert!(m.rx_due(1_021_000));
+        // ... a run of them is.
+        m.rang(1_030_000, STREAM_MIN, 2);
         assert!(m.streaming());
-        assert!(!m.due(1_030_000, 1), "streaming: the wider window holds");
-        assert!(m.due(1_030_000, 128), "half the ring rings at once");
-        assert!(m.due(1_074_000, 1));
-        assert!(!m.rx_due(1_030_000));
-        assert!(m.rx_due(1_074_000));
+        assert!(!m.due(1_050_000, 1), "streaming: the wider window holds");
+        assert!(m.due(1_050_000, 128), "half the ring rings at once");
+        assert!(m.due(1_094_000, 1));
+        assert!(!m.rx_due(1_050_000));
+        assert!(m.rx_due(1_094_000));
         // A reap-only doorbell with nothing new keeps the state.
-        m.rang(1_080_000, 0, 1);
+        m.rang(1_100_000, 0, 2);
         assert!(m.streaming());
-        // Arrivals alone make a stream too (a receiver's acknowledgements wait).
-        m.rang(1_090_000, 1, 1);
+        // A quiet doorbell ends the run.
+        m.rang(1_110_000, 1, 3);
         assert!(!m.streaming(), "one datagram each way: a ping-pong");
-        m.rang(1_100_000, 0, 1 + STREAM_MIN as u64);
+        // Arrivals alone make a stream too (a receiver's acknowledgements wait).
+        m.rang(1_120_000, 0, 3 + STREAM_MIN as u64);
+        m.rang(1_130_000, 1, 3 + 2 * STREAM_MIN as u64);
         assert!(m.streaming());
+        // A push (a new flight, an answer awaited) ends the stream: receive
+        // completions are let in at once, the next flush waits only the short
+        // window.
+        m.pushed();
+        assert!(!m.streaming());
+        assert!(m.rx_due(1_131_000));
+        assert!(m.due(1_138_000, 1));
+        m.rang(1_140_000, STREAM_MIN, 3 + 3 * STREAM_MIN as u64);
+        assert!(!m.streaming(), "a push restarts the run");
         // Moderation off.
         let m = Moderation::new(0, 64_000, 256);
         assert!(m.due(1, 1) && m.rx_due(1));

@@ -202,6 +202,16 @@ impl MmsgLink {
         self.ring_now(now)
     }
 
+    pub(crate) fn push(&mut self) -> Result<(), LinkError> {
+        if self.txq.is_empty() {
+            return Ok(());
+        }
+        self.stats.pushes += 1;
+        self.ring_now(sys::now_ns())?;
+        self.moder.pushed();
+        Ok(())
+    }
+
     /// Builds the messages for the first `queued` datagrams of the queue (GSO runs
     /// where possible); returns how many messages.
     fn build(&mut self, queued: usize) -> Result<usize, LinkError> {

@@ -514,6 +514,16 @@ impl UringLink {
         self.ring_now(now)
     }
 
+    pub(crate) fn push(&mut self) -> Result<(), LinkError> {
+        if self.txq.is_empty() {
+            return self.flush();
+        }
+        self.stats.pushes += 1;
+        self.ring_now(sys::now_ns())?;
+        self.moder.pushed();
+        Ok(())
+    }
+
     fn tx_done(&mut self, slot: u32, res: i32) {
         if res < 0 {
             self.ustats.tx_errors += 1;

@@ -404,6 +404,58 @@ fn lone_datagrams_skip_the_ring_batches_do_not() {
     }
 }
 
+/// Moderation holds a flush that follows another doorbell within the window (the
+/// next doorbell takes it), but never a push: it rings at once, counted, and its
+/// datagrams arrive intact behind the held ones. Both backends; the window is long
+/// (10 s) so that nothing but the push can ring.
+#[test]
+fn a_push_rings_at_once_a_flush_in_the_window_waits() {
+    for backend in [Backend::Uring, Backend::Mmsg] {
+        let c = UdpConfig { coalesce_ns: 10_000_000_000, stream_coalesce_ns: 10_000_000_000, ..cfg(backend) };
+        let (mut a, mut b) = loopback_pair(&c);
+        // The first flush rings (no doorbell before it) ...
+        send_filled(&mut a, 0, 100);
+        a.flush().unwrap();
+        // (Doorbells that submitted datagrams: the mmsg backend's receive polls
+        // are system calls too.)
+        let rung = a.udp_stats().tx_doorbells;
+        assert_eq!(rung, 1, "{backend:?}: the first flush did not ring");
+        // ... the next, within the window, waits, also through the link's polls.
+        send_filled(&mut a, 1, 200);
+        a.flush().unwrap();
+        for _ in 0..100 {
+            let _ = a.recv(&mut |_| {});
+        }
+        assert_eq!(a.udp_stats().tx_doorbells, rung, "{backend:?}: a flush in the window rang");
+        assert_eq!(a.stats().pushes, 0);
+        // A push rings now, and takes the held datagram along, in order.
+        send_filled(&mut a, 2, 300);
+        a.push().unwrap();
+        assert_eq!(a.stats().pushes, 1, "{backend:?}");
+        assert_eq!(a.udp_stats().tx_doorbells, rung + 1, "{backend:?}: the push did not ring");
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < 3 {
+            assert!(Instant::now() < deadline, "{backend:?}: {} of 3 arrived", got.len());
+            while b
+                .recv(&mut |d| {
+                    let k = u32::from_le_bytes(d[..4].try_into().unwrap());
+                    let mut expect = vec![0u8; d.len()];
+                    fill(k, &mut expect);
+                    assert!(d == &expect[..], "datagram {k} corrupted");
+                    got.push(k);
+                })
+                .unwrap()
+            {}
+        }
+        assert_eq!(got, [0, 1, 2], "{backend:?}");
+        // A push with nothing queued rings nothing and counts nothing.
+        a.push().unwrap();
+        assert_eq!(a.stats().pushes, 1, "{backend:?}");
+        assert_eq!(a.udp_stats().tx_doorbells, rung + 1, "{backend:?}");
+    }
+}
+
 fn poll_in(fd: i32, ms: i32) -> bool {
     let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd on the stack.

@@ -195,8 +195,11 @@ impl MmsgLink {
     }
 
     pub(crate) fn flush(&mut self) -> Result<(), LinkError> {
+        if self.txq.is_empty() {
+            return Ok(());
+        }
         let now = sys::now_ns();
-        if self.txq.is_empty() || !self.moder.due(now, self.txq.len()) {
+        if !self.moder.due(now, self.txq.len()) {
             return Ok(());
         }
         self.ring_now(now)

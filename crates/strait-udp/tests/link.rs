@@ -38,6 +38,17 @@ fn fill(seed: u32, b: &mut [u8]) {
 }
 
 /// Sends datagram `seed` of `len` bytes (filled by [`fill`]) from `a`, unflushed.
+/// Checks that `d` is datagram `k`'s pattern (its first four bytes number it, as
+/// [`send_filled`] wrote it) and returns `k`.
+fn checked(d: &[u8]) -> u32 {
+    assert!(d.len() >= 4, "runt datagram of {} bytes", d.len());
+    let k = u32::from_le_bytes(d[..4].try_into().unwrap());
+    let mut expect = vec![0u8; d.len()];
+    fill(k, &mut expect);
+    assert!(d == &expect[..], "datagram {k} corrupted");
+    k
+}
+
 fn send_filled(a: &mut UdpLink, seed: u32, len: usize) {
     let slot = a.tx_alloc().unwrap();
     fill(seed, &mut a.tx_buf(slot)[..len]);
@@ -358,14 +369,7 @@ fn lone_datagrams_skip_the_ring_batches_do_not() {
         let c = UdpConfig { direct_send, ..cfg(Backend::Uring) };
         let (mut a, mut b) = loopback_pair(&c);
         let mut got: Vec<u32> = Vec::new();
-        let mut check = |d: &[u8]| {
-            assert!(d.len() >= 4, "runt datagram of {} bytes", d.len());
-            let k = u32::from_le_bytes(d[..4].try_into().unwrap());
-            let mut expect = vec![0u8; d.len()];
-            fill(k, &mut expect);
-            assert!(d == &expect[..], "datagram {k} corrupted");
-            got.push(k);
-        };
+        let mut check = |d: &[u8]| got.push(checked(d));
         let mut sent = 0u32;
         let deadline = Instant::now() + Duration::from_secs(10);
         for round in 0..50u32 {
@@ -437,16 +441,7 @@ fn a_push_rings_at_once_a_flush_in_the_window_waits() {
         let deadline = Instant::now() + Duration::from_secs(10);
         while got.len() < 3 {
             assert!(Instant::now() < deadline, "{backend:?}: {} of 3 arrived", got.len());
-            while b
-                .recv(&mut |d| {
-                    let k = u32::from_le_bytes(d[..4].try_into().unwrap());
-                    let mut expect = vec![0u8; d.len()];
-                    fill(k, &mut expect);
-                    assert!(d == &expect[..], "datagram {k} corrupted");
-                    got.push(k);
-                })
-                .unwrap()
-            {}
+            while b.recv(&mut |d| got.push(checked(d))).unwrap() {}
         }
         assert_eq!(got, [0, 1, 2], "{backend:?}");
         // A push with nothing queued rings nothing and counts nothing.

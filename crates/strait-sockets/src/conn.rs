@@ -2010,9 +2010,13 @@ struct Origin {
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(o) = self.origin.get() {
-            if self.attached() && o.pid == strait_sys::pid::current_pid() && o.forks == crate::vault::forks()
-            {
-                crate::worth::connection_ended(o.dest, *self.ops.get_mut());
+            if o.pid == strait_sys::pid::current_pid() && o.forks == crate::vault::forks() {
+                // One that fell back (its acceptor never attached: a single thread
+                // that connects to its own listener and uses the connection before
+                // it accepts, an acceptor that refused it or came too late) paid the
+                // whole setup and carried nothing on shared memory: it counts as short.
+                let ops = if self.attached() { *self.ops.get_mut() } else { 0 };
+                crate::worth::connection_ended(o.dest, ops);
             }
         }
         if let Some(p) = self.pending.get_mut().unwrap_or_else(|e| e.into_inner()).take() {

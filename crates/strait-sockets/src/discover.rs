@@ -50,8 +50,8 @@ use crate::listening::{far_end_inode, Claims, Hello, HelloPair, Listener};
 use crate::real;
 use crate::settings::Settings;
 use crate::sock::{
-    abstract_name, close_all, is_tcp_stream, key_of, listen_marker, memfd_ok, netns, recv_fds_now, send_fds,
-    sock_key, socket_option, v4_mapped, v6only, Key,
+    abstract_name, accept_waiting, close_all, is_tcp_stream, key_of, listen_marker, memfd_ok, netns,
+    recv_fds_now, send_fds, sock_key, socket_option, v4_mapped, v6only, Key,
 };
 use crate::trust::{self, Proto};
 
@@ -289,19 +289,7 @@ impl Listener {
     }
 
     fn pump_marker(&self, p: &mut Claims, unix: c_int) {
-        loop {
-            // SAFETY: accept4 without an address buffer.
-            let c = unsafe {
-                real::accept4(
-                    unix,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                )
-            };
-            if c < 0 {
-                break;
-            }
+        while let Some(c) = accept_waiting(unix) {
             // Any user may connect (a connection between two users is proven by its
             // token), but no account may hold more than its share, and the oldest
             // silent connection goes when too many wait.
@@ -1093,18 +1081,7 @@ impl PendingC {
         if self.listener < 0 {
             return None;
         }
-        // SAFETY: accept4 without an address buffer.
-        let c = unsafe {
-            real::accept4(
-                self.listener,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            )
-        };
-        if c < 0 {
-            return None;
-        }
+        let c = accept_waiting(self.listener)?;
         // The request is sent right after connecting: wait a little for it (a
         // silent asker costs at most this, once per connection).
         let mut p = libc::pollfd { fd: c, events: libc::POLLIN, revents: 0 };

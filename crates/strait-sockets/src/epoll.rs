@@ -870,12 +870,19 @@ pub(crate) unsafe fn kernel_wait(
     if ms == 0 {
         return now(0);
     }
-    let deadline = u64::try_from(ms).ok().map(|ms| Instant::now() + Duration::from_millis(ms));
+    // (The clock is read only where the sleep is cut into slices: a direct sleep,
+    // the usual case, needs no deadline.)
+    let mut deadline: Option<Option<Instant>> = None;
+    let mut deadline = || {
+        *deadline.get_or_insert_with(|| {
+            u64::try_from(ms).ok().map(|ms| Instant::now() + Duration::from_millis(ms))
+        })
+    };
     loop {
         match crate::vault::direct_wait() {
             Some(direct) if !direct.holds_back_closes() => return now(ms),
             Some(direct) => {
-                let r = now(crate::wait::slice_ms(deadline));
+                let r = now(crate::wait::slice_ms(deadline()));
                 drop(direct);
                 if r != 0 {
                     return r;
@@ -883,7 +890,7 @@ pub(crate) unsafe fn kernel_wait(
             }
             None => {
                 let mut set = [libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 }];
-                let r = crate::wait::kernel_poll(&mut set, crate::wait::slice_ms(deadline), mask);
+                let r = crate::wait::kernel_poll(&mut set, crate::wait::slice_ms(deadline()), mask);
                 if r < 0 {
                     return r;
                 }
@@ -898,7 +905,7 @@ pub(crate) unsafe fn kernel_wait(
                 }
             }
         }
-        if remaining(deadline) == Some(Duration::ZERO) {
+        if remaining(deadline()) == Some(Duration::ZERO) {
             return 0;
         }
     }

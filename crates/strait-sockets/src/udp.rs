@@ -609,19 +609,7 @@ impl UdpSock {
     /// Accepts the senders waiting at the marker.
     pub fn pump(&self) {
         let Some(rx) = self.rx.get() else { return };
-        loop {
-            // SAFETY: accept4 without an address buffer.
-            let c = unsafe {
-                real::accept4(
-                    rx.marker(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                )
-            };
-            if c < 0 {
-                break;
-            }
+        while let Some(c) = crate::sock::accept_waiting(rx.marker()) {
             if let Some(ch) = attach(rx, c) {
                 IN_CHANNELS.fetch_add(1, Ordering::Relaxed);
                 self.incoming.write().unwrap_or_else(|e| e.into_inner()).push(Arc::new(ch));

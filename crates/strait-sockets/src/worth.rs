@@ -7,8 +7,9 @@
 //! with `Connection: close`, `redis-benchmark -k 0`, health checks) never wins that
 //! back: under strait it ran at a third of the kernel's rate. So a connector learns,
 //! per destination (the listener's address and port), how much its connections
-//! carried: when the last [`SHORT_RUN`] accelerated connections to a destination
-//! each carried at most [`Settings::setup_min_ops`] reads and writes with data, new
+//! carried: when the last [`SHORT_RUN`] connections set up to a destination each
+//! carried at most [`Settings::setup_min_ops`] reads and writes with data, or fell
+//! back to the kernel (their acceptor never attached: the setup bought nothing), new
 //! connections to it stay on the kernel path from their `connect` on (not one extra
 //! system call), except samples, set up as before to see whether the destination's
 //! connections still are that short: the [`SAMPLE_EVERY`]th, then at intervals that
@@ -136,8 +137,8 @@ pub fn connect_wanted(dest: Key) -> bool {
     }
 }
 
-/// An accelerated connection this process made to `dest` ended here, having
-/// carried `ops` reads and writes with data in this process.
+/// A connection this process set up to `dest` ended here, having carried `ops`
+/// reads and writes with data in this process (0 if it fell back to the kernel).
 pub fn connection_ended(dest: Key, ops: u32) {
     let s = Settings::get();
     if s.setup_adaptive {

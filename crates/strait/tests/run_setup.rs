@@ -832,6 +832,52 @@ fn a_single_thread_connecting_to_its_own_listener_never_waits_for_itself() {
     assert_eq!(stat(&err, "kernel-fallback"), 4, "{err}");
 }
 
+/// One thread, `n` connections to its own listener, each written to before it is
+/// accepted (so each falls back to the kernel: the acceptor can only be this
+/// thread), then echoed and closed.
+const OWN_LISTENER_WRITE_FIRST: &str = r#"
+import os, socket, sys
+n = int(sys.argv[1])
+l = socket.socket()
+l.bind(('127.0.0.1', 0))
+l.listen(8)
+for i in range(n):
+    c = socket.create_connection(l.getsockname())
+    data = os.urandom(1000 + i)
+    c.sendall(data)
+    a, _ = l.accept()
+    a.sendall(recv_exactly(a, len(data)))
+    assert recv_exactly(c, len(data)) == data, 'echo %d differs' % i
+    a.close()
+    c.close()
+print('DONE', n, flush=True)
+"#;
+
+/// Connections that fall back pay the whole setup (~100 us each on a 2-vCPU VM)
+/// and buy nothing: the connector counts them as short (`worth.rs`), so once 4 to
+/// a listener fell back, the next ones stay on the kernel from their `connect`
+/// (`kernel-short`), but for samples. Before, every connection of this program
+/// was set up and fell back: `kernel-short` stayed 0.
+#[test]
+fn connections_that_fall_back_stop_paying_the_setup() {
+    ensure(PYTHON, "python3");
+    let s = script("own-listener-write-first", &[PY_RECV_EXACTLY, OWN_LISTENER_WRITE_FIRST].concat());
+    let n = 40;
+    let out = run_for(
+        &mut strait_run(&["--stats", "--", PYTHON, &s.display().to_string(), &n.to_string()]),
+        Duration::from_secs(60),
+    )
+    .expect("the program finished within 60 s");
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&format!("DONE {n}")), "{text}\n{err}");
+    // The first 4 and the sample(s) (the 16th after them) were set up and fell
+    // back, at both ends; the rest never tried.
+    let (short, fell_back) = (stat(&err, "kernel-short"), stat(&err, "kernel-fallback"));
+    assert!(short >= n - 8, "connections left on the kernel at their connect: {err}");
+    assert_eq!(fell_back, 2 * (n - short), "each set-up connection fell back at both ends: {err}");
+    assert_eq!(stat(&err, "accelerated"), 0, "{err}");
+}
+
 /// An SO_REUSEPORT server that answers each connection's first byte with its own
 /// name and keeps every connection open until it is killed.
 const NAMED_REUSEPORT_SERVER: &str = r#"

@@ -349,16 +349,20 @@ impl Listener {
             sweep_hung_up(p);
         }
         // Hellos nobody claimed for longer than a connector waits for a
-        // connection in the accept queue: their connectors gave up already.
-        let now = Instant::now();
-        let stale = Settings::get().attach_timeout * (QUEUE_WAITS + 2);
-        p.hellos.retain(|h| {
-            let keep = now.duration_since(h.at) < stale;
-            if !keep {
-                h.close();
-            }
-            keep
-        });
+        // connection in the accept queue: their connectors gave up already
+        // (no clock reading when none is queued, as at every accept of a
+        // connection left on the kernel).
+        if !p.hellos.is_empty() {
+            let now = Instant::now();
+            let stale = Settings::get().attach_timeout * (QUEUE_WAITS + 2);
+            p.hellos.retain(|h| {
+                let keep = now.duration_since(h.at) < stale;
+                if !keep {
+                    h.close();
+                }
+                keep
+            });
+        }
         if p.hellos.len() < queued {
             // (Pairs adopted for hellos that went may now be idle.)
             crate::pair::retire_idle();
@@ -366,7 +370,10 @@ impl Listener {
     }
 
     fn take(&self, fd: c_int) -> Option<Hello> {
-        let deadline = Instant::now() + Settings::get().announce_wait;
+        // (The clock is read only once a link waits for its hello: an accept with
+        // nothing pending, every accept of a connection left on the kernel, reads
+        // none.)
+        let mut deadline: Option<Instant> = None;
         // The accepted connection's far end, asked of the kernel once (when a hello
         // waits at all).
         let mut far: Option<Option<u64>> = None;
@@ -406,6 +413,7 @@ impl Listener {
                 p.waiting.iter().map(|w| w.0).collect::<Vec<_>>()
             };
             let now = Instant::now();
+            let deadline = *deadline.get_or_insert(now + Settings::get().announce_wait);
             if now >= deadline {
                 return None;
             }

@@ -870,31 +870,36 @@ pub(crate) unsafe fn kernel_wait(
     if ms == 0 {
         return now(0);
     }
-    // (The clock is read only where the sleep is cut into slices: a direct sleep,
-    // the usual case, needs no deadline.)
-    let mut deadline: Option<Option<Instant>> = None;
-    let mut deadline = || {
-        *deadline.get_or_insert_with(|| {
-            u64::try_from(ms).ok().map(|ms| Instant::now() + Duration::from_millis(ms))
-        })
-    };
+    // What is left of the timeout in milliseconds (`None`: none), counted down by
+    // the slices that ran out (a slice that times out slept at least its length):
+    // the usual sleep reads no clock. Only a pass that ends early without events
+    // (another thread took them) reads it, around that pass.
+    let mut left: Option<u64> = u64::try_from(ms).ok();
+    let slice_max = crate::wait::SLICE.as_millis() as u64;
     loop {
-        match crate::vault::direct_wait() {
-            Some(direct) if !direct.holds_back_closes() => return now(ms),
+        let slice = left.map_or(slice_max, |l| l.min(slice_max));
+        let slept = match crate::vault::direct_wait() {
+            Some(direct) if !direct.holds_back_closes() => {
+                return now(left.map_or(-1, |l| c_int::try_from(l).unwrap_or(c_int::MAX)));
+            }
             Some(direct) => {
-                let r = now(crate::wait::slice_ms(deadline()));
+                let r = now(slice as c_int);
                 drop(direct);
                 if r != 0 {
                     return r;
                 }
+                slice
             }
             None => {
+                let began = Instant::now();
                 let mut set = [libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 }];
-                let r = crate::wait::kernel_poll(&mut set, crate::wait::slice_ms(deadline()), mask);
+                let r = crate::wait::kernel_poll(&mut set, slice as c_int, mask);
                 if r < 0 {
                     return r;
                 }
-                if r > 0 {
+                if r == 0 {
+                    slice
+                } else {
                     // (No mask here: the wait that could deliver signals is over.)
                     // SAFETY: the caller's buffer of `max` entries.
                     let n = unsafe { real::epoll_wait(epfd, events, max, 0) };
@@ -902,11 +907,15 @@ pub(crate) unsafe fn kernel_wait(
                         return n;
                     }
                     // Another thread took the events: sleep on for the rest.
+                    began.elapsed().as_millis() as u64
                 }
             }
-        }
-        if remaining(deadline()) == Some(Duration::ZERO) {
-            return 0;
+        };
+        if let Some(l) = &mut left {
+            *l = l.saturating_sub(slept);
+            if *l == 0 {
+                return 0;
+            }
         }
     }
 }
@@ -927,8 +936,10 @@ pub unsafe fn wait(
     }
     let max = max as usize;
     // A zero timeout (an event loop polling): one pass, and no deadline (it never
-    // sleeps), so no clock reading unless it may leave the kernel set unasked.
-    let deadline = timeout.filter(|t| !t.is_zero()).map(|t| Instant::now() + t);
+    // sleeps), so no clock reading unless it may leave the kernel set unasked. Else
+    // the deadline is taken once the set proved to be one of ours (a set without
+    // accelerated members goes to the kernel without a clock reading).
+    let mut deadline: Option<Instant> = None;
     let poll_only = timeout == Some(Duration::ZERO);
     // Not with a signal mask: the system call is also where signals the mask lets
     // through are delivered (and the call then fails with EINTR).
@@ -946,6 +957,9 @@ pub unsafe fn wait(
                 _ if first => return None,
                 _ => Gathered { ready: Vec::new(), attach: None, skip_kernel: false },
             };
+        if first {
+            deadline = timeout.filter(|t| !t.is_zero()).map(|t| Instant::now() + t);
+        }
         if skip_kernel {
             break finish(events, 0, &acc);
         }
@@ -1094,6 +1108,38 @@ mod tests {
                 assert!(t.elapsed() >= std::time::Duration::from_millis(25), "slept its timeout");
             }
         }
+    }
+
+    /// In a process that made a vault ring, a direct sleep is cut into slices of
+    /// [`crate::wait::SLICE`] and counts down what is left by the slices that ran
+    /// out (no clock reading): a timeout longer than a slice is slept whole, not
+    /// cut short at the first slice nor restarted at each.
+    #[test]
+    fn a_wait_longer_than_a_slice_sleeps_its_whole_timeout() {
+        use std::time::{Duration, Instant};
+        let _g = crate::vault::tests::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let m = strait_sys::sealed_memfd(c"epoll-test", 4096)
+            .map(std::os::fd::IntoRawFd::into_raw_fd)
+            .expect("memfd");
+        let k = crate::vault::keep(m);
+        // SAFETY: our memfd (the vault holds its own reference).
+        unsafe { libc::close(m) };
+        let timeout = crate::wait::SLICE + Duration::from_millis(300);
+        // SAFETY: plain syscalls on a fresh epoll set; a local event array.
+        let (n, slept) = unsafe {
+            let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            assert!(ep >= 0);
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+            let t = Instant::now();
+            let n = super::kernel_wait(ep, ev.as_mut_ptr(), 4, timeout.as_millis() as libc::c_int, None);
+            let slept = t.elapsed();
+            libc::close(ep);
+            (n, slept)
+        };
+        crate::vault::release(k);
+        assert_eq!(n, 0, "an empty set times out");
+        assert!(slept >= timeout, "slept {slept:?} of a {timeout:?} timeout");
+        assert!(slept < 2 * timeout, "slept {slept:?}: the slices did not count down a {timeout:?} timeout");
     }
 
     /// A ring closed by one thread while another thread that used it sleeps in

@@ -928,7 +928,8 @@ pub unsafe fn close(fd: c_int) -> c_int {
         let ids = last
             .filter(|c| !c.watched_by_socket())
             .and_then(|_| Some((crate::sock::sock_key(fd, false)?, crate::sock::sock_key(fd, true)?)));
-        forget(fd);
+        // (Its connection, if any, is out of the table already.)
+        forget_all_but_conn(fd);
         if let Some(c) = &conn {
             // Before the number is free for another file.
             unwatch_before_close(fd, c);
@@ -943,11 +944,16 @@ pub unsafe fn close(fd: c_int) -> c_int {
 
 /// Everything the library knows about `fd`, which is being closed.
 fn forget(fd: c_int) {
-    discover::mark_other(fd, false);
     if let Some(c) = table::remove(fd) {
         unwatch_before_close(fd, &c);
         table::drop_ref(c);
     }
+    forget_all_but_conn(fd);
+}
+
+/// What the library knows about `fd` besides an accelerated connection.
+fn forget_all_but_conn(fd: c_int) {
+    discover::mark_other(fd, false);
     table::remove_listening(fd);
     table::remove_udp(fd);
     crate::epoll::forget_set(fd);

@@ -694,13 +694,15 @@ pub fn forget_set(epfd: c_int) {
     }
     let mut g = sets();
     if let Some(map) = g.as_mut() {
+        // (Counted again only when a set went: every close of a descriptor that
+        // is no epoll set passes here.)
         if let Some(set) = map.remove(&epfd) {
             for (p, _) in set.pairs.values() {
                 p.unregister(ConsumerId(set.id));
             }
+            let n = map.values().filter(|s| s.live()).count();
+            SETS_LIVE.store(n, Ordering::Relaxed);
         }
-        let n = map.values().filter(|s| s.live()).count();
-        SETS_LIVE.store(n, Ordering::Relaxed);
     }
 }
 

@@ -38,7 +38,7 @@ int main(int argc,char**argv){
     epoll_wait(cep,out,8,0);
     epoll_wait(ep,out,8,-1);
     int s=accept4(l,NULL,NULL,SOCK_NONBLOCK);
-    if(s<0){accept4(l,NULL,NULL,SOCK_NONBLOCK);}
+    if(s<0){perror("accept4");return 1;}
     struct epoll_event se={.events=EPOLLIN|EPOLLRDHUP|EPOLLET,.data.fd=s}; epoll_ctl(ep,EPOLL_CTL_ADD,s,&se);
     write(c,req,strlen(req));
     recv(s,buf,sizeof buf,0);

@@ -8,8 +8,8 @@ use thiserror::Error;
 /// How a rendezvous (large) message's bytes move once the receiver has matched it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RndvMode {
-    /// The faster of the two on this device and host, as measured: the device says
-    /// ([`crate::Device::prefers_remote_read`]); devices that do not measure keep
+    /// The fastest path on this device and host, as measured: the device says
+    /// ([`crate::Device::preferred_rndv`]); devices that do not measure keep
     /// [`RndvMode::Copy`].
     ///
     /// Neither wins everywhere. On the shm device, a 2-core AMD EPYC VM streamed
@@ -18,7 +18,9 @@ pub enum RndvMode {
     /// chunk k+1 into the cache-resident ring while the receiver copies chunk k out);
     /// a 2-core Intel Xeon VM reached 10.3 GB/s with the remote read against 7.1 with
     /// the copy (docs/PERFORMANCE.md). So the shm device times both on the host
-    /// (`strait_shm::calibrate`, cached per boot) and picks.
+    /// (`strait_shm::calibrate`, cached per boot) and picks. On the Intel host a split
+    /// transfer beat both (46 GB/s for one reused 1 MiB buffer against 16 for the
+    /// remote read alone), so the calibration times it too.
     Auto,
     /// The receiver copies straight from the sender's buffer (one copy; on shm this is
     /// `process_vm_readv`).
@@ -26,6 +28,14 @@ pub enum RndvMode {
     /// The sender pushes the bytes through the device in chunks and the receiver copies
     /// each chunk out as it arrives (two copies, overlapped: fine-grained pipelining).
     Copy,
+    /// A split transfer (one copy, two cores): the receiver asks the sender to write
+    /// the second half of the message straight into the receiver's buffer
+    /// ([`crate::Device::remote_write`]) while it reads the first half itself
+    /// ([`crate::Device::remote_read`]). Used for messages of at least
+    /// [`Config::split_threshold`] whose sender is polling (a sleeping sender would
+    /// answer only after a wake-up); otherwise, and wherever the device cannot write
+    /// into the peer, the receiver reads the whole message itself.
+    Split,
 }
 
 /// Engine configuration. Build with [`Config::default`] or [`Config::from_env`].
@@ -46,7 +56,8 @@ pub struct Config {
     /// stops while spins do not pay or the machine is crowded. True by default; an
     /// explicit `STRAIT_SPIN_US` makes the budget fixed (that is what was asked).
     pub spin_adaptive: bool,
-    /// Rendezvous data movement. `STRAIT_RNDV_MODE` = `auto` | `remote-read` | `copy`.
+    /// Rendezvous data movement. `STRAIT_RNDV_MODE` = `auto` | `remote-read` | `copy` |
+    /// `split`.
     pub rndv_mode: RndvMode,
     /// Chunk size for pipelined (copy-mode) transfers. `STRAIT_CHUNK_SIZE`, default
     /// 131072 (32 KiB to 128 KiB measured; 128 KiB streamed fastest on shm). Capped by
@@ -56,6 +67,10 @@ pub struct Config {
     /// shorter ones move as one piece (coarse-grained). `STRAIT_PIPELINE_THRESHOLD`,
     /// default 65536.
     pub pipeline_threshold: usize,
+    /// Rendezvous messages at least this long are split between the two sides when
+    /// the split path is taken ([`RndvMode::Split`]); shorter ones are read whole by
+    /// the receiver. `STRAIT_SPLIT_THRESHOLD`, default 65536.
+    pub split_threshold: usize,
 }
 
 impl Default for Config {
@@ -68,6 +83,7 @@ impl Default for Config {
             rndv_mode: RndvMode::Auto,
             chunk_size: 131072,
             pipeline_threshold: 65536,
+            split_threshold: 65536,
         }
     }
 }
@@ -156,8 +172,10 @@ impl Config {
             ("remote-read", RndvMode::RemoteRead),
             ("cma", RndvMode::RemoteRead),
             ("copy", RndvMode::Copy),
+            ("split", RndvMode::Split),
         ];
-        if let Some(m) = env_choice("STRAIT_RNDV_MODE", &modes, "expected auto, remote-read or copy")? {
+        if let Some(m) = env_choice("STRAIT_RNDV_MODE", &modes, "expected auto, remote-read, copy or split")?
+        {
             c.rndv_mode = m;
         }
         if let Some(v) = env_num_in("STRAIT_CHUNK_SIZE", 1..=u64::MAX, "must be positive")? {
@@ -165,6 +183,9 @@ impl Config {
         }
         if let Some(v) = env_num("STRAIT_PIPELINE_THRESHOLD")? {
             c.pipeline_threshold = v as usize;
+        }
+        if let Some(v) = env_num("STRAIT_SPLIT_THRESHOLD")? {
+            c.split_threshold = v as usize;
         }
         Ok(c)
     }

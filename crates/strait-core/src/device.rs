@@ -56,6 +56,20 @@ pub struct DeviceStats {
     pub wakeups_sent: u64,
     /// Remote (single-copy) reads performed.
     pub remote_reads: u64,
+    /// Remote writes performed (this side's part of split transfers).
+    pub remote_writes: u64,
+}
+
+/// The way a rendezvous message's bytes move, as a device measured fastest on its
+/// host ([`Device::preferred_rndv`], for [`RndvMode::Auto`](crate::RndvMode::Auto)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RndvPath {
+    /// The pipelined copy through the device.
+    Copy,
+    /// The receiver reads the whole message from the sender's memory.
+    RemoteRead,
+    /// Both sides copy one part each at once: the receiver reads, the sender writes.
+    Split,
 }
 
 /// Write access to one frame's bytes while the device has it reserved.
@@ -228,12 +242,25 @@ pub trait Device {
         false
     }
 
-    /// Under [`RndvMode::Auto`](crate::RndvMode::Auto): true if a remote read is the
-    /// faster way to move a rendezvous message on this device and host (measured,
-    /// not assumed: the shm device calibrates it). The default, false, keeps the
-    /// pipelined copy.
-    fn prefers_remote_read(&self) -> bool {
+    /// Under [`RndvMode::Auto`](crate::RndvMode::Auto): the fastest way to move a
+    /// rendezvous message on this device and host (measured, not assumed: the shm
+    /// device calibrates it). The default keeps the pipelined copy.
+    fn preferred_rndv(&self) -> RndvPath {
+        RndvPath::Copy
+    }
+
+    /// True if [`Device::remote_write`] can move bytes into the peer's memory.
+    fn supports_remote_write(&self) -> bool {
         false
+    }
+
+    /// True if a split transfer may be asked of the peer now: it has not announced
+    /// that it sleeps (a sleeping sender would start its part only after a wake-up,
+    /// tens of microseconds), and its writes would land in this process (after a
+    /// fork they would land in the process that made the connection). The default,
+    /// true, suits devices that cannot tell.
+    fn split_now(&self) -> bool {
+        true
     }
 
     /// Copies `len` bytes at `remote_addr` in the peer's address space to `dst`
@@ -243,6 +270,22 @@ pub trait Device {
     /// `dst` must be valid for writes of `len` bytes.
     unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {
         let _ = (remote_addr, dst, len);
+        Err(DeviceError::Unsupported)
+    }
+
+    /// Copies `len` bytes from `src` to `remote_addr` in the peer's address space
+    /// (this side's part of a split transfer; the peer chose the address, inside its
+    /// own receive buffer).
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    unsafe fn remote_write(
+        &mut self,
+        remote_addr: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        let _ = (remote_addr, src, len);
         Err(DeviceError::Unsupported)
     }
 
@@ -318,12 +361,27 @@ impl<D: Device + ?Sized> Device for Box<D> {
     fn supports_remote_read(&self) -> bool {
         (**self).supports_remote_read()
     }
-    fn prefers_remote_read(&self) -> bool {
-        (**self).prefers_remote_read()
+    fn preferred_rndv(&self) -> RndvPath {
+        (**self).preferred_rndv()
+    }
+    fn supports_remote_write(&self) -> bool {
+        (**self).supports_remote_write()
+    }
+    fn split_now(&self) -> bool {
+        (**self).split_now()
     }
     unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { (**self).remote_read(remote_addr, dst, len) }
+    }
+    unsafe fn remote_write(
+        &mut self,
+        remote_addr: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: forwarded contract.
+        unsafe { (**self).remote_write(remote_addr, src, len) }
     }
     fn shutdown(&mut self) {
         (**self).shutdown()
@@ -386,6 +444,18 @@ mod tests {
         unsafe fn remote_read(&mut self, _: u64, _: *mut u8, _: usize) -> Result<(), DeviceError> {
             Ok(())
         }
+        fn preferred_rndv(&self) -> RndvPath {
+            RndvPath::Split
+        }
+        fn supports_remote_write(&self) -> bool {
+            true
+        }
+        fn split_now(&self) -> bool {
+            false
+        }
+        unsafe fn remote_write(&mut self, _: u64, _: *const u8, _: usize) -> Result<(), DeviceError> {
+            Ok(())
+        }
         fn shutdown(&mut self) {}
         fn drain(&mut self) -> bool {
             true
@@ -409,6 +479,10 @@ mod tests {
         let mut x = 0u8;
         // SAFETY: `x` is valid for one byte (and the probe does not touch it).
         assert!(unsafe { d.remote_read(0, &mut x, 1) }.is_ok());
+        // SAFETY: `x` is valid for one byte.
+        assert!(unsafe { d.remote_write(0, &x, 1) }.is_ok());
+        assert!(d.supports_remote_write() && !d.split_now());
+        assert_eq!(d.preferred_rndv(), RndvPath::Split);
         assert!(d.drain());
         assert_eq!(d.timer_ns(), Some(5));
         assert_eq!(d.credits_hint(), Some(300));

@@ -8,11 +8,13 @@
 
 use std::collections::VecDeque;
 
-use strait_wire::{decode, Header, FIN_OK, FIN_REMOTE_READ_FAILED, FIN_TRUNCATED, MAX_HEADER_LEN};
+use strait_wire::{
+    decode, Header, FIN_OK, FIN_REMOTE_READ_FAILED, FIN_TRUNCATED, MAX_HEADER_LEN, PUT_FAILED, PUT_OK,
+};
 
 use crate::api::{Completion, EpId, OpKind, Status};
 use crate::config::{Config, RndvMode};
-use crate::device::{Device, DeviceError, RxFrame};
+use crate::device::{Device, DeviceError, RndvPath, RxFrame};
 use crate::region::Buf;
 use crate::sansio::EndpointStats;
 
@@ -43,14 +45,47 @@ enum Ctrl {
     Fin { msg_id: u32, status: u32 },
     Credit,
     Close,
+    Put { msg_id: u32, offset: u32, len: u32, addr: u64 },
+    PutDone { msg_id: u32, status: u32 },
 }
 
 #[derive(PartialEq, Eq)]
 enum RndvSendState {
-    /// RTS is out; waiting for CTS (copy mode) or FIN (remote read).
+    /// RTS is out; waiting for CTS (copy mode), PUT (split) or FIN (remote read).
     Announced,
     /// Pushing DATA frames: next offset and bytes accepted.
     Pushing { next: usize, accept: usize },
+    /// The receiver asked for its part of a split transfer (queued in
+    /// `EpState::put_starts`, or written and answered); waiting for FIN.
+    PutAsked,
+}
+
+/// How the bytes of a matched rendezvous receive arrive.
+enum RecvPath {
+    /// In DATA frames pushed by the sender (copy mode).
+    Pushed,
+    /// A split transfer: this side read `[0, cut)` itself (`read_ok` says whether
+    /// that worked) and asked the sender to write `[cut, accept)`; `addr` is the
+    /// message in the sender's memory (to read the rest if the sender cannot write).
+    Split { cut: usize, addr: u64, read_ok: bool, answer: PutAnswer },
+}
+
+/// The sender's answer to a split transfer's PUT.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PutAnswer {
+    /// Not yet: the sender may be writing into the buffer now.
+    Awaited,
+    /// It could not write; this side reads the rest (queued in `EpState::split_rests`).
+    Refused,
+}
+
+/// A PUT to serve: write `[offset, offset + len)` of transfer `msg_id` to `addr` in
+/// the peer (the range was checked against the send buffer when the PUT arrived).
+struct PutStart {
+    msg_id: u32,
+    offset: usize,
+    len: usize,
+    addr: u64,
 }
 
 struct RndvSend {
@@ -70,6 +105,7 @@ struct RndvRecv {
     accept: usize,
     received: usize,
     ctx: u64,
+    path: RecvPath,
 }
 
 /// A matched RTS that still needs its data movement started.
@@ -100,8 +136,11 @@ pub(crate) struct EpState {
     max_payload: usize,
     chunk: usize,
     pipeline_threshold: usize,
+    split_threshold: usize,
     mode: RndvMode,
     remote_read_ok: bool,
+    /// False once the peer refused a PUT: later transfers are read whole.
+    split_ok: bool,
     msgq: VecDeque<QueuedMsg>,
     ctrlq: VecDeque<Ctrl>,
     posted: VecDeque<PostedRecv>,
@@ -110,6 +149,10 @@ pub(crate) struct EpState {
     rndv_sends: Vec<RndvSend>,
     rndv_recvs: Vec<RndvRecv>,
     rndv_starts: VecDeque<RndvStart>,
+    /// PUTs of the peer to serve (sender side of split transfers).
+    put_starts: VecDeque<PutStart>,
+    /// Split receives whose rest this side must read (the sender refused the PUT).
+    split_rests: VecDeque<u32>,
     /// A frame could not be sent for lack of device room.
     pub(crate) tx_blocked: bool,
     pub(crate) stats: EndpointStats,
@@ -184,8 +227,10 @@ impl EpState {
             max_payload,
             chunk: cfg.chunk_size.min(max_payload),
             pipeline_threshold: cfg.pipeline_threshold,
+            split_threshold: cfg.split_threshold.max(1),
             mode: cfg.rndv_mode,
             remote_read_ok: true,
+            split_ok: true,
             msgq: VecDeque::new(),
             ctrlq: VecDeque::new(),
             posted: VecDeque::new(),
@@ -194,6 +239,8 @@ impl EpState {
             rndv_sends: Vec::new(),
             rndv_recvs: Vec::new(),
             rndv_starts: VecDeque::new(),
+            put_starts: VecDeque::new(),
+            split_rests: VecDeque::new(),
             tx_blocked: false,
             stats: EndpointStats::default(),
             corrupt: None,
@@ -207,7 +254,7 @@ impl EpState {
             self.rndv_sends.iter().filter(|s| matches!(s.state, RndvSendState::Pushing { .. })).count();
         format!(
             "credits={} owed={} msgq={} ctrlq={} posted={} unexpected={} rndv_sends={} (pushing {}) rndv_recvs={} \
-             rndv_starts={} tx_blocked={} failed={:?}",
+             rndv_starts={} put_starts={} split_rests={} tx_blocked={} failed={:?}",
             self.credits,
             self.credits_owed,
             self.msgq.len(),
@@ -218,6 +265,8 @@ impl EpState {
             pushing,
             self.rndv_recvs.len(),
             self.rndv_starts.len(),
+            self.put_starts.len(),
+            self.split_rests.len(),
             self.tx_blocked,
             self.failed
         )
@@ -290,7 +339,17 @@ impl EpState {
 
     /// True if the transmit half of progress has anything to do.
     fn tx_work(&self) -> bool {
-        !self.rndv_starts.is_empty() || self.tx_waiting() || self.credits_owed >= self.window.div_ceil(2)
+        !self.rndv_starts.is_empty()
+            || !self.put_starts.is_empty()
+            || !self.split_rests.is_empty()
+            || self.tx_waiting()
+            || self.credits_owed >= self.window.div_ceil(2)
+    }
+
+    /// True while a split receive waits for the peer's answer to its PUT: the peer
+    /// may be writing into that receive's buffer.
+    pub(crate) fn awaiting_puts(&self) -> bool {
+        self.rndv_recvs.iter().any(|r| matches!(r.path, RecvPath::Split { answer: PutAnswer::Awaited, .. }))
     }
 
     /// True if frames wait to go out (for credits, ring room or a peer's answer).
@@ -396,7 +455,10 @@ impl EpState {
                     return self.reject(format!("DATA for unknown transfer {msg_id}"));
                 };
                 let r = &mut self.rndv_recvs[i];
-                if offset != r.received as u64 || payload > r.accept - r.received {
+                if !matches!(r.path, RecvPath::Pushed)
+                    || offset != r.received as u64
+                    || payload > r.accept - r.received
+                {
                     return self.reject(format!("DATA for transfer {msg_id} at {offset} out of place"));
                 }
                 strait_probe::probe!(if r.received + payload == r.accept => strait_probe::Stage::RxLastData);
@@ -410,6 +472,42 @@ impl EpState {
                     let status = if (r.accept as u64) < r.msg_len { Status::Truncated } else { Status::Ok };
                     let recv = PostedRecv { tag: r.tag, mask: 0, buf: r.buf, ctx: r.ctx };
                     complete_recv(cq, self.id, recv, r.tag, r.msg_len as usize, status);
+                }
+            }
+            Header::Put { msg_id, offset, len, addr, .. } => {
+                let Some(s) = self.rndv_sends.iter_mut().find(|s| s.msg_id == msg_id) else {
+                    return self.reject(format!("PUT for unknown transfer {msg_id}"));
+                };
+                // The range is the peer's word: it must lie inside this message, or the
+                // write would carry other memory of this process to the peer.
+                let (offset, len) = (offset as usize, len as usize);
+                if s.state != RndvSendState::Announced || len == 0 || offset.saturating_add(len) > s.buf.len {
+                    return self.reject(format!("PUT for transfer {msg_id} at {offset}+{len} out of place"));
+                }
+                s.state = RndvSendState::PutAsked;
+                self.put_starts.push_back(PutStart { msg_id, offset, len, addr });
+            }
+            Header::PutDone { msg_id, status, .. } => {
+                let Some(i) = self.rndv_recvs.iter().position(|r| {
+                    r.msg_id == msg_id && matches!(r.path, RecvPath::Split { answer: PutAnswer::Awaited, .. })
+                }) else {
+                    return self.reject(format!("PUT-DONE for transfer {msg_id} out of place"));
+                };
+                let RecvPath::Split { read_ok, .. } = self.rndv_recvs[i].path else { return };
+                if status == PUT_OK || !read_ok {
+                    // Both parts are settled: the peer wrote its part (or this side
+                    // could not read its own, and then nothing more is tried).
+                    let r = self.rndv_recvs.swap_remove(i);
+                    let ok = status == PUT_OK && read_ok;
+                    self.finish_split(r, ok, cq);
+                } else {
+                    // The peer could not write: this side reads the rest, and asks no
+                    // more PUTs of this peer.
+                    self.split_ok = false;
+                    if let RecvPath::Split { answer, .. } = &mut self.rndv_recvs[i].path {
+                        *answer = PutAnswer::Refused;
+                    }
+                    self.split_rests.push_back(msg_id);
                 }
             }
             Header::Fin { msg_id, status, .. } => {
@@ -427,6 +525,22 @@ impl EpState {
             Header::Credit { .. } => {}
             Header::Close { .. } => self.peer_closed = true,
         }
+    }
+
+    /// Completes a split receive whose parts are all in (`ok`) or one of which
+    /// failed, and tells the sender with a FIN.
+    fn finish_split(&mut self, r: RndvRecv, ok: bool, cq: &mut VecDeque<Completion>) {
+        strait_probe::probe!(strait_probe::Stage::CopyDone);
+        let (status, fin) = if !ok {
+            (Status::RemoteReadFailed, FIN_REMOTE_READ_FAILED)
+        } else if (r.accept as u64) < r.msg_len {
+            (Status::Truncated, FIN_TRUNCATED)
+        } else {
+            (Status::Ok, FIN_OK)
+        };
+        self.ctrlq.push_back(Ctrl::Fin { msg_id: r.msg_id, status: fin });
+        let recv = PostedRecv { tag: r.tag, mask: 0, buf: r.buf, ctx: r.ctx };
+        complete_recv(cq, self.id, recv, r.tag, r.msg_len as usize, status);
     }
 
     fn check_seq(&mut self, seq: u32) -> bool {
@@ -458,12 +572,26 @@ impl EpState {
             complete_send(cq, id, s.buf, s.ctx, s.tag, status);
         }
         for r in self.rndv_recvs.drain(..) {
+            let awaited = matches!(r.path, RecvPath::Split { answer: PutAnswer::Awaited, .. });
             let recv = PostedRecv { tag: r.tag, mask: 0, buf: r.buf, ctx: r.ctx };
+            if awaited && status == Status::Canceled {
+                // Closed locally while the (live) peer may still be writing its part
+                // of a split transfer into this buffer: the receive ends, but the
+                // region stays held, so it is never handed back or unmapped under
+                // that write ([`crate::sansio::Engine::close`] first waits a bounded
+                // number of passes for the answer, so this is the rare case).
+                let PostedRecv { tag, buf, ctx, .. } = recv;
+                std::mem::forget(buf);
+                cq.push_back(Completion { ep: id, op: OpKind::Recv, ctx, tag, len: 0, status });
+                continue;
+            }
             complete_recv(cq, id, recv, r.tag, 0, status);
         }
         for s in self.rndv_starts.drain(..) {
             complete_recv(cq, id, s.recv, s.tag, 0, status);
         }
+        self.put_starts.clear();
+        self.split_rests.clear();
         for r in self.posted.drain(..) {
             let tag = r.tag;
             complete_recv(cq, id, r, tag, 0, status);
@@ -492,10 +620,14 @@ impl EpState {
         for m in self.msgq.drain(..) {
             complete_send(cq, id, m.buf, m.ctx, m.tag, Status::PeerGone);
         }
+        // A peer that closed wrote nothing after its Close (its PUT-DONEs go out
+        // before it), so no buffer here is still being written.
         for r in self.rndv_recvs.drain(..) {
             let recv = PostedRecv { tag: r.tag, mask: 0, buf: r.buf, ctx: r.ctx };
             complete_recv(cq, id, recv, r.tag, 0, Status::PeerGone);
         }
+        self.put_starts.clear();
+        self.split_rests.clear();
         self.failed = Some(Status::PeerGone);
     }
 
@@ -611,6 +743,7 @@ impl<D: Device> Endpoint<D> {
             || !st.ctrlq.is_empty()
             || !st.rndv_starts.is_empty()
             || !st.rndv_sends.is_empty()
+            || !st.split_rests.is_empty()
             || st.failed.is_some()
         {
             return Some(buf);
@@ -654,10 +787,22 @@ impl<D: Device> Endpoint<D> {
             return 0;
         }
         let mut work = 0;
-        // 2. Start matched rendezvous transfers.
+        // 2. Serve the peer's PUTs first (it copies its own part meanwhile), then
+        // start matched rendezvous transfers and read what refused PUTs left.
+        while let Some(p) = self.st.put_starts.pop_front() {
+            self.serve_put(p, cq);
+            work += 1;
+        }
         while let Some(s) = self.st.rndv_starts.pop_front() {
             self.start_rndv_recv(s, cq);
             work += 1;
+        }
+        while let Some(msg_id) = self.st.split_rests.pop_front() {
+            self.read_split_rest(msg_id, cq);
+            work += 1;
+        }
+        if self.st.failed.is_some() {
+            return work;
         }
         // 3. Delayed credit return: only when half the window is owed and no
         // outgoing frame will carry it.
@@ -701,15 +846,23 @@ impl<D: Device> Endpoint<D> {
 
     fn start_rndv_recv(&mut self, s: RndvStart, cq: &mut VecDeque<Completion>) {
         let accept = (s.msg_len as usize).min(s.recv.buf.len);
-        let use_read = match self.st.mode {
-            RndvMode::Copy => false,
-            // What the device measured faster on this host (see `RndvMode::Auto`).
-            RndvMode::Auto => {
-                self.st.remote_read_ok && self.dev.supports_remote_read() && self.dev.prefers_remote_read()
-            }
-            RndvMode::RemoteRead => self.st.remote_read_ok && self.dev.supports_remote_read(),
+        let path = match self.st.mode {
+            RndvMode::Copy => RndvPath::Copy,
+            RndvMode::RemoteRead => RndvPath::RemoteRead,
+            RndvMode::Split => RndvPath::Split,
+            // What the device measured fastest on this host (see `RndvMode::Auto`).
+            RndvMode::Auto => self.dev.preferred_rndv(),
         };
-        if use_read {
+        let can_read = self.st.remote_read_ok && self.dev.supports_remote_read();
+        if path == RndvPath::Split
+            && can_read
+            && self.st.split_ok
+            && accept >= self.st.split_threshold
+            && self.dev.split_now()
+        {
+            return self.start_split(s, accept, cq);
+        }
+        if path != RndvPath::Copy && can_read {
             // SAFETY: the destination is the accepted prefix of the posted buffer.
             let r = unsafe { self.dev.remote_read(s.addr, s.recv.buf.ptr(), accept) };
             match r {
@@ -759,15 +912,114 @@ impl<D: Device> Endpoint<D> {
                 accept,
                 received: 0,
                 ctx,
+                path: RecvPath::Pushed,
             });
         }
     }
 
-    /// Sends what can be sent: control frames first (they need no credits and must
-    /// never wait behind messages), then rendezvous data, then credited messages.
-    fn flush(&mut self, cq: &mut VecDeque<Completion>) -> usize {
+    /// A split transfer: asks the sender (with a PUT sent at once) to write the
+    /// second part of the accepted range into the posted buffer, then reads the first
+    /// part itself, so both cores copy at the same time; the receive completes when
+    /// the sender's PUT-DONE arrives.
+    fn start_split(&mut self, s: RndvStart, accept: usize, cq: &mut VecDeque<Completion>) {
+        let cut = split_point(accept);
+        let dst = s.recv.buf.ptr();
+        self.st.ctrlq.push_back(Ctrl::Put {
+            msg_id: s.msg_id,
+            offset: cut as u32,
+            len: (accept - cut) as u32,
+            addr: dst as u64 + cut as u64,
+        });
+        // The PUT must leave before this side starts copying, or the two copies
+        // would not overlap. Until the receive is recorded below, it waits in
+        // `rndv_starts`, so a device failure on the way completes it.
+        self.st.rndv_starts.push_front(s);
+        self.flush_ctrl(cq);
+        if self.st.failed.is_some() {
+            return;
+        }
+        if let Err(e) = self.dev.doorbell() {
+            return self.device_failed(e, cq);
+        }
+        // SAFETY: `[0, cut)` is inside the accepted prefix of the posted buffer; the
+        // sender writes only `[cut, accept)`.
+        let read_ok = match unsafe { self.dev.remote_read(self.st.rndv_starts[0].addr, dst, cut) } {
+            Ok(()) => true,
+            Err(e) => {
+                // A peer the device knows to be gone will never answer the PUT.
+                if matches!(e, DeviceError::PeerGone(_)) || self.dev.check_peer().is_err() {
+                    return self.device_failed(e, cq);
+                }
+                if matches!(e, DeviceError::Unsupported) {
+                    self.st.remote_read_ok = false;
+                }
+                false
+            }
+        };
+        let Some(s) = self.st.rndv_starts.pop_front() else { return };
+        self.st.stats.rndv_split += 1;
+        let PostedRecv { buf, ctx, .. } = s.recv;
+        self.st.rndv_recvs.push(RndvRecv {
+            msg_id: s.msg_id,
+            tag: s.tag,
+            msg_len: s.msg_len,
+            buf,
+            accept,
+            received: 0,
+            ctx,
+            path: RecvPath::Split { cut, addr: s.addr, read_ok, answer: PutAnswer::Awaited },
+        });
+    }
+
+    /// Serves a PUT of the peer: writes the asked part of the message into the
+    /// peer's buffer and answers with a PUT-DONE (failed where this device cannot
+    /// write into the peer; the peer then reads the part itself).
+    fn serve_put(&mut self, p: PutStart, cq: &mut VecDeque<Completion>) {
+        let Some(send) = self.st.rndv_sends.iter().find(|s| s.msg_id == p.msg_id) else { return };
+        // SAFETY: `[offset, offset + len)` was checked against the send buffer when
+        // the PUT arrived, and the buffer stays held until the peer's FIN.
+        let src = unsafe { send.buf.ptr().add(p.offset) as *const u8 };
+        let r = if self.dev.supports_remote_write() {
+            // SAFETY: `src` is valid for `len` bytes (above).
+            unsafe { self.dev.remote_write(p.addr, src, p.len) }
+        } else {
+            Err(DeviceError::Unsupported)
+        };
+        let status = match r {
+            Ok(()) => PUT_OK,
+            Err(e) => {
+                if self.dev.check_peer().is_err() {
+                    return self.device_failed(e, cq);
+                }
+                PUT_FAILED
+            }
+        };
+        self.st.ctrlq.push_back(Ctrl::PutDone { msg_id: p.msg_id, status });
+    }
+
+    /// Reads the part of a split receive that its sender could not write, then
+    /// completes it.
+    fn read_split_rest(&mut self, msg_id: u32, cq: &mut VecDeque<Completion>) {
+        let Some(i) = self.st.rndv_recvs.iter().position(|r| r.msg_id == msg_id) else { return };
+        let r = &self.st.rndv_recvs[i];
+        let RecvPath::Split { cut, addr, .. } = r.path else { return };
+        // SAFETY: `[cut, accept)` lies inside the posted buffer; the sender answered
+        // that it writes nothing into it.
+        let res = unsafe { self.dev.remote_read(addr + cut as u64, r.buf.ptr().add(cut), r.accept - cut) };
+        if let Err(e) = &res {
+            if self.dev.check_peer().is_err() {
+                let e = DeviceError::PeerGone(e.to_string());
+                return self.device_failed(e, cq);
+            }
+        }
+        let r = self.st.rndv_recvs.swap_remove(i);
+        self.st.finish_split(r, res.is_ok(), cq);
+    }
+
+    /// Sends the queued control frames (they need no credits and never wait behind
+    /// messages). Returns how many went, and whether all did.
+    fn flush_ctrl(&mut self, cq: &mut VecDeque<Completion>) -> (usize, bool) {
         let mut sent = 0;
-        self.st.tx_blocked = false;
         while let Some(&c) = self.st.ctrlq.front() {
             let credits = self.st.credits_owed;
             let h = match c {
@@ -782,6 +1034,8 @@ impl<D: Device> Endpoint<D> {
                     Header::Credit { credits }
                 }
                 Ctrl::Close => Header::Close { credits },
+                Ctrl::Put { msg_id, offset, len, addr } => Header::Put { credits, msg_id, offset, len, addr },
+                Ctrl::PutDone { msg_id, status } => Header::PutDone { credits, msg_id, status },
             };
             match self.send_header(&h, None) {
                 Ok(true) => {
@@ -791,13 +1045,24 @@ impl<D: Device> Endpoint<D> {
                 }
                 Ok(false) => {
                     self.st.tx_blocked = true;
-                    return sent;
+                    return (sent, false);
                 }
                 Err(e) => {
                     self.device_failed(e, cq);
-                    return sent;
+                    return (sent, false);
                 }
             }
+        }
+        (sent, true)
+    }
+
+    /// Sends what can be sent: control frames first (they need no credits and must
+    /// never wait behind messages), then rendezvous data, then credited messages.
+    fn flush(&mut self, cq: &mut VecDeque<Completion>) -> usize {
+        self.st.tx_blocked = false;
+        let (mut sent, all) = self.flush_ctrl(cq);
+        if !all {
+            return sent;
         }
         // Rendezvous data (copy mode), pipelined in chunks.
         let mut i = 0;
@@ -919,5 +1184,33 @@ impl<D: Device> Endpoint<D> {
                 w.write(hlen, src);
             }
         })
+    }
+}
+
+/// Where a split transfer of `accept` bytes is cut: about half, on a page boundary
+/// (the two copies then never share a page or a cache line), and never at 0 when
+/// the message spans more than a page.
+fn split_point(accept: usize) -> usize {
+    let half = (accept / 2) & !4095;
+    if half == 0 {
+        accept / 2
+    } else {
+        half
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_point;
+
+    #[test]
+    fn the_cut_is_about_half_on_a_page() {
+        assert_eq!(split_point(1 << 20), 1 << 19);
+        assert_eq!(split_point(100_000), 49_152);
+        assert_eq!(split_point(6000), 3000);
+        for n in [2usize, 4096, 65_536, 65_537, 1 << 30] {
+            let c = split_point(n);
+            assert!(c > 0 && c < n, "{n}: {c}");
+        }
     }
 }

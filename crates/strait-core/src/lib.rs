@@ -19,7 +19,7 @@ pub mod worker;
 
 pub use api::{Completion, EpId, OpKind, PostError, Status, WaitError};
 pub use config::{Config, ConfigError, RndvMode};
-pub use device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
+pub use device::{Device, DeviceError, DeviceStats, FrameWriter, RndvPath, RxFrame};
 pub use link::{Link, LinkError, LinkStats, SlotPool};
 pub use notifier::Notifier;
 pub use region::{MemoryRegion, RegionBusy};

@@ -49,6 +49,8 @@ pub struct LoopbackDevice {
     side: usize,
     capacity: usize,
     remote_read: bool,
+    /// Whether this end writes into its peer for split transfers (as it reads).
+    remote_write: bool,
     stats: DeviceStats,
     spare: Vec<Vec<u8>>,
 }
@@ -68,10 +70,17 @@ impl LoopbackDevice {
             side,
             capacity,
             remote_read,
+            remote_write: remote_read,
             stats: DeviceStats::default(),
             spare: Vec::new(),
         };
         (mk(0), mk(1))
+    }
+
+    /// Makes this end refuse remote writes (as a device without them, or a kernel
+    /// that forbids them, would): a split transfer's PUT to it is answered failed.
+    pub fn refuse_remote_writes(&mut self) {
+        self.remote_write = false;
     }
 
     /// Tells this end which eventfd wakes its own worker (the peer signals it).
@@ -202,6 +211,29 @@ impl Device for LoopbackDevice {
         // buffer alive until it gets FIN, and the caller guarantees `dst`.
         unsafe { std::ptr::copy_nonoverlapping(remote_addr as usize as *const u8, dst, len) };
         self.stats.remote_reads += 1;
+        Ok(())
+    }
+
+    fn supports_remote_write(&self) -> bool {
+        self.remote_write
+    }
+
+    unsafe fn remote_write(
+        &mut self,
+        remote_addr: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        if !self.remote_write {
+            return Err(DeviceError::Unsupported);
+        }
+        if self.lock().closed[self.side ^ 1] {
+            return Err(DeviceError::PeerGone("peer closed".into()));
+        }
+        // SAFETY: both ends share this address space; the receiver keeps the buffer
+        // it named held until our PUT-DONE, and the caller guarantees `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src, remote_addr as usize as *mut u8, len) };
+        self.stats.remote_writes += 1;
         Ok(())
     }
 

@@ -18,6 +18,10 @@ use crate::device::{Device, DeviceStats};
 use crate::engine::{complete_send, Endpoint, EpState, PostedRecv};
 use crate::region::{Buf, MemoryRegion, RECV, SEND};
 
+/// Progress passes [`Engine::close`] gives a peer to answer the PUTs of split
+/// transfers it may be serving (about a millisecond of polling).
+const CLOSE_PUT_PASSES: u32 = 20_000;
+
 /// Per-endpoint protocol counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct EndpointStats {
@@ -25,6 +29,9 @@ pub struct EndpointStats {
     pub eager_sent: u64,
     /// Messages sent by rendezvous.
     pub rndv_sent: u64,
+    /// Rendezvous messages received by a split transfer (the sender asked to write
+    /// part of each: [`crate::RndvMode::Split`]).
+    pub rndv_split: u64,
     /// Messages that arrived before a matching receive was posted.
     pub unexpected: u64,
     /// Stand-alone credit frames sent (credits not piggybacked).
@@ -329,6 +336,19 @@ impl<D: Device> Engine<D> {
         let cq = &mut self.cq;
         let Some(slot) = self.eps.get_mut(ep.0 as usize) else { return };
         if let Some(mut e) = slot.take() {
+            if e.st.failed.is_none() {
+                // The peer may be writing its part of a split transfer into a posted
+                // buffer: give its answer a bounded number of passes to arrive
+                // (a polling peer answers within microseconds), so that the buffer
+                // can be handed back; `fail` keeps the hold of any still unanswered.
+                let mut passes = 0u32;
+                while e.st.awaiting_puts() && e.st.failed.is_none() && passes < CLOSE_PUT_PASSES {
+                    if e.progress(cq) == 0 {
+                        std::hint::spin_loop();
+                    }
+                    passes += 1;
+                }
+            }
             if e.st.failed.is_none() {
                 e.st.fail(Status::Canceled, cq);
                 e.st.failed = None;

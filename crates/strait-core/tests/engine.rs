@@ -174,19 +174,26 @@ fn any_cfg() -> impl Strategy<Value = (Config, usize, bool)> {
     (
         1u16..8,
         prop_oneof![Just(64usize), Just(1024), Just(8192)],
-        prop_oneof![Just(RndvMode::Auto), Just(RndvMode::Copy), Just(RndvMode::RemoteRead)],
+        prop_oneof![
+            Just(RndvMode::Auto),
+            Just(RndvMode::Copy),
+            Just(RndvMode::RemoteRead),
+            Just(RndvMode::Split)
+        ],
         prop_oneof![Just(1024usize), Just(16384)],
         prop_oneof![Just(0usize), Just(32768)],
         prop_oneof![Just(16usize * 1024), Just(256 * 1024)],
         any::<bool>(),
+        prop_oneof![Just(1usize), Just(4096), Just(65536)],
     )
-        .prop_map(|(credits, eager, mode, chunk, pipe, cap, rr)| {
+        .prop_map(|(credits, eager, mode, chunk, pipe, cap, rr, split)| {
             let cfg = Config {
                 credits,
                 eager_threshold: eager,
                 rndv_mode: mode,
                 chunk_size: chunk,
                 pipeline_threshold: pipe,
+                split_threshold: split,
                 ..Config::default()
             };
             (cfg, cap, rr)
@@ -299,15 +306,20 @@ fn wait_both(wa: &mut W, wb: &mut W, n: usize) -> Vec<Completion> {
 
 #[test]
 fn truncation_is_reported_and_nothing_is_written_past_the_buffer() {
-    for (len, mode) in [(100usize, RndvMode::Auto), (5000, RndvMode::Copy), (5000, RndvMode::RemoteRead)] {
-        let (mut wa, ea, mut wb, eb) = pair(&cfg_small(), 1 << 16, true);
+    for (len, mode) in [
+        (100usize, RndvMode::Auto),
+        (5000, RndvMode::Copy),
+        (5000, RndvMode::RemoteRead),
+        (5000, RndvMode::Split),
+    ] {
+        let cfg = Config { rndv_mode: mode, split_threshold: 1, ..cfg_small() };
+        let (mut wa, ea, mut wb, eb) = pair(&cfg, 1 << 16, true);
         let mut inbox = MemoryRegion::new(64).unwrap();
         inbox.write_at(0, &[0xee; 64]).unwrap();
         // Receive into bytes 8..40 only; the rest must stay untouched.
         wb.post_recv(eb, &mut inbox, 8..40, 1, u64::MAX, 9).unwrap();
         let mut out = MemoryRegion::new(len).unwrap();
         out.write_at(0, &vec![0x11; len]).unwrap();
-        let _ = mode;
         wa.post_send(ea, &out, 0..len, 1, 3).unwrap();
         let done = wait_both(&mut wa, &mut wb, 2);
         let r = done.iter().find(|c| c.op == OpKind::Recv).unwrap();
@@ -577,4 +589,157 @@ fn a_peer_ignoring_credits_cannot_grow_the_unexpected_queue_without_bound() {
     assert_eq!(status, Status::Corrupt);
     assert!(why.unwrap().contains("unmatched messages"));
     assert_eq!(w.poll().map(|c| (c.ctx, c.status)), Some((1, Status::Corrupt)));
+}
+
+/// A raw peer's frame: `h` encoded, no payload.
+fn send_raw(raw: &mut LoopbackDevice, h: strait_wire::Header) {
+    use strait_core::Device;
+    let mut hb = [0u8; strait_wire::MAX_HEADER_LEN];
+    let hlen = h.encode(&mut hb);
+    assert!(raw.send_frame(hlen, &mut |f| f.write(0, &hb[..hlen])).unwrap(), "no room for a raw frame");
+}
+
+/// The next frame a raw peer got, decoded.
+fn recv_raw(raw: &mut LoopbackDevice, w: &mut W) -> strait_wire::Header {
+    use strait_core::Device;
+    for _ in 0..10_000 {
+        let mut got = None;
+        raw.recv_frame(&mut |f| {
+            let mut hb = [0u8; strait_wire::MAX_HEADER_LEN];
+            let n = f.len().min(hb.len());
+            assert!(f.read(0, &mut hb[..n]));
+            got = Some(strait_wire::decode(&hb[..n]).unwrap().0);
+        })
+        .unwrap();
+        if let Some(h) = got {
+            return h;
+        }
+        w.progress();
+    }
+    panic!("the worker sent nothing");
+}
+
+/// One split transfer of `len` bytes from a to b; returns (a's and b's stats, the
+/// receive's completion). `refuse`: a's device cannot write into b.
+fn split_once(
+    len: usize,
+    refuse: bool,
+) -> (strait_core::EndpointStats, strait_core::EndpointStats, Completion) {
+    let cfg = Config { rndv_mode: RndvMode::Split, split_threshold: 4096, ..cfg_small() };
+    let (mut a, b) = LoopbackDevice::pair_with(1 << 16, true);
+    if refuse {
+        a.refuse_remote_writes();
+    }
+    let mut wa: W = Worker::new(cfg.clone()).unwrap();
+    let mut wb: W = Worker::new(cfg).unwrap();
+    let (ea, eb) = (wa.attach(a), wb.attach(b));
+    let want = pattern(5, 0, len);
+    let mut inbox = MemoryRegion::new(len).unwrap();
+    let mut out = MemoryRegion::new(len).unwrap();
+    out.write_at(0, &want).unwrap();
+    for round in 0..2u64 {
+        inbox.write_at(0, &vec![0u8; len]).unwrap();
+        wb.post_recv(eb, &mut inbox, 0..len, 5, u64::MAX, round).unwrap();
+        wa.post_send(ea, &out, 0..len, 5, round).unwrap();
+        let done = wait_both(&mut wa, &mut wb, 2);
+        assert!(done.iter().all(|c| c.status == Status::Ok), "{done:?}");
+        assert!(inbox.bytes().unwrap() == &want[..], "round {round}: bytes differ");
+    }
+    wb.post_recv(eb, &mut inbox, 0..len, 5, u64::MAX, 9).unwrap();
+    wa.post_send(ea, &out, 0..len, 5, 9).unwrap();
+    let done = wait_both(&mut wa, &mut wb, 2);
+    let r = *done.iter().find(|c| c.op == OpKind::Recv).unwrap();
+    (wa.stats(ea).unwrap(), wb.stats(eb).unwrap(), r)
+}
+
+/// A split transfer: the receiver reads the first half, the sender writes the
+/// second into the receiver's buffer; every byte arrives, and the counters show
+/// that both sides copied.
+#[test]
+fn a_split_transfer_has_both_sides_copy_and_every_byte_arrives() {
+    let (sa, sb, r) = split_once(1 << 20, false);
+    assert_eq!((r.status, r.len), (Status::Ok, 1 << 20));
+    assert_eq!(sb.rndv_split, 3, "every transfer was split");
+    assert_eq!(sa.device.remote_writes, 3, "the sender wrote its part each time");
+    assert_eq!(sb.device.remote_reads, 3, "the receiver read its part each time");
+    // Below the threshold the receiver reads the whole message itself.
+    let (sa, sb, _) = split_once(4095, false);
+    assert_eq!((sb.rndv_split, sa.device.remote_writes, sb.device.remote_reads), (0, 0, 3));
+}
+
+/// A sender that cannot write into the receiver answers its PUT failed: the
+/// receiver reads that part itself (nothing lost, the message completes `Ok`) and
+/// asks this peer for no more splits.
+#[test]
+fn a_sender_that_cannot_write_leaves_the_rest_to_the_receiver() {
+    let (sa, sb, r) = split_once(1 << 18, true);
+    assert_eq!(r.status, Status::Ok);
+    assert_eq!(sb.rndv_split, 1, "splits went on after a refused PUT");
+    assert_eq!(sa.device.remote_writes, 0);
+    // First message: its own part, then the rest; then two whole reads.
+    assert_eq!(sb.device.remote_reads, 4);
+}
+
+/// A receiver's PUT is the peer's word: a range outside the message (which would
+/// carry other memory of the sender to the peer), a second PUT for one transfer, or
+/// a PUT-DONE nobody asked for ends the endpoint `Corrupt`; nothing is written.
+#[test]
+fn a_put_outside_the_message_or_out_of_turn_is_refused() {
+    use strait_wire::Header;
+    type Bad = fn(u32) -> Vec<Header>;
+    let cases: [(Bad, &str); 4] = [
+        (|id| vec![Header::Put { credits: 0, msg_id: id, offset: 60_000, len: 8192, addr: 8 }], "PUT"),
+        (|id| vec![Header::Put { credits: 0, msg_id: id, offset: 0, len: 0, addr: 8 }], "PUT"),
+        (
+            |id| vec![Header::Put { credits: 0, msg_id: id.wrapping_add(1), offset: 0, len: 8, addr: 8 }],
+            "PUT",
+        ),
+        (|id| vec![Header::PutDone { credits: 0, msg_id: id, status: 0 }], "PUT-DONE"),
+    ];
+    for (frames, what) in cases {
+        let cfg = Config { rndv_mode: RndvMode::Split, split_threshold: 1, ..cfg_small() };
+        let (mut raw, a) = LoopbackDevice::pair_with(1 << 16, true);
+        let mut wa: W = Worker::new(cfg).unwrap();
+        let ea = wa.attach(a);
+        let out = MemoryRegion::new(65_536).unwrap();
+        wa.post_send(ea, &out, 0..65_536, 1, 1).unwrap();
+        let Header::Rts { msg_id, .. } = recv_raw(&mut raw, &mut wa) else { panic!("no RTS") };
+        for h in frames(msg_id) {
+            send_raw(&mut raw, h);
+        }
+        for _ in 0..100 {
+            wa.progress();
+        }
+        let (status, why) = wa.endpoint_error(ea).expect("the endpoint went on");
+        assert_eq!(status, Status::Corrupt);
+        assert!(why.as_deref().unwrap_or("").contains(what), "{why:?}");
+        assert_eq!(wa.stats(ea).unwrap().device.remote_writes, 0, "a write was made");
+        assert_eq!(wa.poll().map(|c| (c.op, c.status)), Some((OpKind::Send, Status::Corrupt)));
+    }
+}
+
+/// A receiver closed while its sender may still be writing its part of a split
+/// transfer: the receive ends `Canceled`, but the buffer stays held (the region
+/// refuses access) rather than being handed back under the peer's write.
+#[test]
+fn a_close_during_a_split_keeps_the_buffer_from_the_peers_write() {
+    use strait_wire::Header;
+    let cfg = Config { rndv_mode: RndvMode::Split, split_threshold: 1, ..cfg_small() };
+    let (mut raw, b) = LoopbackDevice::pair_with(1 << 16, true);
+    let mut wb: W = Worker::new(cfg).unwrap();
+    let eb = wb.attach(b);
+    let source = vec![7u8; 65_536];
+    let mut inbox = MemoryRegion::new(65_536).unwrap();
+    wb.post_recv(eb, &mut inbox, 0..65_536, 1, u64::MAX, 4).unwrap();
+    send_raw(
+        &mut raw,
+        Header::Rts { credits: 0, seq: 0, tag: 1, len: 65_536, msg_id: 3, addr: source.as_ptr() as u64 },
+    );
+    let Header::Put { msg_id: 3, offset, len, .. } = recv_raw(&mut raw, &mut wb) else { panic!("no PUT") };
+    assert_eq!((offset, len), (32_768, 32_768));
+    // The peer never answers; the receiver closes.
+    wb.close(eb);
+    let c = wb.poll().expect("no completion");
+    assert_eq!((c.op, c.ctx, c.status), (OpKind::Recv, 4, Status::Canceled));
+    assert!(inbox.bytes().is_err(), "the buffer was handed back while the peer may write into it");
 }

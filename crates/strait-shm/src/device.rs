@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use strait_core::config::env_num;
-use strait_core::device::{Device, DeviceError, DeviceStats, FrameWriter, RxFrame};
+use strait_core::device::{Device, DeviceError, DeviceStats, FrameWriter, RndvPath, RxFrame};
 use strait_core::notifier::notify_fd;
 use strait_core::{ConfigError, Notifier};
 use thiserror::Error;
@@ -582,9 +582,15 @@ pub struct ShmDevice {
     /// its pid could have been reused.
     pidfd: Option<OwnedFd>,
     remote_read_ok: bool,
-    /// Remote reads measured faster than the pipelined copy on this host
-    /// ([`calibrate`]), and possible for this peer.
-    prefer_remote_read: bool,
+    /// Remote writes into the peer possible: remote reads work and the peer is
+    /// another process (a process paired with itself gains nothing from them, and a
+    /// write at an address its own peer named must never land in its own memory).
+    remote_write_ok: bool,
+    /// This process when the connection was made: the peer writes into it (by the
+    /// pid it learned then), so after a fork no split is asked for.
+    own_pid: libc::pid_t,
+    /// The rendezvous path measured fastest on this host ([`calibrate`]).
+    preferred: RndvPath,
     tx: Producer,
     rx: Consumer,
     tx_data: MappedArea,
@@ -734,7 +740,18 @@ impl ShmDevice {
             None => false,
         };
         // Measured once per host (cached), and only where it could matter.
-        let prefer_remote_read = remote_read_ok && calibrate::calibration().choice == RndvChoice::RemoteRead;
+        // SAFETY: getpid has no preconditions.
+        let own_pid = unsafe { libc::getpid() };
+        let remote_write_ok = remote_read_ok && peer_pid != Some(own_pid);
+        let preferred = if remote_read_ok {
+            match calibrate::calibration().choice {
+                RndvChoice::Copy => RndvPath::Copy,
+                RndvChoice::RemoteRead => RndvPath::RemoteRead,
+                RndvChoice::Split => RndvPath::Split,
+            }
+        } else {
+            RndvPath::Copy
+        };
         Ok(ShmDevice {
             tx_data: data(tx_ring),
             rx_data: data(rx_ring),
@@ -745,7 +762,9 @@ impl ShmDevice {
             peer_uid: cred.uid,
             pidfd,
             remote_read_ok,
-            prefer_remote_read,
+            remote_write_ok,
+            own_pid,
+            preferred,
             tx: Producer::new(ring_bytes),
             rx: Consumer::new(ring_bytes),
             tx_ring,
@@ -985,8 +1004,55 @@ impl Device for ShmDevice {
         self.remote_read_ok
     }
 
-    fn prefers_remote_read(&self) -> bool {
-        self.prefer_remote_read && self.remote_read_ok
+    fn preferred_rndv(&self) -> RndvPath {
+        match self.preferred {
+            RndvPath::Split if !self.remote_write_ok => RndvPath::RemoteRead,
+            p if p != RndvPath::Copy && !self.remote_read_ok => RndvPath::Copy,
+            p => p,
+        }
+    }
+
+    fn supports_remote_write(&self) -> bool {
+        self.remote_write_ok
+    }
+
+    fn split_now(&self) -> bool {
+        // The peer's sleep flag sits in the control block of the ring it consumes.
+        // SAFETY: getpid has no preconditions.
+        self.word(self.tx_ring, SLEEP).load(ring::Ordering::Relaxed) == 0
+            && unsafe { libc::getpid() } == self.own_pid
+    }
+
+    unsafe fn remote_write(
+        &mut self,
+        remote_addr: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        let Some(pid) = self.peer_pid.filter(|_| self.remote_write_ok) else {
+            return Err(DeviceError::Unsupported);
+        };
+        // A write into a reused pid would land in another process, so the peer must
+        // be known alive before, not only after: its socket hangs up before its pid
+        // is freed, and its pidfd polls readable once it exits.
+        if self.peer_hung_up()? || self.pidfd.as_ref().is_some_and(sys::pidfd_exited) {
+            return Err(DeviceError::PeerGone("the peer exited before a remote write".into()));
+        }
+        // SAFETY: the caller guarantees `src` for `len` bytes.
+        match unsafe { sys::vm_write(pid, remote_addr, src, len) } {
+            Ok(()) => {
+                self.stats.remote_writes += 1;
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                Err(DeviceError::PeerGone("the peer process no longer exists".into()))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                self.remote_write_ok = false;
+                Err(DeviceError::Unsupported)
+            }
+            Err(source) => Err(DeviceError::Io { op: "process_vm_writev", source }),
+        }
     }
 
     unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {

@@ -246,6 +246,44 @@ pub(crate) unsafe fn vm_read(pid: libc::pid_t, remote: u64, dst: *mut u8, len: u
     Ok(())
 }
 
+/// Writes `len` bytes from `src` to `remote` in process `pid` (`process_vm_writev`):
+/// this side's part of a split transfer. The kernel checks the remote range against
+/// the other process's mappings and refuses (EPERM) unless we may ptrace it.
+///
+/// # Safety
+/// `src` must be valid for reads of `len` bytes.
+pub(crate) unsafe fn vm_write(pid: libc::pid_t, remote: u64, src: *const u8, len: usize) -> io::Result<()> {
+    // The remote range comes from the peer: it must not wrap around the address space.
+    if usize::try_from(remote).ok().and_then(|r| r.checked_add(len)).is_none() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "remote range wraps around"));
+    }
+    let mut done = 0usize;
+    while done < len {
+        let local = libc::iovec {
+            // SAFETY: `done < len`, inside the caller's buffer.
+            iov_base: unsafe { src.add(done) } as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let rem =
+            libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
+        // SAFETY: the local iovec is valid per the caller's contract (only read); the
+        // remote one is checked by the kernel against the other process's mappings.
+        let n = unsafe { libc::process_vm_writev(pid, &local, 1, &rem, 1, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "remote write made no progress"));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 /// Creates a sealed memfd of `len` bytes (size fixed: shrink, grow and further
 /// sealing are forbidden, so the peer cannot truncate it under us).
 pub(crate) fn sealed_memfd(len: usize) -> io::Result<OwnedFd> {

@@ -33,6 +33,7 @@ fn mode_name(m: RndvMode) -> &'static str {
         RndvMode::Auto => "auto",
         RndvMode::RemoteRead => "remote-read",
         RndvMode::Copy => "copy",
+        RndvMode::Split => "split",
     }
 }
 
@@ -70,10 +71,11 @@ fn receive_from_hostile(tag: &str, role: &str) -> (Conn, Completion) {
     (conn, c)
 }
 
-/// One `#[test]` per rendezvous mode, `$remote_read` and `$copy`, each running
-/// `$run(mode, $args...)`: the tests that differ only in the mode are written once.
+/// One `#[test]` per rendezvous mode, `$remote_read`, `$copy` and `$split`, each
+/// running `$run(mode, $args...)`: the tests that differ only in the mode are
+/// written once.
 macro_rules! test_per_mode {
-    ($remote_read:ident, $copy:ident: $run:ident $(, $arg:expr)*) => {
+    ($remote_read:ident, $copy:ident, $split:ident: $run:ident $(, $arg:expr)*) => {
         #[test]
         fn $remote_read() {
             $run(RndvMode::RemoteRead $(, $arg)*);
@@ -82,6 +84,11 @@ macro_rules! test_per_mode {
         #[test]
         fn $copy() {
             $run(RndvMode::Copy $(, $arg)*);
+        }
+
+        #[test]
+        fn $split() {
+            $run(RndvMode::Split $(, $arg)*);
         }
     };
 }
@@ -166,18 +173,25 @@ fn echo_roundtrip(mode: RndvMode, polling: bool) {
     }
     let st = w.stats(ep).unwrap();
     assert!(st.eager_sent > 0 && st.rndv_sent > 0, "{st:?}");
+    if mode == RndvMode::Split && polling {
+        // Both ends poll: the large messages coming back were split (this side read
+        // one part, the child wrote the other into our buffers).
+        assert!(st.rndv_split > 0 && st.device.remote_reads > 0, "{st:?}");
+    }
     assert!(child.wait().unwrap().success(), "child failed");
 }
 
 test_per_mode!(
     every_size_class_polling_remote_read,
-    every_size_class_polling_pipelined_copy: echo_roundtrip,
+    every_size_class_polling_pipelined_copy,
+    every_size_class_polling_split: echo_roundtrip,
     true
 );
 
 test_per_mode!(
     every_size_class_blocking_remote_read,
-    every_size_class_blocking_pipelined_copy: echo_roundtrip,
+    every_size_class_blocking_pipelined_copy,
+    every_size_class_blocking_split: echo_roundtrip,
     false
 );
 
@@ -206,7 +220,8 @@ fn receiver_dies_mid_rendezvous(mode: RndvMode) {
 
 test_per_mode!(
     receiver_dies_mid_rendezvous_remote_read,
-    receiver_dies_mid_rendezvous_pipelined_copy: receiver_dies_mid_rendezvous
+    receiver_dies_mid_rendezvous_pipelined_copy,
+    receiver_dies_mid_rendezvous_split: receiver_dies_mid_rendezvous
 );
 
 /// The receiver has matched an RTS but the sender died: the receive fails with an
@@ -234,7 +249,8 @@ fn sender_dies_mid_rendezvous(mode: RndvMode) {
 
 test_per_mode!(
     sender_dies_mid_rendezvous_remote_read,
-    sender_dies_mid_rendezvous_pipelined_copy: sender_dies_mid_rendezvous
+    sender_dies_mid_rendezvous_pipelined_copy,
+    sender_dies_mid_rendezvous_split: sender_dies_mid_rendezvous
 );
 
 /// A peer that speaks the device protocol correctly but sends a malformed protocol
@@ -276,7 +292,7 @@ fn truncation(mode: RndvMode) {
     assert!(child.wait().unwrap().success(), "sender failed (its sends must complete too)");
 }
 
-test_per_mode!(truncation_remote_read, truncation_pipelined_copy: truncation);
+test_per_mode!(truncation_remote_read, truncation_pipelined_copy, truncation_split: truncation);
 
 /// The shared memory is handed only to the two ends of a connection: a second
 /// process connecting to the same name gets a connection of its own and never sees
@@ -360,6 +376,7 @@ fn child() {
     let mode = match std::env::var("STRAIT_TEST_MODE").unwrap().as_str() {
         "copy" => RndvMode::Copy,
         "remote-read" => RndvMode::RemoteRead,
+        "split" => RndvMode::Split,
         _ => RndvMode::Auto,
     };
     let spin = Duration::from_micros(std::env::var("STRAIT_TEST_SPIN_US").unwrap().parse().unwrap());

@@ -42,6 +42,13 @@ pub const FIN_TRUNCATED: u32 = 1;
 /// buffer (for example a single-copy read was refused).
 pub const FIN_REMOTE_READ_FAILED: u32 = 2;
 
+/// Status code carried by a [`Header::PutDone`]: the sender wrote the asked range.
+pub const PUT_OK: u32 = 0;
+/// Status code carried by a [`Header::PutDone`]: the sender could not write the asked
+/// range into the receiver (no remote writes on its device, refused by the kernel);
+/// the receiver moves those bytes itself.
+pub const PUT_FAILED: u32 = 1;
+
 /// Frame kinds as they appear in the first byte of a header.
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +67,13 @@ pub enum Kind {
     Credit = 6,
     /// The sender is closing the connection in an orderly way.
     Close = 7,
+    /// The receiver of a rendezvous message asks its sender to write part of the
+    /// message straight into the receiver's buffer (a split transfer: both sides
+    /// copy, each one part, at once).
+    Put = 8,
+    /// The sender of a rendezvous message wrote (or could not write) the part a
+    /// [`Kind::Put`] asked for.
+    PutDone = 9,
 }
 
 impl Kind {
@@ -72,6 +86,8 @@ impl Kind {
             5 => Kind::Fin,
             6 => Kind::Credit,
             7 => Kind::Close,
+            8 => Kind::Put,
+            9 => Kind::PutDone,
             _ => return None,
         })
     }
@@ -80,7 +96,7 @@ impl Kind {
     pub const fn header_len(self) -> usize {
         match self {
             Kind::Eager | Kind::Credit | Kind::Close => COMMON_LEN,
-            Kind::Cts | Kind::Fin => COMMON_LEN + 8,
+            Kind::Cts | Kind::Fin | Kind::Put | Kind::PutDone => COMMON_LEN + 8,
             Kind::Rts | Kind::Data => COMMON_LEN + 24,
         }
     }
@@ -149,6 +165,30 @@ pub enum Header {
         /// Credits returned.
         credits: u16,
     },
+    /// The receiver asks the sender of transfer `msg_id` to write the message's bytes
+    /// `[offset, offset + len)` to `addr` in the receiver's address space, while the
+    /// receiver reads the rest itself.
+    Put {
+        /// Piggybacked credit return.
+        credits: u16,
+        /// Transfer id from the RTS.
+        msg_id: u32,
+        /// Where the range starts within the message.
+        offset: u32,
+        /// Bytes to write.
+        len: u32,
+        /// Destination in the receiver's address space.
+        addr: u64,
+    },
+    /// The sender of transfer `msg_id` finished the write a [`Header::Put`] asked for.
+    PutDone {
+        /// Piggybacked credit return.
+        credits: u16,
+        /// Transfer id from the RTS.
+        msg_id: u32,
+        /// [`PUT_OK`] or [`PUT_FAILED`].
+        status: u32,
+    },
     /// Orderly close.
     Close {
         /// Piggybacked credit return.
@@ -186,6 +226,8 @@ impl Header {
             Header::Fin { .. } => Kind::Fin,
             Header::Credit { .. } => Kind::Credit,
             Header::Close { .. } => Kind::Close,
+            Header::Put { .. } => Kind::Put,
+            Header::PutDone { .. } => Kind::PutDone,
         }
     }
 
@@ -208,7 +250,9 @@ impl Header {
             | Header::Data { credits, .. }
             | Header::Fin { credits, .. }
             | Header::Credit { credits }
-            | Header::Close { credits } => credits,
+            | Header::Close { credits }
+            | Header::Put { credits, .. }
+            | Header::PutDone { credits, .. } => credits,
         }
     }
 
@@ -225,9 +269,12 @@ impl Header {
         out[2..4].copy_from_slice(&self.credits().to_le_bytes());
         let (seq, tag) = match *self {
             Header::Eager { seq, tag, .. } | Header::Rts { seq, tag, .. } => (seq, tag),
-            Header::Cts { msg_id, .. } | Header::Data { msg_id, .. } | Header::Fin { msg_id, .. } => {
-                (msg_id, 0)
-            }
+            Header::Cts { msg_id, .. }
+            | Header::Data { msg_id, .. }
+            | Header::Fin { msg_id, .. }
+            | Header::PutDone { msg_id, .. } => (msg_id, 0),
+            // The destination rides in the tag's place.
+            Header::Put { msg_id, addr, .. } => (msg_id, addr),
             Header::Credit { .. } | Header::Close { .. } => (0, 0),
         };
         out[4..8].copy_from_slice(&seq.to_le_bytes());
@@ -247,9 +294,13 @@ impl Header {
                 out[16..24].copy_from_slice(&offset.to_le_bytes());
                 out[24..40].fill(0);
             }
-            Header::Fin { status, .. } => {
+            Header::Fin { status, .. } | Header::PutDone { status, .. } => {
                 out[16..20].copy_from_slice(&status.to_le_bytes());
                 out[20..24].copy_from_slice(&0u32.to_le_bytes());
+            }
+            Header::Put { offset, len, .. } => {
+                out[16..20].copy_from_slice(&offset.to_le_bytes());
+                out[20..24].copy_from_slice(&len.to_le_bytes());
             }
             Header::Eager { .. } | Header::Credit { .. } | Header::Close { .. } => {}
         }
@@ -303,6 +354,10 @@ pub fn decode(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
         Kind::Fin => Header::Fin { credits, msg_id: seq, status: u32_at(buf, 16) },
         Kind::Credit => Header::Credit { credits },
         Kind::Close => Header::Close { credits },
+        Kind::Put => {
+            Header::Put { credits, msg_id: seq, offset: u32_at(buf, 16), len: u32_at(buf, 20), addr: tag }
+        }
+        Kind::PutDone => Header::PutDone { credits, msg_id: seq, status: u32_at(buf, 16) },
     };
     Ok((h, need))
 }
@@ -339,6 +394,11 @@ mod tests {
             }),
             any::<u16>().prop_map(|credits| Header::Credit { credits }),
             any::<u16>().prop_map(|credits| Header::Close { credits }),
+            (any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u64>()).prop_map(
+                |(credits, msg_id, offset, len, addr)| Header::Put { credits, msg_id, offset, len, addr }
+            ),
+            (any::<u16>(), any::<u32>(), any::<u32>())
+                .prop_map(|(credits, msg_id, status)| Header::PutDone { credits, msg_id, status }),
         ]
     }
 

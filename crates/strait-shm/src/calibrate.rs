@@ -358,7 +358,7 @@ fn measure() -> (f64, f64, f64) {
     let tx_cpu = pair.map(|(_, tx)| tx);
     let mut src = vec![0u8; MSG];
     let mut dst = vec![0u8; MSG];
-    let best = |f: &mut dyn FnMut() -> Option<f64>| (0..3).filter_map(|_| f()).fold(0.0f64, f64::max);
+    let best = |f: &mut dyn FnMut() -> Option<f64>| (0..5).filter_map(|_| f()).fold(0.0f64, f64::max);
     let copy = best(&mut || copy_run(&mut src, &mut dst, tx_cpu));
     let remote = best(&mut || remote_read_run(&mut src, &mut dst, tx_cpu));
     let split = best(&mut || split_run(&mut src, &mut dst, tx_cpu));
@@ -476,38 +476,39 @@ fn remote_read_run(src: &mut [u8], dst: &mut [u8], tx_cpu: Option<usize>) -> Opt
     gbps(RUN, secs)
 }
 
-/// The split transfer: the writing thread writes each message (as the sender's
-/// program does), then, at this thread's signal, writes its second half into `dst`
-/// with `process_vm_writev` while this thread reads the first half with
+/// The split transfer: the writing thread (one for the whole run, pinned to the
+/// sender's CPU) writes each message, as the sender's program does; then, at this
+/// thread's signal, it writes the message's second half into `dst` with
+/// `process_vm_writev` while this thread reads the first half with
 /// `process_vm_readv` (both on this process: what a peer costs). Timed from the
 /// signal until both halves are in.
 fn split_run(src: &mut [u8], dst: &mut [u8], tx_cpu: Option<usize>) -> Option<f64> {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
     let cut = MSG / 2;
-    let (src_addr, dst_addr) = (src.as_ptr() as usize, dst.as_mut_ptr() as usize);
+    let rounds = (RUN / MSG) as u64;
+    let (src_addr, dst_addr) = (src.as_mut_ptr() as usize, dst.as_mut_ptr() as usize);
+    // Per round r (from 1): the writer sets `filled` to r, this thread `go` to r,
+    // the writer `wrote` to r (or `u64::MAX` if its write failed).
+    let (filled, go, wrote) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let mut secs = 0.0;
-    for round in 0..RUN / MSG {
-        let filled = AtomicU64::new(0);
-        let go = AtomicU64::new(0);
-        let wrote = AtomicU64::new(0);
-        let mut t = None;
-        let mut read_ok = false;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                if let Some(c) = tx_cpu {
-                    strait_sys::cpu::pin(c);
-                }
-                // SAFETY: `src` is not otherwise touched until the scope ends; the
-                // reader below reads it only after `filled`.
-                fill(unsafe { std::slice::from_raw_parts_mut(src_addr as *mut u8, MSG) }, round);
-                filled.store(1, Ordering::Release);
-                while go.load(Ordering::Acquire) == 0 {
+    let mut ok = true;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(c) = tx_cpu {
+                strait_sys::cpu::pin(c);
+            }
+            for r in 1..=rounds {
+                // SAFETY: the reader touches `src` only between `filled` and `wrote`
+                // of this round, and only reads it.
+                fill(unsafe { std::slice::from_raw_parts_mut(src_addr as *mut u8, MSG) }, r as usize - 1);
+                filled.store(r, Ordering::Release);
+                while go.load(Ordering::Acquire) < r {
                     std::hint::spin_loop();
                 }
                 // SAFETY: the second halves of `src` (read) and `dst` (written by the
                 // kernel) belong to this part alone; the reader takes the first halves.
-                let ok = unsafe {
+                let res = unsafe {
                     crate::sys::vm_write(
                         me,
                         (dst_addr + cut) as u64,
@@ -515,23 +516,39 @@ fn split_run(src: &mut [u8], dst: &mut [u8], tx_cpu: Option<usize>) -> Option<f6
                         MSG - cut,
                     )
                 };
-                wrote.store(if ok.is_ok() { 1 } else { 2 }, Ordering::Release);
-            });
-            while filled.load(Ordering::Acquire) == 0 {
-                std::hint::spin_loop();
-            }
-            t = Some(Instant::now());
-            go.store(1, Ordering::Release);
-            // SAFETY: the first half of `dst` is this part's alone (see above).
-            read_ok = unsafe { crate::sys::vm_read(me, src_addr as u64, dst_addr as *mut u8, cut) }.is_ok();
-            while wrote.load(Ordering::Acquire) == 0 {
-                std::hint::spin_loop();
+                if res.is_err() {
+                    wrote.store(u64::MAX, Ordering::Release);
+                    return;
+                }
+                wrote.store(r, Ordering::Release);
             }
         });
-        if !read_ok || wrote.load(Ordering::Acquire) != 1 {
-            return None;
+        for r in 1..=rounds {
+            while filled.load(Ordering::Acquire) < r {
+                if wrote.load(Ordering::Acquire) == u64::MAX {
+                    ok = false;
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+            let t = Instant::now();
+            go.store(r, Ordering::Release);
+            // SAFETY: the first half of `dst` is this part's alone (see above).
+            ok &= unsafe { crate::sys::vm_read(me, src_addr as u64, dst_addr as *mut u8, cut) }.is_ok();
+            while wrote.load(Ordering::Acquire) < r {
+                std::hint::spin_loop();
+            }
+            secs += t.elapsed().as_secs_f64();
+            if wrote.load(Ordering::Acquire) == u64::MAX || !ok {
+                ok = false;
+                // Let a writer still waiting for this round go (it finds `go` past it).
+                go.store(u64::MAX, Ordering::Release);
+                return;
+            }
         }
-        secs += t?.elapsed().as_secs_f64();
+    });
+    if !ok {
+        return None;
     }
     gbps(RUN, secs)
 }

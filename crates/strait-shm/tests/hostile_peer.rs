@@ -124,10 +124,22 @@ impl Talk {
                 } else {
                     r.below(1 << 20) as u32
                 };
-                if r.below(2) == 0 {
-                    Header::Cts { credits, msg_id: id(r, 1), accept }
-                } else {
-                    Header::Fin { credits, msg_id: id(r, 1), status: r.below(4) as u32 }
+                match r.below(4) {
+                    0 => Header::Cts { credits, msg_id: id(r, 1), accept },
+                    1 => Header::Fin { credits, msg_id: id(r, 1), status: r.below(4) as u32 },
+                    // A split transfer's frames: a PUT whose range and address the
+                    // victim must check (it may only ever write its own message's
+                    // bytes, and never into itself), and unasked PUT-DONEs.
+                    2 => {
+                        let (offset, len) = if lie(r) {
+                            (r.next() as u32, r.next() as u32)
+                        } else {
+                            (r.below(1 << 20) as u32, 1 + r.below(1 << 20) as u32)
+                        };
+                        let addr = [0, u64::MAX - 8, SOURCE.as_ptr() as u64, r.next()][r.below(4) as usize];
+                        Header::Put { credits, msg_id: id(r, 1), offset, len, addr }
+                    }
+                    _ => Header::PutDone { credits, msg_id: id(r, 1), status: r.below(3) as u32 },
                 }
             }
             _ => {
@@ -249,7 +261,13 @@ fn attack(seed: u64, style: u8, remote_read: bool) {
         ShmListener::bind_with(&name, &ShmConfig { ring_bytes: RING, ..ShmConfig::default() }).unwrap();
     let probe = std::ptr::addr_of!(PROBE) as u64;
     let (sock, memfd, _wake) = raw_hello_probe(&name, (RING / 4096) as u32, TOTAL as u64, probe);
-    let mode = if remote_read { RndvMode::RemoteRead } else { RndvMode::Copy };
+    // With remote reads, half the seeds take the split path (the victim asks the
+    // attacker for PUTs and serves the attacker's).
+    let mode = match (remote_read, seed % 2) {
+        (false, _) => RndvMode::Copy,
+        (true, 0) => RndvMode::Split,
+        (true, _) => RndvMode::RemoteRead,
+    };
     let mut w: Worker<ShmDevice> =
         Worker::new(Config { rndv_mode: mode, spin: Duration::ZERO, ..Config::default() }).unwrap();
     let dev =

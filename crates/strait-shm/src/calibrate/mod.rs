@@ -1,42 +1,44 @@
-//! Which rendezvous data path is faster on this host, measured rather than assumed.
+//! Which rendezvous data path is fastest on this host, measured rather than assumed.
 //!
-//! A large message on the shm device moves one of two ways once the receiver has
+//! A large message on the shm device moves one of three ways once the receiver has
 //! matched it: the pipelined copy (the sender copies chunk k+1 into the ring while
-//! the receiver copies chunk k out: two copies, two cores) or a remote read (the
+//! the receiver copies chunk k out: two copies, two cores), a remote read (the
 //! receiver copies straight out of the sender's buffer with `process_vm_readv`: one
-//! copy, one core). Which wins depends on the machine: on a 2-core AMD EPYC VM the
-//! copy streamed 1 MiB at ~14 GB/s against ~9 GB/s; on a 2-core Intel Xeon VM the
-//! remote read reached 10.3 GB/s against 7.1 (docs/PERFORMANCE.md). A constant is
-//! wrong on one of them, so [`RndvMode::Auto`](strait_core::RndvMode::Auto) follows
-//! a short measurement of both paths on this host:
+//! copy, one core), or a split transfer (the receiver reads the first half while
+//! the sender writes the second into the receiver's buffer with
+//! `process_vm_writev`: one copy, two cores). Which wins depends on the machine: on
+//! a 2-core AMD EPYC VM the copy streamed 1 MiB at ~14 GB/s against ~9 GB/s for the
+//! remote read; on a 2-core Intel Xeon VM the remote read reached 10.3 GB/s against
+//! 7.1, and the split 20 (docs/PERFORMANCE.md). A constant is wrong somewhere, so
+//! [`RndvMode::Auto`](strait_core::RndvMode::Auto) follows a short measurement of
+//! the three paths on this host, between this process (the receiver) and a helper
+//! process it makes for the purpose (the sender, made by a raw `clone`), 1 MiB messages, each
+//! written by the sender just before it moves (its lines then sit dirty in the
+//! sender's cache, as an application's freshly written buffer does):
 //!
-//! * the copy path: two threads, a 4-slot ring of 128 KiB chunks between them, 1 MiB
-//!   messages from a source buffer to a destination buffer, as the engine pipelines;
-//! * the remote read: `process_vm_readv` of the same 1 MiB messages (from this
-//!   process, which costs what reading a peer costs: the kernel pins the source
-//!   pages and copies on the reader's core);
-//! * the split transfer: the reader reads the first half with `process_vm_readv`
-//!   while the writing thread writes the second half with `process_vm_writev`, both
-//!   at once, one copy of each byte on two cores (46 GB/s for one reused 1 MiB
-//!   buffer on the 2-core Intel Xeon VM, against 16 for the remote read alone).
+//! * the copy path: a 4-slot ring of 128 KiB chunks in shared memory, as the engine
+//!   pipelines;
+//! * the remote read: `process_vm_readv` of the whole message;
+//! * the split: `process_vm_readv` of the first half and, at once, the helper's
+//!   `process_vm_writev` of the second.
 //!
-//! In both the message was last written by the other thread, on another CPU, as a
-//! sender's buffer is: the remote read then pulls dirty lines from the sender's
-//! core, which is what makes it slower than a benchmark that sends one unchanged
-//! buffer again and again (its lines end up shared and clean). On the 2-core Intel
-//! Xeon VM: copy 17-19 GB/s, remote read 4.2-4.4 GB/s in three calibrations, where
-//! `strait bench` streaming one buffer measured 10.5 and 11.6 GB/s. Each is timed three times over 64 MiB and the best run counts (the others saw
-//! interference); a measurement taken while the machine was busy (load average
-//! above cores less one half) is cached for ten minutes only. The remote read is chosen when it is at least 5% faster (the copy
-//! path leaves the sender's core free for nothing, but it needs no ptrace permission
-//! and keeps working across users). About 10-30 ms, once per host: the result is
+//! Two threads of one process had been used first and misjudged the paths (the
+//! copy at 15-16 GB/s and the split at 9-12, against 9.4 and 20 between two
+//! processes); they remain the fallback where no helper process can be made. On the
+//! 2-core Intel Xeon VM, three calibrations measured copy 13-15, remote read 11 and
+//! split 23 GB/s. Each path is timed three times over 64 MiB and the best run counts
+//! (the others saw interference); a measurement taken while the machine was busy
+//! (load average above cores less one half) is cached for ten minutes only. A
+//! single-copy path is chosen when it is at least 5% faster than the copy (which
+//! needs no ptrace permission and keeps working across users), and the split over
+//! the remote read likewise. About 100 ms, once per host: the result is
 //! cached in `$XDG_CACHE_HOME/strait/calibration` (else `~/.cache/strait/`), keyed by
 //! the boot id, the CPU model and the kernel release, and used only if the file and
 //! its folder belong to this user and nobody else can write them (a planted file
 //! must not steer the choice). `STRAIT_CALIBRATE=off` skips the measurement (the
-//! copy path, as before); `=copy` or `=remote-read` sets the outcome without
-//! measuring (deterministic runs); `=fresh` measures again. `STRAIT_RNDV_MODE` other
-//! than `auto` bypasses all of this.
+//! copy path, as before); `=copy`, `=remote-read` or `=split` sets the outcome
+//! without measuring (deterministic runs); `=fresh` measures again.
+//! `STRAIT_RNDV_MODE` other than `auto` bypasses all of this.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};

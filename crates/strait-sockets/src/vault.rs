@@ -212,6 +212,10 @@ struct Vault {
     for_child: Option<Ring>,
     /// Rings closed whose teardown may still interrupt an `epoll_wait` here.
     teardowns: Teardowns,
+    /// Keeps and releases to let pass before a fresh ring is tried again after
+    /// one could not be made (or filled): a failure must not cost every later
+    /// connection a ring and a copy of every live slot.
+    retry_in: usize,
 }
 
 impl Vault {
@@ -223,7 +227,23 @@ impl Vault {
             dead_n: 0,
             for_child: None,
             teardowns: Teardowns { deferred: Vec::new(), watching: Vec::new() },
+            retry_in: 0,
         }
+    }
+
+    /// Whether a fresh ring may be tried now (see `retry_in`).
+    fn may_try_ring(&mut self) -> bool {
+        if self.retry_in == 0 {
+            return true;
+        }
+        self.retry_in -= 1;
+        false
+    }
+
+    /// A fresh ring could not be made or filled: wait as many keeps and releases
+    /// as connections live (at least 8) before the next try.
+    fn ring_failed(&mut self) {
+        self.retry_in = self.live_n.max(DEAD_BEFORE_ROTATION);
     }
 
     fn keep(&mut self, memfd: c_int) -> Option<u32> {
@@ -234,7 +254,13 @@ impl Vault {
             Some(s) => s,
             None => {
                 // No ring yet, or a full one: a fresh ring with room to double.
-                let fresh = self.ring_with_live(doubled(self.live_n + 1))?;
+                if !self.may_try_ring() {
+                    return None;
+                }
+                let Some(fresh) = self.ring_with_live(doubled(self.live_n + 1)) else {
+                    self.ring_failed();
+                    return None;
+                };
                 self.switch_to(fresh);
                 self.ring.as_mut()?.free_slot()?
             }
@@ -269,15 +295,23 @@ impl Vault {
         }
         // Rotate: the live slots into a fresh ring (room to double), the old one
         // closed here.
-        if let Some(fresh) = self.ring_with_live(doubled(self.live_n)) {
-            self.switch_to(fresh);
+        if !self.may_try_ring() {
+            return;
+        }
+        match self.ring_with_live(doubled(self.live_n)) {
+            Some(fresh) => self.switch_to(fresh),
+            None => self.ring_failed(),
         }
     }
 
     /// A fresh ring of `slots` holding every live slot of the current one (same
-    /// numbers); `None` if it could not be made or a copy failed.
+    /// numbers); `None` if it could not be made or a copy failed. The table is
+    /// made larger than `slots` where a live connection holds a higher slot
+    /// (connections keep their slot numbers, so a table sized for the live count
+    /// alone could not take it, and every later rotation and keep would fail).
     fn ring_with_live(&mut self, slots: u32) -> Option<Ring> {
-        let mut fresh = Ring::create(slots)?;
+        let highest = ones(&self.live).last().map_or(0, |s| s + 1);
+        let mut fresh = Ring::create(slots.max(highest.saturating_add(SENTINEL_SLOTS)))?;
         let copied = match self.ring.as_mut() {
             Some(from) => copy_slots(from, &mut fresh, &self.live),
             None => self.live_n == 0,
@@ -291,6 +325,7 @@ impl Vault {
             self.retire(old);
         }
         self.dead_n = 0;
+        self.retry_in = 0;
     }
 
     fn drop_ring(&mut self) {
@@ -933,6 +968,43 @@ pub(crate) mod tests {
                 release(*k);
             }
         }
+    }
+
+    /// A burst of connections grows the ring; then all but the one in the highest
+    /// slot close, and connections come and go: each rotation's fresh ring must
+    /// still cover that slot. (A ring sized for the live count alone could not take
+    /// it, so every rotation and every keep made a ring that failed its copy, and
+    /// each new connection fell back to a socketpair: a descriptor per connection,
+    /// EMFILE in the 100 x 100 test.)
+    #[test]
+    fn a_live_connection_in_a_high_slot_does_not_stop_rotation() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let burst: Vec<(u64, Kept)> = (0..300u64).map(|t| (t, kept(t))).collect();
+        let (high_tag, high) = *burst
+            .iter()
+            .max_by_key(|(_, k)| match k {
+                Kept::Slot(s) => *s,
+                _ => 0,
+            })
+            .expect("a burst");
+        assert!(matches!(high, Kept::Slot(s) if s >= 250), "{high:?}");
+        for (_, k) in &burst {
+            if *k != high {
+                release(*k);
+            }
+        }
+        let made = RINGS_MADE.load(Ordering::Relaxed);
+        for round in 0..200u64 {
+            let k = kept(1000 + round);
+            assert!(matches!(k, Kept::Slot(_)), "round {round}: fell back to {k:?}");
+            release(k);
+        }
+        let rings = RINGS_MADE.load(Ordering::Relaxed) - made;
+        assert!(rings <= 40, "{rings} rings for 200 connections one at a time");
+        let c = copy(high).expect("the high slot survives every rotation");
+        assert_eq!(tag_of(c), high_tag);
+        close(c);
+        release(high);
     }
 
     /// How a child process is made in [`child_copies_after`].

@@ -19,7 +19,9 @@
 //! shared memory mapped for rings); the vault of connections' memfds
 //! (`vault-rings`: io_uring vault rings this process made, 0 when each connection
 //! keeps a socketpair instead; `vault-live`, `vault-dead`: slots of connections
-//! held, and of closed ones awaiting the next rotation); the doorbells of process
+//! held, and of closed ones awaiting the next rotation; `vault-watches`: rotated-out
+//! rings whose teardown is still awaited, a descriptor each for a few milliseconds,
+//! counted in `lib-fds`); the doorbells of process
 //! pairs (`pairs`: pairs held, two eventfds each; `pair-conns`: connections that
 //! ring through them; `hubs`: threads' epoll instances for pair bells);
 //! connections this process left on the kernel path because its connections to
@@ -35,14 +37,15 @@ use crate::udp;
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        let held = crate::fds::held();
+        // (The census first: it lets go of finished teardown watches.)
         let vault = crate::vault::census();
+        let held = crate::fds::held();
         let (pairs, pair_conns) = crate::pair::census();
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
              udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
              refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {} \
-             lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {} vault-rings {} vault-live {} vault-dead {} \
+             lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {} vault-rings {} vault-live {} vault-dead {} vault-watches {} \
              pairs {} pair-conns {} hubs {} kernel-short {} path-b-asks {} far-end-looks {}\n",
             std::process::id(),
             ACCELERATED.load(Ordering::Relaxed),
@@ -70,6 +73,7 @@ extern "C" fn at_exit() {
             vault.2,
             vault.0,
             vault.1,
+            vault.3,
             pairs,
             pair_conns,
             crate::hub::count(),

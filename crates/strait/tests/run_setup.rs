@@ -342,7 +342,12 @@ fn many_connections_leave_no_descriptor_or_mapping_behind() {
                 // the handle on /proc, the diagnostics socket: per process.
                 assert_eq!(stat(e, "pairs"), 1, "{who}: the two processes ring through one pair: {e}");
                 assert_eq!(stat(e, "vault-live"), 1, "{who} keeps only the idle pair's memfd: {e}");
-                assert!(stat(e, "lib-fds") <= 8, "{who} holds no connection's descriptor after closing: {e}");
+                // (Rings rotated out as the last connections closed may still be
+                // tearing down: a watch each, for milliseconds.)
+                assert!(
+                    stat(e, "lib-fds").saturating_sub(stat(e, "vault-watches")) <= 8,
+                    "{who} holds no connection's descriptor after closing: {e}"
+                );
                 assert!(stat(e, "lib-fds-peak") <= 16, "{who}: library descriptors are per process: {e}");
             } else {
                 assert_eq!(stat(e, "pairs"), 0, "{who} made no pair: {e}");
@@ -350,7 +355,10 @@ fn many_connections_leave_no_descriptor_or_mapping_behind() {
                 // (At most four stay: the handle on /proc, the diagnostics
                 // socket, the vault ring or the watch on its teardown
                 // (`vault.rs`), one more such watch; nothing per connection.)
-                assert!(stat(e, "lib-fds") <= 4, "{who} holds no connection's descriptor after closing: {e}");
+                assert!(
+                    stat(e, "lib-fds").saturating_sub(stat(e, "vault-watches")) <= 4,
+                    "{who} holds no connection's descriptor after closing: {e}"
+                );
                 assert!(
                     stat(e, "lib-fds-peak") >= 100,
                     "{who} held the library's descriptors while open: {e}"

@@ -534,9 +534,9 @@ for seed in range(first, first + seeds):
     t.connect(('127.0.0.1', port))
     t.setblocking(False)
     # Scenarios: the first connection holds the victim's step locks with a live pid
-    # (ours) for 6 s; the second (message mode) forges a rendezvous completion of
-    # 4000 bytes while the victim waits in a recv of 100; the rest write at random.
-    scenario = 'hold' if seed == first else 'forge' if seed == first + 1 and messages else 'random'
+    # (ours) for 6 s; the second forges a rendezvous completion of 4000 bytes while
+    # the victim waits in a recv of 100; the rest write at random.
+    scenario = 'hold' if seed == first else 'forge' if seed == first + 1 else 'random'
     def put(data):
         # Publishes bytes into the victim's receive ring as a writer of ours would
         # (direction 0: data at 4096, tail at 1024), so that it comes to read.
@@ -560,16 +560,18 @@ for seed in range(first, first + seeds):
             time.sleep(0.01)
     elif scenario == 'forge':
         forge_end = time.time() + 1
+        put(b'y' * 50)  # readable: the victim reads it, then waits in its next recv(100)
         while time.time() < forge_end:
-            mm[1024 + 800:1024 + 808] = struct.pack('<Q', 4000)
-            mm[1024 + 768:1024 + 776] = struct.pack('<Q', 3)
-            if struct.unpack('<Q', mm[1024:1032])[0] == 0:
-                put(b'y' * 50)  # readable, so the victim calls recv(100)
-            try:
-                os.write(ea, struct.pack('<Q', 1))
-            except OSError:
-                pass
-            time.sleep(0.01)
+            # The moment the victim's buffer is posted, claim 4000 bytes were written
+            # into it, and ring.
+            if struct.unpack('<Q', mm[1024 + 768:1024 + 776])[0] == 1:
+                mm[1024 + 800:1024 + 808] = struct.pack('<Q', 4000)
+                mm[1024 + 768:1024 + 776] = struct.pack('<Q', 3)
+                try:
+                    os.write(ea, struct.pack('<Q', 1))
+                except OSError:
+                    pass
+            time.sleep(0.0005)
     end = time.time() + (0.25 if scenario == 'random' else 0)
     while time.time() < end:
         for _ in range(rnd.randrange(1, 16)):
@@ -600,14 +602,18 @@ print('HOSTILE DONE', flush=True)
 /// and checks that no read returns more than it asked for; it must neither crash
 /// nor hang, whatever the peer wrote into the mapping (after [`PY_LISTEN`]).
 const ROBUST_SERVER: &str = r#"
-import socket, sys
+import socket, struct, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
 l = listen(port)
 import time
 outcomes, longest = {}, 0.0
 for i in range(n):
     c, _ = l.accept()
-    c.settimeout(2)
+    # Blocking calls bounded by the kernel's timeouts (not Python's settimeout, which
+    # makes the socket non-blocking and waits in poll): a blocked recv is what posts
+    # its buffer for a rendezvous, so forged completions meet a real post.
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 2, 0))
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack('ll', 2, 0))
     how = 'eof'
     try:
         while True:
@@ -640,9 +646,11 @@ fn hostile_round(messages: bool) {
         ("hostile-peer", HOSTILE_PEER),
     ]);
     let mut sc = victim(&srv, &[&port.to_string(), &seeds.to_string()]);
-    sc.env("STRAIT_RING_SIZE", "65536");
+    // Every blocked recv of the victim posts its buffer for a rendezvous (in a
+    // byte stream as in message mode), so that forged completions meet one.
+    sc.env("STRAIT_RING_SIZE", "65536").env("STRAIT_RENDEZVOUS_MIN", "64");
     if messages {
-        sc.env("STRAIT_MESSAGES", "1").env("STRAIT_RENDEZVOUS_MIN", "64");
+        sc.env("STRAIT_MESSAGES", "1");
     }
     let s = start(&mut sc, "server", "LISTENING");
     // The hostile peer runs as root: it is the victim's legitimate peer, which
@@ -681,7 +689,8 @@ fn a_hostile_peer_writing_random_words_into_the_mapping_never_crashes_or_hangs_t
     }
 }
 
-/// The same in message mode: forged rendezvous completions, lengths and pids.
+/// The same in message mode (forged rendezvous completions, lengths and pids, as in
+/// the byte stream above).
 #[test]
 fn a_hostile_peer_cannot_forge_rendezvous_completions_in_message_mode() {
     if can_run() {

@@ -231,6 +231,23 @@ fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() 
     assert!(c.stdout.contains("echo ok 1734389") && c.stdout.contains("maps strait"), "{}", c.stdout);
 }
 
+/// In a byte stream too, a write to a reader that waits with a large buffer goes
+/// straight into that buffer (a rendezvous: one copy instead of two); a write larger
+/// than the buffer sends the rest through the ring, and reads below the threshold
+/// use the ring: every byte arrives, in order (hashed, 20 MB of writes and reads of
+/// mixed sizes around the threshold and the ring's size).
+#[test]
+fn large_writes_go_straight_into_a_waiting_readers_buffer() {
+    let (s, c) = checked(pair(true, true, "bigsink", "bigsource20000000"));
+    let (sent, got) = sent_and_received(&s, &c);
+    assert_eq!(sent, got);
+    assert!(sent.starts_with("20000000 "), "{sent}");
+    // The writer pauses before its writes of 1 MiB and more, so the reader waits
+    // for those with its buffer posted.
+    assert!(stat_sum(&c, "rendezvous") >= 1, "{}", c.stderr);
+    accelerated_both(&s, &c, 1);
+}
+
 #[test]
 fn message_mode_asked_by_one_end_only_stays_a_byte_stream() {
     let (s, c) = checked(pair_env(true, true, "sink", "source3000000", &MESSAGES));

@@ -2,7 +2,7 @@
 //! chose (`strait_shm::calibrate`), here forced with `STRAIT_CALIBRATE` so the test
 //! is deterministic: with `remote-read` the receiver reads large messages straight
 //! out of the sender (counted in the device's `remote_reads`), with `copy` it never
-//! does. Real processes: the test binary re-executes itself as the two ends.
+//! does, with `split` it reads once per message too. Real processes: the test binary re-executes itself as the two ends.
 
 use std::process::Command;
 use std::time::Duration;
@@ -79,7 +79,10 @@ fn role() {
 
 #[test]
 fn auto_takes_the_path_the_calibration_chose() {
-    for (choice, reads_expected) in [("remote-read", true), ("copy", false)] {
+    // Under `split` each large receive still reads once: its own part, or (as
+    // here, where both ends sleep rather than spin, so no split is asked of a
+    // sleeping sender) the whole message.
+    for (choice, reads_expected) in [("remote-read", true), ("copy", false), ("split", true)] {
         let out = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "role", "--nocapture", "--test-threads=1"])
             .env("STRAIT_TEST_ROLE", "run")

@@ -30,15 +30,20 @@
 //! 4096 + d*ring  data of direction d
 //! ```
 //!
+//! **Rendezvous.** A blocked reader with one buffer of at least
+//! `STRAIT_RENDEZVOUS_MIN` bytes and nothing unread posts it (its address, length
+//! and process id, written while the state word says POSTING, so that a reader of
+//! another process sharing the connection never mixes its post into ours); a writer
+//! that finds the ring empty and a buffer posted copies straight into it
+//! (`process_vm_writev`, into the process the kernel named at setup only: one copy
+//! instead of two), in a byte stream as many bytes as the buffer takes (the rest of
+//! the write follows through the ring), in message mode a whole message that fits.
+//!
 //! **Message mode** (opt-in, `STRAIT_MESSAGES=1` at both ends, else streaming): each
 //! write is one message (an 8-byte length, then the bytes), and a read returns bytes
 //! of one message only; a message no larger than the ring arrives whole to a large
-//! enough buffer. A blocked reader with one buffer of at least
-//! `STRAIT_RENDEZVOUS_MIN` bytes and nothing unread posts it (rendezvous); a writer
-//! that finds the ring empty and a posted buffer large enough copies its message
-//! straight into the reader's buffer (`process_vm_writev`: one copy instead of two,
-//! and a message larger than the ring still arrives in one read), else it uses the
-//! ring.
+//! enough buffer, and one larger than the ring arrives in one read when it goes by
+//! rendezvous.
 //!
 //! Rings are byte rings: positions only grow, `pos % ring` is the offset. The peer is
 //! not trusted: a position that breaks `head <= tail <= head + ring` resets the
@@ -107,6 +112,10 @@ const RV_IDLE: u64 = 0;
 const RV_POSTED: u64 = 1;
 const RV_FILLING: u64 = 2;
 const RV_DONE_STATE: u64 = 3;
+/// A reader is writing its post (address, length, pid): a reader of another
+/// process that shares the connection (a fork) does not post meanwhile, so a writer
+/// never pairs one reader's address with another's pid.
+const RV_POSTING: u64 = 4;
 /// Header word of the message-mode negotiation.
 pub(crate) const OFF_MODE: usize = 24;
 /// Header word set by a connector that wrote before its acceptor attached (those
@@ -1179,6 +1188,12 @@ impl Conn {
         let _g = self.rlock.lock().unwrap_or_else(|e| e.into_inner());
         let mut got = 0usize;
         loop {
+            // A writer took the buffer this read posted: its bytes are the next.
+            if self.rv_posted.load(Ordering::Relaxed) != 0 {
+                if let Some(n) = self.take_rendezvous(fd)? {
+                    return Ok(n);
+                }
+            }
             let lock = self.step_lock(self.rx(), RLOCK)?;
             let (head, n) = self.avail()?;
             if n > 0 {
@@ -1214,10 +1229,30 @@ impl Conn {
                     None => continue,
                 }
             }
-            match self.wait(fd, true, &|c| {
+            // Nothing unread and one buffer large enough: a writer may copy its bytes
+            // straight into it (one copy instead of two). Not for MSG_WAITALL (a
+            // rendezvous ends the read with the bytes it brought) nor a bridged
+            // connection (no peer process to write into us).
+            let posted = got == 0
+                && !peek
+                && !waitall
+                && iov.len() == 1
+                && want >= Settings::get().rendezvous_min
+                && CMA_OK.load(Ordering::Relaxed)
+                && self.remote.get().is_none()
+                && self.post(iov[0].0, iov[0].1);
+            let waited = self.wait(fd, true, &|c| {
                 c.shm.ring(c.rx()).prefetch_head();
-                matches!(c.avail(), Ok((_, n)) if n > 0) || c.rx_eof() || c.avail().is_err()
-            }) {
+                matches!(c.avail(), Ok((_, n)) if n > 0)
+                    || c.rx_eof()
+                    || c.avail().is_err()
+                    || (posted && c.w(c.rx(), RV_STATE).load(Ordering::Acquire) == RV_DONE_STATE)
+            });
+            if posted && !self.unpost() {
+                // A writer took the post: its bytes come first, whatever else came.
+                continue;
+            }
+            match waited {
                 Waited::Ready => {}
                 Waited::Timeout if got == 0 => return Err(IoErr::Again),
                 Waited::Interrupted if got == 0 => return Err(IoErr::Intr),
@@ -1389,6 +1424,23 @@ impl Conn {
                 return if sent > 0 { Ok(sent) } else { Err(IoErr::Pipe) };
             }
             let lock = self.step_lock(self.tx(), WLOCK)?;
+            if sent == 0 && self.rendezvous_offered(want) {
+                // A reader waits with a large buffer: if the ring is empty (the exact
+                // room, not the cached one), the first bytes go straight into it.
+                let (_, room) = self.room()?;
+                let moved =
+                    if room as usize == self.shm.ring { self.rendezvous(iov, want, false) } else { 0 };
+                if moved > 0 {
+                    drop(lock);
+                    self.wake_if(self.w(self.tx(), RSLEEP));
+                    self.ring_bell_always();
+                    sent = moved;
+                    if sent == want {
+                        return Ok(sent);
+                    }
+                    continue;
+                }
+            }
             let (tail, room) = self.room_for(want - sent)?;
             if room == 0 {
                 drop(lock);
@@ -1485,14 +1537,20 @@ impl Conn {
         }
     }
 
-    /// Posts the reader's buffer for a writer to fill.
-    fn post(&self, buf: *mut u8, len: usize) {
+    /// Posts the reader's buffer for a writer to fill; false if another post
+    /// stands (a reader of another process sharing the connection).
+    fn post(&self, buf: *mut u8, len: usize) -> bool {
         let d = self.rx();
+        let st = self.w(d, RV_STATE);
+        if st.compare_exchange(RV_IDLE, RV_POSTING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            return false;
+        }
         self.rv_posted.store(len, Ordering::Relaxed);
         self.w(d, RV_ADDR).store(buf as u64, Ordering::Relaxed);
         self.w(d, RV_LEN).store(len as u64, Ordering::Relaxed);
         self.w(d, RV_PID).store(process_id(), Ordering::Relaxed);
-        self.w(d, RV_STATE).store(RV_POSTED, Ordering::Release);
+        st.store(RV_POSTED, Ordering::Release);
+        true
     }
 
     /// Takes a post back; false if a writer already took it (then it completes).
@@ -1580,10 +1638,8 @@ impl Conn {
                 && n == 0
                 && iov.len() == 1
                 && want >= Settings::get().rendezvous_min
-                && CMA_OK.load(Ordering::Relaxed);
-            if posted {
-                self.post(iov[0].0, iov[0].1);
-            }
+                && CMA_OK.load(Ordering::Relaxed)
+                && self.post(iov[0].0, iov[0].1);
             let waited = self.wait(fd, true, &|c| {
                 matches!(c.avail(), Ok((_, n)) if n > 0)
                     || c.rx_eof()
@@ -1603,18 +1659,33 @@ impl Conn {
         }
     }
 
-    /// Message mode: copies one message straight into a posted reader buffer. True
-    /// if it did (the caller holds the producer lock and found the ring empty).
-    fn rendezvous(&self, iov: &[(*const u8, usize)], want: usize) -> bool {
+    /// Whether a write of `want` bytes may go by rendezvous now: large enough, cross
+    /// memory attach not refused before, and a reader's buffer posted (a load of the
+    /// posting word, before the caller looks at the ring).
+    fn rendezvous_offered(&self, want: usize) -> bool {
+        want >= Settings::get().rendezvous_min
+            && CMA_OK.load(Ordering::Relaxed)
+            && self.w(self.tx(), RV_STATE).load(Ordering::Acquire) == RV_POSTED
+    }
+
+    /// Copies the first bytes of a write straight into a posted reader buffer: the
+    /// whole message (message mode, `whole`: only if the buffer takes it all), or as
+    /// many bytes as the buffer takes (byte stream). The bytes moved (0: none). The
+    /// caller holds the producer lock and found the ring empty, so these bytes are
+    /// the next the reader gets.
+    fn rendezvous(&self, iov: &[(*const u8, usize)], want: usize, whole: bool) -> usize {
         let d = self.tx();
         let st = self.w(d, RV_STATE);
-        if want < Settings::get().rendezvous_min
-            || !CMA_OK.load(Ordering::Relaxed)
-            || st.load(Ordering::Acquire) != RV_POSTED
-            || (self.w(d, RV_LEN).load(Ordering::Relaxed) as usize) < want
+        if !self.rendezvous_offered(want) {
+            return 0;
+        }
+        let posted = self.w(d, RV_LEN).load(Ordering::Relaxed) as usize;
+        let want = if whole { want } else { want.min(posted) };
+        if posted < want
+            || want == 0
             || st.compare_exchange(RV_POSTED, RV_FILLING, Ordering::AcqRel, Ordering::Acquire).is_err()
         {
-            return false;
+            return 0;
         }
         // Only into the process the kernel named at setup ([`Carriers::peer_pid`]):
         // the pid word in shared memory merely has to agree (a forked reader of the
@@ -1624,15 +1695,25 @@ impl Conn {
             p if p > 0 && p as u64 == self.w(d, RV_PID).load(Ordering::Relaxed) => p,
             _ => {
                 st.store(RV_POSTED, Ordering::Release);
-                return false;
+                return 0;
             }
         };
         let remote = libc::iovec {
             iov_base: self.w(d, RV_ADDR).load(Ordering::Relaxed) as *mut c_void,
             iov_len: want,
         };
-        let local: Vec<libc::iovec> =
-            iov.iter().map(|&(p, l)| libc::iovec { iov_base: p as *mut c_void, iov_len: l }).collect();
+        // The caller's segments, cut at `want` bytes.
+        let mut left = want;
+        let local: Vec<libc::iovec> = iov
+            .iter()
+            .map_while(|&(p, l)| {
+                (left > 0).then(|| {
+                    let n = l.min(left);
+                    left -= n;
+                    libc::iovec { iov_base: p as *mut c_void, iov_len: n }
+                })
+            })
+            .collect();
         // SAFETY: reads our caller's buffers and writes the posted buffer of the
         // reader, which waits in recv (it cannot take the post back while we hold it
         // FILLING); the kernel checks both ranges.
@@ -1644,12 +1725,12 @@ impl Conn {
             // reader's buffer holds nothing it will report.
             CMA_OK.store(false, Ordering::Relaxed);
             st.store(RV_POSTED, Ordering::Release);
-            return false;
+            return 0;
         }
         self.w(d, RV_DONE).store(want as u64, Ordering::Relaxed);
         st.store(RV_DONE_STATE, Ordering::Release);
         RENDEZVOUS.fetch_add(1, Ordering::Relaxed);
-        true
+        want
     }
 
     /// Message mode: writes one message (all of it, or nothing when it would block).
@@ -1684,7 +1765,7 @@ impl Conn {
                 None => self.step_lock(self.tx(), WLOCK)?,
             };
             let (tail, room) = self.room()?;
-            if done == 0 && room as usize == ring && self.rendezvous(iov, want) {
+            if done == 0 && room as usize == ring && self.rendezvous(iov, want, true) == want {
                 drop(lock);
                 self.wake_if(self.w(self.tx(), RSLEEP));
                 self.ring_bell_always();

@@ -60,13 +60,13 @@ pub struct RunArgs {
     #[arg(long)]
     xdp: bool,
     /// Keep message boundaries on connections whose two ends both ask for it: each
-    /// write is one message, a read returns bytes of one message only, and a large
-    /// write goes straight into a reader's waiting buffer (single-copy rendezvous).
-    /// Sets STRAIT_MESSAGES=1.
+    /// write is one message, and a read returns bytes of one message only. Sets
+    /// STRAIT_MESSAGES=1.
     #[arg(long)]
     messages: bool,
-    /// Smallest read buffer, in bytes, that a waiting reader offers for rendezvous in
-    /// message mode (K/M suffixes; default 64K). Sets STRAIT_RENDEZVOUS_MIN.
+    /// Smallest read buffer, in bytes, that a waiting reader offers for rendezvous (a
+    /// large write goes straight into it: one copy instead of two), and smallest write
+    /// that takes one (K/M suffixes; default 64K). Sets STRAIT_RENDEZVOUS_MIN.
     #[arg(long)]
     rendezvous_min: Option<String>,
     /// Path of libstrait_preload.so (default: $STRAIT_PRELOAD_LIB, else next to the

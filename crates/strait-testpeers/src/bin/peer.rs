@@ -311,10 +311,23 @@ fn echo_client(fd: c_int) {
 }
 
 fn source(fd: c_int, total: usize) {
+    source_in(fd, total, &[50_000], false);
+}
+
+/// Writes `total` pattern bytes in writes of the `chunks` sizes in turn, and says
+/// how many and their digest. `pause`: 2 ms before each write of 1 MiB or more, so
+/// that the reader has emptied the ring and waits (with its buffer posted).
+fn source_in(fd: c_int, total: usize, chunks: &[usize], pause: bool) {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut off = 0usize;
-    while off < total {
-        let n = (total - off).min(50_000);
+    for k in 0.. {
+        if off >= total {
+            break;
+        }
+        let n = (total - off).min(chunks[k % chunks.len()]);
+        if pause && n >= 1 << 20 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let v: Vec<u8> = (off as u64..(off + n) as u64).map(pattern).collect();
         fnv(&mut h, &v);
         write_all(fd, &v);
@@ -324,11 +337,17 @@ fn source(fd: c_int, total: usize) {
 }
 
 fn sink(fd: c_int) {
+    sink_in(fd, &[65536]);
+}
+
+/// Reads until the end into buffers of the `lens` sizes in turn, and says how many
+/// bytes and their digest.
+fn sink_in(fd: c_int, lens: &[usize]) {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut total = 0usize;
-    let mut buf = vec![0u8; 65536];
-    loop {
-        let n = read_some(fd, &mut buf);
+    let mut buf = vec![0u8; lens.iter().copied().max().unwrap_or(1)];
+    for k in 0.. {
+        let n = read_some(fd, &mut buf[..lens[k % lens.len()]]);
         if n == 0 {
             break;
         }
@@ -1078,6 +1097,18 @@ fn main() {
             echo_client(fd)
         }
         ("server", "sink") | ("client", "sink") => sink(fd),
+        // Large writes and reads, each of sizes around the rendezvous threshold and
+        // the ring's size: where a reader waits with a large buffer, a writer copies
+        // straight into it.
+        ("server", "bigsink") | ("client", "bigsink") => {
+            sink_in(fd, &[1 << 20, 65_536, 200_000, 10, 3 << 20])
+        }
+        ("client", m) | ("server", m) if m.starts_with("bigsource") => source_in(
+            fd,
+            m.trim_start_matches("bigsource").parse().unwrap_or(20_000_000),
+            &[70_000, 1 << 20, 300_000, 65_536, 100, 2 << 20, 40_000],
+            true,
+        ),
         ("client", m) | ("server", m) if m.starts_with("source") => {
             source(fd, m.trim_start_matches("source").parse().unwrap_or(3_000_000))
         }

@@ -75,13 +75,26 @@ impl Settings {
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
+    let n = parse_size(&v);
+    if n.is_none() {
+        // The library cannot fail the program's start for it: it says so, naming the
+        // variable, and keeps the default (a value silently dropped looked taken).
+        eprintln!("strait: {name}={v:?} is not a whole number (K, M or G may follow); the default is used");
+    }
+    n
+}
+
+/// A whole number with an optional binary suffix (K, M, G); `None` if it is not one
+/// or does not fit.
+fn parse_size(v: &str) -> Option<u64> {
     let v = v.trim();
     let (num, mul) = match v.chars().last()? {
-        'k' | 'K' => (&v[..v.len() - 1], 1024),
-        'm' | 'M' => (&v[..v.len() - 1], 1024 * 1024),
+        'k' | 'K' => (&v[..v.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&v[..v.len() - 1], 1 << 20),
+        'g' | 'G' => (&v[..v.len() - 1], 1 << 30),
         _ => (v, 1),
     };
-    num.parse::<u64>().ok().map(|n| n * mul)
+    num.parse::<u64>().ok()?.checked_mul(mul)
 }
 
 /// A new waiter's spin policy (strait-core's [`SpinPolicy`]): adaptive unless
@@ -132,3 +145,17 @@ pub(crate) fn crowded(now: Instant) -> bool {
 
 /// The last verdict of [`crowded`].
 static CROWDED: AtomicBool = AtomicBool::new(false);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_the_rest() {
+        assert_eq!(super::parse_size("64K"), Some(64 << 10));
+        assert_eq!(super::parse_size(" 2m "), Some(2 << 20));
+        assert_eq!(super::parse_size("1G"), Some(1 << 30));
+        assert_eq!(super::parse_size("4096"), Some(4096));
+        for bad in ["", "G", "1.5M", "-1", "12x", "99999999999999999999G"] {
+            assert_eq!(super::parse_size(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -727,17 +727,19 @@ impl<D: Device> Endpoint<D> {
 
     /// Sends a small message at once when nothing is queued ahead of it and a credit
     /// is free: the common case of a ping-pong or request/response, without the
-    /// queues and passes of [`Endpoint::progress_tx`]. Hands the message back if it
-    /// must be queued instead.
+    /// queues and passes of [`Endpoint::progress_tx`]. `src` is the message's bytes,
+    /// borrowed for this call only (the send completes before it returns, so it
+    /// takes no hold on the region: two atomic operations fewer per message).
+    /// Returns false if the message must be queued instead.
     pub(crate) fn try_send_eager_now(
         &mut self,
         tag: u64,
-        buf: Buf,
+        src: (*const u8, usize),
         ctx: u64,
         cq: &mut VecDeque<Completion>,
-    ) -> Option<Buf> {
+    ) -> bool {
         let st = &self.st;
-        if buf.len > st.eager_limit
+        if src.1 > st.eager_limit
             || st.credits == 0
             || !st.msgq.is_empty()
             || !st.ctrlq.is_empty()
@@ -746,31 +748,38 @@ impl<D: Device> Endpoint<D> {
             || !st.split_rests.is_empty()
             || st.failed.is_some()
         {
-            return Some(buf);
+            return false;
         }
         strait_probe::probe!(strait_probe::Stage::TxMsg);
         let credits = st.credits_owed;
         let h = Header::Eager { credits, seq: st.next_seq, tag };
-        match self.send_header(&h, Some((buf.ptr() as *const u8, buf.len))) {
+        match self.send_header(&h, Some(src)) {
             Ok(true) => {
                 let st = &mut self.st;
                 st.credits -= 1;
                 st.credits_owed -= credits;
                 st.next_seq = st.next_seq.wrapping_add(1);
                 st.stats.eager_sent += 1;
-                complete_send(cq, st.id, buf, ctx, tag, Status::Ok);
+                cq.push_back(Completion {
+                    ep: st.id,
+                    op: OpKind::Send,
+                    ctx,
+                    tag,
+                    len: src.1,
+                    status: Status::Ok,
+                });
                 strait_probe::probe!(strait_probe::Stage::DoorbellBegin);
                 let rung = self.dev.doorbell();
                 strait_probe::probe!(strait_probe::Stage::DoorbellEnd);
                 if let Err(e) = rung {
                     self.device_failed(e, cq);
                 }
-                None
+                true
             }
-            Ok(false) => Some(buf),
+            Ok(false) => false,
             Err(e) => {
                 self.device_failed(e, cq);
-                Some(buf)
+                false
             }
         }
     }

@@ -172,6 +172,16 @@ impl MemoryRegion {
         self.inner().ptr as usize
     }
 
+    /// The bytes `range` for reading during one call that borrows the region (a
+    /// send that completes before the call returns needs no hold: the borrow keeps
+    /// the mapping alive and every write to the region needs `&mut`). The caller
+    /// checked `range` against [`MemoryRegion::len`].
+    pub(crate) fn borrowed(&self, range: &std::ops::Range<usize>) -> (*const u8, usize) {
+        debug_assert!(range.start <= range.end && range.end <= self.len());
+        // SAFETY: `range.start <= len` (checked by the caller), inside the mapping.
+        (unsafe { self.inner().ptr.add(range.start) } as *const u8, range.end - range.start)
+    }
+
     fn busy(&self) -> RegionBusy {
         let st = self.inner().state.load(Ordering::Acquire);
         RegionBusy { sends: ((st >> 1) & 0x7fff_ffff) as u32, recvs: (st >> 32) as u32 }

@@ -146,8 +146,10 @@ impl<D: Device> Engine<D> {
         if let Some(status) = e.st.failed {
             return Err(PostError::Closed { ep, status });
         }
+        if e.try_send_eager_now(tag, mr.borrowed(&range), ctx, cq) {
+            return Ok(());
+        }
         let buf = Buf::hold(mr, SEND, range.start, range.end - range.start);
-        let Some(buf) = e.try_send_eager_now(tag, buf, ctx, cq) else { return Ok(()) };
         if let Some(status) = e.st.failed {
             // The device failed during the attempt: the message ends like the rest.
             complete_send(cq, ep, buf, ctx, tag, status);

@@ -780,16 +780,21 @@ impl Conn {
         }
     }
 
-    /// [`Conn::check_peer`] on one call in 64: a non-blocking caller that finds the
+    /// [`Conn::check_peer`] on one call in 256: a non-blocking caller that finds the
     /// ring empty (or full) would otherwise make a system call each time, and a
-    /// busy-polling program calls millions of times a second. A dead peer is still
-    /// noticed within microseconds there, and at once by poll/epoll (they watch the
-    /// hang-up) and by a blocked call.
+    /// busy-polling program calls millions of times a second (an empty `recv` costs
+    /// ~50 ns, so a crashed peer is still noticed within ~15 us; an orderly close at
+    /// once through the close hint, and poll/epoll and blocked calls watch the
+    /// hang-up). The count is a plain load and store, not a locked add: threads that
+    /// race on it only make the next check come a little later, and the locked add
+    /// was a fifth of an empty `recv`.
     fn check_peer_now_and_then(&self, fd: c_int) -> bool {
         if self.peer_dead.load(Ordering::Relaxed) || self.look_after_close(fd) {
             return true;
         }
-        if !self.idle_polls.fetch_add(1, Ordering::Relaxed).is_multiple_of(64) {
+        let n = self.idle_polls.load(Ordering::Relaxed);
+        self.idle_polls.store(n.wrapping_add(1), Ordering::Relaxed);
+        if !n.is_multiple_of(256) {
             return false;
         }
         self.check_peer(fd)

@@ -527,6 +527,22 @@ impl EpState {
         }
     }
 
+    /// Keeps a matched rendezvous receive whose bytes come by `path` until they are
+    /// all in.
+    fn record_recv(&mut self, s: RndvStart, accept: usize, path: RecvPath) {
+        let PostedRecv { buf, ctx, .. } = s.recv;
+        self.rndv_recvs.push(RndvRecv {
+            msg_id: s.msg_id,
+            tag: s.tag,
+            msg_len: s.msg_len,
+            buf,
+            accept,
+            received: 0,
+            ctx,
+            path,
+        });
+    }
+
     /// Completes a split receive whose parts are all in (`ok`) or one of which
     /// failed, and tells the sender with a FIN.
     fn finish_split(&mut self, r: RndvRecv, ok: bool, cq: &mut VecDeque<Completion>) {
@@ -912,17 +928,7 @@ impl<D: Device> Endpoint<D> {
             let status = if s.msg_len > 0 { Status::Truncated } else { Status::Ok };
             complete_recv(cq, self.st.id, s.recv, s.tag, s.msg_len as usize, status);
         } else {
-            let PostedRecv { buf, ctx, .. } = s.recv;
-            self.st.rndv_recvs.push(RndvRecv {
-                msg_id: s.msg_id,
-                tag: s.tag,
-                msg_len: s.msg_len,
-                buf,
-                accept,
-                received: 0,
-                ctx,
-                path: RecvPath::Pushed,
-            });
+            self.st.record_recv(s, accept, RecvPath::Pushed);
         }
     }
 
@@ -967,17 +973,8 @@ impl<D: Device> Endpoint<D> {
         };
         let Some(s) = self.st.rndv_starts.pop_front() else { return };
         self.st.stats.rndv_split += 1;
-        let PostedRecv { buf, ctx, .. } = s.recv;
-        self.st.rndv_recvs.push(RndvRecv {
-            msg_id: s.msg_id,
-            tag: s.tag,
-            msg_len: s.msg_len,
-            buf,
-            accept,
-            received: 0,
-            ctx,
-            path: RecvPath::Split { cut, addr: s.addr, read_ok, answer: PutAnswer::Awaited },
-        });
+        let path = RecvPath::Split { cut, addr: s.addr, read_ok, answer: PutAnswer::Awaited };
+        self.st.record_recv(s, accept, path);
     }
 
     /// Serves a PUT of the peer: writes the asked part of the message into the

@@ -1039,20 +1039,8 @@ impl Device for ShmDevice {
             return Err(DeviceError::PeerGone("the peer exited before a remote write".into()));
         }
         // SAFETY: the caller guarantees `src` for `len` bytes.
-        match unsafe { sys::vm_write(pid, remote_addr, src, len) } {
-            Ok(()) => {
-                self.stats.remote_writes += 1;
-                Ok(())
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-                Err(DeviceError::PeerGone("the peer process no longer exists".into()))
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                self.remote_write_ok = false;
-                Err(DeviceError::Unsupported)
-            }
-            Err(source) => Err(DeviceError::Io { op: "process_vm_writev", source }),
-        }
+        let r = unsafe { sys::vm_write(pid, remote_addr, src, len) };
+        cma_outcome(r, "process_vm_writev", &mut self.remote_write_ok, &mut self.stats.remote_writes)
     }
 
     unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {
@@ -1067,20 +1055,7 @@ impl Device for ShmDevice {
         if self.peer_hung_up()? || self.pidfd.as_ref().is_some_and(sys::pidfd_exited) {
             return Err(DeviceError::PeerGone("the peer exited during a remote read".into()));
         }
-        match r {
-            Ok(()) => {
-                self.stats.remote_reads += 1;
-                Ok(())
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-                Err(DeviceError::PeerGone("the peer process no longer exists".into()))
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                self.remote_read_ok = false;
-                Err(DeviceError::Unsupported)
-            }
-            Err(source) => Err(DeviceError::Io { op: "process_vm_readv", source }),
-        }
+        cma_outcome(r, "process_vm_readv", &mut self.remote_read_ok, &mut self.stats.remote_reads)
     }
 
     fn shutdown(&mut self) {
@@ -1095,6 +1070,31 @@ impl Device for ShmDevice {
 
     fn stats(&self) -> DeviceStats {
         self.stats
+    }
+}
+
+/// What a cross-memory-attach copy's result means for the engine: counted in `done`
+/// if it worked; the peer gone if its process is (ESRCH); refused for good (EPERM:
+/// no ptrace rights over the peer) by clearing `allowed`; else an I/O error of `op`.
+fn cma_outcome(
+    r: io::Result<()>,
+    op: &'static str,
+    allowed: &mut bool,
+    done: &mut u64,
+) -> Result<(), DeviceError> {
+    match r {
+        Ok(()) => {
+            *done += 1;
+            Ok(())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            Err(DeviceError::PeerGone("the peer process no longer exists".into()))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            *allowed = false;
+            Err(DeviceError::Unsupported)
+        }
+        Err(source) => Err(DeviceError::Io { op, source }),
     }
 }
 

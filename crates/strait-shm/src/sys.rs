@@ -209,28 +209,45 @@ pub(crate) fn poll_now(fd: RawFd, events: libc::c_short) -> io::Result<libc::c_s
     Ok(p.revents)
 }
 
-/// Reads `len` bytes at `remote` in process `pid` into `dst` with process_vm_readv,
-/// continuing after partial reads.
+/// Which way a cross-memory-attach copy goes.
+#[derive(Clone, Copy)]
+enum Cma {
+    /// From the other process into ours (`process_vm_readv`).
+    Read,
+    /// From ours into the other process (`process_vm_writev`).
+    Write,
+}
+
+/// Copies `len` bytes between `local` (ours) and `remote` in process `pid`, the way
+/// `dir` says, resuming after short copies and signals. The remote range comes from
+/// the peer: it must not wrap around the address space, and the kernel checks it
+/// against the other process's mappings (and refuses, EPERM, unless we may ptrace
+/// it).
 ///
 /// # Safety
-/// `dst` must be valid for writes of `len` bytes.
-pub(crate) unsafe fn vm_read(pid: libc::pid_t, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
-    // The remote range comes from the peer: it must not wrap around the address space.
+/// `local` must be valid for `len` bytes: writes for [`Cma::Read`], reads for
+/// [`Cma::Write`].
+unsafe fn vm_copy(dir: Cma, pid: libc::pid_t, remote: u64, local: *mut u8, len: usize) -> io::Result<()> {
     if usize::try_from(remote).ok().and_then(|r| r.checked_add(len)).is_none() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "remote range wraps around"));
     }
     let mut done = 0usize;
     while done < len {
-        let local = libc::iovec {
+        let here = libc::iovec {
             // SAFETY: `done < len`, inside the caller's buffer.
-            iov_base: unsafe { dst.add(done) }.cast(),
+            iov_base: unsafe { local.add(done) }.cast(),
             iov_len: len - done,
         };
-        let rem =
+        let there =
             libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
         // SAFETY: the local iovec is valid per the caller's contract; the remote one is
         // checked by the kernel against the other process's mappings.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &rem, 1, 0) };
+        let n = unsafe {
+            match dir {
+                Cma::Read => libc::process_vm_readv(pid, &here, 1, &there, 1, 0),
+                Cma::Write => libc::process_vm_writev(pid, &here, 1, &there, 1, 0),
+            }
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -239,49 +256,31 @@ pub(crate) unsafe fn vm_read(pid: libc::pid_t, remote: u64, dst: *mut u8, len: u
             return Err(e);
         }
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "remote read made no progress"));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "cross-memory copy made no progress"));
         }
         done += n as usize;
     }
     Ok(())
 }
 
+/// Reads `len` bytes at `remote` in process `pid` into `dst` (`process_vm_readv`).
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes.
+pub(crate) unsafe fn vm_read(pid: libc::pid_t, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: forwarded contract.
+    unsafe { vm_copy(Cma::Read, pid, remote, dst, len) }
+}
+
 /// Writes `len` bytes from `src` to `remote` in process `pid` (`process_vm_writev`):
-/// this side's part of a split transfer. The kernel checks the remote range against
-/// the other process's mappings and refuses (EPERM) unless we may ptrace it.
+/// this side's part of a split transfer.
 ///
 /// # Safety
 /// `src` must be valid for reads of `len` bytes.
 pub(crate) unsafe fn vm_write(pid: libc::pid_t, remote: u64, src: *const u8, len: usize) -> io::Result<()> {
-    // The remote range comes from the peer: it must not wrap around the address space.
-    if usize::try_from(remote).ok().and_then(|r| r.checked_add(len)).is_none() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "remote range wraps around"));
-    }
-    let mut done = 0usize;
-    while done < len {
-        let local = libc::iovec {
-            // SAFETY: `done < len`, inside the caller's buffer.
-            iov_base: unsafe { src.add(done) } as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        let rem =
-            libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
-        // SAFETY: the local iovec is valid per the caller's contract (only read); the
-        // remote one is checked by the kernel against the other process's mappings.
-        let n = unsafe { libc::process_vm_writev(pid, &local, 1, &rem, 1, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "remote write made no progress"));
-        }
-        done += n as usize;
-    }
-    Ok(())
+    // SAFETY: forwarded contract; a write only reads `src` (the cast drops no
+    // guarantee the kernel relies on).
+    unsafe { vm_copy(Cma::Write, pid, remote, src.cast_mut(), len) }
 }
 
 /// Creates a sealed memfd of `len` bytes (size fixed: shrink, grow and further

@@ -7,7 +7,9 @@
 //! one process contend on one address space).
 //!
 //! The helper is made with a raw `clone` (no fork handlers of the program or of
-//! strait's preload run, and no `SIGCHLD` reaches the program), touches nothing but
+//! strait's preload run, no `SIGCHLD` reaches the program, and the descriptor table
+//! is shared rather than copied, so no file of the program stays open because of
+//! it), touches nothing but
 //! its own copy of the message, a shared mapping of control words and the copy
 //! path's ring, and makes no call that takes a lock or allocates: it spins on the
 //! control words, copies, calls `process_vm_writev`, and `_exit`s. Every wait on
@@ -197,9 +199,13 @@ pub(super) fn measure(runs: usize, tx_cpu: Option<usize>) -> Option<(f64, f64, f
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: a raw clone without CLONE_VM is a fork that runs no fork handlers and,
-    // with no exit signal, sends the program no SIGCHLD; the child runs only
-    // `helper`, which never returns.
-    let pid = unsafe { libc::syscall(libc::SYS_clone, 0 as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+    // with no exit signal, sends the program no SIGCHLD; CLONE_FILES shares the
+    // descriptor table instead of copying it, so the helper holds no extra reference
+    // to any of the program's files (a pipe the program closes meanwhile still ends
+    // at once for its reader). The child runs only `helper`, which uses no
+    // descriptor and never returns.
+    let flags = libc::CLONE_FILES as libc::c_ulong;
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     if pid < 0 {
         return None;
     }

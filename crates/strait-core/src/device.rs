@@ -254,6 +254,17 @@ pub trait Device {
         false
     }
 
+    /// True if the peer may reach this process's memory by the addresses this side
+    /// gives it (a rendezvous announcement's buffer): the process that made the
+    /// connection, whose id the peer knows. False in a child made by `fork` that
+    /// uses the connection, whose buffers lie at the same addresses in another
+    /// process: its announcements then offer no single copy, and the peer takes the
+    /// bytes through the device instead of reading the parent's stale memory. The
+    /// default, true, suits devices without remote access or in one address space.
+    fn peer_reaches_us(&self) -> bool {
+        true
+    }
+
     /// True if a split transfer may be asked of the peer now: it has not announced
     /// that it sleeps (a sleeping sender would start its part only after a wake-up,
     /// tens of microseconds), and its writes would land in this process (after a
@@ -370,6 +381,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     fn split_now(&self) -> bool {
         (**self).split_now()
     }
+    fn peer_reaches_us(&self) -> bool {
+        (**self).peer_reaches_us()
+    }
     unsafe fn remote_read(&mut self, remote_addr: u64, dst: *mut u8, len: usize) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { (**self).remote_read(remote_addr, dst, len) }
@@ -453,6 +467,9 @@ mod tests {
         fn split_now(&self) -> bool {
             false
         }
+        fn peer_reaches_us(&self) -> bool {
+            false
+        }
         unsafe fn remote_write(&mut self, _: u64, _: *const u8, _: usize) -> Result<(), DeviceError> {
             Ok(())
         }
@@ -481,7 +498,7 @@ mod tests {
         assert!(unsafe { d.remote_read(0, &mut x, 1) }.is_ok());
         // SAFETY: `x` is valid for one byte.
         assert!(unsafe { d.remote_write(0, &x, 1) }.is_ok());
-        assert!(d.supports_remote_write() && !d.split_now());
+        assert!(d.supports_remote_write() && !d.split_now() && !d.peer_reaches_us());
         assert_eq!(d.preferred_rndv(), RndvPath::Split);
         assert!(d.drain());
         assert_eq!(d.timer_ns(), Some(5));

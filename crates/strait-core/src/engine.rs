@@ -878,7 +878,9 @@ impl<D: Device> Endpoint<D> {
             // What the device measured fastest on this host (see `RndvMode::Auto`).
             RndvMode::Auto => self.dev.preferred_rndv(),
         };
-        let can_read = self.st.remote_read_ok && self.dev.supports_remote_read();
+        // An announcement without an address (0) offers no single copy: its sender
+        // is not the process the device would read from (a fork child).
+        let can_read = s.addr != 0 && self.st.remote_read_ok && self.dev.supports_remote_read();
         if path == RndvPath::Split
             && can_read
             && self.st.split_ok
@@ -1126,14 +1128,9 @@ impl<D: Device> Endpoint<D> {
             let credits = self.st.credits_owed;
             let res = if m.rndv {
                 let msg_id = self.st.next_msg_id;
-                let h = Header::Rts {
-                    credits,
-                    seq,
-                    tag: m.tag,
-                    len: m.buf.len as u64,
-                    msg_id,
-                    addr: m.buf.ptr() as u64,
-                };
+                // Address 0 offers no single copy (see `Device::peer_reaches_us`).
+                let addr = if self.dev.peer_reaches_us() { m.buf.ptr() as u64 } else { 0 };
+                let h = Header::Rts { credits, seq, tag: m.tag, len: m.buf.len as u64, msg_id, addr };
                 self.send_header(&h, None)
             } else {
                 let h = Header::Eager { credits, seq, tag: m.tag };

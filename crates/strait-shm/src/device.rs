@@ -586,8 +586,9 @@ pub struct ShmDevice {
     /// another process (a process paired with itself gains nothing from them, and a
     /// write at an address its own peer named must never land in its own memory).
     remote_write_ok: bool,
-    /// This process when the connection was made: the peer writes into it (by the
-    /// pid it learned then), so after a fork no split is asked for.
+    /// This process when the connection was made: the peer reads and writes it (by
+    /// the pid it learned then), so a fork child offers neither (no address in its
+    /// announcements, no split asked for).
     own_pid: libc::pid_t,
     /// The rendezvous path measured fastest on this host ([`calibrate`]).
     preferred: RndvPath,
@@ -1016,11 +1017,15 @@ impl Device for ShmDevice {
         self.remote_write_ok
     }
 
+    fn peer_reaches_us(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        me == self.own_pid
+    }
+
     fn split_now(&self) -> bool {
         // The peer's sleep flag sits in the control block of the ring it consumes.
-        // SAFETY: getpid has no preconditions.
-        self.word(self.tx_ring, SLEEP).load(ring::Ordering::Relaxed) == 0
-            && unsafe { libc::getpid() } == self.own_pid
+        self.word(self.tx_ring, SLEEP).load(ring::Ordering::Relaxed) == 0 && self.peer_reaches_us()
     }
 
     unsafe fn remote_write(

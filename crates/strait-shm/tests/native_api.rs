@@ -253,6 +253,30 @@ test_per_mode!(
     sender_dies_mid_rendezvous_split: sender_dies_mid_rendezvous
 );
 
+/// A child of the peer, made by fork, sends a large message through the connection
+/// it inherited: its bytes arrive, not its parent's stale copy at the same address
+/// (the device reaches the process that connected: a fork child's announcement
+/// carries no address, so the bytes come through the ring).
+fn a_forked_sender_is_read_from_itself(mode: RndvMode) {
+    let Conn { mut w, ep, mut child, listener: _listener, .. } =
+        connect_child("fork-send", "fork-send", mode, Duration::ZERO, Duration::from_micros(50));
+    let len = 1 << 20;
+    let mut inbox = MemoryRegion::new(len).unwrap();
+    w.post_recv(ep, &mut inbox, 0..len, 1, u64::MAX, 0).unwrap();
+    let c = wait_for(&mut w, OpKind::Recv, false);
+    assert_eq!((c.status, c.len), (Status::Ok, len), "{c:?}");
+    let b = inbox.bytes().unwrap();
+    let stale = b.iter().filter(|&&x| x != 0xbb).count();
+    assert_eq!(stale, 0, "{stale} bytes are not the forked sender's (0xaa: its parent's)");
+    assert!(child.wait().unwrap().success(), "the peer failed");
+}
+
+test_per_mode!(
+    a_forked_sender_is_read_from_itself_remote_read,
+    a_forked_sender_is_read_from_itself_pipelined_copy,
+    a_forked_sender_is_read_from_itself_split: a_forked_sender_is_read_from_itself
+);
+
 /// A peer that speaks the device protocol correctly but sends a malformed protocol
 /// header: the frame is rejected, counted, the endpoint fails with `Corrupt`, and
 /// this process carries on.
@@ -408,6 +432,30 @@ fn child() {
             w.post_send(ep, &note, 0..8, 2, 0).unwrap();
             w.progress();
             std::thread::sleep(Duration::from_secs(30));
+        }
+        "fork-send" => {
+            // The connection is used by a child this process forks: at the address of
+            // this process's buffer the child's copy holds other bytes.
+            let ep = w.attach(dev);
+            let len = 1 << 20;
+            let mut out = MemoryRegion::new(len).unwrap();
+            out.write_at(0, &vec![0xaa; len]).unwrap();
+            // SAFETY: fork in a test process; the child touches only its own copy of
+            // this thread's state (glibc keeps malloc usable across fork) and leaves
+            // with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork");
+            if pid == 0 {
+                out.write_at(0, &vec![0xbb; len]).unwrap();
+                w.post_send(ep, &out, 0..len, 1, 0).unwrap();
+                let c = wait_for(&mut w, OpKind::Send, false);
+                // SAFETY: leaves the forked child at once.
+                unsafe { libc::_exit(if c.status == Status::Ok { 0 } else { 1 }) };
+            }
+            let mut st = 0;
+            // SAFETY: waits for the child just made.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+            assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "the forked sender failed: {st}");
         }
         "send-big-then-die" => {
             let ep = w.attach(dev);

@@ -741,8 +741,7 @@ impl ShmDevice {
             None => false,
         };
         // Measured once per host (cached), and only where it could matter.
-        // SAFETY: getpid has no preconditions.
-        let own_pid = unsafe { libc::getpid() };
+        let own_pid = this_pid();
         let remote_write_ok = remote_read_ok && peer_pid != Some(own_pid);
         let preferred = if remote_read_ok {
             match calibrate::calibration().choice {
@@ -1018,9 +1017,7 @@ impl Device for ShmDevice {
     }
 
     fn peer_reaches_us(&self) -> bool {
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() };
-        me == self.own_pid
+        this_pid() == self.own_pid
     }
 
     fn split_now(&self) -> bool {
@@ -1076,6 +1073,22 @@ impl Device for ShmDevice {
     fn stats(&self) -> DeviceStats {
         self.stats
     }
+}
+
+/// This process's id without a system call per use (asked on every rendezvous
+/// message): `strait_sys`'s cached id, forgotten in a forked child by a fork handler
+/// registered at the first use. (A child made by a raw `clone`, which runs no fork
+/// handlers, keeps its parent's id here.)
+fn this_pid() -> libc::pid_t {
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget_in_child() {
+        strait_sys::forget_pid();
+    }
+    HANDLER.call_once(|| {
+        // SAFETY: registers a child handler that only stores to an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    });
+    strait_sys::current_pid() as libc::pid_t
 }
 
 /// What a cross-memory-attach copy's result means for the engine: counted in `done`

@@ -987,13 +987,9 @@ impl<D: Device> Endpoint<D> {
         // SAFETY: `[offset, offset + len)` was checked against the send buffer when
         // the PUT arrived, and the buffer stays held until the peer's FIN.
         let src = unsafe { send.buf.ptr().add(p.offset) as *const u8 };
-        let r = if self.dev.supports_remote_write() {
-            // SAFETY: `src` is valid for `len` bytes (above).
-            unsafe { self.dev.remote_write(p.addr, src, p.len) }
-        } else {
-            Err(DeviceError::Unsupported)
-        };
-        let status = match r {
+        // (A device without remote writes answers Unsupported: the PUT fails.)
+        // SAFETY: `src` is valid for `len` bytes (above).
+        let status = match unsafe { self.dev.remote_write(p.addr, src, p.len) } {
             Ok(()) => PUT_OK,
             Err(e) => {
                 if self.dev.check_peer().is_err() {

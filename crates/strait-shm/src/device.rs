@@ -1005,10 +1005,13 @@ impl Device for ShmDevice {
     }
 
     fn preferred_rndv(&self) -> RndvPath {
-        match self.preferred {
-            RndvPath::Split if !self.remote_write_ok => RndvPath::RemoteRead,
-            p if p != RndvPath::Copy && !self.remote_read_ok => RndvPath::Copy,
-            p => p,
+        // What the calibration chose, less what this peer refused since.
+        if !self.remote_read_ok {
+            RndvPath::Copy
+        } else if self.preferred == RndvPath::Split && !self.remote_write_ok {
+            RndvPath::RemoteRead
+        } else {
+            self.preferred
         }
     }
 

@@ -1676,14 +1676,11 @@ impl Conn {
     /// Copies the first bytes of a write straight into a posted reader buffer: the
     /// whole message (message mode, `whole`: only if the buffer takes it all), or as
     /// many bytes as the buffer takes (byte stream). The bytes moved (0: none). The
-    /// caller holds the producer lock and found the ring empty, so these bytes are
-    /// the next the reader gets.
+    /// caller saw a post offered ([`Conn::rendezvous_offered`]), holds the producer
+    /// lock and found the ring empty, so these bytes are the next the reader gets.
     fn rendezvous(&self, iov: &[(*const u8, usize)], want: usize, whole: bool) -> usize {
         let d = self.tx();
         let st = self.w(d, RV_STATE);
-        if !self.rendezvous_offered(want) {
-            return 0;
-        }
         let posted = self.w(d, RV_LEN).load(Ordering::Relaxed) as usize;
         let want = if whole { want } else { want.min(posted) };
         if posted < want
@@ -1770,7 +1767,11 @@ impl Conn {
                 None => self.step_lock(self.tx(), WLOCK)?,
             };
             let (tail, room) = self.room()?;
-            if done == 0 && room as usize == ring && self.rendezvous(iov, want, true) == want {
+            if done == 0
+                && room as usize == ring
+                && self.rendezvous_offered(want)
+                && self.rendezvous(iov, want, true) == want
+            {
                 drop(lock);
                 self.wake_if(self.w(self.tx(), RSLEEP));
                 self.ring_bell_always();

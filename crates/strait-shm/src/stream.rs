@@ -138,7 +138,13 @@ impl<'a, M: ByteArea + ?Sized> ByteRing<'a, M> {
     /// use [`ByteRing::writable`].
     #[inline]
     pub fn writable_from(&self, head_seen: u64) -> Result<Span, Corrupt> {
-        let tail = self.tail.load(Ordering::Relaxed);
+        self.writable_between(self.tail.load(Ordering::Relaxed), head_seen)
+    }
+
+    /// Producer: as [`ByteRing::writable_from`], by a tail the producer knows
+    /// without reading it (it wrote it last, and no other producer wrote since).
+    #[inline]
+    pub fn writable_between(&self, tail: u64, head_seen: u64) -> Result<Span, Corrupt> {
         self.check(head_seen, tail)?;
         Ok(Span { pos: tail, len: self.mem.size() as u64 - (tail - head_seen) })
     }

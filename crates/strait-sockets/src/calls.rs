@@ -375,11 +375,11 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::read(fd, buf, n) };
-    let r = guard(real, || match crate::settle::socket(fd) {
-        Some(Socket::Tcp(c)) => do_recv(&c, fd, &[(buf.cast(), n)], 0),
+    let r = guard(real, || match crate::settle::socket(fd).as_deref() {
+        Some(Socket::Tcp(c)) => do_recv(c, fd, &[(buf.cast(), n)], 0),
         // SAFETY: forwarded arguments.
         Some(Socket::Udp(u)) => {
-            udp_recv(&u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe { real::recv(fd, buf, n, x) })
+            udp_recv(u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe { real::recv(fd, buf, n, x) })
         }
         _ => real(),
     });
@@ -404,8 +404,8 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     strait_probe::probe!(strait_probe::Stage::WriteEnter);
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::write(fd, buf, n) };
-    guard(real, || match crate::settle::socket_to_write(fd) {
-        Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], 0),
+    guard(real, || match crate::settle::socket_to_write(fd).as_deref() {
+        Some(Socket::Tcp(c)) => do_send(c, fd, &[(buf.cast(), n)], 0),
         Some(Socket::Udp(u)) => u.send(fd, None, &[(buf.cast(), n)], 0, &mut || real()),
         _ => real(),
     })
@@ -416,13 +416,13 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
 pub unsafe fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::readv(fd, iov, n) };
-    guard(real, || match crate::settle::socket(fd) {
+    guard(real, || match crate::settle::socket(fd).as_deref() {
         // SAFETY: the caller's iovecs.
-        Some(Socket::Tcp(c)) => do_recv(&c, fd, &unsafe { iovs_mut(iov, n) }, 0),
+        Some(Socket::Tcp(c)) => do_recv(c, fd, &unsafe { iovs_mut(iov, n) }, 0),
         Some(Socket::Udp(u)) => {
             // SAFETY: the caller's iovecs.
             let v = unsafe { iovs_mut(iov, n) };
-            udp_recv(&u, fd, &v, 0, Name::None, &mut |x| {
+            udp_recv(u, fd, &v, 0, Name::None, &mut |x| {
                 // SAFETY: msghdr is plain old data; it points at the caller's iovecs.
                 let mut m: msghdr = unsafe { std::mem::zeroed() };
                 m.msg_iov = iov.cast_mut();
@@ -440,12 +440,12 @@ pub unsafe fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
 pub unsafe fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::writev(fd, iov, n) };
-    guard(real, || match crate::settle::socket_to_write(fd) {
+    guard(real, || match crate::settle::socket_to_write(fd).as_deref() {
         Some(Socket::Tcp(c)) => {
             // SAFETY: the caller's iovecs.
             let v: Vec<(*const u8, usize)> =
                 unsafe { iovs_mut(iov, n) }.iter().map(|&(p, l)| (p.cast_const(), l)).collect();
-            do_send(&c, fd, &v, 0)
+            do_send(c, fd, &v, 0)
         }
         Some(Socket::Udp(u)) => {
             // SAFETY: the caller's iovecs.
@@ -462,10 +462,10 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recv(fd, buf, n, flags) };
-    guard(real, || match crate::settle::socket(fd) {
-        Some(Socket::Tcp(c)) => do_recv(&c, fd, &[(buf.cast(), n)], flags),
+    guard(real, || match crate::settle::socket(fd).as_deref() {
+        Some(Socket::Tcp(c)) => do_recv(c, fd, &[(buf.cast(), n)], flags),
         // SAFETY: forwarded arguments.
-        Some(Socket::Udp(u)) => udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
+        Some(Socket::Udp(u)) => udp_recv(u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
             real::recv(fd, buf, n, flags | x)
         }),
         _ => real(),
@@ -488,8 +488,8 @@ pub unsafe fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t,
 pub unsafe fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::send(fd, buf, n, flags) };
-    guard(real, || match crate::settle::socket_to_write(fd) {
-        Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], flags),
+    guard(real, || match crate::settle::socket_to_write(fd).as_deref() {
+        Some(Socket::Tcp(c)) => do_send(c, fd, &[(buf.cast(), n)], flags),
         Some(Socket::Udp(u)) => u.send(fd, None, &[(buf.cast(), n)], flags, &mut || real()),
         _ => real(),
     })
@@ -507,9 +507,9 @@ pub unsafe fn recvfrom(
 ) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) };
-    guard(real, || match crate::settle::socket(fd) {
+    guard(real, || match crate::settle::socket(fd).as_deref() {
         Some(Socket::Tcp(c)) => {
-            let r = do_recv(&c, fd, &[(buf.cast(), n)], flags);
+            let r = do_recv(c, fd, &[(buf.cast(), n)], flags);
             if r >= 0 && !addr.is_null() && !alen.is_null() {
                 // SAFETY: the caller's length word. TCP reports no source address.
                 unsafe { *alen = 0 };
@@ -517,7 +517,7 @@ pub unsafe fn recvfrom(
             r
         }
         Some(Socket::Udp(u)) => {
-            udp_recv(&u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
+            udp_recv(u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
                 // SAFETY: forwarded arguments.
                 unsafe { real::recvfrom(fd, buf, n, flags | x, addr, alen) }
             })
@@ -558,9 +558,9 @@ pub unsafe fn sendto(
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendto(fd, buf, n, flags, addr, alen) };
     // A connected TCP socket ignores the address, as the kernel does.
-    guard(real, || match crate::settle::socket_to_write(fd) {
-        Some(Socket::Tcp(c)) => do_send(&c, fd, &[(buf.cast(), n)], flags),
-        Some(Socket::Udp(u)) => match udp_dest(&u, addr, alen) {
+    guard(real, || match crate::settle::socket_to_write(fd).as_deref() {
+        Some(Socket::Tcp(c)) => do_send(c, fd, &[(buf.cast(), n)], flags),
+        Some(Socket::Udp(u)) => match udp_dest(u, addr, alen) {
             Ok(d) => u.send(fd, d, &[(buf.cast(), n)], flags, &mut || real()),
             Err(()) => real(),
         },
@@ -577,7 +577,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
         if msg.is_null() {
             return real();
         }
-        match crate::settle::socket_to_write(fd) {
+        match crate::settle::socket_to_write(fd).as_deref() {
             Some(Socket::Tcp(c)) => {
                 // SAFETY: the caller's msghdr and its iovecs.
                 let v: Vec<(*const u8, usize)> =
@@ -585,10 +585,10 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
                         .iter()
                         .map(|&(p, l)| (p.cast_const(), l))
                         .collect();
-                do_send(&c, fd, &v, flags)
+                do_send(c, fd, &v, flags)
             }
             // SAFETY: the caller's msghdr.
-            Some(Socket::Udp(u)) => unsafe { udp_sendmsg(&u, fd, msg, flags, &mut || real()) },
+            Some(Socket::Udp(u)) => unsafe { udp_sendmsg(u, fd, msg, flags, &mut || real()) },
             // Accelerated sockets passed over a Unix socket take their rings along.
             // SAFETY: the caller's msghdr.
             _ => unsafe { pass::sendmsg(fd, msg, flags) }.unwrap_or_else(real),
@@ -634,11 +634,11 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
         if msg.is_null() {
             return real();
         }
-        match crate::settle::socket(fd) {
+        match crate::settle::socket(fd).as_deref() {
             Some(Socket::Tcp(c)) => {
                 // SAFETY: the caller's msghdr and its iovecs.
                 let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
-                let r = do_recv(&c, fd, &v, flags);
+                let r = do_recv(c, fd, &v, flags);
                 if r >= 0 {
                     // SAFETY: the caller's msghdr: no address, no control data for TCP.
                     unsafe {
@@ -653,7 +653,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
                 // SAFETY: the caller's msghdr and its iovecs.
                 let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
                 // SAFETY: forwarded arguments.
-                udp_recv(&u, fd, &v, flags, Name::Msg(msg), &mut |x| unsafe {
+                udp_recv(u, fd, &v, flags, Name::Msg(msg), &mut |x| unsafe {
                     real::recvmsg(fd, msg, flags | x)
                 })
             }
@@ -1184,7 +1184,7 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
     }
     guard(real, || {
         if req == libc::FIONREAD && arg != 0 {
-            let queued = match crate::settle::socket(fd) {
+            let queued = match crate::settle::socket(fd).as_deref() {
                 Some(Socket::Tcp(c)) => Some(c.fionread().min(c_int::MAX as usize)),
                 // UDP: the size of the next datagram (shared memory first, as a
                 // receive would take it).
@@ -1341,15 +1341,15 @@ pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -
     if !(table::any_live() || crate::table::any_udp()) {
         return kernel();
     }
-    guard(real, || match crate::settle::socket(fd) {
-        Some(Socket::Tcp(c)) => crate::epoll::ctl(ep, op, fd, c, ev),
+    guard(real, || match crate::settle::socket(fd).as_deref() {
+        Some(Socket::Tcp(c)) => crate::epoll::ctl(ep, op, fd, c.clone(), ev),
         // The kernel set keeps the socket (kernel datagrams); the library adds
         // its shared-memory side.
         Some(Socket::Udp(u)) => {
             let r = real();
             if r == 0 {
                 let e = real::errno();
-                crate::epoll::ctl_udp(ep, op, fd, u, ev);
+                crate::epoll::ctl_udp(ep, op, fd, u.clone(), ev);
                 real::set_errno(e);
             }
             r

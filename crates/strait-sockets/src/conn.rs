@@ -444,6 +444,10 @@ pub struct Conn {
     /// line back (which the fence of its wake check would wait for: `strait anatomy
     /// --transports strait-run` measured that as most of a read's return).
     head_seen: AtomicU64,
+    /// The tail of our transmit ring as this process published it last, and the
+    /// process that did (0: none yet): see [`Conn::tail_known`].
+    tail_mine: AtomicU64,
+    tail_mine_pid: AtomicU64,
     /// The peer's [`CLOSES`] counter when this end last asked the kernel about it.
     closes_seen: AtomicU64,
 }
@@ -523,6 +527,8 @@ impl Conn {
             kernel_connected: AtomicBool::new(false),
             rv_peer: AtomicI32::new(peer_pid.unwrap_or(0)),
             head_seen: AtomicU64::new(0),
+            tail_mine: AtomicU64::new(0),
+            tail_mine_pid: AtomicU64::new(0),
             closes_seen: AtomicU64::new(0),
             spin: spin_policy(),
             origin: std::sync::OnceLock::new(),
@@ -630,12 +636,33 @@ impl Conn {
     /// Free bytes in our transmit ring, at least `need` of them if there are: by the
     /// head last seen when that shows enough room, else as [`Conn::room`]. Room it
     /// reports is always there; it may report less than there is.
-    fn room_for(&self, need: usize) -> Result<(u64, u64), IoErr> {
+    fn room_for(&self, need: usize, lock: &StepLock) -> Result<(u64, u64), IoErr> {
         let ring = self.shm.ring(self.tx());
-        match ring.writable_from(self.head_seen.load(Ordering::Relaxed)) {
+        let head_seen = self.head_seen.load(Ordering::Relaxed);
+        let span = match self.tail_known(lock) {
+            Some(tail) => ring.writable_between(tail, head_seen),
+            None => ring.writable_from(head_seen),
+        };
+        match span {
             Ok(s) if s.len >= need as u64 => Ok((s.pos, s.len)),
             _ => self.room(),
         }
+    }
+
+    /// The tail this process published last, if no other process wrote since (the
+    /// lock's last holder was this process, and the tail was published by this
+    /// process, not a parent it was forked from).
+    fn tail_known(&self, lock: &StepLock) -> Option<u64> {
+        (lock.was_mine && self.tail_mine_pid.load(Ordering::Relaxed) == lock.me)
+            .then(|| self.tail_mine.load(Ordering::Relaxed))
+    }
+
+    /// Publishes the bytes of our transmit ring before `tail`, under the producer
+    /// lock `lock`, and keeps the tail for this process's next step.
+    fn publish(&self, lock: &StepLock, tail: u64) {
+        self.shm.ring(self.tx()).publish_to(tail);
+        self.tail_mine.store(tail, Ordering::Relaxed);
+        self.tail_mine_pid.store(lock.me, Ordering::Relaxed);
     }
 
     fn rx_eof(&self) -> bool {
@@ -1186,8 +1213,17 @@ impl Conn {
         // EAGAIN, a busy-polling reader) answers without the locks: nothing would be
         // consumed under them, and they cost four atomic operations per call.
         if nonblock && matches!(self.shm.ring(self.rx()).readable(), Ok(s) if s.len == 0) && !self.rx_eof() {
+            // The next bytes' line is fetched now, beside the tail's, so that the read
+            // that finds them does not wait for it after the tail (two lines the
+            // writer's core wrote, one after the other).
+            self.shm.ring(self.rx()).prefetch_head();
             if let Some(r) = self.nonblocking_result(fd, 0) {
                 return r;
+            }
+        }
+        if !waitall && self.rv_posted.load(Ordering::Relaxed) == 0 {
+            if let Some(n) = self.recv_now(iov, want, peek)? {
+                return Ok(n);
             }
         }
         let _g = self.rlock.lock().unwrap_or_else(|e| e.into_inner());
@@ -1266,6 +1302,38 @@ impl Conn {
         }
     }
 
+    /// A read that finds bytes waiting, in one step and without this process's read
+    /// lock (`None`: nothing waits, the read goes the whole way). The step lock in
+    /// the mapping keeps it from interleaving with any other reader's step; between
+    /// the steps of another thread's read (waiting for the rest of a MSG_WAITALL
+    /// read) it may take the next bytes, as a second reader of a kernel socket may
+    /// while the first waits (the kernel lets go of the socket's lock to wait). A
+    /// read of this process that posted a buffer for a rendezvous is never overtaken
+    /// (the caller checked that none is posted). The read lock was two locked
+    /// instructions on the path from the bytes' arrival to the program.
+    #[inline]
+    fn recv_now(&self, iov: &[(*mut u8, usize)], want: usize, peek: bool) -> Result<Option<usize>, IoErr> {
+        let lock = self.step_lock(self.rx(), RLOCK)?;
+        let (head, n) = self.avail()?;
+        if n == 0 {
+            return Ok(None);
+        }
+        strait_probe::probe!(strait_probe::Stage::RingFound);
+        let take = (n as usize).min(want);
+        self.copy_out(head, 0, take, iov);
+        if peek {
+            return Ok(Some(take));
+        }
+        self.shm.ring(self.rx()).consume_to(head + take as u64);
+        drop(lock);
+        strait_probe::probe!(strait_probe::Stage::RingConsumed);
+        self.wake_if(self.w(self.rx(), WSLEEP));
+        if let Some(b) = self.remote.get() {
+            b.after_read();
+        }
+        Ok(Some(take))
+    }
+
     /// Walks `len` bytes of the caller's segments (pointer, length) from byte `skip`
     /// of them: `f(ring position, caller address, bytes)` for each piece, the ring
     /// positions from `pos` on (the ring splits a piece at its end).
@@ -1329,7 +1397,7 @@ impl Conn {
             return Early::NotNow;
         }
         let Ok(lock) = self.step_lock(self.tx(), WLOCK) else { return Early::NotNow };
-        let Ok((tail, room)) = self.room_for(want) else { return Early::NotNow };
+        let Ok((tail, room)) = self.room_for(want, &lock) else { return Early::NotNow };
         let n = (room as usize).min(want);
         let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Ordering::Relaxed);
         if n == 0 || (n < want && !nonblock) {
@@ -1356,7 +1424,7 @@ impl Conn {
         }
         let k = k as usize;
         self.copy_in(tail, iov, 0, k);
-        self.shm.ring(self.tx()).publish_to(tail + k as u64);
+        self.publish(&lock, tail + k as u64);
         drop(lock);
         // An acceptor may have attached meanwhile and gone to sleep waiting for
         // these bytes: the same wake-up as any write.
@@ -1409,6 +1477,9 @@ impl Conn {
     /// Writes from the iovecs (all of it when blocking).
     pub fn send(&self, fd: c_int, iov: &[(*const u8, usize)], dontwait: bool) -> Result<usize, IoErr> {
         let want: usize = iov.iter().map(|v| v.1).sum();
+        if let Some(n) = self.send_now(iov, want)? {
+            return Ok(n);
+        }
         let _g = self.wlock.lock().unwrap_or_else(|e| e.into_inner());
         if self.wr_shut.load(Ordering::Relaxed) || self.tx_broken() {
             return Err(IoErr::Pipe);
@@ -1446,7 +1517,7 @@ impl Conn {
                     continue;
                 }
             }
-            let (tail, room) = self.room_for(want - sent)?;
+            let (tail, room) = self.room_for(want - sent, &lock)?;
             if room == 0 {
                 drop(lock);
                 if nonblock {
@@ -1461,7 +1532,7 @@ impl Conn {
             }
             let chunk = (room as usize).min(want - sent);
             self.copy_in(tail, iov, sent, chunk);
-            self.shm.ring(self.tx()).publish_to(tail + chunk as u64);
+            self.publish(&lock, tail + chunk as u64);
             drop(lock);
             strait_probe::probe!(strait_probe::Stage::RingPublished);
             self.wake_if(self.w(self.tx(), RSLEEP));
@@ -1473,6 +1544,43 @@ impl Conn {
                 return Ok(sent);
             }
         }
+    }
+
+    /// A byte-stream write that fits the room there is (by the head last seen), in
+    /// one step and without this process's write lock (`None`: it does not, or it
+    /// is for a message, a rendezvous or a connection still settling; the write goes
+    /// the whole way). The step lock in the mapping keeps it from interleaving with
+    /// any other writer's step; between the steps of another thread's write that
+    /// waits for room it may put its bytes, as a second writer of a kernel socket
+    /// may while the first waits for buffer space. The write lock was two locked
+    /// instructions on the path from the program's write to the bytes' publication.
+    #[inline]
+    fn send_now(&self, iov: &[(*const u8, usize)], want: usize) -> Result<Option<usize>, IoErr> {
+        if want == 0
+            || want >= Settings::get().rendezvous_min
+            || self.wr_shut.load(Ordering::Relaxed)
+            || self.awaiting_attach()
+            || self.messages()
+        {
+            return Ok(None);
+        }
+        let lock = self.step_lock(self.tx(), WLOCK)?;
+        if self.tx_broken() {
+            return Ok(None);
+        }
+        let (tail, room) = self.room_for(want, &lock)?;
+        if (room as usize) < want {
+            return Ok(None);
+        }
+        self.copy_in(tail, iov, 0, want);
+        self.publish(&lock, tail + want as u64);
+        drop(lock);
+        strait_probe::probe!(strait_probe::Stage::RingPublished);
+        self.wake_if(self.w(self.tx(), RSLEEP));
+        if let Some(b) = self.remote.get() {
+            b.push_inline();
+        }
+        Ok(Some(want))
     }
 
     /// True once both ends agreed on message mode. Only if this process asked for
@@ -1805,7 +1913,7 @@ impl Conn {
             let n = (room as usize).min(need - done);
             self.copy_in(tail, &parts, done, n);
             done += n;
-            self.shm.ring(self.tx()).publish_to(tail + n as u64);
+            self.publish(&lock, tail + n as u64);
             if done < need {
                 held = Some(lock);
             } else {
@@ -2032,54 +2140,101 @@ pub(crate) fn after_fork_child() {
 /// ring's worth of bytes, so a holder that keeps the word for [`STEP_LOCK_LIMIT`]
 /// is not one of ours at work: the waiter gives up (the connection resets). The
 /// waiter spins briefly, then yields, then sleeps, so it never burns a core.
-struct StepLock<'a>(&'a AtomicU64);
+struct StepLock<'a> {
+    word: &'a AtomicU64,
+    me: u64,
+    /// The last holder before this one was this process (see [`LAST_HOLDER`]).
+    was_mine: bool,
+}
 
 /// Longest time a step lock is waited for.
 const STEP_LOCK_LIMIT: Duration = Duration::from_secs(2);
+
+/// Set in a free lock word beside the process id of its last holder (0: free, last
+/// holder unknown). A producer that finds its own process there knows that no other
+/// process wrote since its own last step, so the tail it wrote then is the tail now:
+/// it need not read the shared one (a line the reader's polling keeps pulling to
+/// its own core).
+const LAST_HOLDER: u64 = 1 << 63;
 
 impl<'a> StepLock<'a> {
     fn take(word: &'a AtomicU64) -> Option<StepLock<'a>> {
         let me = process_id();
         let mut spins = 0u32;
         let mut since: Option<Instant> = None;
+        let mut seen = word.load(Ordering::Relaxed);
         loop {
-            match word.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Some(StepLock(word)),
-                Err(owner) => {
-                    spins = spins.wrapping_add(1);
-                    if !spins.is_multiple_of(256) {
-                        std::hint::spin_loop();
+            let free = seen == 0 || seen & LAST_HOLDER != 0;
+            let owner = if free {
+                match word.compare_exchange_weak(seen, me, Ordering::Acquire, Ordering::Relaxed) {
+                    Ok(_) => return Some(StepLock { word, me, was_mine: seen == me | LAST_HOLDER }),
+                    Err(now) => {
+                        seen = now;
                         continue;
                     }
-                    // SAFETY: signal 0 only asks whether the process exists.
-                    let dead = owner != 0
-                        && owner != me
-                        && unsafe { libc::kill(owner as libc::pid_t, 0) } != 0
-                        && real::errno() == libc::ESRCH;
-                    if dead && word.compare_exchange(owner, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
-                    {
-                        return Some(StepLock(word));
-                    }
-                    let start = *since.get_or_insert_with(Instant::now);
-                    let waited = start.elapsed();
-                    if waited >= STEP_LOCK_LIMIT {
-                        return None;
-                    }
-                    if waited < Duration::from_millis(1) {
-                        // SAFETY: plain syscall; the holder may need this processor.
-                        unsafe { libc::sched_yield() };
-                    } else {
-                        std::thread::sleep(Duration::from_micros(50));
-                    }
                 }
+            } else {
+                seen
+            };
+            spins = spins.wrapping_add(1);
+            if !spins.is_multiple_of(256) {
+                std::hint::spin_loop();
+                seen = word.load(Ordering::Relaxed);
+                continue;
             }
+            // SAFETY: signal 0 only asks whether the process exists.
+            let dead = owner != me
+                && unsafe { libc::kill(owner as libc::pid_t, 0) } != 0
+                && real::errno() == libc::ESRCH;
+            if dead && word.compare_exchange(owner, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return Some(StepLock { word, me, was_mine: false });
+            }
+            let start = *since.get_or_insert_with(Instant::now);
+            let waited = start.elapsed();
+            if waited >= STEP_LOCK_LIMIT {
+                return None;
+            }
+            if waited < Duration::from_millis(1) {
+                // SAFETY: plain syscall; the holder may need this processor.
+                unsafe { libc::sched_yield() };
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            seen = word.load(Ordering::Relaxed);
         }
     }
 }
 
 impl Drop for StepLock<'_> {
     fn drop(&mut self) {
-        self.0.store(0, Ordering::Release);
+        self.word.store(self.me | LAST_HOLDER, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod step_lock_tests {
+    use super::*;
+
+    /// A producer trusts the tail it wrote only when the lock says that no other
+    /// process held it since: never after another process's step, after a peer's
+    /// write of the word, or when the last holder is unknown.
+    #[test]
+    fn the_lock_says_whether_this_process_held_it_last() {
+        let word = AtomicU64::new(0);
+        let me = process_id();
+        let first = StepLock::take(&word).expect("free");
+        assert!(!first.was_mine, "a word never released says nothing");
+        assert_eq!(word.load(Ordering::Relaxed), me, "held: the holder's id");
+        drop(first);
+        assert_eq!(word.load(Ordering::Relaxed), me | LAST_HOLDER);
+        assert!(StepLock::take(&word).expect("free").was_mine);
+        // Another process released it last (a forked sibling), or the peer wrote
+        // the word (it is in memory the peer can write).
+        for other in [(me + 1) | LAST_HOLDER, 0, LAST_HOLDER, (me << 32) | me | LAST_HOLDER] {
+            word.store(other, Ordering::Relaxed);
+            let l = StepLock::take(&word).expect("free");
+            assert!(!l.was_mine, "word {other:#x}");
+        }
     }
 }
 

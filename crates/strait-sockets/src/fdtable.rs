@@ -1,7 +1,7 @@
 //! A table from descriptor number to what the library knows of it, sharded so that
 //! threads driving different descriptors share no lock.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use libc::c_int;
@@ -24,6 +24,10 @@ struct Shard<T> {
 /// it is empty a lookup is one relaxed load (no lock).
 pub struct FdTable<T> {
     live: AtomicUsize,
+    /// Counts the table's changes (every insert and removal, bumped after it): a
+    /// copy of an entry taken when it read `g` is still the entry while it reads
+    /// `g` (see [`FdTable::generation`]).
+    changes: AtomicU64,
     shards: [Shard<T>; SHARDS],
 }
 
@@ -32,6 +36,7 @@ impl<T: Shared> FdTable<T> {
     pub const fn new() -> Self {
         FdTable {
             live: AtomicUsize::new(0),
+            changes: AtomicU64::new(0),
             shards: [const { Shard { fds: RwLock::new(Vec::new()) } }; SHARDS],
         }
     }
@@ -55,6 +60,19 @@ impl<T: Shared> FdTable<T> {
         self.read(shard).get(slot).and_then(|c| c.clone())
     }
 
+    /// The table's change count: read it before a [`FdTable::lookup`], and what
+    /// that lookup found is what the descriptor refers to for as long as the count
+    /// reads the same (a cache of entries checks it instead of taking the lock).
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// One change made (under its shard's write lock, before the lock goes).
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
+    }
+
     /// True if any descriptor is in the table.
     pub fn any_live(&self) -> bool {
         self.live.load(Ordering::Relaxed) != 0
@@ -74,6 +92,7 @@ impl<T: Shared> FdTable<T> {
         if old.is_none() {
             self.live.fetch_add(1, Ordering::Relaxed);
         }
+        self.changed();
         old
     }
 
@@ -83,9 +102,11 @@ impl<T: Shared> FdTable<T> {
             return None;
         }
         let (shard, slot) = place(fd);
-        let old = self.write(shard).get_mut(slot).and_then(|c| c.take());
+        let mut t = self.write(shard);
+        let old = t.get_mut(slot).and_then(|c| c.take());
         if old.is_some() {
             self.live.fetch_sub(1, Ordering::Relaxed);
+            self.changed();
         }
         old
     }
@@ -102,7 +123,9 @@ impl<T: Shared> FdTable<T> {
             return None;
         }
         self.live.fetch_sub(1, Ordering::Relaxed);
-        entry.take()
+        let old = entry.take();
+        self.changed();
+        old
     }
 
     /// Removes every descriptor of `v`; returns how many there were.
@@ -114,6 +137,7 @@ impl<T: Shared> FdTable<T> {
                 if slot.as_ref().is_some_and(|c| c.same(v)) {
                     *slot = None;
                     self.live.fetch_sub(1, Ordering::Relaxed);
+                    self.changed();
                     removed += 1;
                 }
             }
@@ -208,5 +232,37 @@ mod tests {
         assert!(t.remove(7).is_some_and(|o| o.same(&b)));
         assert!(!t.any_live(), "every entry counted out");
         assert!(t.lookup(-1).is_none() && t.insert(-1, a).is_none());
+    }
+
+    /// A cache of entries trusts a copy while the change count reads the same: every
+    /// change that can make a copy stale moves it, and a look-up or a refused
+    /// removal does not.
+    #[test]
+    fn every_change_moves_the_generation_and_nothing_else_does() {
+        let t: FdTable<Arc<u32>> = FdTable::new();
+        let a = Arc::new(1);
+        fn changed(t: &FdTable<Arc<u32>>, g: &mut u64, what: &str) {
+            let now = t.generation();
+            assert!(now > *g, "{what} left the generation at {g}");
+            *g = now;
+        }
+        let mut g = t.generation();
+        t.insert(5, a.clone());
+        changed(&t, &mut g, "an insert");
+        t.insert(5, a.clone());
+        changed(&t, &mut g, "a replacement");
+        let before = t.generation();
+        assert!(t.lookup(5).is_some() && t.remove_if(5, |_| false).is_none() && t.remove(6).is_none());
+        assert_eq!(t.generation(), before, "look-ups and refused removals change nothing");
+        t.remove_if(5, |_| true);
+        changed(&t, &mut g, "a removal by predicate");
+        t.insert(7, a.clone());
+        g = t.generation();
+        t.remove(7);
+        changed(&t, &mut g, "a removal");
+        t.insert(8, a.clone());
+        g = t.generation();
+        assert_eq!(t.remove_all(&a), 1);
+        changed(&t, &mut g, "a removal by identity");
     }
 }

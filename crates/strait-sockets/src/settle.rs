@@ -9,17 +9,19 @@ use libc::c_int;
 
 use crate::conn::{self, Conn};
 use crate::socket::Socket;
+use crate::table::Held;
 use crate::{discover, process, remote, table};
 
 /// What the library carries behind `fd` (one look-up of the descriptor table for
 /// every kind), a TCP connection only once settled: `None` for a descriptor the
 /// kernel alone carries, or a connection that settled on the kernel.
 #[inline]
-pub(crate) fn socket(fd: c_int) -> Option<Socket> {
+pub(crate) fn socket(fd: c_int) -> Option<Held> {
     process::check_new_process();
-    match table::get(fd)? {
-        Socket::Tcp(c) => settled(fd, c).map(Socket::Tcp),
-        other => Some(other),
+    let s = table::get_held(fd)?;
+    match &*s {
+        Socket::Tcp(c) if !settled(fd, c) => None,
+        _ => Some(s),
     }
 }
 
@@ -27,16 +29,13 @@ pub(crate) fn socket(fd: c_int) -> Option<Socket> {
 /// acceptor is not settled first (its writes go out early: [`Conn::send_early`]);
 /// one whose wait is decided settles as any first use.
 #[inline]
-pub(crate) fn socket_to_write(fd: c_int) -> Option<Socket> {
+pub(crate) fn socket_to_write(fd: c_int) -> Option<Held> {
     process::check_new_process();
-    match table::get(fd)? {
-        Socket::Tcp(c) => {
-            if c.side == 0 && c.awaiting_attach() && c.try_settle(fd).is_none() {
-                return Some(Socket::Tcp(c));
-            }
-            settled(fd, c).map(Socket::Tcp)
-        }
-        other => Some(other),
+    let s = table::get_held(fd)?;
+    match &*s {
+        Socket::Tcp(c) if c.side == 0 && c.awaiting_attach() && c.try_settle(fd).is_none() => Some(s),
+        Socket::Tcp(c) if !settled(fd, c) => None,
+        _ => Some(s),
     }
 }
 
@@ -44,33 +43,34 @@ pub(crate) fn socket_to_write(fd: c_int) -> Option<Socket> {
 #[inline]
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     process::check_new_process();
-    settled(fd, table::lookup(fd)?)
+    let c = table::lookup(fd)?;
+    settled(fd, &c).then_some(c)
 }
 
-/// `c`, the connection behind `fd`, once settled (`None`: it settled on the kernel).
+/// True once `c`, the connection behind `fd`, is settled (false: it settled on the
+/// kernel).
 #[inline]
-fn settled(fd: c_int, c: Arc<Conn>) -> Option<Arc<Conn>> {
+fn settled(fd: c_int, c: &Arc<Conn>) -> bool {
     // A connection to another host: the first use waits (bounded) for the other end.
-    if let Some(ok) = remote::settle(fd, &c) {
+    if let Some(ok) = remote::settle(fd, c) {
         if !ok {
             // Counted once, where it was decided.
-            table::remove_conn(&c);
-            return None;
+            table::remove_conn(c);
         }
-        return Some(c);
+        return ok;
     }
     // A connector's first use waits (bounded) for the acceptor to attach; on a
     // non-blocking socket it does not wait (the connection answers EAGAIN until then).
     if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
         let settled = if c.nonblock.load(Ordering::Relaxed) { c.try_settle(fd) } else { Some(c.settle(fd)) };
-        let Some(attached) = settled else { return Some(c) };
+        let Some(attached) = settled else { return true };
         if !attached {
-            discover::give_up(fd, &c);
-            return None;
+            discover::give_up(fd, c);
+            return false;
         }
         if !c.counted.swap(true, Ordering::Relaxed) {
             conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
         }
     }
-    Some(c)
+    true
 }

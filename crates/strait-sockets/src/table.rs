@@ -50,6 +50,7 @@ fn put(fd: c_int, s: Socket) -> Option<Socket> {
     let old = SOCKETS.insert(fd, s);
     if let Some(o) = &old {
         counted_out(o);
+        forget_held();
     }
     old
 }
@@ -58,6 +59,109 @@ fn put(fd: c_int, s: Socket) -> Option<Socket> {
 #[inline]
 pub fn get(fd: c_int) -> Option<Socket> {
     SOCKETS.lookup(fd)
+}
+
+/// Entries of this thread's look-up cache (a descriptor's entry lives in slot
+/// `fd % HELD_SLOTS`): a busy-polling or event-loop thread drives a few sockets.
+const HELD_SLOTS: usize = 4;
+
+/// This thread's copies of the entries it looked up last, valid while the table's
+/// change count reads `changes`: a hit costs no lock and no reference count (the
+/// table's read lock and an `Arc` clone and drop were four locked instructions on
+/// every interposed call, a tenth of a busy-polled round trip).
+struct HeldCache {
+    changes: u64,
+    slots: [Option<(c_int, Socket)>; HELD_SLOTS],
+}
+
+thread_local! {
+    static HELD: std::cell::RefCell<HeldCache> =
+        const { std::cell::RefCell::new(HeldCache { changes: u64::MAX, slots: [const { None }; HELD_SLOTS] }) };
+}
+
+/// What `fd` is, if the library carries it, as [`get`], but from this thread's cache
+/// when the table has not changed since the entry was cached (one load): the entry
+/// goes back to the cache when the [`Held`] is dropped.
+#[inline]
+pub fn get_held(fd: c_int) -> Option<Held> {
+    if !SOCKETS.any_live() || fd < 0 {
+        return None;
+    }
+    let changes = SOCKETS.generation();
+    let slot = fd as usize % HELD_SLOTS;
+    let mut stale: [Option<(c_int, Socket)>; HELD_SLOTS] = [const { None }; HELD_SLOTS];
+    let hit = HELD
+        .try_with(|h| {
+            let mut h = h.try_borrow_mut().ok()?;
+            if h.changes != changes {
+                // The table changed: every copy may be stale (dropped below, after
+                // the borrow: a last reference's drop may call back in here).
+                stale = std::mem::replace(&mut h.slots, [const { None }; HELD_SLOTS]);
+                h.changes = changes;
+                return None;
+            }
+            match h.slots[slot].take() {
+                Some((f, s)) if f == fd => Some(s),
+                other => {
+                    h.slots[slot] = other;
+                    None
+                }
+            }
+        })
+        .ok()
+        .flatten();
+    drop(stale);
+    let s = match hit {
+        Some(s) => s,
+        None => SOCKETS.lookup(fd)?,
+    };
+    Some(Held { fd, changes, socket: Some(s) })
+}
+
+/// An entry of the descriptor table in use by this thread ([`get_held`]); it goes
+/// back to the thread's cache when dropped (if the table has not changed since).
+pub struct Held {
+    fd: c_int,
+    changes: u64,
+    socket: Option<Socket>,
+}
+
+impl std::ops::Deref for Held {
+    type Target = Socket;
+    fn deref(&self) -> &Socket {
+        // Only `drop` takes it.
+        self.socket.as_ref().expect("a held entry has its socket until dropped")
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut back = self.socket.take();
+        let slot = self.fd as usize % HELD_SLOTS;
+        let mut evicted = None;
+        let _ = HELD.try_with(|h| {
+            let Ok(mut h) = h.try_borrow_mut() else { return };
+            if h.changes != self.changes || SOCKETS.generation() != self.changes {
+                return;
+            }
+            evicted = std::mem::replace(&mut h.slots[slot], back.take().map(|s| (self.fd, s)));
+        });
+        // Outside the borrow: dropping a last reference may call back in.
+        drop(evicted);
+        drop(back);
+    }
+}
+
+/// Empties this thread's cache now (it changed the table: a copy of what it
+/// removed must not keep the socket alive until this thread's next look-up).
+fn forget_held() {
+    let mut stale: [Option<(c_int, Socket)>; HELD_SLOTS] = [const { None }; HELD_SLOTS];
+    let _ = HELD.try_with(|h| {
+        if let Ok(mut h) = h.try_borrow_mut() {
+            stale = std::mem::replace(&mut h.slots, [const { None }; HELD_SLOTS]);
+        }
+    });
+    drop(stale);
 }
 
 /// The TCP connection behind `fd`, if it is one of ours.
@@ -115,6 +219,7 @@ pub fn remove(fd: c_int) -> Option<Arc<Conn>> {
     }
     let s = SOCKETS.remove_if(fd, |s| matches!(s, Socket::Tcp(_)))?;
     counted_out(&s);
+    forget_held();
     s.tcp()
 }
 
@@ -125,6 +230,7 @@ pub fn remove_udp(fd: c_int) {
     }
     if let Some(s) = SOCKETS.remove_if(fd, |s| matches!(s, Socket::Udp(_))) {
         counted_out(&s);
+        forget_held();
         drop_socket_ref(s);
     }
 }
@@ -145,6 +251,7 @@ pub fn dup(old: c_int, new: c_int) {
         None => SOCKETS.remove(new).inspect(counted_out),
     };
     if let Some(p) = prev {
+        forget_held();
         drop_socket_ref(p);
     }
 }
@@ -190,6 +297,7 @@ pub fn remove_listening(fd: c_int) {
     }
     if let Some(s) = SOCKETS.remove_if(fd, |s| matches!(s, Socket::Listening(_))) {
         counted_out(&s);
+        forget_held();
     }
 }
 
@@ -197,6 +305,7 @@ pub fn remove_listening(fd: c_int) {
 pub fn remove_conn(conn: &Arc<Conn>) {
     let n = SOCKETS.remove_all(&Socket::Tcp(conn.clone()));
     TCP_FDS.fetch_sub(n, Ordering::Relaxed);
+    forget_held();
 }
 
 /// The table's write locks, taken.
@@ -280,5 +389,55 @@ pub fn drop_ref_closed(conn: Arc<Conn>, ids: Option<(Key, Key)>) {
     if conn.fdrefs.fetch_sub(1, Ordering::AcqRel) == 1 {
         conn.release_closed(ids);
         epoll::forget_conn(&conn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Descriptors no other test of this binary uses (the table is the process's).
+    const FD: c_int = 1_000_001;
+
+    fn listening_at(fd: c_int) -> Arc<Listening> {
+        let l = Arc::new(Listening::default());
+        if let Some(old) = put(fd, Socket::Listening(l.clone())) {
+            drop_socket_ref(old);
+        }
+        l
+    }
+
+    fn held_listening(fd: c_int) -> Option<Arc<Listening>> {
+        get_held(fd).and_then(|h| (*h).clone().listening())
+    }
+
+    #[test]
+    fn a_cached_entry_is_never_what_the_descriptor_no_longer_is() {
+        let first = listening_at(FD);
+        let got = held_listening(FD).expect("carried");
+        assert!(Arc::ptr_eq(&got, &first));
+        drop(got);
+        // Cached now: found again, the same object.
+        assert!(held_listening(FD).is_some_and(|l| Arc::ptr_eq(&l, &first)));
+        // Replaced: the cache must not answer with the old one.
+        let second = listening_at(FD);
+        assert!(held_listening(FD).is_some_and(|l| Arc::ptr_eq(&l, &second)));
+        // Closed: not carried any more, and this thread's cache does not keep it alive.
+        remove_listening(FD);
+        assert!(get_held(FD).is_none());
+        assert_eq!(Arc::strong_count(&second), 1, "only the test holds the closed socket");
+        assert_eq!(Arc::strong_count(&first), 1);
+    }
+
+    #[test]
+    fn a_change_made_while_an_entry_is_in_use_keeps_it_out_of_the_cache() {
+        const FD2: c_int = FD + 1;
+        let l = listening_at(FD2);
+        let held = get_held(FD2).expect("carried");
+        // Another thread closes the descriptor while this one uses the entry.
+        std::thread::scope(|s| s.spawn(|| remove_listening(FD2)).join().expect("closer"));
+        drop(held);
+        assert!(get_held(FD2).is_none());
+        assert_eq!(Arc::strong_count(&l), 1, "the entry in use went back to no cache");
     }
 }

@@ -47,6 +47,16 @@ pub struct DgramRing<'a, M: ?Sized> {
     mem: &'a M,
 }
 
+/// What a ring's sole producer knows of the positions without reading them
+/// ([`DgramRing::push_as_sole_producer`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProducerView {
+    /// The consumers' head as last read (heads only grow: room by it is there).
+    pub head_seen: u64,
+    /// The tail this producer stored last (`None`: not yet; it is read once).
+    pub tail: Option<u64>,
+}
+
 /// What [`DgramRing::push`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pushed {
@@ -195,7 +205,7 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
     /// Producer: appends a datagram of `len` bytes, which `fill(area, payload
     /// offset)` writes. Callers serialize producers.
     pub fn push(&self, len: usize, fill: impl FnOnce(&M, usize)) -> Result<Pushed, Corrupt> {
-        self.push_seen(None, len, fill)
+        self.push_seen(None, None, len, fill)
     }
 
     /// Producer: [`DgramRing::push`] that first trusts `head_seen`, the consumers'
@@ -209,12 +219,27 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
         len: usize,
         fill: impl FnOnce(&M, usize),
     ) -> Result<Pushed, Corrupt> {
-        self.push_seen(Some(head_seen), len, fill)
+        self.push_seen(Some(head_seen), None, len, fill)
+    }
+
+    /// Producer: [`DgramRing::push_from`] by a producer that is the ring's only one
+    /// for the ring's life (no other process or thread ever stores its tail): the
+    /// tail it stored last is the tail, so the shared one is not read (a line the
+    /// polling consumers keep pulling to their cores). `view` starts as
+    /// [`ProducerView::default`].
+    pub fn push_as_sole_producer(
+        &self,
+        view: &mut ProducerView,
+        len: usize,
+        fill: impl FnOnce(&M, usize),
+    ) -> Result<Pushed, Corrupt> {
+        self.push_seen(Some(&mut view.head_seen), Some(&mut view.tail), len, fill)
     }
 
     fn push_seen(
         &self,
         seen: Option<&mut u64>,
+        tail_known: Option<&mut Option<u64>>,
         len: usize,
         fill: impl FnOnce(&M, usize),
     ) -> Result<Pushed, Corrupt> {
@@ -223,7 +248,10 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
         if rec > size {
             return Ok(Pushed::Full);
         }
-        let tail = self.tail.load(Ordering::Relaxed);
+        let tail = match tail_known.as_deref() {
+            Some(Some(t)) => *t,
+            _ => self.tail.load(Ordering::Relaxed),
+        };
         let off = (tail % size as u64) as usize;
         let waste = if size - off < rec { size - off } else { 0 };
         let fits = |head: u64| head <= tail && (tail - head) as usize + waste + rec <= size;
@@ -254,7 +282,11 @@ impl<'a, M: WordArea + ?Sized> DgramRing<'a, M> {
         let at = (off + waste) % size;
         fill(self.mem, at + RECORD_HDR);
         self.mem.word(at).store(len as u64 | (KIND_DATA << 32), Ordering::Relaxed);
-        self.tail.store(tail + (waste + rec) as u64, Ordering::Release);
+        let next = tail + (waste + rec) as u64;
+        self.tail.store(next, Ordering::Release);
+        if let Some(t) = tail_known {
+            *t = Some(next);
+        }
         Ok(Pushed::Sent)
     }
 
@@ -331,6 +363,32 @@ mod tests {
                 assert!(off + len <= crate::area::ByteArea::size(mm), "record outside the area");
                 DgramRing::store(mm, off, &vec![7u8; len]);
             });
+        }
+    }
+
+    /// A sole producer keeps its own tail: a consumer that rewrites the tail word
+    /// changes nothing it writes (no record lands where the lie points, no lie makes
+    /// it refuse), and every datagram still arrives once, intact, in order, across
+    /// many wraps.
+    #[test]
+    fn a_sole_producer_writes_by_its_own_tail_whatever_the_shared_word_says() {
+        let mut buf = vec![0u64; 8]; // 64 bytes: a wrap every few datagrams
+        let m = area(&mut buf);
+        let (tail, head) = (AtomicU64::new(0), AtomicU64::new(0));
+        let r = DgramRing::new(&tail, &head, &m);
+        let mut view = ProducerView::default();
+        for i in 0..200u8 {
+            let before = view.tail.unwrap_or(0);
+            match i % 3 {
+                1 => tail.store(before + 8, Ordering::Relaxed),
+                2 => tail.store(u64::MAX - 7, Ordering::Relaxed),
+                _ => {}
+            }
+            let d = [i; 12];
+            let pushed = r.push_as_sole_producer(&mut view, 12, |mm, off| DgramRing::store(mm, off, &d));
+            assert_eq!(pushed.expect("its own positions are sound"), Pushed::Sent, "datagram {i}");
+            assert_eq!(view.tail, Some(tail.load(Ordering::Relaxed)), "the view is the published tail");
+            assert_eq!(recv(&r).expect("the datagram just sent"), d.to_vec(), "datagram {i}");
         }
     }
 

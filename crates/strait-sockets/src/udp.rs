@@ -57,7 +57,7 @@ use crate::trust::{self, Proto};
 use crate::wait::{signals_restart, sock_timeout};
 use strait_core::spin::{SpinPolicy, WaitOutcome};
 use strait_shm::area::MappedArea;
-use strait_shm::dgram::{DgramRing, Pushed};
+use strait_shm::dgram::{DgramRing, ProducerView, Pushed};
 use strait_sys::mmap::Mapping;
 
 const MAGIC: u64 = 0x3130_5044_5554_5253; // "SRTUDP01"
@@ -294,9 +294,10 @@ struct OutChan {
     /// The receiver's doorbell, once its answer arrived.
     efd: AtomicI32,
     gen: u64,
-    /// Serializes this process's senders on the ring; holds the receivers' head as
-    /// they last read it (see `DgramRing::push_from`).
-    lock: Mutex<u64>,
+    /// Serializes this process's senders on the ring (it is the ring's only
+    /// producer: a forked child sets up channels of its own); holds what the
+    /// producer knows of the positions (see `DgramRing::push_as_sole_producer`).
+    lock: Mutex<ProducerView>,
     dead: AtomicBool,
     /// Sends that found the ring full.
     full: AtomicUsize,
@@ -390,7 +391,7 @@ impl OutChan {
         if self.map.word(RSLEEP).load(Ordering::Relaxed) != 0 && self.receiver_gone() {
             return Push::Dead;
         }
-        let mut head_seen = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut view = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let ring = self.map.dgram();
         let fill = |area: &MappedArea, mut dst: usize| {
             for &(p, l) in iov {
@@ -403,7 +404,7 @@ impl OutChan {
         };
         let mut yielded = false;
         loop {
-            match ring.push_from(&mut head_seen, len, fill) {
+            match ring.push_as_sole_producer(&mut view, len, fill) {
                 Ok(Pushed::Sent) => break,
                 Err(_) => {
                     self.dead.store(true, Ordering::Relaxed);
@@ -430,7 +431,7 @@ impl OutChan {
             return Push::Dropped;
         }
         strait_probe::probe!(strait_probe::Stage::RingPublished);
-        drop(head_seen);
+        drop(view);
         SENT.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let sleep = self.map.word(RSLEEP);
@@ -774,14 +775,19 @@ impl UdpSock {
         if let Some(g) = self.take_shm(iov, peek) {
             return give(g, deliver);
         }
-        let spin_start = Instant::now();
-        let budget = self.spin.next_budget(self.spin.is_adaptive() && crate::settings::crowded(spin_start));
-        let spin_end = spin_start + budget;
-        // Tells the socket's spin policy how this receive's wait ended.
+        // A blocked receive spins first (a non-blocking one neither spins nor reads
+        // the clock for it: a busy-polling program makes millions of these).
+        let spin_start = (!nonblock).then(Instant::now);
+        let spin_end = spin_start.map(|start| {
+            start + self.spin.next_budget(self.spin.is_adaptive() && crate::settings::crowded(start))
+        });
+        // Tells the socket's spin policy how this blocked receive's wait ended.
         let learn = |slept: bool| {
-            self.spin.record(WaitOutcome { waited: spin_start.elapsed(), slept });
+            if let Some(start) = spin_start {
+                self.spin.record(WaitOutcome { waited: start.elapsed(), slept });
+            }
         };
-        let mut yield_at = spin_start + YIELD_EVERY;
+        let mut yield_at = spin_start.map(|start| start + YIELD_EVERY);
         // Look at the kernel socket and the marker when they were not looked at for a
         // while: [`KCHECK`] while a blocked receive spins. A non-blocking miss looks
         // unless the last look, less than [`KCHECK_NONBLOCKING`] ago, found both
@@ -823,14 +829,15 @@ impl UdpSock {
                 return -1;
             }
             let now = Instant::now();
-            if now >= spin_end {
+            let (Some(end), Some(at)) = (spin_end, yield_at) else { break };
+            if now >= end {
                 break;
             }
             // Past the first microseconds, let a peer that shares this core run (a
             // ping-pong over an oversubscribed machine would otherwise cost each side
             // a whole spin per message).
-            if now >= yield_at {
-                yield_at = now + YIELD_EVERY;
+            if now >= at {
+                yield_at = Some(now + YIELD_EVERY);
                 // SAFETY: plain syscall.
                 unsafe { libc::sched_yield() };
             }
@@ -1228,7 +1235,7 @@ fn open_channel(fd: c_int, dest: Key, gen: u64, u: c_int) -> Option<OutChan> {
         hello: h,
         efd: AtomicI32::new(-1),
         gen,
-        lock: Mutex::new(0),
+        lock: Mutex::new(ProducerView::default()),
         dead: AtomicBool::new(false),
         full: AtomicUsize::new(0),
     })

@@ -76,6 +76,17 @@ fn signals_interrupt_or_restart_blocking_reads_and_rcvtimeo_expires() {
 }
 
 #[test]
+fn a_signal_during_an_epoll_waits_spin_ends_it_with_eintr() {
+    // The server's spin budget (3 s, fixed) outlasts the alarm (100 ms): the signal
+    // comes while its epoll_wait spins. Delivered then, its handler would run and the
+    // wait go on (to sleep for ever); held, it ends the spin and the sleep's mask lets
+    // it through: EINTR.
+    let (s, _) = checked(pair_with(true, true, "epollsignal", "sink", &[("STRAIT_SPIN_US", "3000000")], &[]));
+    assert!(s.stdout.contains("epoll signal ok"), "{}", s.stdout);
+    assert_eq!(accelerated(&s), 1);
+}
+
+#[test]
 fn prefork_workers_sharing_a_listener_all_attach() {
     // (Every short connection set up: the workers' claims are what is tested.)
     let (s, c) = checked(pair_env(true, true, "prefork", "prefork", &[("STRAIT_SETUP", "always")]));

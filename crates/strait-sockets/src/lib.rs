@@ -30,6 +30,7 @@ mod local;
 mod pair;
 mod real;
 mod settings;
+mod sigmask;
 mod sock;
 mod trust;
 mod vault;

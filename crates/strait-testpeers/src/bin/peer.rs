@@ -227,6 +227,29 @@ fn signals_server(fd: c_int) {
     println!("signals ok");
 }
 
+/// `epoll_wait` is never restarted after a signal handler, SA_RESTART or not: the
+/// alarm ends it with EINTR, also when it comes while the wait spins (the test runs
+/// this server with a spin budget longer than the alarm's delay).
+fn epoll_signal_server(fd: c_int) {
+    // SAFETY: a new epoll set watching the connection; local event buffers.
+    unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        assert!(ep >= 0);
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 7 };
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
+        alarm_handler(true);
+        let t = Instant::now();
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        let n = libc::epoll_wait(ep, out.as_mut_ptr(), 4, -1);
+        let waited = t.elapsed();
+        assert!(n == -1 && errno() == libc::EINTR, "interrupted epoll_wait: {n} {}", errno());
+        assert!(waited < Duration::from_millis(1500), "EINTR came {waited:?} after the wait began");
+        libc::close(ep);
+    }
+    write_all(fd, b"k");
+    println!("epoll signal ok");
+}
+
 fn poll1(fd: c_int, events: i16, ms: c_int) -> i16 {
     let mut p = libc::pollfd { fd, events, revents: 0 };
     // SAFETY: one pollfd.
@@ -1159,6 +1182,7 @@ fn main() {
             println!("fork ok");
         }
         ("server", "signals") => signals_server(fd),
+        ("server", "epollsignal") => epoll_signal_server(fd),
         ("server", "extras") => extras_server(fd),
         ("client", "extras") => extras_client(fd),
         ("client", "signals") => {

@@ -80,7 +80,7 @@ mod tests {
             RAN.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         // SAFETY: a handler that only stores to an atomic; SIGUSR2 is this test's.
-        unsafe { libc::signal(libc::SIGUSR2, on as libc::sighandler_t) };
+        unsafe { libc::signal(libc::SIGUSR2, on as *const () as libc::sighandler_t) };
         let g = block_all().expect("mask");
         // SAFETY: to this thread.
         unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGUSR2) };

@@ -956,9 +956,14 @@ pub unsafe fn wait(
     }
     // A first look without spinning: not one of ours, or something ready.
     // SAFETY: the caller's contract.
-    match unsafe { wait_once(epfd, events, max, Some(Duration::ZERO), None) } {
-        Some(0) => {}
+    let ours = match unsafe { wait_once(epfd, events, max, Some(Duration::ZERO), None) } {
+        Some(0) => true,
+        None => false,
         other => return other,
+    };
+    if !ours {
+        // SAFETY: the caller's contract.
+        return unsafe { wait_kernel_set(epfd, events, max, timeout) };
     }
     let start = Instant::now();
     let budget = SPIN.with(|s| {
@@ -1008,6 +1013,61 @@ pub unsafe fn wait(
     };
     drop(unblocked);
     r
+}
+
+/// `epoll_wait` on a set of the kernel's alone (no accelerated member), spinning
+/// first as [`wait`] does on ours: each turn a zero-timeout `epoll_wait`. A server
+/// whose connections stay on the kernel (a connection per request) and its client
+/// then answer each other without sleeping, and without the wake-up that each of
+/// them would otherwise pay the other. `None`: not spun (the caller's `epoll_wait`
+/// goes to the kernel as it is).
+///
+/// # Safety
+/// `events` has room for `max` entries.
+unsafe fn wait_kernel_set(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: Option<Duration>,
+) -> Option<c_int> {
+    if max <= 0 {
+        return None;
+    }
+    let start = Instant::now();
+    let budget = SPIN.with(|s| {
+        let s = s.get_or_init(crate::settings::spin_policy);
+        s.next_budget(s.is_adaptive() && crate::settings::crowded(start))
+    });
+    if budget.is_zero() {
+        return None;
+    }
+    let unblocked = crate::sigmask::block_all()?;
+    let mut turns = 0u32;
+    let caught = loop {
+        // SAFETY: the caller's buffer of `max` entries.
+        let r = unsafe { real::epoll_wait(epfd, events, max, 0) };
+        if r != 0 {
+            break r;
+        }
+        turns = turns.wrapping_add(1);
+        if start.elapsed() >= budget || (turns.is_multiple_of(16) && unblocked.signal_waits()) {
+            break 0;
+        }
+        std::hint::spin_loop();
+    };
+    let r = if caught == 0 {
+        let rest = timeout.map(|t| t.saturating_sub(start.elapsed()));
+        let ms = rest.map_or(-1, |t| c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX));
+        // SAFETY: the caller's buffer; the thread's own saved mask.
+        let r = unsafe { kernel_wait(epfd, events, max, ms, Some(unblocked.as_ptr())) };
+        record_spin(start, true, Some(r));
+        r
+    } else {
+        record_spin(start, false, Some(caught));
+        caught
+    };
+    drop(unblocked);
+    Some(r)
 }
 
 /// Teaches the thread's spin policy how a wait that spun ended (one that failed,

@@ -562,10 +562,17 @@ impl Conn {
     /// that keeps the word held (it lives in memory the peer can write) resets
     /// the connection after a bound instead of holding this process forever.
     fn step_lock(&self, d: usize, off: usize) -> Result<StepLock<'_>, IoErr> {
-        StepLock::take(self.w(d, off)).ok_or_else(|| {
+        let lock = StepLock::take(self.w(d, off)).ok_or_else(|| {
             self.peer_dead.store(true, Ordering::Relaxed);
             IoErr::Reset
-        })
+        })?;
+        if off == WLOCK && !lock.was_mine {
+            // Another process wrote since this one's last step: the tail kept is
+            // stale, and stays forgotten even if this step publishes nothing (its
+            // release names this process as the last holder all the same).
+            self.tail_mine_pid.store(0, Ordering::Relaxed);
+        }
+        Ok(lock)
     }
 
     fn tx(&self) -> usize {

@@ -1229,7 +1229,7 @@ impl Conn {
             }
         }
         if !waitall && self.rv_posted.load(Ordering::Relaxed) == 0 {
-            if let Some(n) = self.recv_now(iov, want, peek)? {
+            if let Some(n) = self.read_step(iov, 0, want, peek)? {
                 return Ok(n);
             }
         }
@@ -1242,21 +1242,9 @@ impl Conn {
                     return Ok(n);
                 }
             }
-            let lock = self.step_lock(self.rx(), RLOCK)?;
-            let (head, n) = self.avail()?;
-            if n > 0 {
-                strait_probe::probe!(strait_probe::Stage::RingFound);
-                let take = (n as usize).min(want - got);
-                self.copy_out(head, got, take, iov);
+            if let Some(take) = self.read_step(iov, got, want - got, peek)? {
                 if peek {
                     return Ok(take);
-                }
-                self.shm.ring(self.rx()).consume_to(head + take as u64);
-                drop(lock);
-                strait_probe::probe!(strait_probe::Stage::RingConsumed);
-                self.wake_if(self.w(self.rx(), WSLEEP));
-                if let Some(b) = self.remote.get() {
-                    b.after_read();
                 }
                 got += take;
                 if got == want || !waitall || nonblock {
@@ -1264,7 +1252,6 @@ impl Conn {
                 }
                 continue;
             }
-            drop(lock);
             if self.rx_eof() {
                 return Ok(got);
             }
@@ -1309,8 +1296,10 @@ impl Conn {
         }
     }
 
-    /// A read that finds bytes waiting, in one step and without this process's read
-    /// lock (`None`: nothing waits, the read goes the whole way). The step lock in
+    /// One step of a read: up to `want` bytes into the caller's segments from their
+    /// byte `skip` on, under the step lock (`None`: nothing waits). Called first
+    /// without this process's read lock, for a read that finds bytes waiting (then
+    /// the read goes no further). The step lock in
     /// the mapping keeps it from interleaving with any other reader's step; between
     /// the steps of another thread's read (waiting for the rest of a MSG_WAITALL
     /// read) it may take the next bytes, as a second reader of a kernel socket may
@@ -1319,7 +1308,13 @@ impl Conn {
     /// (the caller checked that none is posted). The read lock was two locked
     /// instructions on the path from the bytes' arrival to the program.
     #[inline]
-    fn recv_now(&self, iov: &[(*mut u8, usize)], want: usize, peek: bool) -> Result<Option<usize>, IoErr> {
+    fn read_step(
+        &self,
+        iov: &[(*mut u8, usize)],
+        skip: usize,
+        want: usize,
+        peek: bool,
+    ) -> Result<Option<usize>, IoErr> {
         let lock = self.step_lock(self.rx(), RLOCK)?;
         let (head, n) = self.avail()?;
         if n == 0 {
@@ -1327,7 +1322,7 @@ impl Conn {
         }
         strait_probe::probe!(strait_probe::Stage::RingFound);
         let take = (n as usize).min(want);
-        self.copy_out(head, 0, take, iov);
+        self.copy_out(head, skip, take, iov);
         if peek {
             return Ok(Some(take));
         }

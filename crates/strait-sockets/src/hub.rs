@@ -139,7 +139,10 @@ pub(crate) fn forget(bell: c_int) {
             unsafe { real::epoll_ctl(*epfd, libc::EPOLL_CTL_DEL, bell, &mut e) };
         }
     }
-    HUB.with(|h| {
+    // `try_with`: a pair can be let go while this thread exits (its last holder a
+    // closed connection kept in the thread's cache of descriptor-table entries,
+    // dropped with the thread's other locals), after this thread's hub is gone.
+    let _ = HUB.try_with(|h| {
         if let Ok(mut h) = h.try_borrow_mut() {
             if let Some(hub) = h.as_mut() {
                 hub.bells.retain(|&b| b != bell);

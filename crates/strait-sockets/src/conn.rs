@@ -1533,14 +1533,7 @@ impl Conn {
                 }
             }
             let chunk = (room as usize).min(want - sent);
-            self.copy_in(tail, iov, sent, chunk);
-            self.publish(&lock, tail + chunk as u64);
-            drop(lock);
-            strait_probe::probe!(strait_probe::Stage::RingPublished);
-            self.wake_if(self.w(self.tx(), RSLEEP));
-            if let Some(b) = self.remote.get() {
-                b.push_inline();
-            }
+            self.write_step(lock, tail, iov, sent, chunk);
             sent += chunk;
             if sent == want {
                 return Ok(sent);
@@ -1574,15 +1567,23 @@ impl Conn {
         if (room as usize) < want {
             return Ok(None);
         }
-        self.copy_in(tail, iov, 0, want);
-        self.publish(&lock, tail + want as u64);
+        self.write_step(lock, tail, iov, 0, want);
+        Ok(Some(want))
+    }
+
+    /// One step of a write, under the producer lock `lock` (let go here): `len`
+    /// bytes of the caller's segments from their byte `skip` on, copied in at `tail`
+    /// (inside the room the caller found) and published; then the reader is woken if
+    /// it sleeps.
+    fn write_step(&self, lock: StepLock, tail: u64, iov: &[(*const u8, usize)], skip: usize, len: usize) {
+        self.copy_in(tail, iov, skip, len);
+        self.publish(&lock, tail + len as u64);
         drop(lock);
         strait_probe::probe!(strait_probe::Stage::RingPublished);
         self.wake_if(self.w(self.tx(), RSLEEP));
         if let Some(b) = self.remote.get() {
             b.push_inline();
         }
-        Ok(Some(want))
     }
 
     /// True once both ends agreed on message mode. Only if this process asked for

@@ -965,55 +965,14 @@ pub unsafe fn wait(
         // SAFETY: the caller's contract.
         return unsafe { wait_kernel_set(epfd, events, max, timeout) };
     }
-    let start = Instant::now();
-    let budget = spin_budget(start);
-    if budget.is_zero() {
+    spin_then_sleep(
+        timeout,
+        Looks { per_clock: 8, per_signal_check: 64 },
         // SAFETY: the caller's contract.
-        return unsafe { wait_once(epfd, events, max, timeout, None) };
-    }
-    let Some(unblocked) = crate::sigmask::block_all() else {
-        // SAFETY: the caller's contract.
-        return unsafe { wait_once(epfd, events, max, timeout, None) };
-    };
-    let mut turns = 0u32;
-    let caught = loop {
-        // SAFETY: the caller's contract.
-        match unsafe { wait_once(epfd, events, max, Some(Duration::ZERO), None) } {
-            Some(0) => {}
-            other => break other,
-        }
-        turns = turns.wrapping_add(1);
-        // The clock every 8 turns (a turn is a look at the whole set); a signal that
-        // came meanwhile ends the spin every 64 (the sleep then delivers it and the
-        // wait ends with EINTR, a few microseconds after the kernel's would).
-        if turns.is_multiple_of(8) {
-            let now = Instant::now();
-            if now >= start + budget {
-                break Some(0);
-            }
-            give_way();
-        }
-        if turns.is_multiple_of(64) && unblocked.signal_waits() {
-            break Some(0);
-        }
-        std::hint::spin_loop();
-    };
-    let r = match caught {
-        Some(0) => {
-            // Nothing came: sleep for the rest of the timeout, signals let through.
-            let rest = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            // SAFETY: the caller's contract; the mask is the thread's own, saved.
-            let r = unsafe { wait_once(epfd, events, max, rest, Some(unblocked.as_ptr())) };
-            record_spin(start, true, r);
-            r
-        }
-        other => {
-            record_spin(start, false, other);
-            other
-        }
-    };
-    drop(unblocked);
-    r
+        || unsafe { wait_once(epfd, events, max, Some(Duration::ZERO), None) },
+        // SAFETY: the caller's contract; the mask is the thread's own, saved.
+        |rest, mask| unsafe { wait_once(epfd, events, max, rest, mask) },
+    )
 }
 
 /// `epoll_wait` on a set of the kernel's alone (no accelerated member), spinning
@@ -1034,40 +993,79 @@ unsafe fn wait_kernel_set(
     if max <= 0 {
         return None;
     }
+    spin_then_sleep(
+        timeout,
+        // Each look is a system call: the clock at every one.
+        Looks { per_clock: 1, per_signal_check: 16 },
+        // SAFETY: the caller's buffer of `max` entries.
+        || Some(unsafe { real::epoll_wait(epfd, events, max, 0) }),
+        |rest, mask| {
+            // Not spun: the caller's own call.
+            let mask = mask?;
+            let ms = rest.map_or(-1, |t| c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX));
+            // SAFETY: the caller's buffer; the thread's own saved mask.
+            Some(unsafe { kernel_wait(epfd, events, max, ms, Some(mask)) })
+        },
+    )
+}
+
+/// How often a spin does its slower checks, in looks at the set.
+struct Looks {
+    /// Looks per clock reading (and yield of the core: [`give_way`]).
+    per_clock: u32,
+    /// Looks per check for a signal held back (a system call).
+    per_signal_check: u32,
+}
+
+/// The spin of a wait that found nothing ready, then its sleep: `look` (a
+/// zero-timeout look at the set; any answer but `Some(0)` ends the spin and is the
+/// wait's) for as long as the thread's budget allows, signals held meanwhile; then
+/// `sleep(rest of the timeout, the saved mask to sleep with)`. With no budget (or
+/// no way to hold signals) it only sleeps, with no mask.
+fn spin_then_sleep(
+    timeout: Option<Duration>,
+    looks: Looks,
+    mut look: impl FnMut() -> Option<c_int>,
+    sleep: impl FnOnce(Option<Duration>, Option<*const sigset_t>) -> Option<c_int>,
+) -> Option<c_int> {
     let start = Instant::now();
     let budget = spin_budget(start);
-    if budget.is_zero() {
-        return None;
-    }
-    let unblocked = crate::sigmask::block_all()?;
+    let unblocked = if budget.is_zero() { None } else { crate::sigmask::block_all() };
+    let Some(unblocked) = unblocked else { return sleep(timeout, None) };
     let mut turns = 0u32;
     let caught = loop {
-        // SAFETY: the caller's buffer of `max` entries.
-        let r = unsafe { real::epoll_wait(epfd, events, max, 0) };
-        if r != 0 {
-            break r;
+        match look() {
+            Some(0) => {}
+            other => break other,
         }
         turns = turns.wrapping_add(1);
-        let now = Instant::now();
-        if now >= start + budget || (turns.is_multiple_of(16) && unblocked.signal_waits()) {
-            break 0;
+        // A signal that came meanwhile ends the spin (the sleep then delivers it and
+        // the wait ends with EINTR, a few microseconds after the kernel's would).
+        if turns.is_multiple_of(looks.per_clock) {
+            if Instant::now() >= start + budget {
+                break Some(0);
+            }
+            give_way();
         }
-        give_way();
+        if turns.is_multiple_of(looks.per_signal_check) && unblocked.signal_waits() {
+            break Some(0);
+        }
         std::hint::spin_loop();
     };
-    let r = if caught == 0 {
-        let rest = timeout.map(|t| t.saturating_sub(start.elapsed()));
-        let ms = rest.map_or(-1, |t| c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX));
-        // SAFETY: the caller's buffer; the thread's own saved mask.
-        let r = unsafe { kernel_wait(epfd, events, max, ms, Some(unblocked.as_ptr())) };
-        record_spin(start, true, Some(r));
-        r
-    } else {
-        record_spin(start, false, Some(caught));
-        caught
+    let r = match caught {
+        Some(0) => {
+            // Nothing came: sleep for the rest of the timeout, signals let through.
+            let r = sleep(timeout.map(|t| t.saturating_sub(start.elapsed())), Some(unblocked.as_ptr()));
+            record_spin(start, true, r);
+            r
+        }
+        other => {
+            record_spin(start, false, other);
+            other
+        }
     };
     drop(unblocked);
-    Some(r)
+    r
 }
 
 /// Lets a thread that waits for this core run (each look at the clock of a spin:

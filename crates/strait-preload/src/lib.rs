@@ -16,7 +16,7 @@ use libc::{
     c_char, c_int, c_uint, c_ulong, c_void, epoll_event, iovec, msghdr, nfds_t, pid_t, pollfd, sigset_t,
     size_t, sockaddr, socklen_t, ssize_t, timespec, FILE,
 };
-use strait_sockets::{calls, exec, stdio};
+use strait_sockets::{calls, exec, sigmask, stdio};
 
 /// Exports `name` with libc's signature, forwarding to `$module::name`.
 macro_rules! shims {
@@ -109,6 +109,14 @@ shims! { exec:
     popen(command: *const c_char, mode: *const c_char) -> *mut FILE;
     pclose(f: *mut FILE) -> c_int;
     vfork() -> pid_t;
+}
+
+shims! { sigmask:
+    sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+    signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    sigset(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
 }
 
 shims! { stdio:

@@ -76,6 +76,19 @@ fn signals_interrupt_or_restart_blocking_reads_and_rcvtimeo_expires() {
 }
 
 #[test]
+fn a_signal_during_a_blocked_reads_spin_ends_it_as_the_kernel_would() {
+    // The same reads, with a spin budget (3 s, fixed) that outlasts the alarm (100
+    // ms): the signal comes while the read spins. Run then, its handler would be
+    // followed by more waiting (the client stays silent until told: a hang where the
+    // kernel's read returned EINTR); held, it ends the spin and the sleep's mask lets
+    // it through. With SA_RESTART the read goes on to the data, as the kernel's.
+    let spin = [("STRAIT_SPIN_US", "3000000")];
+    let (s, _) = checked(pair_with(true, true, "signals", "signals", &spin, &[]));
+    assert!(s.stdout.contains("signals ok"), "{}", s.stdout);
+    assert_eq!(accelerated(&s), 1);
+}
+
+#[test]
 fn a_signal_during_an_epoll_waits_spin_ends_it_with_eintr() {
     // The server's spin budget (3 s, fixed) outlasts the alarm (100 ms): the signal
     // comes while its epoll_wait spins. Delivered then, its handler would run and the

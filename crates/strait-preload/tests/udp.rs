@@ -236,3 +236,23 @@ fn a_receiver_asking_for_ancillary_data_gets_it_from_the_kernel() {
         }
     }
 }
+
+#[test]
+fn a_signal_during_a_blocked_receives_spin_ends_it_as_the_kernel_would() {
+    // The server's spin budget (3 s, fixed) outlasts the alarm (100 ms): the signal
+    // comes while its receive spins. Run then, its handler would be followed by more
+    // waiting for a client that stays silent until told; held, it ends the spin and
+    // the sleep's mask lets it through: EINTR, as the kernel's receive. With
+    // SA_RESTART the receive goes on to the datagram. The kernel's run is the
+    // reference.
+    for preload in [false, true] {
+        let deadline = Instant::now() + TIMEOUT;
+        let s = Server::start(cmd(preload, &["server", "signals"]).env("STRAIT_SPIN_US", "3000000"));
+        let c = client(preload, &s.port, "signals", deadline);
+        let (s, c) = checked((s.finish(deadline), c));
+        assert!(s.stdout.contains("signals server ok") && c.stdout.contains("signals client ok"));
+        if preload {
+            expect_stats(&s, &[("udp-in", 1), ("udp-out", 1)]);
+        }
+    }
+}

@@ -73,7 +73,7 @@ use strait_sys::mmap::Mapping;
 
 use crate::real;
 use crate::settings::{crowded, spin_policy, Settings};
-use crate::wait::{signals_restart, sock_timeout};
+use crate::wait::{signal_restarts, sock_timeout};
 
 pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
 /// 3: a connector no longer binds a port before its hello, and its path-B name is
@@ -1037,21 +1037,41 @@ impl Conn {
         let start = Instant::now();
         let budget = self.spin.next_budget(self.spin.is_adaptive() && crowded(start));
         let spin_end = start + budget;
+        // Signals are held from the first microseconds of the spin on, and between
+        // sleeps, when a handler could end this call; each sleep's mask lets them
+        // through (see `sigmask`).
+        let mut held = None;
         let mut spins = 0u32;
         // The clock every 16 turns: the turn is what a waiting reader's latency is
-        // made of.
-        while !spins.is_multiple_of(16) || Instant::now() < spin_end {
+        // made of; the pending signals (a system call) every 64.
+        loop {
+            if spins.is_multiple_of(16) {
+                let now = Instant::now();
+                if now >= spin_end {
+                    break;
+                }
+                if held.is_none() && now - start >= crate::sigmask::HOLD_AFTER {
+                    held = Some(crate::sigmask::hold_for_wait());
+                }
+            }
             spins = spins.wrapping_add(1);
             self.pump_remote();
             if ready(self) {
                 self.learn(start, false);
                 return Waited::Ready;
             }
+            if spins.is_multiple_of(64)
+                && held.as_ref().and_then(Option::as_ref).is_some_and(|h| h.signal_waits())
+            {
+                break;
+            }
             std::hint::spin_loop();
         }
+        let held = held.unwrap_or_else(crate::sigmask::hold_for_wait);
         // SO_RCVTIMEO / SO_SNDTIMEO of the (idle) kernel socket bound the wait.
         let deadline = sock_timeout(fd, if rx { libc::SO_RCVTIMEO } else { libc::SO_SNDTIMEO })
             .map(|t| Instant::now() + t);
+        let mask = held.as_ref().map(|h| h.as_ptr());
         loop {
             self.announce(rx, !rx);
             if ready(self) {
@@ -1071,10 +1091,10 @@ impl Conn {
                 libc::pollfd { fd: self.hup_fd(fd), events: libc::POLLRDHUP, revents: 0 },
                 libc::pollfd { fd: self.remote_fd().unwrap_or(-1), events: libc::POLLIN, revents: 0 },
             ];
-            let r = crate::wait::kernel_poll(&mut p, ms, None);
+            let r = crate::wait::kernel_poll(&mut p, ms, mask);
             let interrupted = r < 0 && real::errno() == libc::EINTR;
             self.pump_remote();
-            if interrupted && !signals_restart() {
+            if interrupted && !signal_restarts(deadline.is_some()) {
                 return Waited::Interrupted;
             }
             if r > 0 {

@@ -30,7 +30,7 @@ mod local;
 mod pair;
 mod real;
 mod settings;
-mod sigmask;
+pub mod sigmask;
 mod sock;
 mod trust;
 mod vault;

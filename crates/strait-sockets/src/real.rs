@@ -104,6 +104,11 @@ reals! {
     fn system(line: *const c_char) -> c_int;
     fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE;
     fn pclose(f: *mut libc::FILE) -> c_int;
+    fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+    fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    fn sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    fn sigset(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
 }
 
 /// The real `fcntl` (variadic in C; the third argument is an int or a pointer).

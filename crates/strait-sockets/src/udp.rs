@@ -54,7 +54,7 @@ use crate::sock::{
     v6only, Key,
 };
 use crate::trust::{self, Proto};
-use crate::wait::{signals_restart, sock_timeout};
+use crate::wait::{signal_restarts, sock_timeout};
 use strait_core::spin::{SpinPolicy, WaitOutcome};
 use strait_shm::area::MappedArea;
 use strait_shm::dgram::{DgramRing, ProducerView, Pushed};
@@ -788,6 +788,10 @@ impl UdpSock {
             }
         };
         let mut yield_at = spin_start.map(|start| start + YIELD_EVERY);
+        // Signals are held from the first microseconds of a blocked receive's spin
+        // on, and between its sleeps, when a handler could end the call; each
+        // sleep's mask lets them through (see `sigmask`).
+        let mut held: Option<Option<crate::sigmask::Unblocked>> = None;
         // Look at the kernel socket and the marker when they were not looked at for a
         // while: [`KCHECK`] while a blocked receive spins. A non-blocking miss looks
         // unless the last look, less than [`KCHECK_NONBLOCKING`] ago, found both
@@ -840,6 +844,14 @@ impl UdpSock {
                 yield_at = Some(now + YIELD_EVERY);
                 // SAFETY: plain syscall.
                 unsafe { libc::sched_yield() };
+                match &held {
+                    Some(h) if h.as_ref().is_some_and(|h| h.signal_waits()) => break,
+                    Some(_) => {}
+                    None if spin_start.is_some_and(|s| now - s >= crate::sigmask::HOLD_AFTER) => {
+                        held = Some(crate::sigmask::hold_for_wait());
+                    }
+                    None => {}
+                }
             }
             std::hint::spin_loop();
             if let Some(g) = self.take_shm(iov, peek) {
@@ -848,6 +860,7 @@ impl UdpSock {
             }
         }
         // Sleep on the kernel socket, the doorbell and the marker.
+        let held = held.unwrap_or_else(crate::sigmask::hold_for_wait);
         let deadline = sock_timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t);
         loop {
             self.announce();
@@ -869,9 +882,8 @@ impl UdpSock {
                 libc::pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: rx.efd, events: libc::POLLIN, revents: 0 },
             ];
-            // SAFETY: three pollfds on the stack.
-            let r = unsafe { real::poll(p.as_mut_ptr(), 3, ms) };
-            if r < 0 && real::errno() == libc::EINTR && !signals_restart() {
+            let r = crate::wait::kernel_poll(&mut p, ms, held.as_ref().map(|h| h.as_ptr()));
+            if r < 0 && real::errno() == libc::EINTR && !signal_restarts(deadline.is_some()) {
                 real::set_errno(libc::EINTR);
                 return -1;
             }

@@ -76,8 +76,14 @@ pub(crate) fn kernel_poll(fds: &mut [pollfd], ms: c_int, mask: Option<*const sig
         // doorbell first where it sleeps), then answer: callers come back.
         if let Some(&i) = live.first() {
             let mut one = [fds[i]];
-            // SAFETY: one pollfd.
-            if unsafe { real::poll(one.as_mut_ptr(), 1, 1) } > 0 {
+            // (With the caller's mask: a signal it holds is let through here.)
+            let ts = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
+            // SAFETY: one pollfd; the mask is the caller's or null.
+            let r = unsafe { real::ppoll(one.as_mut_ptr(), 1, &ts, mask.unwrap_or(std::ptr::null())) };
+            if r < 0 {
+                return -1;
+            }
+            if r > 0 {
                 fds[i].revents = one[0].revents;
                 ready = 1;
             }
@@ -101,35 +107,10 @@ pub(crate) fn sock_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
 }
 
 /// After a wait was interrupted by a signal: restart it (as SA_RESTART would) only if
-/// every installed handler has SA_RESTART. We cannot tell which signal it was, so a
-/// program with any non-restarting handler sees EINTR, as it would for that signal.
-pub(crate) fn signals_restart() -> bool {
-    for sig in 1..libc::SIGRTMAX() {
-        // Fault signals are synchronous: they never interrupt a blocked call (and
-        // runtimes such as Rust's install handlers for them without SA_RESTART).
-        if [
-            libc::SIGKILL,
-            libc::SIGSTOP,
-            libc::SIGSEGV,
-            libc::SIGBUS,
-            libc::SIGILL,
-            libc::SIGFPE,
-            libc::SIGTRAP,
-        ]
-        .contains(&sig)
-        {
-            continue;
-        }
-        // SAFETY: sigaction is plain old data; a query with a null new action.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0
-            && old.sa_sigaction != libc::SIG_DFL
-            && old.sa_sigaction != libc::SIG_IGN
-            && old.sa_flags & libc::SA_RESTART == 0
-        {
-            return false;
-        }
-    }
-    true
+/// every installed handler has SA_RESTART and the socket has no timeout for this
+/// direction (a socket call with `SO_RCVTIMEO`/`SO_SNDTIMEO` is never restarted,
+/// signal(7)). We cannot tell which signal it was, so a program with any
+/// non-restarting handler sees EINTR, as it would for that signal.
+pub(crate) fn signal_restarts(timeout_set: bool) -> bool {
+    !timeout_set && !crate::sigmask::handlers().interrupting
 }

@@ -627,6 +627,7 @@ fn main() {
                 }
                 "pktinfo" => pktinfo_server(fd),
                 "etburst" => etburst_server(fd),
+                "signals" => signals_server(fd),
                 "deadrecv" => {
                     recv_dgram(fd);
                     // SAFETY: kills this process without closing anything.
@@ -701,6 +702,7 @@ fn main() {
                     assert_eq!(send_to(fd, b"newcomer", port), 8);
                 }
                 "closed" => closed_client(port),
+                "signals" => signals_client(port),
                 "etburst" => {
                     // Bursts that arrive together (one edge for several datagrams),
                     // through the kernel when this client runs without strait.
@@ -790,6 +792,53 @@ fn etburst_server(fd: c_int) {
         }
     }
     println!("etburst received {got}");
+}
+
+extern "C" fn on_alarm(_: c_int) {}
+
+/// SIGALRM in 100 ms, to a handler that does nothing, with or without SA_RESTART.
+fn alarm_in_100ms(restart: bool) {
+    // SAFETY: installs a handler that does nothing and arms a one-shot timer.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as libc::sighandler_t;
+        sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+        assert_eq!(libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut()), 0);
+        let t = libc::itimerval {
+            it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+            it_value: libc::timeval { tv_sec: 0, tv_usec: 100_000 },
+        };
+        assert_eq!(libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut()), 0);
+    }
+}
+
+/// A blocked receive interrupted by a signal: EINTR without SA_RESTART (the client
+/// is silent until told); with SA_RESTART it goes on and returns the datagram.
+fn signals_server(fd: c_int) {
+    let p = expect(fd, b"hello");
+    alarm_in_100ms(false);
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    let (n, _, _) = recv_from(fd, &mut buf, 0);
+    assert!(n == -1 && errno() == libc::EINTR, "interrupted receive: {n} {}", errno());
+    assert!(t.elapsed() < Duration::from_secs(2), "EINTR after {:?}", t.elapsed());
+    alarm_in_100ms(true);
+    assert_eq!(send_to(fd, b"go", p), 2);
+    let t = Instant::now();
+    expect(fd, b"late");
+    assert!(t.elapsed() >= Duration::from_millis(200), "received before the datagram was sent");
+    println!("signals server ok");
+}
+
+fn signals_client(port: u16) {
+    let fd = raw_socket();
+    assert_eq!(send_to(fd, b"hello", port), 5);
+    let mut buf = [0u8; 16];
+    let (n, _, _) = recv_from(fd, &mut buf, 0);
+    assert_eq!(n, 2, "go: {}", errno());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(send_to(fd, b"late", port), 4);
+    println!("signals client ok");
 }
 
 fn set_int_option(fd: c_int, level: c_int, name: c_int, value: c_int) -> c_int {

@@ -500,13 +500,14 @@ fn forged_hellos_are_refused_and_real_clients_still_attach() {
 const HOSTILE_PEER: &str = r#"
 import fcntl, os, random, socket, struct, sys, time, mmap
 port, seeds, first, messages = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == 'messages'
+splits = sys.argv[4] == 'splits'
 # Words that decide something: mode, state, holders, and per direction the
 # positions, close flags and close hint, sleep flags, locks and the rendezvous
 # words (conn.rs layout).
 WORDS = [24, 64, 128, 192]
 for d in (0, 1):
     base = 1024 + 1024 * d
-    WORDS += [base + o for o in (0, 64, 72, 128, 192, 512, 576, 640, 704, 768, 776, 784, 792, 800, 896)]
+    WORDS += [base + o for o in (0, 64, 72, 128, 192, 512, 576, 640, 704, 768, 776, 784, 792, 800, 808, 816, 824, 832, 896)]
 ns = os.stat('/proc/self/ns/net').st_ino
 name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
 MAGIC, VERSION, RING = 0x3130504354545253, @LAYOUT_VERSION@, 1 << 16
@@ -537,6 +538,11 @@ for seed in range(first, first + seeds):
     # (ours) for 6 s; the second forges a rendezvous completion of 4000 bytes while
     # the victim waits in a recv of 100; the rest write at random.
     scenario = 'hold' if seed == first else 'forge' if seed == first + 1 else 'random'
+    if splits:
+        # The victim writes 1 MiB to a buffer we posted and offers us to read its
+        # first half from its own buffer: we take the offer and never finish
+        # reading ('stall'), or say we read a wrong number of bytes ('misread').
+        scenario = 'stall' if seed == first else 'misread'
     def put(data):
         # Publishes bytes into the victim's receive ring as a writer of ours would
         # (direction 0: data at 4096, tail at 1024), so that it comes to read.
@@ -572,6 +578,26 @@ for seed in range(first, first + seeds):
                 except OSError:
                     pass
             time.sleep(0.0005)
+    elif scenario in ('stall', 'misread'):
+        import ctypes
+        buf = ctypes.create_string_buffer(1 << 20)
+        b = 2048  # direction 1: the victim writes, we read
+        mm[b + 776:b + 784] = struct.pack('<Q', ctypes.addressof(buf))
+        mm[b + 784:b + 792] = struct.pack('<Q', 1 << 20)
+        mm[b + 792:b + 800] = struct.pack('<Q', os.getpid())
+        mm[b + 768:b + 776] = struct.pack('<Q', 1)  # posted
+        # (Polled without a pause: the offer stands while the victim copies its
+        # own half, some tens of microseconds.)
+        split_end = time.time() + (8 if scenario == 'stall' else 3)
+        state, offered = slice(b + 768, b + 776), struct.pack('<Q', 5)
+        while time.time() < split_end:
+            for _ in range(1000):
+                if mm[state] == offered:
+                    if scenario == 'stall':
+                        mm[state] = struct.pack('<Q', 6)  # reading, for ever
+                    else:
+                        mm[b + 832:b + 840] = struct.pack('<Q', 12345)
+                        mm[state] = struct.pack('<Q', 7)  # read, a wrong count
     end = time.time() + (0.25 if scenario == 'random' else 0)
     while time.time() < end:
         for _ in range(rnd.randrange(1, 16)):
@@ -636,6 +662,65 @@ for i in range(n):
 print('OUTCOMES', outcomes, flush=True)
 print('LONGEST_RECV_S %.2f' % longest, flush=True)
 "#;
+
+/// A server that writes 1 MiB to each connection it accepts (blocking, a 5 s
+/// send timeout) and says how each write ended and how long it took.
+const BIG_WRITER: &str = r#"
+import socket, struct, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+l = listen(port)
+for i in range(n):
+    c, _ = l.accept()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack('ll', 5, 0))
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    try:
+        c.sendall(bytes(1 << 20))
+        how = 'sent'
+    except (ConnectionError, OSError) as e:
+        how = type(e).__name__
+    print('WRITE %d %s %.2f' % (i, how, time.monotonic() - t0), flush=True)
+    c.close()
+"#;
+
+/// A writer that split a large write (the reader reads half from the writer's
+/// buffer) waits until the reader is done with that buffer. A reader that takes
+/// the offer and never finishes costs the write at most its grace (1 s), then the
+/// connection, not a hang; one that reports a wrong count gets the half written
+/// by the writer, and the write completes.
+#[test]
+fn a_reader_that_takes_a_split_and_never_finishes_cannot_hang_the_writer() {
+    if !can_run() {
+        return;
+    }
+    let (port, [srv, hp]) =
+        port_and_scripts([("big-writer", &[PY_LISTEN, BIG_WRITER].concat()), ("hostile-peer", HOSTILE_PEER)]);
+    let mut sc = victim(&srv, &[&port.to_string(), "2"]);
+    sc.env("STRAIT_RING_SIZE", "65536");
+    let s = start(&mut sc, "server", "LISTENING");
+    let mut hc = Command::new(PYTHON);
+    hc.arg(&hp).args([port.to_string(), "2".into(), "1".into(), "splits".into()]);
+    hc.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let h = finish(hc.spawn().expect("hostile peer"), Duration::from_secs(60));
+    let server = finish(s, Duration::from_secs(30));
+    assert!(h.0, "hostile peer: {h:?}");
+    assert!(server.0, "the victim failed or hung: {server:?}");
+    let writes: Vec<(String, f64)> = server
+        .1
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("WRITE ")?.split(' ').skip(1);
+            Some((w.next()?.to_owned(), w.next()?.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(writes.len(), 2, "{server:?}");
+    // The stalled split: the connection goes after the grace (the hostile reader
+    // stalls for 8 s, then closes).
+    assert!(writes[0].0 != "sent" && (0.9..3.0).contains(&writes[0].1), "{writes:?} {server:?}");
+    // The wrong count: the writer writes the reader's half itself.
+    assert_eq!(writes[1].0, "sent", "{writes:?}");
+    assert!(stat(&server.2, "accelerated") >= 2, "{}", server.2);
+}
 
 /// One victim server, `seeds` hostile connections; `messages`: both ask for message
 /// mode (and the victim posts its buffers for a rendezvous).

@@ -265,16 +265,27 @@ fn message_mode_keeps_boundaries_and_hands_large_messages_to_a_waiting_reader() 
 /// than the buffer sends the rest through the ring, and reads below the threshold
 /// use the ring: every byte arrives, in order (hashed, 20 MB of writes and reads of
 /// mixed sizes around the threshold and the ring's size).
+///
+/// A reader that polls (here: a spin budget longer than the writer's pauses, and
+/// one 3 MiB buffer for every read) takes the split each large write offers: it
+/// reads the first half from the writer's buffer itself while the writer writes
+/// the second half into its buffer.
 #[test]
 fn large_writes_go_straight_into_a_waiting_readers_buffer() {
-    let (s, c) = checked(pair(true, true, "bigsink", "bigsource20000000"));
-    let (sent, got) = sent_and_received(&s, &c);
-    assert_eq!(sent, got);
-    assert!(sent.starts_with("20000000 "), "{sent}");
-    // The writer pauses before its writes of 1 MiB and more, so the reader waits
-    // for those with its buffer posted.
-    assert!(stat_sum(&c, "rendezvous") >= 1, "{}", c.stderr);
-    accelerated_both(&s, &c, 1);
+    for (sink, reader_spins, splits) in [("bigsink", false, false), ("hugesink", true, true)] {
+        let spin: &[(&str, &str)] = if reader_spins { &[("STRAIT_SPIN_US", "3000000")] } else { &[] };
+        let (s, c) = checked(pair_with(true, true, sink, "bigsource20000000", spin, &[]));
+        let (sent, got) = sent_and_received(&s, &c);
+        assert_eq!(sent, got);
+        assert!(sent.starts_with("20000000 "), "{sent}");
+        // The writer pauses before its writes of 1 MiB and more, so the reader waits
+        // for those with its buffer posted.
+        assert!(stat_sum(&c, "rendezvous") >= 1, "{}", c.stderr);
+        if splits {
+            assert!(stat_sum(&c, "rendezvous-split") >= 1, "{}", c.stderr);
+        }
+        accelerated_both(&s, &c, 1);
+    }
 }
 
 #[test]

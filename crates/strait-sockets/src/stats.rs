@@ -6,7 +6,9 @@
 //! connections to other hosts carried by strait (`remote`), of them by the xdp device
 //! (`remote-xdp`); connections taken over from the program that exec'd this one or
 //! the process that spawned it (`inherited`); messages (message mode) copied straight
-//! into a waiting reader's buffer (`rendezvous`); rendezvous partners refused
+//! into a waiting reader's buffer (`rendezvous`), of them split with the reader,
+//! which read a part from this process's buffer (`rendezvous-split`); rendezvous
+//! partners refused
 //! because they could not be proven (`refused`: a name held by another user, a
 //! token naming another socket, a doorbell that is not an eventfd; see
 //! docs/SECURITY.md); connections to other hosts refused for a secret that differs
@@ -43,7 +45,7 @@ extern "C" fn at_exit() {
         let (pairs, pair_conns) = crate::pair::census();
         let line = format!(
             "strait-preload: pid {} accelerated {} kernel-fallback {} path-b {} \
-             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} \
+             udp-out {} udp-in {} udp-sent {} udp-received {} udp-dropped {} remote {} remote-xdp {} inherited {} rendezvous {} rendezvous-split {} \
              refused {} remote-refused {} remote-forged {} pass-out {} pass-in {} unseen-forks {} \
              lib-fds {} lib-fds-peak {} shm-bytes {} shm-bytes-peak {} vault-rings {} vault-live {} vault-dead {} vault-watches {} \
              pairs {} pair-conns {} hubs {} kernel-short {} path-b-asks {} far-end-looks {}\n",
@@ -60,6 +62,7 @@ extern "C" fn at_exit() {
             REMOTE_XDP.load(Ordering::Relaxed),
             crate::exec::INHERITED.load(Ordering::Relaxed),
             crate::conn::RENDEZVOUS.load(Ordering::Relaxed),
+            crate::conn::SPLITS.load(Ordering::Relaxed),
             crate::trust::REFUSED.load(Ordering::Relaxed),
             crate::conn::REMOTE_REFUSED.load(Ordering::Relaxed),
             crate::conn::REMOTE_FORGED.load(Ordering::Relaxed),

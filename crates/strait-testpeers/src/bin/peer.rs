@@ -1126,6 +1126,8 @@ fn main() {
         ("server", "bigsink") | ("client", "bigsink") => {
             sink_in(fd, &[1 << 20, 65_536, 200_000, 10, 3 << 20])
         }
+        // Every read into one 3 MiB buffer: each large write finds it posted.
+        ("server", "hugesink") | ("client", "hugesink") => sink_in(fd, &[3 << 20]),
         ("client", m) | ("server", m) if m.starts_with("bigsource") => source_in(
             fd,
             m.trim_start_matches("bigsource").parse().unwrap_or(20_000_000),

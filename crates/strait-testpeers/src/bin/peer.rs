@@ -12,6 +12,7 @@ use std::os::fd::{AsRawFd, IntoRawFd};
 use std::time::{Duration, Instant};
 
 use libc::c_int;
+use strait_testpeers::alarm_in_100ms;
 
 const SIZES: &[usize] =
     &[1, 2, 7, 63, 64, 65, 1000, 4095, 4096, 4097, 65535, 65536, 65537, 262_143, 262_145, 1_000_003];
@@ -175,28 +176,11 @@ fn extras_client(fd: c_int) {
     println!("extras client ok");
 }
 
-extern "C" fn on_alarm(_: c_int) {}
-
-fn alarm_handler(restart: bool) {
-    // SAFETY: installs a handler that does nothing, with or without SA_RESTART.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_alarm as *const () as libc::sighandler_t;
-        sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
-        assert_eq!(libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut()), 0);
-        let t = libc::itimerval {
-            it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
-            it_value: libc::timeval { tv_sec: 0, tv_usec: 100_000 },
-        };
-        assert_eq!(libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut()), 0);
-    }
-}
-
 /// A blocking read interrupted by a signal: EINTR without SA_RESTART; with
 /// SA_RESTART it goes on and returns the data; SO_RCVTIMEO ends it with EAGAIN.
 fn signals_server(fd: c_int) {
     let mut b = [0u8; 16];
-    alarm_handler(false);
+    alarm_in_100ms(false);
     let t = Instant::now();
     // SAFETY: a live buffer.
     let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 16) };
@@ -217,7 +201,7 @@ fn signals_server(fd: c_int) {
         libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), 16);
     }
     // With SA_RESTART the alarm does not end the read: the client's data does.
-    alarm_handler(true);
+    alarm_in_100ms(true);
     write_all(fd, b"g");
     let t = Instant::now();
     read_exact(fd, &mut b[..4]);
@@ -237,7 +221,7 @@ fn epoll_signal_server(fd: c_int) {
         assert!(ep >= 0);
         let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 7 };
         assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
-        alarm_handler(true);
+        alarm_in_100ms(true);
         let t = Instant::now();
         let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
         let n = libc::epoll_wait(ep, out.as_mut_ptr(), 4, -1);

@@ -14,6 +14,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use libc::c_int;
+use strait_testpeers::alarm_in_100ms;
 
 fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -792,24 +793,6 @@ fn etburst_server(fd: c_int) {
         }
     }
     println!("etburst received {got}");
-}
-
-extern "C" fn on_alarm(_: c_int) {}
-
-/// SIGALRM in 100 ms, to a handler that does nothing, with or without SA_RESTART.
-fn alarm_in_100ms(restart: bool) {
-    // SAFETY: installs a handler that does nothing and arms a one-shot timer.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_alarm as *const () as libc::sighandler_t;
-        sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
-        assert_eq!(libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut()), 0);
-        let t = libc::itimerval {
-            it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
-            it_value: libc::timeval { tv_sec: 0, tv_usec: 100_000 },
-        };
-        assert_eq!(libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut()), 0);
-    }
 }
 
 /// A blocked receive interrupted by a signal: EINTR without SA_RESTART (the client

@@ -1709,9 +1709,12 @@ impl Conn {
                     // still writes into it. A signal or the timeout only start a
                     // grace; a writer that holds the post past it is not copying
                     // (a peer that only wrote the state word): reset.
-                    if let Waited::Timeout | Waited::Interrupted =
-                        self.wait(fd, true, &|c| c.w(c.rx(), RV_STATE).load(Ordering::Acquire) != s)
-                    {
+                    // (A writer that died never moves the state: its hang-up
+                    // ends the wait, and `check_peer` then the read.)
+                    if let Waited::Timeout | Waited::Interrupted = self.wait(fd, true, &|c| {
+                        c.w(c.rx(), RV_STATE).load(Ordering::Acquire) != s
+                            || c.peer_dead.load(Ordering::Relaxed)
+                    }) {
                         if Instant::now() >= *give_up.get_or_insert_with(|| Instant::now() + SPLIT_READ_GRACE)
                         {
                             self.peer_dead.store(true, Ordering::Relaxed);

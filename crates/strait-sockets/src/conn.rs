@@ -977,6 +977,14 @@ impl Conn {
     /// the program's descriptor `fd` of this connection (-1: not known; then a
     /// path-B ask waits for the program's next call).
     pub fn readiness(&self, fd: c_int) -> Ready {
+        self.readiness_with(fd, true)
+    }
+
+    /// Readiness, a connection to another host driven first: what its ring holds
+    /// is sent, and with `arrivals` what came is looked for. (An epoll set whose
+    /// kernel half holds the connection's UDP socket, level-triggered, does not
+    /// look: that socket's bell moves arrivals in, [`Conn::drain_bell`].)
+    pub(crate) fn readiness_with(&self, fd: c_int, arrivals: bool) -> Ready {
         if self.awaiting_attach() {
             // Nothing until the acceptor attached; once the connection stays with the
             // kernel, readable and writable, so the program's next call finds the
@@ -994,7 +1002,11 @@ impl Conn {
                 Some(true) => {}
             }
         }
-        self.pump_remote();
+        match self.remote.get() {
+            Some(b) if arrivals => b.pump_inline(),
+            Some(b) => b.push_inline(),
+            None => {}
+        }
         self.look_after_close(fd);
         let mut bits = 0i16;
         let (rx_tail, readable) = match self.avail() {

@@ -37,10 +37,12 @@ impl Shared for Socket {
 }
 
 impl Socket {
-    /// Readiness for the program's descriptor `fd` of this member.
-    pub(crate) fn readiness(&self, fd: c_int) -> Ready {
+    /// Readiness for the program's descriptor `fd` of this member of an epoll set
+    /// (`arrivals`: a connection to another host looks for what came, see
+    /// [`crate::conn::Conn::readiness_with`]).
+    pub(crate) fn readiness(&self, fd: c_int, arrivals: bool) -> Ready {
         match self {
-            Socket::Tcp(c) => c.readiness(fd),
+            Socket::Tcp(c) => c.readiness_with(fd, arrivals),
             Socket::Udp(u) => Ready {
                 bits: if u.shm_readable() { libc::POLLIN } else { 0 },
                 rx_tail: u.rx_mark(),

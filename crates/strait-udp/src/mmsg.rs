@@ -102,6 +102,10 @@ pub(crate) struct MmsgLink {
     rx_batch: usize,
     rx_n: usize,
     rx_i: usize,
+    /// The last `recvmmsg` returned fewer datagrams than it had room for: the
+    /// socket was empty then, so the next look for more answers "nothing" without
+    /// a system call (once; the one after asks the kernel again).
+    rx_drained: bool,
     rx_cur: Option<RxCur>,
     pub(crate) stats: LinkStats,
     pub(crate) ustats: UdpStats,
@@ -166,6 +170,7 @@ impl MmsgLink {
             rx_batch,
             rx_n: 0,
             rx_i: 0,
+            rx_drained: false,
             rx_cur: None,
             stats: LinkStats::default(),
             ustats: UdpStats::default(),
@@ -417,6 +422,13 @@ impl MmsgLink {
                     self.ring_now(now)?;
                 }
             }
+            // (A pump that took a partial batch would otherwise end with an empty
+            // `recvmmsg` every time: one system call per message that finds
+            // nothing. A datagram that came since is found by the next look, or
+            // rings whoever sleeps on the socket.)
+            if std::mem::take(&mut self.rx_drained) {
+                return Ok(false);
+            }
             if !self.fill_rx()? {
                 return Ok(false);
             }
@@ -477,6 +489,7 @@ impl MmsgLink {
         }
         self.rx_n = (r as usize).min(self.rx_batch);
         self.rx_i = 0;
+        self.rx_drained = self.rx_n < self.rx_batch;
         Ok(self.rx_n > 0)
     }
 

@@ -59,8 +59,12 @@ fn wakers(m: &Socket, hup: c_int) -> Option<Vec<(c_int, u64, i32)>> {
     match m {
         Socket::Tcp(c) => {
             // Our own eventfd (a pair's bell is registered once per set: `watch_pair`).
+            // A connection to another host's is edge-triggered and never read by the
+            // set (as a pair's bell): the thread that moves arrivals in rings it, and
+            // reading it back cost a system call per message ([`Registered::quiet_bell`]).
+            let ev = if c.remote_fd().is_some() { libc::EPOLLIN | libc::EPOLLET } else { libc::EPOLLIN };
             let mut w: Vec<(c_int, u64, i32)> =
-                (c.my_efd >= 0).then_some((c.my_efd, MAGIC_BELL, libc::EPOLLIN)).into_iter().collect();
+                (c.my_efd >= 0).then_some((c.my_efd, MAGIC_BELL, ev)).into_iter().collect();
             // The peer's hang-up ([`crate::conn::Liveness`]).
             let hup = c.hup_fd(hup);
             if hup >= 0 {
@@ -158,6 +162,9 @@ struct Registered {
     /// A connector still waiting for its acceptor when registered: its pairs are
     /// looked at again until it settles (a path-B asker gets a pair of its own).
     settling: bool,
+    /// The member's own eventfd, registered edge-triggered: never read by the set
+    /// (-1: none, or registered level-triggered, so read when it rings).
+    quiet_bell: c_int,
 }
 
 /// One place for an entry.
@@ -316,7 +323,11 @@ impl EpSet {
         };
         let Some(w) = wakers(m, hup) else { return false };
         let mut fds = Vec::with_capacity(w.len());
+        let mut quiet_bell = -1;
         for (fd, magic, ev) in w {
+            if magic == MAGIC_BELL && ev & libc::EPOLLET != 0 {
+                quiet_bell = fd;
+            }
             let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
             // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
             // connection) is fine.
@@ -324,7 +335,8 @@ impl EpSet {
             self.by_waker.insert(fd, m.clone());
             fds.push(fd);
         }
-        let mut reg = Registered { member: m.clone(), fds, hup, pairs: Vec::new(), settling: false };
+        let mut reg =
+            Registered { member: m.clone(), fds, hup, pairs: Vec::new(), settling: false, quiet_bell };
         if let Socket::Tcp(c) = m {
             reg.settling = c.awaiting_attach();
             for p in c.watched_pairs() {
@@ -1197,7 +1209,15 @@ unsafe fn wait_once(
                 woke = true;
                 with_set(epfd, |set| {
                     if let Some(c) = set.by_waker.get(&fd).cloned() {
-                        c.drain_bell();
+                        match set.wakers.get(&c.key()).map(|r| r.quiet_bell) {
+                            // Its eventfd, edge-triggered: whoever rang it moved
+                            // arrivals into the ring; the look below finds them.
+                            Some(q) if q == fd => {}
+                            // Its UDP socket: arrivals to move in (the eventfd is not
+                            // read).
+                            Some(q) if q >= 0 => c.pump(),
+                            _ => c.drain_bell(),
+                        }
                         set.touch(&c);
                     }
                 });

@@ -75,6 +75,17 @@ impl Socket {
         }
     }
 
+    /// After a wake-up on a doorbell that is not read (edge-triggered): moves a
+    /// connection to another host along, as [`Socket::drain_bell`] does, without
+    /// reading the bell.
+    pub(crate) fn pump(&self) {
+        match self {
+            Socket::Tcp(c) => c.pump_remote(),
+            Socket::Udp(u) => u.drain_bell(),
+            Socket::Listening(_) => {}
+        }
+    }
+
     /// The socket's identity (the address of what its descriptors share).
     pub(crate) fn key(&self) -> usize {
         match self {

@@ -1082,7 +1082,7 @@ impl Conn {
         // Signals are held from the first microseconds of the spin on, and between
         // sleeps, when a handler could end this call; each sleep's mask lets them
         // through (see `sigmask`).
-        let mut held = None;
+        let mut signals = crate::sigmask::WaitSignals::default();
         let mut spins = 0u32;
         // The clock every 16 turns: the turn is what a waiting reader's latency is
         // made of; the pending signals (a system call) every 64.
@@ -1092,9 +1092,7 @@ impl Conn {
                 if now >= spin_end {
                     break;
                 }
-                if held.is_none() && now - start >= crate::sigmask::HOLD_AFTER {
-                    held = Some(crate::sigmask::hold_for_wait());
-                }
+                signals.spun(now - start);
             }
             spins = spins.wrapping_add(1);
             self.pump_remote();
@@ -1102,18 +1100,15 @@ impl Conn {
                 self.learn(start, false);
                 return Waited::Ready;
             }
-            if spins.is_multiple_of(64)
-                && held.as_ref().and_then(Option::as_ref).is_some_and(|h| h.signal_waits())
-            {
+            if spins.is_multiple_of(64) && signals.signal_waits() {
                 break;
             }
             std::hint::spin_loop();
         }
-        let held = held.unwrap_or_else(crate::sigmask::hold_for_wait);
+        let mask = signals.sleep_mask();
         // SO_RCVTIMEO / SO_SNDTIMEO of the (idle) kernel socket bound the wait.
         let deadline = sock_timeout(fd, if rx { libc::SO_RCVTIMEO } else { libc::SO_SNDTIMEO })
             .map(|t| Instant::now() + t);
-        let mask = held.as_ref().map(|h| h.as_ptr());
         loop {
             self.announce(rx, !rx);
             if ready(self) {

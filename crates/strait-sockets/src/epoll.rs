@@ -328,11 +328,7 @@ impl EpSet {
             if magic == MAGIC_BELL && ev & libc::EPOLLET != 0 {
                 quiet_bell = fd;
             }
-            let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
-            // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
-            // connection) is fine.
-            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
-            self.by_waker.insert(fd, m.clone());
+            self.add_waker(epfd, fd, magic, ev, m);
             fds.push(fd);
         }
         let mut reg =
@@ -345,6 +341,16 @@ impl EpSet {
         }
         self.wakers.insert(m.key(), reg);
         true
+    }
+
+    /// Puts one waker `fd` of member `m` in the kernel set, tagged `magic`, with
+    /// events `ev`, and in `by_waker`.
+    fn add_waker(&mut self, epfd: c_int, fd: c_int, magic: u64, ev: i32, m: &Socket) {
+        let mut e = epoll_event { events: ev as u32, u64: magic | fd as u32 as u64 };
+        // SAFETY: a local epoll_event. EEXIST (another descriptor of the same
+        // connection) is fine.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut e) };
+        self.by_waker.insert(fd, m.clone());
     }
 
     /// Puts pair `p`'s bell in the kernel set (edge-triggered, once per set) and
@@ -403,11 +409,7 @@ impl EpSet {
         // A connection to another host settled: its UDP socket rings like a bell.
         let link = c.remote_fd().filter(|u| !self.wakers.get(&key).is_some_and(|r| r.fds.contains(u)));
         if let Some(u) = link {
-            let mut ev = epoll_event { events: libc::EPOLLIN as u32, u64: MAGIC_BELL | u as u32 as u64 };
-            // SAFETY: a local epoll_event; EEXIST (another descriptor of the same
-            // connection) is fine.
-            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, u, &mut ev) };
-            self.by_waker.insert(u, member);
+            self.add_waker(epfd, u, MAGIC_BELL, libc::EPOLLIN, &member);
         }
         if let Some(reg) = self.wakers.get_mut(&key) {
             reg.pairs = counted;

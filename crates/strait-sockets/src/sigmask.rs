@@ -204,11 +204,42 @@ pub(crate) const HOLD_AFTER: std::time::Duration = std::time::Duration::from_mic
 /// waiting where the kernel's call would have returned EINTR. The spin then asks
 /// [`Unblocked::signal_waits`] now and then, and the sleep lets signals through
 /// with the saved mask (`ppoll`). `None`: nothing to hold, or it could not be.
-pub(crate) fn hold_for_wait() -> Option<Unblocked> {
+fn hold_for_wait() -> Option<Unblocked> {
     if handlers().any {
         block_all()
     } else {
         None
+    }
+}
+
+/// The signals of one blocked read or receive: held from [`HOLD_AFTER`] into its
+/// spin on (if a handler could end it), and for its sleeps; the mask comes back
+/// when this is dropped.
+#[derive(Default)]
+pub(crate) struct WaitSignals {
+    /// `None`: not decided yet (the spin is young); `Some(None)`: nothing held.
+    held: Option<Option<Unblocked>>,
+}
+
+impl WaitSignals {
+    /// At a look at the clock of the spin, `waited` into it: holds once the spin
+    /// is past its first microseconds.
+    pub(crate) fn spun(&mut self, waited: std::time::Duration) {
+        if self.held.is_none() && waited >= HOLD_AFTER {
+            self.held = Some(hold_for_wait());
+        }
+    }
+
+    /// True if a signal held came meanwhile (a system call: now and then): the spin
+    /// should end and let the sleep deliver it.
+    pub(crate) fn signal_waits(&self) -> bool {
+        self.held.as_ref().and_then(Option::as_ref).is_some_and(Unblocked::signal_waits)
+    }
+
+    /// For the sleeps: holds now if the spin did not, and gives the mask to sleep
+    /// with (`None`: nothing held).
+    pub(crate) fn sleep_mask(&mut self) -> Option<*const libc::sigset_t> {
+        self.held.get_or_insert_with(hold_for_wait).as_ref().map(Unblocked::as_ptr)
     }
 }
 

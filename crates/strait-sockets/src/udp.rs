@@ -791,7 +791,7 @@ impl UdpSock {
         // Signals are held from the first microseconds of a blocked receive's spin
         // on, and between its sleeps, when a handler could end the call; each
         // sleep's mask lets them through (see `sigmask`).
-        let mut held: Option<Option<crate::sigmask::Unblocked>> = None;
+        let mut signals = crate::sigmask::WaitSignals::default();
         // Look at the kernel socket and the marker when they were not looked at for a
         // while: [`KCHECK`] while a blocked receive spins. A non-blocking miss looks
         // unless the last look, less than [`KCHECK_NONBLOCKING`] ago, found both
@@ -844,13 +844,11 @@ impl UdpSock {
                 yield_at = Some(now + YIELD_EVERY);
                 // SAFETY: plain syscall.
                 unsafe { libc::sched_yield() };
-                match &held {
-                    Some(h) if h.as_ref().is_some_and(|h| h.signal_waits()) => break,
-                    Some(_) => {}
-                    None if spin_start.is_some_and(|s| now - s >= crate::sigmask::HOLD_AFTER) => {
-                        held = Some(crate::sigmask::hold_for_wait());
-                    }
-                    None => {}
+                if signals.signal_waits() {
+                    break;
+                }
+                if let Some(s) = spin_start {
+                    signals.spun(now - s);
                 }
             }
             std::hint::spin_loop();
@@ -860,7 +858,7 @@ impl UdpSock {
             }
         }
         // Sleep on the kernel socket, the doorbell and the marker.
-        let held = held.unwrap_or_else(crate::sigmask::hold_for_wait);
+        let mask = signals.sleep_mask();
         let deadline = sock_timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t);
         loop {
             self.announce();
@@ -882,7 +880,7 @@ impl UdpSock {
                 libc::pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: rx.efd, events: libc::POLLIN, revents: 0 },
             ];
-            let r = crate::wait::kernel_poll(&mut p, ms, held.as_ref().map(|h| h.as_ptr()));
+            let r = crate::wait::kernel_poll(&mut p, ms, mask);
             if r < 0 && real::errno() == libc::EINTR && !signal_restarts(deadline.is_some()) {
                 real::set_errno(libc::EINTR);
                 return -1;

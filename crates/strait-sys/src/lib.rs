@@ -2,7 +2,7 @@
 //! once: shared and anonymous mappings ([`mmap`]), sealed memfds ([`memfd`]),
 //! descriptor passing ([`scm`]), random ids ([`random`]), the cached process id
 //! ([`pid`]), small files of `/proc` read inside the preload ([`procfs`]), pinning a
-//! thread to a CPU ([`cpu`]), network namespaces and veth pairs ([`netns`]) and test payloads
+//! thread to a CPU ([`cpu`]), the per-host cache of measured settings ([`calcache`]), network namespaces and veth pairs ([`netns`]) and test payloads
 //! ([`pattern()`]). This crate sits below every other strait crate and depends on
 //! none of them.
 //!
@@ -14,6 +14,7 @@
 //! `sendmsg`/`recvmsg` to use, so the preload passes its `real::` ones. [`netns`]
 //! (which runs `ip`) is for benchmarks and tests only.
 
+pub mod calcache;
 pub mod cpu;
 pub mod hash;
 pub mod memfd;

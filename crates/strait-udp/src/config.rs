@@ -6,8 +6,9 @@ use strait_core::ConfigError;
 /// How the link talks to the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    /// io_uring if the kernel allows it, else `sendmmsg`/`recvmmsg` (said once on
-    /// stderr).
+    /// The backend this host's calibration chose ([`crate::calibrate`]: the one that
+    /// carried a lone datagram faster here), io_uring only if the kernel allows it,
+    /// else `sendmmsg`/`recvmmsg` (said once on stderr).
     Auto,
     /// io_uring only: fails if the kernel refuses it.
     Uring,

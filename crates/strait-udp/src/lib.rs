@@ -11,11 +11,14 @@
 //! software queue in front of the link's bounded device ring (the io_uring
 //! submission queue), with one doorbell (`io_uring_enter`) per batch. Where io_uring
 //! is refused the link falls back to `sendmmsg`/`recvmmsg`, and says so once on
-//! stderr; `STRAIT_UDP_BACKEND=uring|mmsg` forces one. See `docs/UDP.md`.
+//! stderr; where `sendmmsg`/`recvmmsg` carried a lone datagram faster in a short
+//! measurement on this host ([`calibrate`]), `auto` takes them from the start;
+//! `STRAIT_UDP_BACKEND=uring|mmsg` forces one. See `docs/UDP.md`.
 //!
 //! Integrity: UDP's own checksum (verified by the kernel or the NIC) plus the
 //! reliability layer's CRC32C on every packet.
 
+pub mod calibrate;
 mod config;
 mod link;
 mod mmsg;

@@ -299,7 +299,12 @@ impl UdpLink {
         let ring = cfg.ring as usize;
         let moder = Moderation::new(cfg.coalesce_ns, cfg.stream_coalesce_ns, ring);
         let rx_bufs = if cfg.rx_bufs == 0 { 256 } else { cfg.rx_bufs };
-        let uring = match cfg.backend {
+        // `auto` takes the backend measured fastest on this host (crate::calibrate).
+        let want = match cfg.backend {
+            Backend::Auto => crate::calibrate::calibration().choice,
+            b => b,
+        };
+        let uring = match want {
             Backend::Mmsg => None,
             Backend::Uring | Backend::Auto => match UringLink::new(fd, cfg, slot_len, rx_bufs, moder) {
                 Ok(u) => Some(u),

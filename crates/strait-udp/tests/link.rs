@@ -559,3 +559,17 @@ fn receive_buffers_grow_when_the_kernel_runs_out() {
     assert_eq!(nobufs[5], nobufs[4], "the ring did not grow: {nobufs:?}");
     assert_eq!(rx.stats().datagrams_dropped, 0);
 }
+
+/// `auto` takes the backend this host's calibration chose (io_uring or mmsg,
+/// whichever carried a lone datagram faster here), and the choice is explained.
+#[test]
+fn auto_takes_the_backend_measured_fastest_here() {
+    let cal = strait_udp::calibrate::calibration();
+    let (a, _b) = loopback_pair(&cfg(Backend::Auto));
+    assert_eq!(a.backend(), cal.choice, "{}", cal.describe());
+    assert!(cal.describe().starts_with("udp backend auto = "), "{}", cal.describe());
+    if matches!(cal.source, strait_udp::calibrate::Source::Measured | strait_udp::calibrate::Source::Cached(_)) {
+        assert!(cal.uring_round_trip_ns > 0.0 && cal.mmsg_round_trip_ns > 0.0, "{cal:?}");
+        assert_eq!(strait_udp::calibrate::decide(cal.uring_round_trip_ns, cal.mmsg_round_trip_ns), cal.choice);
+    }
+}

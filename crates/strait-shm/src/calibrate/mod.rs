@@ -40,12 +40,12 @@
 //! without measuring (deterministic runs); `=fresh` measures again.
 //! `STRAIT_RNDV_MODE` other than `auto` bypasses all of this.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
+
+use strait_sys::calcache::{self, Cache};
 
 mod pair;
 
@@ -150,6 +150,9 @@ pub fn decide(copy_gbps: f64, remote_read_gbps: f64, split_gbps: f64) -> RndvCho
     }
 }
 
+/// Cache file name (`strait_sys::calcache`).
+const CACHE_NAME: &str = "calibration";
+
 /// This host's calibration: from the cache if valid, else measured (and cached).
 /// Never fails: whatever goes wrong leaves the copy path.
 pub fn calibration() -> &'static Calibration {
@@ -171,22 +174,21 @@ pub fn calibration() -> &'static Calibration {
                 }
             }
         }
-        let key = host_key();
-        let path = cache_path();
+        let cache = Cache::new(CACHE_NAME);
         if mode != "fresh" {
-            if let Some(c) = path.as_deref().and_then(|p| load(p, &key)) {
+            if let Some(c) = cache.as_ref().and_then(load) {
                 return c;
             }
         }
         // One process measures at a time (two measuring at once on a small host
         // would halve each other's numbers): the others wait for its result.
-        let _lock = path.as_deref().and_then(MeasureLock::take);
+        let _lock = cache.as_ref().and_then(Cache::lock);
         if mode != "fresh" {
-            if let Some(c) = path.as_deref().and_then(|p| load(p, &key)) {
+            if let Some(c) = cache.as_ref().and_then(load) {
                 return c;
             }
         }
-        let keep = quiet();
+        let keep = calcache::quiet();
         let (copy_gbps, remote_read_gbps, split_gbps) = measure();
         let c = Calibration {
             choice: decide(copy_gbps, remote_read_gbps, split_gbps),
@@ -195,56 +197,16 @@ pub fn calibration() -> &'static Calibration {
             split_gbps,
             source: Source::Measured,
         };
-        if let Some(p) = path {
-            let _ = store(&p, &key, &c, keep && quiet());
+        if let Some(cache) = &cache {
+            let _ = store(cache, &c, keep && calcache::quiet());
         }
         c
     })
 }
 
-/// What the cache is valid for: the boot (a new VM or host is a new boot), the CPU
-/// model and the kernel.
-fn host_key() -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.to_owned()))
-        .unwrap_or_default();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{}|{}|{}", boot.trim(), cpu.split(':').nth(1).unwrap_or("").trim(), kernel.trim())
-}
-
-fn cache_path() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("strait").join("calibration"))
-}
-
-/// True if `p` belongs to this user and nobody else may write it.
-fn private(p: &Path) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    std::fs::symlink_metadata(p)
-        .is_ok_and(|m| m.uid() == me && m.mode() & 0o022 == 0 && !m.file_type().is_symlink())
-}
-
-/// The cached calibration at `p`, if the file and its folder are private and it was
-/// made on this host.
-fn load(p: &Path, key: &str) -> Option<Calibration> {
-    if !private(p) || !p.parent().is_some_and(private) {
-        return None;
-    }
-    let text = std::fs::read_to_string(p).ok()?;
-    let mut fields = std::collections::HashMap::new();
-    for line in text.lines() {
-        let (k, v) = line.split_once('=')?;
-        fields.insert(k, v);
-    }
-    if fields.get("host").copied() != Some(key) {
-        return None;
-    }
+/// The cached calibration, if the cache is valid and agrees with the rule.
+fn load(cache: &Cache) -> Option<Calibration> {
+    let fields = cache.load()?;
     let choice = RndvChoice::from_name(fields.get("choice")?)?;
     let num =
         |k: &str| fields.get(k).and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0);
@@ -254,95 +216,26 @@ fn load(p: &Path, key: &str) -> Option<Calibration> {
     if decide(copy_gbps, remote_read_gbps, split_gbps) != choice {
         return None;
     }
-    // A measurement from a busy machine serves for a while only, then is taken again.
-    let at = fields.get("at").and_then(|v| v.parse::<u64>().ok())?;
-    match *fields.get("quiet")? {
-        "1" => {}
-        "0" if unix_now().saturating_sub(at) <= BUSY_VALID_S => {}
-        _ => return None,
-    }
     Some(Calibration {
         choice,
         copy_gbps,
         remote_read_gbps,
         split_gbps,
-        source: Source::Cached(p.to_owned()),
+        source: Source::Cached(cache.path().to_owned()),
     })
 }
 
-/// An exclusive lock on `calibration.lock` beside the cache, held while measuring;
-/// released when the file closes (drop).
-struct MeasureLock {
-    _file: std::fs::File,
-}
-
-impl MeasureLock {
-    /// Waits up to 2 s for the lock (a measurement takes well under that); `None` if
-    /// there is no private folder to lock in, or the wait ran out (then measure
-    /// anyway: never block a connection for long).
-    fn take(cache: &Path) -> Option<MeasureLock> {
-        use std::os::fd::AsRawFd;
-        let dir = cache.parent()?;
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).ok()?;
-        if !private(dir) {
-            return None;
-        }
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(dir.join("calibration.lock"))
-            .ok()?;
-        let end = Instant::now() + std::time::Duration::from_secs(2);
-        loop {
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Some(MeasureLock { _file: f });
-            }
-            if Instant::now() >= end {
-                return None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-    }
-}
-
-/// How long a measurement taken on a busy machine is used, seconds.
-const BUSY_VALID_S: u64 = 600;
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// Writes the cache (folder 0700, file 0600, replaced atomically); `quiet`: the
-/// machine was quiet while measuring (else the entry expires after
-/// [`BUSY_VALID_S`]).
-fn store(p: &Path, key: &str, c: &Calibration, quiet: bool) -> std::io::Result<()> {
-    let dir = p.parent().ok_or_else(|| std::io::Error::other("no folder"))?;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    if !private(dir) {
-        return Err(std::io::Error::other("cache folder not private"));
-    }
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let tmp =
-        dir.join(format!(".calibration.{}.{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    writeln!(
-        f,
-        "host={key}\nchoice={}\ncopy_gbps={:.3}\nremote_read_gbps={:.3}\nsplit_gbps={:.3}\nquiet={}\nat={}",
-        c.choice.name(),
-        c.copy_gbps,
-        c.remote_read_gbps,
-        c.split_gbps,
-        u8::from(quiet),
-        unix_now()
-    )?;
-    drop(f);
-    std::fs::rename(&tmp, p).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+/// Writes `c` to the cache; `quiet`: the machine was quiet while measuring.
+fn store(cache: &Cache, c: &Calibration, quiet: bool) -> std::io::Result<()> {
+    cache.store(
+        &[
+            ("choice", c.choice.name().to_owned()),
+            ("copy_gbps", format!("{:.3}", c.copy_gbps)),
+            ("remote_read_gbps", format!("{:.3}", c.remote_read_gbps)),
+            ("split_gbps", format!("{:.3}", c.split_gbps)),
+        ],
+        quiet,
+    )
 }
 
 /// Bytes of one measured message, and of one measured run.
@@ -375,18 +268,6 @@ fn measure() -> (f64, f64, f64) {
     });
     strait_sys::cpu::unpin(old);
     r
-}
-
-/// True if the machine looked idle enough for a measurement worth keeping: fewer
-/// runnable threads on average over the last minute than cores less one half (the
-/// copy path needs two cores; on a busy host both paths measure low, the copy
-/// lower, and that must not be cached for the rest of the boot).
-fn quiet() -> bool {
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()));
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    load.is_some_and(|l| l < cores - 0.5)
 }
 
 fn gbps(bytes: usize, secs: f64) -> Option<f64> {
@@ -582,18 +463,14 @@ mod tests {
         assert_eq!(decide(10.0, 0.0, 30.0), RndvChoice::Split);
     }
 
-    fn dir(tag: &str) -> PathBuf {
+    /// A cache for host `h` in a fresh private folder for `tag`, and the folder.
+    fn cache_in(tag: &str) -> (PathBuf, Cache) {
+        use std::os::unix::fs::DirBuilderExt;
         let d = std::env::temp_dir().join(format!("strait-cal-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
-        d
-    }
-
-    /// A fresh folder for `tag` and the cache file's path in it.
-    fn cache_in(tag: &str) -> (PathBuf, PathBuf) {
-        let d = dir(tag);
-        let p = d.join("calibration");
-        (d, p)
+        let c = Cache::at(d.join("calibration"), "h".into());
+        (d, c)
     }
 
     /// A measured calibration with these numbers.
@@ -601,70 +478,34 @@ mod tests {
         Calibration { choice, copy_gbps, remote_read_gbps, split_gbps: 0.0, source: Source::Measured }
     }
 
-    /// A cache for host `h` in a fresh folder for `tag`, stored (measured on a
-    /// `quiet` machine or not) with the copy chosen at 9 and 1 GB/s; the folder and
-    /// the file.
-    fn stored_copy(tag: &str, quiet: bool) -> (PathBuf, PathBuf) {
-        let (d, p) = cache_in(tag);
-        store(&p, "h", &measured(RndvChoice::Copy, 9.0, 1.0), quiet).unwrap();
-        (d, p)
-    }
-
-    /// Writes a cache file for host `h` by hand: `choice`, 9 and 1 GB/s, `quiet`, `at`.
-    fn write_by_hand(p: &Path, choice: &str, quiet: u8, at: u64) {
+    /// Writes a cache file for host `h` by hand: `choice`, 9 and 1 GB/s, quiet.
+    fn write_by_hand(c: &Cache, choice: &str) {
         std::fs::write(
-            p,
+            c.path(),
             format!(
-                "host=h\nchoice={choice}\ncopy_gbps=9.0\nremote_read_gbps=1.0\nsplit_gbps=0.0\nquiet={quiet}\nat={at}\n"
+                "host=h\nchoice={choice}\ncopy_gbps=9.0\nremote_read_gbps=1.0\nsplit_gbps=0.0\nquiet=1\nat=0\n"
             ),
         )
         .unwrap();
     }
 
     #[test]
-    fn a_cache_round_trips_only_for_its_host() {
-        let (d, p) = cache_in("rt");
+    fn a_cache_round_trips_and_must_agree_with_the_rule() {
+        let (d, cache) = cache_in("rt");
         let c = measured(RndvChoice::RemoteRead, 7.1, 10.3);
-        store(&p, "host-a", &c, true).unwrap();
-        let back = load(&p, "host-a").expect("valid cache");
+        store(&cache, &c, true).unwrap();
+        let back = load(&cache).expect("valid cache");
         assert_eq!(
             (back.choice, back.copy_gbps, back.remote_read_gbps),
             (c.choice, c.copy_gbps, c.remote_read_gbps)
         );
-        assert_eq!(back.source, Source::Cached(p.clone()));
-        assert!(load(&p, "host-b").is_none(), "a cache from another host was used");
-        let _ = std::fs::remove_dir_all(&d);
-    }
-
-    #[test]
-    fn a_cache_anyone_could_have_written_is_ignored() {
-        use std::os::unix::fs::PermissionsExt;
-        let (d, p) = stored_copy("perm", true);
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(load(&p, "h").is_none(), "a world-writable cache was trusted");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
-        assert!(load(&p, "h").is_none(), "a cache in a world-writable folder was trusted");
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
-        assert!(load(&p, "h").is_some());
+        assert_eq!(back.source, Source::Cached(cache.path().to_owned()));
+        write_by_hand(&cache, "copy");
+        assert!(load(&cache).is_some());
         // A file that contradicts the rule (say, edited to force remote reads) is not
         // taken.
-        write_by_hand(&p, "remote-read", 1, 0);
-        assert!(load(&p, "h").is_none(), "a cache contradicting its own numbers was trusted");
-        std::fs::write(&p, "garbage").unwrap();
-        assert!(load(&p, "h").is_none());
-        let _ = std::fs::remove_dir_all(&d);
-    }
-
-    #[test]
-    fn a_measurement_from_a_busy_machine_expires() {
-        let (d, p) = stored_copy("busy", false);
-        assert!(load(&p, "h").is_some(), "a fresh busy measurement serves");
-        let old = unix_now() - BUSY_VALID_S - 1;
-        write_by_hand(&p, "copy", 0, old);
-        assert!(load(&p, "h").is_none(), "an old busy measurement was still used");
-        write_by_hand(&p, "copy", 1, old);
-        assert!(load(&p, "h").is_some(), "a quiet measurement serves for the whole boot");
+        write_by_hand(&cache, "remote-read");
+        assert!(load(&cache).is_none(), "a cache contradicting its own numbers was trusted");
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -34,9 +34,19 @@ pub struct StraitUdp;
 impl TransportSpec for StraitUdp {
     strait_anatomy::spec_identity!(
         NAME,
-        "strait native API over the reliability layer over UDP (io_uring; --across-netns)",
+        "strait native API over the reliability layer over UDP (io_uring or sendmmsg/recvmmsg; --across-netns)",
         true
     );
+
+    fn settings(&self) -> Option<String> {
+        match strait_udp::UdpConfig::from_env() {
+            Ok(c) if c.backend == strait_udp::Backend::Auto => {
+                Some(strait_udp::calibrate::calibration().describe())
+            }
+            Ok(c) => Some(format!("udp backend = {:?} (STRAIT_UDP_BACKEND)", c.backend)),
+            Err(_) => None,
+        }
+    }
 
     fn listen(&self) -> Result<Pending> {
         let (driver, _) = strait_anatomy::kernel::bench_addrs()?;

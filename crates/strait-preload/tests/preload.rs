@@ -81,7 +81,8 @@ fn a_signal_during_a_blocked_reads_spin_ends_it_as_the_kernel_would() {
     // ms): the signal comes while the read spins. Run then, its handler would be
     // followed by more waiting (the client stays silent until told: a hang where the
     // kernel's read returned EINTR); held, it ends the spin and the sleep's mask lets
-    // it through. With SA_RESTART the read goes on to the data, as the kernel's.
+    // it through. With SA_RESTART the read goes on to the data, as the kernel's. A
+    // 50 ms SO_RCVTIMEO ends the spin too (it spun the whole 3 s before).
     let spin = [("STRAIT_SPIN_US", "3000000")];
     let (s, _) = checked(pair_with(true, true, "signals", "signals", &spin, &[]));
     assert!(s.stdout.contains("signals ok"), "{}", s.stdout);

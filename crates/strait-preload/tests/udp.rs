@@ -243,8 +243,8 @@ fn a_signal_during_a_blocked_receives_spin_ends_it_as_the_kernel_would() {
     // comes while its receive spins. Run then, its handler would be followed by more
     // waiting for a client that stays silent until told; held, it ends the spin and
     // the sleep's mask lets it through: EINTR, as the kernel's receive. With
-    // SA_RESTART the receive goes on to the datagram. The kernel's run is the
-    // reference.
+    // SA_RESTART the receive goes on to the datagram. A 50 ms SO_RCVTIMEO ends the
+    // spin too (it spun the whole 3 s before). The kernel's run is the reference.
     for preload in [false, true] {
         let deadline = Instant::now() + TIMEOUT;
         let s = Server::start(cmd(preload, &["server", "signals"]).env("STRAIT_SPIN_US", "3000000"));

@@ -75,7 +75,7 @@ use strait_sys::mmap::Mapping;
 
 use crate::real;
 use crate::settings::{crowded, spin_policy, Settings};
-use crate::wait::{signal_restarts, sock_timeout};
+use crate::wait::signal_restarts;
 
 pub const MAGIC: u64 = 0x3130_5043_5454_5253; // "SRTTCP01"
 /// 3: a connector no longer binds a port before its hello, and its path-B name is
@@ -1078,6 +1078,10 @@ impl Conn {
     fn wait(&self, fd: c_int, rx: bool, ready: &dyn Fn(&Conn) -> bool) -> Waited {
         let start = Instant::now();
         let budget = self.spin.next_budget(self.spin.is_adaptive() && crowded(start));
+        // SO_RCVTIMEO / SO_SNDTIMEO of the (idle) kernel socket bound the wait, the
+        // spin included.
+        let opt = if rx { libc::SO_RCVTIMEO } else { libc::SO_SNDTIMEO };
+        let (mut timeout, budget) = crate::wait::CallTimeout::new(fd, opt, start, budget);
         let spin_end = start + budget;
         // Signals are held from the first microseconds of the spin on, and between
         // sleeps, when a handler could end this call; each sleep's mask lets them
@@ -1106,9 +1110,7 @@ impl Conn {
             std::hint::spin_loop();
         }
         let mask = signals.sleep_mask();
-        // SO_RCVTIMEO / SO_SNDTIMEO of the (idle) kernel socket bound the wait.
-        let deadline = sock_timeout(fd, if rx { libc::SO_RCVTIMEO } else { libc::SO_SNDTIMEO })
-            .map(|t| Instant::now() + t);
+        let deadline = timeout.deadline();
         loop {
             self.announce(rx, !rx);
             if ready(self) {

@@ -778,8 +778,13 @@ impl UdpSock {
         // A blocked receive spins first (a non-blocking one neither spins nor reads
         // the clock for it: a busy-polling program makes millions of these).
         let spin_start = (!nonblock).then(Instant::now);
+        // SO_RCVTIMEO bounds the wait, the spin included.
+        let mut timeout = None;
         let spin_end = spin_start.map(|start| {
-            start + self.spin.next_budget(self.spin.is_adaptive() && crate::settings::crowded(start))
+            let budget = self.spin.next_budget(self.spin.is_adaptive() && crate::settings::crowded(start));
+            let (t, budget) = crate::wait::CallTimeout::new(fd, libc::SO_RCVTIMEO, start, budget);
+            timeout = Some(t);
+            start + budget
         });
         // Tells the socket's spin policy how this blocked receive's wait ended.
         let learn = |slept: bool| {
@@ -859,7 +864,10 @@ impl UdpSock {
         }
         // Sleep on the kernel socket, the doorbell and the marker.
         let mask = signals.sleep_mask();
-        let deadline = sock_timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t);
+        let deadline = match timeout.as_mut() {
+            Some(t) => t.deadline(),
+            None => sock_timeout(fd, libc::SO_RCVTIMEO).map(|t| Instant::now() + t),
+        };
         loop {
             self.announce();
             if let Some(g) = self.take_shm(iov, peek) {

@@ -92,6 +92,42 @@ pub(crate) fn kernel_poll(fds: &mut [pollfd], ms: c_int, mask: Option<*const sig
     ready
 }
 
+/// A spin budget above which a blocked call looks up its socket's timeout before it
+/// spins: a timer's own slack (50 us for a sleeping thread), so that a shorter spin
+/// may overrun a timeout by no more than the kernel's sleep would, and the look-up
+/// (a system call) is made only where the spin is long enough to hide it.
+const TIMEOUT_SLACK: Duration = Duration::from_micros(50);
+
+/// The timeout that bounds a blocked call's wait, for `SO_RCVTIMEO` or
+/// `SO_SNDTIMEO` (`opt`) of `fd`: the spin `budget` cut to it, and, once asked for,
+/// the deadline counted from `start` (the call's start, as the kernel counts it).
+pub(crate) struct CallTimeout {
+    fd: c_int,
+    opt: c_int,
+    start: Instant,
+    looked: Option<Option<Duration>>,
+}
+
+impl CallTimeout {
+    /// For a wait that began at `start` and may spin `budget`; returns the budget
+    /// cut to the socket's timeout (looked up only if the budget is long).
+    pub(crate) fn new(fd: c_int, opt: c_int, start: Instant, budget: Duration) -> (CallTimeout, Duration) {
+        let mut t = CallTimeout { fd, opt, start, looked: None };
+        if budget <= TIMEOUT_SLACK {
+            return (t, budget);
+        }
+        let timeout = sock_timeout(fd, opt);
+        t.looked = Some(timeout);
+        (t, timeout.map_or(budget, |d| budget.min(d)))
+    }
+
+    /// When the wait must end, if the socket has a timeout.
+    pub(crate) fn deadline(&mut self) -> Option<Instant> {
+        let (fd, opt) = (self.fd, self.opt);
+        self.looked.get_or_insert_with(|| sock_timeout(fd, opt)).map(|d| self.start + d)
+    }
+}
+
 /// The socket's SO_RCVTIMEO/SO_SNDTIMEO, if set.
 pub(crate) fn sock_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
     let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };

@@ -568,8 +568,14 @@ fn auto_takes_the_backend_measured_fastest_here() {
     let (a, _b) = loopback_pair(&cfg(Backend::Auto));
     assert_eq!(a.backend(), cal.choice, "{}", cal.describe());
     assert!(cal.describe().starts_with("udp backend auto = "), "{}", cal.describe());
-    if matches!(cal.source, strait_udp::calibrate::Source::Measured | strait_udp::calibrate::Source::Cached(_)) {
+    if matches!(
+        cal.source,
+        strait_udp::calibrate::Source::Measured | strait_udp::calibrate::Source::Cached(_)
+    ) {
         assert!(cal.uring_round_trip_ns > 0.0 && cal.mmsg_round_trip_ns > 0.0, "{cal:?}");
-        assert_eq!(strait_udp::calibrate::decide(cal.uring_round_trip_ns, cal.mmsg_round_trip_ns), cal.choice);
+        assert_eq!(
+            strait_udp::calibrate::decide(cal.uring_round_trip_ns, cal.mmsg_round_trip_ns),
+            cal.choice
+        );
     }
 }

@@ -192,9 +192,17 @@ fn signals_server(fd: c_int) {
     unsafe {
         libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), 16);
     }
+    let t = Instant::now();
     // SAFETY: a live buffer.
     let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 16) };
     assert!(n == -1 && errno() == libc::EAGAIN, "timed-out read: {n} {}", errno());
+    // The timeout bounds the whole wait, a spin included (the test also runs this
+    // with a spin budget of 3 s).
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "a 50 ms SO_RCVTIMEO ended the read after {:?}",
+        t.elapsed()
+    );
     let tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
     // SAFETY: a local timeval.
     unsafe {

@@ -796,7 +796,8 @@ fn etburst_server(fd: c_int) {
 }
 
 /// A blocked receive interrupted by a signal: EINTR without SA_RESTART (the client
-/// is silent until told); with SA_RESTART it goes on and returns the datagram.
+/// is silent until told); SO_RCVTIMEO ends it with EAGAIN; with SA_RESTART it goes
+/// on and returns the datagram.
 fn signals_server(fd: c_int) {
     let p = expect(fd, b"hello");
     alarm_in_100ms(false);
@@ -805,6 +806,31 @@ fn signals_server(fd: c_int) {
     let (n, _, _) = recv_from(fd, &mut buf, 0);
     assert!(n == -1 && errno() == libc::EINTR, "interrupted receive: {n} {}", errno());
     assert!(t.elapsed() < Duration::from_secs(2), "EINTR after {:?}", t.elapsed());
+    // SO_RCVTIMEO bounds the whole wait, a spin included (the test also runs this
+    // with a spin budget of 3 s).
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 50_000 };
+    let set = |tv: &libc::timeval| {
+        // SAFETY: a local timeval and its size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        }
+    };
+    assert_eq!(set(&tv), 0);
+    let t = Instant::now();
+    let (n, _, _) = recv_from(fd, &mut buf, 0);
+    assert!(n == -1 && errno() == libc::EAGAIN, "timed-out receive: {n} {}", errno());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "a 50 ms SO_RCVTIMEO ended the receive after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(set(&libc::timeval { tv_sec: 0, tv_usec: 0 }), 0);
     alarm_in_100ms(true);
     assert_eq!(send_to(fd, b"go", p), 2);
     let t = Instant::now();

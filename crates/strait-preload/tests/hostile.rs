@@ -501,6 +501,7 @@ const HOSTILE_PEER: &str = r#"
 import fcntl, os, random, socket, struct, sys, time, mmap
 port, seeds, first, messages = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == 'messages'
 splits = sys.argv[4] == 'splits'
+stopwriter = sys.argv[4] == 'stopwriter'
 # Words that decide something: mode, state, holders, and per direction the
 # positions, close flags and close hint, sleep flags, locks and the rendezvous
 # words (conn.rs layout).
@@ -541,8 +542,15 @@ for seed in range(first, first + seeds):
     if splits:
         # The victim writes 1 MiB to a buffer we posted and offers us to read its
         # first half from its own buffer: we take the offer and never finish
-        # reading ('stall'), or say we read a wrong number of bytes ('misread').
-        scenario = 'stall' if seed == first else 'misread'
+        # reading ('stall'), say we read a wrong number of bytes ('misread'), or take
+        # it and are stopped for 2.5 s, as by a debugger, then say we read nothing
+        # ('stopped').
+        scenario = 'stall' if seed == first else 'misread' if seed == first + 1 else 'stopped'
+    if stopwriter:
+        # The victim's blocked recv posts its buffer: we take the post as a writer
+        # does, are stopped for 2.5 s (as by a debugger) in the middle, then say we
+        # wrote 100 bytes.
+        scenario = 'stopped-writer'
     def put(data):
         # Publishes bytes into the victim's receive ring as a writer of ours would
         # (direction 0: data at 4096, tail at 1024), so that it comes to read.
@@ -578,7 +586,30 @@ for seed in range(first, first + seeds):
                 except OSError:
                     pass
             time.sleep(0.0005)
-    elif scenario in ('stall', 'misread'):
+    elif scenario == 'stopped-writer':
+        import signal
+        state = slice(1024 + 768, 1024 + 776)  # direction 0: we write, the victim reads
+        stop_end = time.time() + 6
+        while time.time() < stop_end:
+            if mm[state] == struct.pack('<Q', 1):  # posted
+                mm[state] = struct.pack('<Q', 2)  # filling
+                me, waker = os.getpid(), os.fork()
+                if waker == 0:
+                    time.sleep(2.5)
+                    os.kill(me, signal.SIGCONT)
+                    os._exit(0)
+                os.kill(me, signal.SIGSTOP)
+                os.waitpid(waker, 0)
+                mm[1024 + 800:1024 + 808] = struct.pack('<Q', 100)
+                mm[state] = struct.pack('<Q', 3)  # done: 100 bytes
+                try:
+                    os.write(ea, struct.pack('<Q', 1))
+                except OSError:
+                    pass
+                break
+            time.sleep(0.0005)
+        time.sleep(0.5)
+    elif scenario in ('stall', 'misread', 'stopped'):
         import ctypes
         buf = ctypes.create_string_buffer(1 << 20)
         b = 2048  # direction 1: the victim writes, we read
@@ -588,13 +619,25 @@ for seed in range(first, first + seeds):
         mm[b + 768:b + 776] = struct.pack('<Q', 1)  # posted
         # (Polled without a pause: the offer stands while the victim copies its
         # own half, some tens of microseconds.)
-        split_end = time.time() + (8 if scenario == 'stall' else 3)
+        split_end = time.time() + {'stall': 8, 'misread': 3, 'stopped': 6}[scenario]
         state, offered = slice(b + 768, b + 776), struct.pack('<Q', 5)
         while time.time() < split_end:
             for _ in range(1000):
                 if mm[state] == offered:
                     if scenario == 'stall':
                         mm[state] = struct.pack('<Q', 6)  # reading, for ever
+                    elif scenario == 'stopped':
+                        mm[state] = struct.pack('<Q', 6)  # reading (first: the offer is brief)
+                        import signal
+                        me, waker = os.getpid(), os.fork()
+                        if waker == 0:
+                            time.sleep(2.5)
+                            os.kill(me, signal.SIGCONT)
+                            os._exit(0)
+                        os.kill(me, signal.SIGSTOP)
+                        os.waitpid(waker, 0)
+                        mm[b + 832:b + 840] = struct.pack('<Q', 0)
+                        mm[state] = struct.pack('<Q', 7)  # read nothing: the writer writes it
                     else:
                         mm[b + 832:b + 840] = struct.pack('<Q', 12345)
                         mm[state] = struct.pack('<Q', 7)  # read, a wrong count
@@ -683,11 +726,62 @@ for i in range(n):
     c.close()
 "#;
 
+/// A server that makes one blocked `recv(4000)` (a 0.5 s receive timeout) on the
+/// connection it accepts, and says how it ended and how long it took.
+const TIMED_READER: &str = r#"
+import socket, struct, sys, time
+port = int(sys.argv[1])
+l = listen(port)
+c, _ = l.accept()
+c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 500000))
+t0 = time.monotonic()
+try:
+    how = 'got %d' % len(c.recv(4000))
+except (ConnectionError, OSError) as e:
+    how = type(e).__name__
+print('READ %s %.2f' % (how, time.monotonic() - t0), flush=True)
+c.close()
+"#;
+
+/// A writer that took a reader's posted buffer and is stopped in the middle of
+/// filling it (a debugger, job control) for longer than the reader's grace keeps
+/// the connection: the reader, which cannot return while another process may
+/// still write into its buffer, waits for it past its timeout (it reset after
+/// its grace before). A writer that is not stopped and holds the post is still
+/// cut off after the grace (`hostile_round`'s 'forge' and 'hold' scenarios).
+#[test]
+fn a_writer_stopped_while_filling_a_post_keeps_the_connection() {
+    if !can_run() {
+        return;
+    }
+    let (port, [srv, hp]) = port_and_scripts([
+        ("timed-reader", &[PY_LISTEN, TIMED_READER].concat()),
+        ("hostile-peer", HOSTILE_PEER),
+    ]);
+    let mut sc = victim(&srv, &[&port.to_string()]);
+    sc.env("STRAIT_RING_SIZE", "65536").env("STRAIT_RENDEZVOUS_MIN", "64");
+    let s = start(&mut sc, "server", "LISTENING");
+    let mut hc = Command::new(PYTHON);
+    hc.arg(&hp).args([port.to_string(), "1".into(), "1".into(), "stopwriter".into()]);
+    hc.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let h = finish(hc.spawn().expect("hostile peer"), Duration::from_secs(60));
+    let server = finish(s, Duration::from_secs(30));
+    assert!(h.0, "hostile peer: {h:?}");
+    assert!(server.0, "the victim failed or hung: {server:?}");
+    let read = server.1.lines().find_map(|l| l.strip_prefix("READ ")).unwrap_or_else(|| panic!("{server:?}"));
+    let (how, secs) = read.rsplit_once(' ').expect("READ how secs");
+    let secs: f64 = secs.parse().expect("seconds");
+    assert!(how == "got 100" && secs >= 2.0, "{read}: {server:?}");
+    assert_eq!(stat(&server.2, "accelerated"), 1, "{}", server.2);
+}
+
 /// A writer that split a large write (the reader reads half from the writer's
 /// buffer) waits until the reader is done with that buffer. A reader that takes
 /// the offer and never finishes costs the write at most its grace (1 s), then the
 /// connection, not a hang; one that reports a wrong count gets the half written
-/// by the writer, and the write completes.
+/// by the writer, and the write completes. A reader stopped in the middle for
+/// longer than the grace (a debugger, job control) keeps the connection: the
+/// write waits for it, as the kernel's would.
 #[test]
 fn a_reader_that_takes_a_split_and_never_finishes_cannot_hang_the_writer() {
     if !can_run() {
@@ -695,11 +789,11 @@ fn a_reader_that_takes_a_split_and_never_finishes_cannot_hang_the_writer() {
     }
     let (port, [srv, hp]) =
         port_and_scripts([("big-writer", &[PY_LISTEN, BIG_WRITER].concat()), ("hostile-peer", HOSTILE_PEER)]);
-    let mut sc = victim(&srv, &[&port.to_string(), "2"]);
+    let mut sc = victim(&srv, &[&port.to_string(), "3"]);
     sc.env("STRAIT_RING_SIZE", "65536");
     let s = start(&mut sc, "server", "LISTENING");
     let mut hc = Command::new(PYTHON);
-    hc.arg(&hp).args([port.to_string(), "2".into(), "1".into(), "splits".into()]);
+    hc.arg(&hp).args([port.to_string(), "3".into(), "1".into(), "splits".into()]);
     hc.stdout(Stdio::piped()).stderr(Stdio::piped());
     let h = finish(hc.spawn().expect("hostile peer"), Duration::from_secs(60));
     let server = finish(s, Duration::from_secs(30));
@@ -713,12 +807,14 @@ fn a_reader_that_takes_a_split_and_never_finishes_cannot_hang_the_writer() {
             Some((w.next()?.to_owned(), w.next()?.parse().ok()?))
         })
         .collect();
-    assert_eq!(writes.len(), 2, "{server:?}");
+    assert_eq!(writes.len(), 3, "{server:?}");
     // The stalled split: the connection goes after the grace (the hostile reader
     // stalls for 8 s, then closes).
     assert!(writes[0].0 != "sent" && (0.9..3.0).contains(&writes[0].1), "{writes:?} {server:?}");
     // The wrong count: the writer writes the reader's half itself.
     assert_eq!(writes[1].0, "sent", "{writes:?}");
+    // The reader stopped for 2.5 s: the write waits past the grace and completes.
+    assert!(writes[2].0 == "sent" && writes[2].1 >= 2.0, "{writes:?} {server:?}");
     assert!(stat(&server.2, "accelerated") >= 2, "{}", server.2);
 }
 

@@ -140,6 +140,17 @@ const SPLIT_READ_GRACE: Duration = Duration::from_secs(1);
 /// How long that writer polls before it naps between looks, and each nap.
 const SPLIT_SPIN: Duration = Duration::from_micros(200);
 const SPLIT_NAP: Duration = Duration::from_micros(50);
+/// How often a wait on a peer that is stopped in the middle of a rendezvous looks
+/// again ([`peer_stopped`]).
+const STOPPED_PEER_NAP: Duration = Duration::from_millis(10);
+
+/// True if process `pid` (a rendezvous peer) is stopped now: a tracer's or a
+/// job-control stop. A peer whose state cannot be read (another pid namespace, no
+/// `/proc`) counts as running: the grace then ends the wait as before.
+fn peer_stopped(pid: libc::pid_t) -> bool {
+    pid > 0 && strait_sys::procfs::stopped(pid) == Some(true)
+}
+
 /// Header word of the message-mode negotiation.
 pub(crate) const OFF_MODE: usize = 24;
 /// Header word set by a connector that wrote before its acceptor attached (those
@@ -1724,8 +1735,15 @@ impl Conn {
                         c.w(c.rx(), RV_STATE).load(Ordering::Acquire) != s
                             || c.peer_dead.load(Ordering::Relaxed)
                     }) {
-                        if Instant::now() >= *give_up.get_or_insert_with(|| Instant::now() + SPLIT_READ_GRACE)
-                        {
+                        let now = Instant::now();
+                        if now >= *give_up.get_or_insert(now + SPLIT_READ_GRACE) {
+                            // A writer stopped in the middle (a debugger, job
+                            // control) restarts the grace: it will finish once it
+                            // runs again.
+                            if peer_stopped(self.rv_peer.load(Ordering::Relaxed)) {
+                                give_up = Some(now + SPLIT_READ_GRACE);
+                                continue;
+                            }
                             self.peer_dead.store(true, Ordering::Relaxed);
                             return Err(IoErr::Reset);
                         }
@@ -2020,10 +2038,17 @@ impl Conn {
                     // being read); the grace does.
                     let now = Instant::now();
                     let start = *give_up.get_or_insert(now);
-                    if now >= start + SPLIT_READ_GRACE
-                        || self.peer_dead.load(Ordering::Relaxed)
-                        || fd.is_some_and(|fd| self.check_peer_now_and_then(fd))
-                    {
+                    let dead = self.peer_dead.load(Ordering::Relaxed)
+                        || fd.is_some_and(|fd| self.check_peer_now_and_then(fd));
+                    if !dead && now >= start + SPLIT_READ_GRACE && peer_stopped(pid) {
+                        // A reader stopped in the middle (a debugger, job control)
+                        // is not a reader that stalls: the kernel's write would wait
+                        // for it too. Its stop restarts the grace.
+                        give_up = Some(now);
+                        std::thread::sleep(STOPPED_PEER_NAP);
+                        continue;
+                    }
+                    if dead || now >= start + SPLIT_READ_GRACE {
                         if st
                             .compare_exchange(RV_READING, RV_REVOKED, Ordering::AcqRel, Ordering::Acquire)
                             .is_ok()

@@ -92,6 +92,17 @@ pub fn read(rel: &str, limit: usize) -> Option<Vec<u8>> {
     read_fd(fd, limit)
 }
 
+/// Whether process `pid` is stopped now (a job-control stop, `SIGSTOP`, or a
+/// tracer's stop: state `T` or `t` in `PID/stat`); `None` if that cannot be read (no
+/// such process, another pid namespace, no `/proc`).
+pub fn stopped(pid: libc::pid_t) -> Option<bool> {
+    let stat = read(&format!("{pid}/stat"), 1024)?;
+    // The state follows the command name, which may itself hold ") ".
+    let after = stat.iter().rposition(|&b| b == b')')?;
+    let state = *stat.get(after + 2)?;
+    Some(matches!(state, b'T' | b't'))
+}
+
 /// The descriptors this process has open now (`self/fd`), sorted; `None` if they
 /// cannot be listed.
 pub fn own_fds() -> Option<Vec<c_int>> {
@@ -169,6 +180,38 @@ mod tests {
         assert!(read_raw(c"/proc/self/status", all.len() + 4096).is_some());
         assert_eq!(read_raw(c"/proc/self/status", 10), None, "longer than the limit");
         assert_eq!(read_raw(c"/no/such/file", 10), None);
+    }
+
+    #[test]
+    fn a_stopped_process_is_seen_as_stopped() {
+        // SAFETY: fork in a test; the child only pauses until killed.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            loop {
+                // SAFETY: plain system call.
+                unsafe { libc::pause() };
+            }
+        }
+        let running = stopped(pid);
+        // SAFETY: signals to our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let mut seen = false;
+        for _ in 0..1000 {
+            if stopped(pid) == Some(true) {
+                seen = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: as above; reaps the child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(running, Some(false), "a sleeping child read as stopped");
+        assert!(seen, "a stopped child was never seen as stopped");
+        assert_eq!(stopped(pid), None, "a reaped child still has a state");
     }
 
     /// Through the handle, `/proc` answers after a `chroot` into a tree without it,

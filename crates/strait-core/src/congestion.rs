@@ -42,7 +42,13 @@
 //!   smaller share (docs/PERFORMANCE.md section 16). Before the first round-trip
 //!   sample there is no rate: nothing is paced.
 //!
-//! Not done: ECN (the udp device does not set or read ECN codepoints yet), HyStart.
+//! * **ECN** (RFC 3168's response, QUIC's counting): a path that marks packets
+//!   Congestion Experienced instead of dropping them is answered as a loss is, one
+//!   reduction per recovery episode, with nothing to resend. The reliability layer
+//!   counts the marks its link saw and echoes the count in every packet header; the
+//!   sender calls [`Cubic::on_loss`] when the echo grows.
+//!
+//! Not done: HyStart.
 //! Pure arithmetic, time passed in (sans-IO: the caller asks [`Pacer::next_send_ns`]
 //! when to come back): tested here and on the simulator's shared bottleneck
 //! (`crates/strait-sim/tests/congestion.rs`), and against kernel TCP through a `tc`

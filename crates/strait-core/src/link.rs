@@ -64,6 +64,9 @@ pub struct LinkStats {
     /// when the link counts those): new flights sent without moderation. Links
     /// without moderation leave it 0.
     pub pushes: u64,
+    /// Datagrams that arrived marked Congestion Experienced by the path (ECN CE):
+    /// see [`Link::ce_marked`].
+    pub ce_marked: u64,
 }
 
 /// An unreliable datagram carrier to one peer. One `Link` value is one connection.
@@ -148,6 +151,16 @@ pub trait Link {
     fn carrier_checksum(&self) -> bool {
         false
     }
+
+    /// How many datagrams have arrived marked Congestion Experienced by the path
+    /// (ECN: a router's queue filling marks the packet instead of dropping it),
+    /// cumulative. The reliability layer echoes it to the sender, which reduces
+    /// its congestion window as for a loss but has nothing to resend. Links whose
+    /// carrier has no ECN field (raw frames, the simulator) or that do not ask for
+    /// it keep the default, 0. Must be cheap: read after every receive.
+    fn ce_marked(&self) -> u64 {
+        0
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {
@@ -159,6 +172,9 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn carrier_checksum(&self) -> bool {
         (**self).carrier_checksum()
+    }
+    fn ce_marked(&self) -> u64 {
+        (**self).ce_marked()
     }
     fn tx_alloc(&mut self) -> Option<u32> {
         (**self).tx_alloc()

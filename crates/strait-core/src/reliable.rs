@@ -243,6 +243,14 @@ pub struct ReliableStats {
     /// Tail loss probes sent (the last packet again, after two silent round
     /// trips).
     pub tail_probes: u64,
+    /// Packets of the peer's that arrived marked Congestion Experienced (ECN CE,
+    /// counted by the link), echoed back in every packet's header.
+    pub ce_received: u64,
+    /// Of our packets, how many the peer reported arrived marked CE.
+    pub ce_echoed: u64,
+    /// Congestion window reductions for CE marks the peer echoed (one per recovery
+    /// episode, as for losses; also counted in `cc_reductions`).
+    pub cc_ecn_reductions: u64,
     /// Link counters.
     pub link: LinkStats,
 }
@@ -388,6 +396,10 @@ struct Conn {
     ack_due_ns: Option<u64>,
     ack_now: bool,
     ts_to_echo: u32,
+    /// The link's count of CE-marked arrivals (wrapping), echoed in every header.
+    ce_to_echo: u32,
+    /// The highest CE count the peer has echoed to us.
+    ce_echo_seen: u32,
     /// The acknowledgement (`rcv_next`) last handed to the link, and the one last
     /// flushed out of it: see `Reliable::recv_frame`.
     ack_sent: u32,
@@ -456,6 +468,37 @@ impl Conn {
         }
     }
 
+    /// The link's count of CE-marked arrivals is `marked`: a new mark is echoed at
+    /// once (an acknowledgement now), so that the sender reacts within a round
+    /// trip, as to a loss.
+    fn note_ce(&mut self, marked: u64) {
+        let now_marked = marked as u32;
+        let new = now_marked.wrapping_sub(self.ce_to_echo);
+        if new != 0 {
+            self.rstats.ce_received += u64::from(new);
+            self.ce_to_echo = now_marked;
+            self.ack_now = true;
+        }
+    }
+
+    /// The peer echoed `echo` CE marks on our packets: a higher count than before
+    /// is a congestion signal, answered as a loss is (one window reduction per
+    /// recovery episode) but with nothing to resend. A lower one is an older
+    /// packet's, overtaken. (A peer can lie about it as it can about losses: it
+    /// can only slow its own connection.)
+    fn on_ce_echo(&mut self, echo: u32, now: u64) {
+        let new = echo.wrapping_sub(self.ce_echo_seen);
+        if new == 0 || new >= 1 << 31 {
+            return;
+        }
+        self.ce_echo_seen = echo;
+        self.rstats.ce_echoed += u64::from(new);
+        if self.recovery_until.is_none() && self.cc.is_some() {
+            self.on_loss(now);
+            self.rstats.cc_ecn_reductions += 1;
+        }
+    }
+
     fn sack_bits(&self) -> u64 {
         if self.held_count == 0 {
             return 0;
@@ -484,6 +527,7 @@ impl Conn {
             window: self.cfg.window.min(u16::MAX as u32) as u16,
             ts: now_us(now),
             ts_echo: self.ts_to_echo,
+            ce_echo: self.ce_to_echo,
         }
     }
 
@@ -785,6 +829,7 @@ impl Conn {
             if !self.on_ack(&h, now) {
                 return Ok(false);
             }
+            self.on_ce_echo(h.ce_echo, now);
         }
         if !self.established && self.peer_knows_me {
             self.established = true;
@@ -1083,6 +1128,8 @@ impl<L: Link> Reliable<L> {
             ack_due_ns: None,
             ack_now: false,
             ts_to_echo: 0,
+            ce_to_echo: 0,
+            ce_echo_seen: 0,
             ack_sent: 0,
             ack_flushed: 0,
             last_heard_ns: now,
@@ -1353,6 +1400,7 @@ impl<L: Link> Reliable<L> {
                 strait_probe::probe!(if d.get(1) == Some(&(PacketKind::Data as u8)) => strait_probe::Stage::RxFound);
                 res = c.on_datagram(d, now, deliver)
             });
+            self.c.note_ce(self.link.ce_marked());
             self.settle(now);
             match got {
                 Ok(true) => {}

@@ -65,6 +65,11 @@ pub struct UdpConfig {
     /// Socket send and receive buffer sizes (forced past `rmem_max` when
     /// permitted). `STRAIT_UDP_SOCKBUF`, default 8M.
     pub sock_buf: usize,
+    /// ECN: datagrams leave marked ECN-capable (ECT(0)), and the link counts those
+    /// that arrive marked Congestion Experienced ([`strait_core::Link::ce_marked`]),
+    /// which the reliability layer echoes to the sender as a congestion signal.
+    /// `STRAIT_UDP_ECN` = 0/1, default 1.
+    pub ecn: bool,
 }
 
 impl Default for UdpConfig {
@@ -82,6 +87,7 @@ impl Default for UdpConfig {
             coalesce_ns: 8_000,
             stream_coalesce_ns: 32_000,
             sock_buf: 8 << 20,
+            ecn: true,
         }
     }
 }
@@ -146,6 +152,9 @@ impl UdpConfig {
         }
         if let Some(v) = env_num_in("STRAIT_UDP_SOCKBUF", 64 << 10..=1 << 30, "must be 64K..1G")? {
             c.sock_buf = v as usize;
+        }
+        if let Some(v) = env_flag("STRAIT_UDP_ECN")? {
+            c.ecn = v;
         }
         Ok(c)
     }

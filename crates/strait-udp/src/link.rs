@@ -240,6 +240,28 @@ pub struct UdpLink {
     /// The socket sends UDP checksums (no one switched them off on the socket we
     /// were given): see [`Link::carrier_checksum`].
     checksummed: bool,
+    /// Datagrams leave ECN-capable and arrive with their ECN codepoint reported.
+    ecn: bool,
+}
+
+/// Marks the socket's datagrams ECN-capable (ECT(0), keeping the DSCP bits a
+/// caller may have set) and asks for each arrival's ECN codepoint; false (and
+/// nothing left half set) if the kernel refuses either.
+fn enable_ecn(fd: RawFd, v6: bool) -> bool {
+    let (level, tos, recv) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, libc::IPV6_RECVTCLASS)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_TOS, libc::IP_RECVTOS)
+    };
+    let Ok(old) = sys::getsockopt_int(fd, level, tos) else { return false };
+    if sys::setsockopt_int(fd, level, tos, (old & !3) | i32::from(sys::ECN_ECT0)).is_err() {
+        return false;
+    }
+    if sys::setsockopt_int(fd, level, recv, 1).is_err() {
+        let _ = sys::setsockopt_int(fd, level, tos, old);
+        return false;
+    }
+    true
 }
 
 impl UdpLink {
@@ -291,6 +313,7 @@ impl UdpLink {
             sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK)
         };
         let checksummed = matches!(no_check, Ok(0));
+        let ecn = cfg.ecn && enable_ecn(fd, v6);
         let mtu = if cfg.max_datagram > 0 { cfg.max_datagram.min(from_path) } else { from_path };
         if mtu < 256 {
             return Err(UdpError::MtuTooSmall(mtu));
@@ -323,16 +346,22 @@ impl UdpLink {
                 // A GSO send's payload, like any datagram's, must fit in one IP packet
                 // of at most 64 KiB (the IPv6 payload length counts the UDP header).
                 let gso_bytes = 65_535 - hdr;
-                let m = MmsgLink::new(fd, cfg, slot_len, gso_bytes, moder);
+                let m = MmsgLink::new(fd, cfg, slot_len, gso_bytes, moder, ecn);
                 (Inner::Mmsg(Box::new(m)), Backend::Mmsg)
             }
         };
-        Ok(UdpLink { inner, sock, mtu, backend, checksummed })
+        Ok(UdpLink { inner, sock, mtu, backend, checksummed, ecn })
     }
 
     /// Wraps the link in the reliability layer: the device to attach to a worker.
     pub fn reliable(self, cfg: ReliableConfig) -> Reliable<UdpLink> {
         Reliable::new(self, cfg)
+    }
+
+    /// True if the link's datagrams are ECN-capable and CE marks on arrivals are
+    /// counted ([`UdpConfig::ecn`], and the kernel allowed it).
+    pub fn ecn(&self) -> bool {
+        self.ecn
     }
 
     /// The backend in use ([`Backend::Uring`] or [`Backend::Mmsg`]).
@@ -386,6 +415,13 @@ impl Link for UdpLink {
         // Every datagram carries UDP's checksum and the kernel (or the NIC) drops
         // one that fails it before the link sees it.
         self.checksummed
+    }
+
+    fn ce_marked(&self) -> u64 {
+        match &self.inner {
+            Inner::Uring(u) => u.stats.ce_marked,
+            Inner::Mmsg(m) => m.stats.ce_marked,
+        }
     }
 
     fn tx_slots(&self) -> Option<usize> {

@@ -94,6 +94,9 @@ pub(crate) struct MmsgLink {
     /// met an error that a plain datagram would be handled for).
     head_alone: bool,
     gro: bool,
+    /// ECN codepoints are reported with each receive: control space is passed
+    /// even without GRO, and CE marks are counted.
+    ecn: bool,
     rx_mem: Vec<u8>,
     rx_hdrs: Vec<libc::mmsghdr>,
     rx_iov: Vec<libc::iovec>,
@@ -127,6 +130,7 @@ impl MmsgLink {
         slot_len: usize,
         gso_bytes: usize,
         moder: Moderation,
+        ecn: bool,
     ) -> Self {
         let ring = cfg.ring as usize;
         // GRO changes what a receive returns: on only if wanted (a failed io_uring
@@ -163,6 +167,7 @@ impl MmsgLink {
             gso_bytes,
             head_alone: false,
             gro,
+            ecn,
             rx_mem,
             rx_hdrs: vec![zero_hdr; rx_batch],
             rx_iov: vec![zero_iov; rx_batch],
@@ -392,8 +397,9 @@ impl MmsgLink {
                     continue;
                 }
                 let mut seg = len;
+                let clen = CTRL_LEN.min(h.msg_hdr.msg_controllen as _);
+                let ce = self.ecn && sys::ce_marked(&self.rx_ctrl[i].0[..clen]);
                 if self.gro {
-                    let clen = CTRL_LEN.min(h.msg_hdr.msg_controllen as _);
                     match sys::gro_size(&self.rx_ctrl[i].0[..clen]) {
                         Some(s) if s > 0 && s < len => {
                             self.ustats.gro_trains += 1;
@@ -410,6 +416,11 @@ impl MmsgLink {
                         }
                         None => {}
                     }
+                }
+                if ce {
+                    // Every datagram of a GRO train carried the same codepoint (the
+                    // kernel coalesces only datagrams whose IP headers agree).
+                    self.stats.ce_marked += len.div_ceil(seg.max(1)).max(1) as u64;
                 }
                 let off = i * RX_BUF_LEN;
                 // An empty datagram is handed out once, as such.
@@ -451,7 +462,7 @@ impl MmsgLink {
             h.msg_hdr.msg_namelen = 0;
             h.msg_hdr.msg_iov = iov.wrapping_add(i);
             h.msg_hdr.msg_iovlen = 1;
-            if self.gro {
+            if self.gro || self.ecn {
                 h.msg_hdr.msg_control = ctrl.wrapping_add(i).cast();
                 h.msg_hdr.msg_controllen = CTRL_LEN as _;
             } else {
@@ -570,6 +581,41 @@ mod tests {
         bad[..W].copy_from_slice(&3usize.to_ne_bytes());
         assert_eq!(sys::gro_size(&bad), None);
         assert_eq!(sys::gro_size(&[]), None);
+    }
+
+    /// One control message (level, type, data) as the kernel lays it out.
+    fn cmsg(level: i32, kind: i32, data: &[u8]) -> Vec<u8> {
+        const W: usize = std::mem::size_of::<usize>();
+        const HDR: usize = std::mem::size_of::<libc::cmsghdr>();
+        let mut b = vec![0u8; (HDR + data.len()).next_multiple_of(W)];
+        b[..W].copy_from_slice(&(HDR + data.len()).to_ne_bytes());
+        b[W..W + 4].copy_from_slice(&level.to_ne_bytes());
+        b[W + 4..W + 8].copy_from_slice(&kind.to_ne_bytes());
+        b[HDR..HDR + data.len()].copy_from_slice(data);
+        b
+    }
+
+    #[test]
+    fn ce_marks_are_read_from_the_tos_or_traffic_class() {
+        let tos = |t: u8| cmsg(libc::IPPROTO_IP, libc::IP_TOS, &[t]);
+        let tclass = |t: i32| cmsg(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, &t.to_ne_bytes());
+        let gro = cmsg(sys::SOL_UDP, sys::UDP_GRO, &1472i32.to_ne_bytes());
+        assert!(sys::ce_marked(&tos(0x03)));
+        assert!(sys::ce_marked(&tos(0xb8 | 0x03)), "DSCP bits beside CE");
+        assert!(!sys::ce_marked(&tos(0x02)), "ECT(0) is not CE");
+        assert!(!sys::ce_marked(&tos(0x01)), "ECT(1) is not CE");
+        assert!(sys::ce_marked(&tclass(0x03)));
+        assert!(!sys::ce_marked(&tclass(0x02)));
+        // After a GRO message, beside which it arrives.
+        let both = [gro.clone(), tos(0x03)].concat();
+        assert!(sys::ce_marked(&both));
+        assert_eq!(sys::gro_size(&both), Some(1472));
+        assert!(!sys::ce_marked(&gro));
+        // A malformed message ends the parse: nothing after it counts.
+        let mut bad = tos(0x03);
+        bad[..8].copy_from_slice(&1000usize.to_ne_bytes());
+        assert!(!sys::ce_marked(&bad));
+        assert!(!sys::ce_marked(&[]));
     }
 
     #[test]

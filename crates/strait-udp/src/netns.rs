@@ -159,6 +159,73 @@ impl VethPair {
         Ok(())
     }
 
+    /// Marks a random fraction `p` of the ECN-capable (ECT(0)) UDP datagrams that
+    /// arrive at side `i` Congestion Experienced, as a router's AQM would instead of
+    /// dropping them (iptables' `TOS` target on the mangle table's `PREROUTING`;
+    /// this kernel has no marking qdisc). 0 removes the rules.
+    pub fn set_ce_marking(&self, i: usize, p: f64) -> io::Result<()> {
+        ensure_iptables()?;
+        for tool in ["iptables", "ip6tables"] {
+            let exec = |args: &[&str]| {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &self.ns[i], tool]).args(args);
+                run(&mut c)
+            };
+            exec(&["-t", "mangle", "-F", "PREROUTING"])?;
+            if p > 0.0 {
+                exec(&[
+                    "-t",
+                    "mangle",
+                    "-A",
+                    "PREROUTING",
+                    "-p",
+                    "udp",
+                    "-m",
+                    "tos",
+                    "--tos",
+                    "0x02/0x03",
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "random",
+                    "--probability",
+                    &format!("{p}"),
+                    "-j",
+                    "TOS",
+                    "--set-tos",
+                    "0x03/0x03",
+                ])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Datagrams side `i`'s marking rules marked CE so far (IPv4 and IPv6).
+    pub fn ce_marked(&self, i: usize) -> io::Result<u64> {
+        let mut total = 0;
+        for tool in ["iptables", "ip6tables"] {
+            let out = run(Command::new("ip").args([
+                "netns",
+                "exec",
+                &self.ns[i],
+                tool,
+                "-t",
+                "mangle",
+                "-L",
+                "PREROUTING",
+                "-v",
+                "-n",
+                "-x",
+            ]))?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if line.contains("TOS") {
+                    total += line.split_whitespace().next().and_then(|w| w.parse::<u64>().ok()).unwrap_or(0);
+                }
+            }
+        }
+        Ok(total)
+    }
+
     /// Packets dropped so far by side `i`'s loss rules (IPv4 and IPv6).
     pub fn dropped(&self, i: usize) -> io::Result<u64> {
         let mut total = 0;

@@ -37,8 +37,9 @@ impl SegCmsg {
     }
 }
 
-/// Finds the `UDP_GRO` segment size among received control messages, if any.
-pub(crate) fn gro_size(ctrl: &[u8]) -> Option<usize> {
+/// The control messages of one receive, as (level, type, data); stops at the first
+/// malformed one (`Err(())` then, after the good ones).
+fn cmsgs(ctrl: &[u8]) -> impl Iterator<Item = Result<(i32, i32, &[u8]), ()>> {
     // The kernel's `struct cmsghdr`: a size_t length, then level and type (ints);
     // the data follows at the header's size, each message is size_t-aligned.
     const W: usize = std::mem::size_of::<usize>();
@@ -52,17 +53,57 @@ pub(crate) fn gro_size(ctrl: &[u8]) -> Option<usize> {
         Some(i32::from_ne_bytes(b))
     };
     let mut off = 0;
-    while off + HDR <= ctrl.len() {
-        let clen = word(off)?;
-        if clen < HDR || clen > ctrl.len() - off {
+    let mut broken = false;
+    std::iter::from_fn(move || {
+        if broken || off + HDR > ctrl.len() {
             return None;
         }
-        if int(off + W)? == SOL_UDP && int(off + W + 4)? == UDP_GRO && clen >= HDR + 4 {
-            return Some(int(off + HDR)? as u32 as usize);
+        let parsed = (|| {
+            let clen = word(off)?;
+            if clen < HDR || clen > ctrl.len() - off {
+                return None;
+            }
+            let item = (int(off + W)?, int(off + W + 4)?, &ctrl[off + HDR..off + clen]);
+            off += clen.next_multiple_of(W);
+            Some(item)
+        })();
+        broken = parsed.is_none();
+        Some(parsed.ok_or(()))
+    })
+}
+
+/// Finds the `UDP_GRO` segment size among received control messages, if any.
+pub(crate) fn gro_size(ctrl: &[u8]) -> Option<usize> {
+    for m in cmsgs(ctrl) {
+        let (level, kind, data) = m.ok()?;
+        if level == SOL_UDP && kind == UDP_GRO && data.len() >= 4 {
+            let b: [u8; 4] = data[..4].try_into().ok()?;
+            return Some(i32::from_ne_bytes(b) as u32 as usize);
         }
-        off += clen.next_multiple_of(W);
     }
     None
+}
+
+/// ECN codepoint "Congestion Experienced" (both bits of the TOS/traffic class's
+/// low two).
+const ECN_CE: u8 = 3;
+/// ECN codepoint "ECN-capable transport (0)", which the link's packets carry.
+pub(crate) const ECN_ECT0: u8 = 2;
+
+/// True if the received control messages say the datagram (or GRO train) arrived
+/// marked Congestion Experienced: `IP_TOS` (one byte) or `IPV6_TCLASS` (an int)
+/// with both ECN bits set.
+pub(crate) fn ce_marked(ctrl: &[u8]) -> bool {
+    cmsgs(ctrl).map_while(Result::ok).any(|(level, kind, data)| {
+        let tos = match (level, kind) {
+            (libc::IPPROTO_IP, libc::IP_TOS) => data.first().copied(),
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                data.get(..4).and_then(|b| b.try_into().ok()).map(|b: [u8; 4]| i32::from_ne_bytes(b) as u8)
+            }
+            _ => None,
+        };
+        tos.is_some_and(|t| t & 3 == ECN_CE)
+    })
 }
 
 /// Sets an integer socket option.

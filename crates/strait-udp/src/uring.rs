@@ -48,8 +48,10 @@ const GSO_OPS: usize = 32;
 const RX_POSTED_FIRST: u16 = 16;
 /// Provided-buffer group id.
 const BGID: u16 = 0;
-/// Control space reserved in each receive buffer (one `int` control message).
-const CTRL_LEN: usize = 32;
+/// Control space reserved in each receive buffer: two control messages of an `int`
+/// or less (`UDP_GRO`'s segment size, the ECN codepoint's `IP_TOS` or
+/// `IPV6_TCLASS`), `CMSG_SPACE(4)` = 24 bytes each.
+const CTRL_LEN: usize = 48;
 /// `struct io_uring_recvmsg_out`.
 const RECVMSG_OUT_LEN: usize = 16;
 
@@ -677,6 +679,11 @@ impl UringLink {
                     }
                     _ => plen.max(1),
                 };
+                if sys::ce_marked(out.control_data()) {
+                    // Every datagram of a GRO train carried the same codepoint (the
+                    // kernel coalesces only datagrams whose IP headers agree).
+                    self.stats.ce_marked += plen.div_ceil(seg).max(1) as u64;
+                }
                 if plen == 0 {
                     // An empty datagram: hand it over as such.
                     self.stats.datagrams_received += 1;

@@ -366,3 +366,73 @@ fn five_percent_loss(backend: Backend) {
 }
 
 common::test_per_backend!(five_percent_loss_completes_hashed_uring, five_percent_loss_completes_hashed_mmsg: five_percent_loss);
+
+/// ECN on the bottleneck: 2% of the data direction's ECN-capable datagrams arrive
+/// marked Congestion Experienced (iptables' TOS target on the receiver, as an AQM
+/// marks instead of dropping). The receiver echoes the marks in its headers; the
+/// sender reduces its congestion window for them as for losses, with nothing to
+/// resend, and a 16 MiB transfer completes, its hash the sender's. With ECN off at
+/// both ends the datagrams are not ECN-capable: the rule marks none, and nothing is
+/// echoed or reduced for marks.
+fn ecn_marks(backend: Backend) {
+    let _serial = one_at_a_time();
+    for ecn in [true, false] {
+        let pair = shaped_veth();
+        let (sa, sb) = pair.udp_pair(false).unwrap();
+        common::warm(&sa, &sb);
+        let c = strait_udp::UdpConfig { ecn, ..common::cfg(backend) };
+        let (la, lb) = (
+            strait_udp::UdpLink::from_socket(sa, &c).unwrap(),
+            strait_udp::UdpLink::from_socket(sb, &c).unwrap(),
+        );
+        assert_eq!((la.ecn(), lb.ecn()), (ecn, ecn), "the kernel refused ECN");
+        let (a, b) = (la.reliable(common::rel_cfg()), lb.reliable(common::rel_cfg()));
+        pair.set_ce_marking(1, 0.02).expect("cannot install the iptables CE marking rule");
+        let total: u64 = 16 << 20;
+        let n = total / MSG as u64;
+        let stop = AtomicBool::new(false);
+        let got = AtomicU64::new(0);
+        let limit = Duration::from_secs(45);
+        let start = Instant::now();
+        let ((sent, sent_hash, rel), got_hash, elapsed) = std::thread::scope(|s| {
+            let tx = s.spawn(|| strait_sender(a, &stop, Some(total), limit));
+            let rx = s.spawn(|| {
+                let h = strait_receiver(b, &got, &stop, Some(n), limit);
+                (h, start.elapsed())
+            });
+            let (h, elapsed) = rx.join().expect("strait receiver");
+            (tx.join().expect("strait sender"), h, elapsed)
+        });
+        let marked = pair.ce_marked(1).unwrap_or(0);
+        eprintln!(
+            "{backend:?}, ECN {ecn}, 2% CE marks, tbf {RATE}: {} MiB in {:.2} s, goodput {:.1} Mbit/s; {marked} \
+             datagrams marked; {} marks echoed, {} ECN reductions of {} in all, {} fast and {} timeout \
+             retransmits, srtt {} us",
+            total >> 20,
+            elapsed.as_secs_f64(),
+            total as f64 * 8e-6 / elapsed.as_secs_f64(),
+            rel.ce_echoed,
+            rel.cc_ecn_reductions,
+            rel.cc_reductions,
+            rel.fast_retransmits,
+            rel.timeout_retransmits,
+            rel.srtt_ns / 1000,
+        );
+        assert_eq!(sent, n * MSG as u64);
+        assert_eq!(got.load(Ordering::Relaxed), sent);
+        assert_eq!(got_hash, sent_hash, "the payload arrived altered");
+        if ecn {
+            assert!(marked > 0, "the rule marked nothing");
+            // Marks on data datagrams reach the sender as echoes (the receiver's own
+            // acknowledgements are marked too, and echoed back to it).
+            assert!(rel.ce_echoed > 0, "no mark was echoed: {rel:?}");
+            assert!(rel.cc_ecn_reductions > 0, "the sender never reduced for a mark: {rel:?}");
+            assert!(rel.cc_ecn_reductions <= rel.cc_reductions);
+        } else {
+            assert_eq!(marked, 0, "datagrams went out ECN-capable with ECN off");
+            assert_eq!((rel.ce_echoed, rel.cc_ecn_reductions), (0, 0), "{rel:?}");
+        }
+    }
+}
+
+common::test_per_backend!(ecn_marks_slow_the_sender_uring, ecn_marks_slow_the_sender_mmsg: ecn_marks);

@@ -29,6 +29,7 @@ fn main() {
         window: 512,
         ts: 5,
         ts_echo: 6,
+        ce_echo: 0,
     };
     let key = PacketKey::new(b"per-connection key, derived");
     let mut plain = vec![7u8; PACKET_HEADER_LEN + len];

@@ -38,7 +38,7 @@
 //! | 32 | 4 | timestamp, microseconds of the sender's clock |
 //! | 36 | 4 | echoed timestamp (for round-trip time) |
 //! | 40 | 4 | CRC32C |
-//! | 44 | 4 | reserved, zero |
+//! | 44 | 4 | CE echo: packets the sender received marked Congestion Experienced (ECN), cumulative, wrapping |
 //! | 48 | `len` | payload |
 //! | 48 + `len` | 16 | HMAC-SHA256 tag, truncated (only with [`FLAG_MAC`]) |
 
@@ -129,6 +129,11 @@ pub struct PacketHeader {
     pub ts: u32,
     /// The latest timestamp the sender received from the receiver.
     pub ts_echo: u32,
+    /// How many of the receiver's packets the sender received marked Congestion
+    /// Experienced by the path (ECN CE), cumulative and wrapping: the receiver
+    /// reduces its congestion window when it grows, as for a loss. Zero on a path
+    /// that never marked (or a carrier without ECN).
+    pub ce_echo: u32,
 }
 
 /// Why a packet was refused.
@@ -203,7 +208,8 @@ impl PacketHeader {
         o[30..32].copy_from_slice(&self.window.to_le_bytes());
         o[32..36].copy_from_slice(&self.ts.to_le_bytes());
         o[36..40].copy_from_slice(&self.ts_echo.to_le_bytes());
-        o[40..48].fill(0);
+        o[40..44].fill(0);
+        o[44..48].copy_from_slice(&self.ce_echo.to_le_bytes());
     }
 }
 
@@ -317,7 +323,7 @@ fn check(datagram: &[u8], carrier_checked: bool) -> Result<PacketHeader, PacketE
         return Err(PacketError::Version(b[0]));
     }
     let kind = PacketKind::from_u8(b[1]).ok_or(PacketError::Kind(b[1]))?;
-    if b[2] & !KNOWN_FLAGS != 0 || b[3] != 0 || u32_at(b, 44) != 0 {
+    if b[2] & !KNOWN_FLAGS != 0 || b[3] != 0 {
         return Err(PacketError::Reserved);
     }
     let len = u16_at(b, 28);
@@ -349,6 +355,7 @@ fn check(datagram: &[u8], carrier_checked: bool) -> Result<PacketHeader, PacketE
         window: u16_at(b, 30),
         ts: u32_at(b, 32),
         ts_echo: u32_at(b, 36),
+        ce_echo: u32_at(b, 44),
     })
 }
 
@@ -394,6 +401,7 @@ mod tests {
             window: 256,
             ts: 123_456,
             ts_echo: 99,
+            ce_echo: 0xdead_beef,
         }
     }
 

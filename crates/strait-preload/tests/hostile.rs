@@ -726,6 +726,28 @@ for i in range(n):
     c.close()
 "#;
 
+/// Runs victim server `sc` (a 64 KiB ring) against [`HOSTILE_PEER`] at `hp` with
+/// `seeds` connections of `mode`; both must finish, the victim without failing or
+/// hanging. Returns the victim's output.
+fn against_hostile_peer(
+    mut sc: Command,
+    hp: &PathBuf,
+    port: u16,
+    seeds: usize,
+    mode: &str,
+) -> (bool, String, String) {
+    sc.env("STRAIT_RING_SIZE", "65536");
+    let s = start(&mut sc, "server", "LISTENING");
+    let mut hc = Command::new(PYTHON);
+    hc.arg(hp).args([port.to_string(), seeds.to_string(), "1".into(), mode.into()]);
+    hc.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let h = finish(hc.spawn().expect("hostile peer"), Duration::from_secs(60));
+    let server = finish(s, Duration::from_secs(30));
+    assert!(h.0, "hostile peer: {h:?}");
+    assert!(server.0, "the victim failed or hung: {server:?}");
+    server
+}
+
 /// A server that makes one blocked `recv(4000)` (a 0.5 s receive timeout) on the
 /// connection it accepts, and says how it ended and how long it took.
 const TIMED_READER: &str = r#"
@@ -759,15 +781,8 @@ fn a_writer_stopped_while_filling_a_post_keeps_the_connection() {
         ("hostile-peer", HOSTILE_PEER),
     ]);
     let mut sc = victim(&srv, &[&port.to_string()]);
-    sc.env("STRAIT_RING_SIZE", "65536").env("STRAIT_RENDEZVOUS_MIN", "64");
-    let s = start(&mut sc, "server", "LISTENING");
-    let mut hc = Command::new(PYTHON);
-    hc.arg(&hp).args([port.to_string(), "1".into(), "1".into(), "stopwriter".into()]);
-    hc.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let h = finish(hc.spawn().expect("hostile peer"), Duration::from_secs(60));
-    let server = finish(s, Duration::from_secs(30));
-    assert!(h.0, "hostile peer: {h:?}");
-    assert!(server.0, "the victim failed or hung: {server:?}");
+    sc.env("STRAIT_RENDEZVOUS_MIN", "64");
+    let server = against_hostile_peer(sc, &hp, port, 1, "stopwriter");
     let read = server.1.lines().find_map(|l| l.strip_prefix("READ ")).unwrap_or_else(|| panic!("{server:?}"));
     let (how, secs) = read.rsplit_once(' ').expect("READ how secs");
     let secs: f64 = secs.parse().expect("seconds");
@@ -789,16 +804,7 @@ fn a_reader_that_takes_a_split_and_never_finishes_cannot_hang_the_writer() {
     }
     let (port, [srv, hp]) =
         port_and_scripts([("big-writer", &[PY_LISTEN, BIG_WRITER].concat()), ("hostile-peer", HOSTILE_PEER)]);
-    let mut sc = victim(&srv, &[&port.to_string(), "3"]);
-    sc.env("STRAIT_RING_SIZE", "65536");
-    let s = start(&mut sc, "server", "LISTENING");
-    let mut hc = Command::new(PYTHON);
-    hc.arg(&hp).args([port.to_string(), "3".into(), "1".into(), "splits".into()]);
-    hc.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let h = finish(hc.spawn().expect("hostile peer"), Duration::from_secs(60));
-    let server = finish(s, Duration::from_secs(30));
-    assert!(h.0, "hostile peer: {h:?}");
-    assert!(server.0, "the victim failed or hung: {server:?}");
+    let server = against_hostile_peer(victim(&srv, &[&port.to_string(), "3"]), &hp, port, 3, "splits");
     let writes: Vec<(String, f64)> = server
         .1
         .lines()

@@ -202,6 +202,17 @@ impl VethPair {
 
     /// Datagrams side `i`'s marking rules marked CE so far (IPv4 and IPv6).
     pub fn ce_marked(&self, i: usize) -> io::Result<u64> {
+        self.rule_packets(i, "mangle", "PREROUTING", "TOS")
+    }
+
+    /// Packets dropped so far by side `i`'s loss rules (IPv4 and IPv6).
+    pub fn dropped(&self, i: usize) -> io::Result<u64> {
+        self.rule_packets(i, "filter", "INPUT", "DROP")
+    }
+
+    /// Packets that side `i`'s rules of `chain` in `table` with target `target`
+    /// matched so far (IPv4 and IPv6).
+    fn rule_packets(&self, i: usize, table: &str, chain: &str, target: &str) -> io::Result<u64> {
         let mut total = 0;
         for tool in ["iptables", "ip6tables"] {
             let out = run(Command::new("ip").args([
@@ -210,39 +221,15 @@ impl VethPair {
                 &self.ns[i],
                 tool,
                 "-t",
-                "mangle",
+                table,
                 "-L",
-                "PREROUTING",
+                chain,
                 "-v",
                 "-n",
                 "-x",
             ]))?;
             for line in String::from_utf8_lossy(&out.stdout).lines() {
-                if line.contains("TOS") {
-                    total += line.split_whitespace().next().and_then(|w| w.parse::<u64>().ok()).unwrap_or(0);
-                }
-            }
-        }
-        Ok(total)
-    }
-
-    /// Packets dropped so far by side `i`'s loss rules (IPv4 and IPv6).
-    pub fn dropped(&self, i: usize) -> io::Result<u64> {
-        let mut total = 0;
-        for tool in ["iptables", "ip6tables"] {
-            let out = run(Command::new("ip").args([
-                "netns",
-                "exec",
-                &self.ns[i],
-                tool,
-                "-L",
-                "INPUT",
-                "-v",
-                "-n",
-                "-x",
-            ]))?;
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                if line.contains("DROP") {
+                if line.split_whitespace().nth(2) == Some(target) {
                     total += line.split_whitespace().next().and_then(|w| w.parse::<u64>().ok()).unwrap_or(0);
                 }
             }

@@ -324,14 +324,9 @@ fn shares_with_tcp(backend: Backend) {
 
 common::test_per_backend!(strait_and_tcp_share_a_bottleneck_uring, strait_and_tcp_share_a_bottleneck_mmsg: shares_with_tcp);
 
-/// 5% of the data direction's packets dropped at random, on the bottleneck: a
-/// 16 MiB transfer completes, its hash the sender's.
-fn five_percent_loss(backend: Backend) {
-    let _serial = one_at_a_time();
-    let pair = shaped_veth();
-    let (a, b, _) = device_pair(&pair, false, backend);
-    pair.set_loss(1, 0.05).expect("cannot install the iptables loss rule");
-    let total: u64 = 16 << 20;
+/// Moves `total` bytes from `a` to `b` in `MSG`-byte messages and checks that all
+/// arrived, hashed as sent; returns how long it took and the sender's counters.
+fn transfer(a: UdpDevice, b: UdpDevice, total: u64) -> (Duration, ReliableStats) {
     let n = total / MSG as u64;
     let stop = AtomicBool::new(false);
     let got = AtomicU64::new(0);
@@ -346,6 +341,21 @@ fn five_percent_loss(backend: Backend) {
         let (h, elapsed) = rx.join().expect("strait receiver");
         (tx.join().expect("strait sender"), h, elapsed)
     });
+    assert_eq!(sent, n * MSG as u64);
+    assert_eq!(got.load(Ordering::Relaxed), sent);
+    assert_eq!(got_hash, sent_hash, "the payload arrived altered");
+    (elapsed, rel)
+}
+
+/// 5% of the data direction's packets dropped at random, on the bottleneck: a
+/// 16 MiB transfer completes, its hash the sender's.
+fn five_percent_loss(backend: Backend) {
+    let _serial = one_at_a_time();
+    let pair = shaped_veth();
+    let (a, b, _) = device_pair(&pair, false, backend);
+    pair.set_loss(1, 0.05).expect("cannot install the iptables loss rule");
+    let total: u64 = 16 << 20;
+    let (elapsed, rel) = transfer(a, b, total);
     let dropped = pair.dropped(1).unwrap_or(0);
     eprintln!(
         "{backend:?}, 5% loss, tbf {RATE}: {} MiB in {:.2} s, goodput {:.1} Mbit/s; {dropped} packets dropped by \
@@ -359,9 +369,6 @@ fn five_percent_loss(backend: Backend) {
         rel.cc_timeouts,
         rel.srtt_ns / 1000,
     );
-    assert_eq!(sent, n * MSG as u64);
-    assert_eq!(got.load(Ordering::Relaxed), sent);
-    assert_eq!(got_hash, sent_hash, "the payload arrived altered");
     assert!(dropped > 0, "the loss rule dropped nothing");
 }
 
@@ -389,20 +396,7 @@ fn ecn_marks(backend: Backend) {
         let (a, b) = (la.reliable(common::rel_cfg()), lb.reliable(common::rel_cfg()));
         pair.set_ce_marking(1, 0.02).expect("cannot install the iptables CE marking rule");
         let total: u64 = 16 << 20;
-        let n = total / MSG as u64;
-        let stop = AtomicBool::new(false);
-        let got = AtomicU64::new(0);
-        let limit = Duration::from_secs(45);
-        let start = Instant::now();
-        let ((sent, sent_hash, rel), got_hash, elapsed) = std::thread::scope(|s| {
-            let tx = s.spawn(|| strait_sender(a, &stop, Some(total), limit));
-            let rx = s.spawn(|| {
-                let h = strait_receiver(b, &got, &stop, Some(n), limit);
-                (h, start.elapsed())
-            });
-            let (h, elapsed) = rx.join().expect("strait receiver");
-            (tx.join().expect("strait sender"), h, elapsed)
-        });
+        let (elapsed, rel) = transfer(a, b, total);
         let marked = pair.ce_marked(1).unwrap_or(0);
         eprintln!(
             "{backend:?}, ECN {ecn}, 2% CE marks, tbf {RATE}: {} MiB in {:.2} s, goodput {:.1} Mbit/s; {marked} \
@@ -418,9 +412,6 @@ fn ecn_marks(backend: Backend) {
             rel.timeout_retransmits,
             rel.srtt_ns / 1000,
         );
-        assert_eq!(sent, n * MSG as u64);
-        assert_eq!(got.load(Ordering::Relaxed), sent);
-        assert_eq!(got_hash, sent_hash, "the payload arrived altered");
         if ecn {
             assert!(marked > 0, "the rule marked nothing");
             // Marks on data datagrams reach the sender as echoes (the receiver's own

@@ -200,8 +200,8 @@ pub fn sample_load() -> Option<Load> {
     let raw = strait_sys::procfs::read("loadavg", 4096)?;
     let text = String::from_utf8_lossy(&raw);
     let runnable = text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()?;
-    let cores = std::thread::available_parallelism().ok()?.get();
-    Some(Load { runnable, cores })
+    let cores = strait_sys::cpu::count();
+    (cores > 0).then_some(Load { runnable, cores })
 }
 
 #[cfg(test)]

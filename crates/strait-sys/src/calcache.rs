@@ -159,7 +159,7 @@ pub fn quiet() -> bool {
     let load = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()));
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let cores = crate::cpu::count().max(1) as f64;
     load.is_some_and(|l| l < cores - 0.5)
 }
 

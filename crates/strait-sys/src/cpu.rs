@@ -25,6 +25,22 @@ pub fn unpin(old: Option<libc::cpu_set_t>) {
     }
 }
 
+/// How many CPUs the calling thread may run on (its affinity mask); 0 if unknown.
+/// One system call, no allocation, no libc function the preload interposes (std's
+/// `available_parallelism` also reads cgroup files through libc's `open` and `read`,
+/// which inside the preload land in its own shims).
+pub fn count() -> usize {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set that sched_getaffinity fills;
+    // CPU_COUNT only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 0;
+        }
+        libc::CPU_COUNT(&set) as usize
+    }
+}
+
 /// The CPUs the calling thread may run on, in order (empty if unknown).
 pub fn allowed() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set that sched_getaffinity fills;

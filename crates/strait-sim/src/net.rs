@@ -51,6 +51,12 @@ pub struct LinkParams {
     pub corrupt: f64,
     /// Probability that a datagram is cut short at a random length.
     pub truncate: f64,
+    /// An ECN-marking bottleneck: a datagram of an ECN-capable sender
+    /// ([`SimLink::set_ecn`]) that finds at least this many bytes queued ahead of it
+    /// is marked Congestion Experienced (a step marking, as a datacenter switch's
+    /// or DCTCP's); 0 never marks. Marks are counted by the receiving link
+    /// ([`Link::ce_marked`]) and in [`DirStats::ce_marked`].
+    pub ecn_mark_bytes: usize,
 }
 
 impl Default for LinkParams {
@@ -67,6 +73,7 @@ impl Default for LinkParams {
             reorder_delay_ns: 0,
             corrupt: 0.0,
             truncate: 0.0,
+            ecn_mark_bytes: 0,
         }
     }
 }
@@ -98,11 +105,15 @@ pub struct LinkConfig {
     /// Datagrams that may wait at the receiving end (the socket buffer); more are
     /// dropped and counted in [`DirStats::rx_overflow`].
     pub rx_capacity: usize,
+    /// The links' datagrams are ECN-capable: an ECN-marking bottleneck
+    /// ([`LinkParams::ecn_mark_bytes`]) marks them (default off, as a carrier
+    /// without ECN; [`SimLink::set_ecn`] changes one end's).
+    pub ecn: bool,
 }
 
 impl Default for LinkConfig {
     fn default() -> Self {
-        LinkConfig { mtu: 1500, slots: 576, ring: 256, rx_capacity: 4096 }
+        LinkConfig { mtu: 1500, slots: 576, ring: 256, rx_capacity: 4096, ecn: false }
     }
 }
 
@@ -133,6 +144,9 @@ pub struct DirStats {
     pub partition_drops: u64,
     /// Datagrams dropped at a full bottleneck queue.
     pub queue_drops: u64,
+    /// Datagrams marked Congestion Experienced at the bottleneck
+    /// ([`LinkParams::ecn_mark_bytes`]).
+    pub ce_marked: u64,
     /// Datagrams dropped at a full receive queue.
     pub rx_overflow: u64,
     /// Datagrams that arrived after the receiving link was dropped.
@@ -153,6 +167,7 @@ impl DirStats {
         self.reordered += o.reordered;
         self.partition_drops += o.partition_drops;
         self.queue_drops += o.queue_drops;
+        self.ce_marked += o.ce_marked;
         self.rx_overflow += o.rx_overflow;
         self.no_receiver += o.no_receiver;
         self.injected += o.injected;
@@ -215,8 +230,11 @@ struct Dir {
     shared: Option<usize>,
     /// Partitions: `[from, until)` windows of virtual time.
     partitions: Vec<(u64, u64)>,
-    /// Datagrams that arrived, waiting for the receiving link's `recv`.
-    rx: VecDeque<Vec<u8>>,
+    /// Datagrams that arrived, waiting for the receiving link's `recv`, each with
+    /// its Congestion Experienced mark.
+    rx: VecDeque<(Vec<u8>, bool)>,
+    /// The sending link marks its datagrams ECN-capable ([`SimLink::set_ecn`]).
+    ect: bool,
     rx_capacity: usize,
     dst_host: usize,
     receiver_alive: bool,
@@ -239,6 +257,8 @@ struct Ev {
     seq: u64,
     dir: u32,
     data: Vec<u8>,
+    /// Marked Congestion Experienced on the way.
+    ce: bool,
 }
 
 impl PartialEq for Ev {
@@ -320,6 +340,7 @@ impl NetInner {
             return;
         }
         let mut ready = now;
+        let mut ce = false;
         if p.bandwidth_bps > 0 {
             let busy = match d.shared {
                 Some(i) => &mut self.shared[i],
@@ -331,6 +352,10 @@ impl NetInner {
                 d.stats.queue_drops += 1;
                 trace(&mut self.tracer, now, dir, TraceKind::QueueDrop, bytes);
                 return;
+            }
+            if d.ect && p.ecn_mark_bytes > 0 && backlog >= p.ecn_mark_bytes as u64 {
+                ce = true;
+                d.stats.ce_marked += 1;
             }
             let ser = (len as u128 * 8_000_000_000).div_ceil(p.bandwidth_bps as u128) as u64;
             *busy = start + ser;
@@ -377,7 +402,7 @@ impl NetInner {
             trace(&mut self.tracer, now, dir, TraceKind::Scheduled { at_ns: at }, &buf);
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.events.push(Ev { at, seq, dir: dir as u32, data: buf });
+            self.events.push(Ev { at, seq, dir: dir as u32, data: buf, ce });
         }
     }
 
@@ -398,7 +423,7 @@ impl NetInner {
             } else {
                 d.stats.delivered += 1;
                 trace(&mut self.tracer, now, dir, TraceKind::Delivered, &ev.data);
-                d.rx.push_back(ev.data);
+                d.rx.push_back((ev.data, ev.ce));
                 let h = d.dst_host;
                 self.host_pending[h] += 1;
                 if !self.woken_flag[h] {
@@ -531,6 +556,7 @@ impl SimNet {
                 shared: None,
                 partitions: Vec::new(),
                 rx: VecDeque::new(),
+                ect: cfg.ecn,
                 rx_capacity: cfg.rx_capacity,
                 dst_host: dst,
                 receiver_alive: true,
@@ -611,7 +637,7 @@ impl SimNet {
         n.next_seq += 1;
         n.dirs[dir.0 as usize].stats.injected += 1;
         trace(&mut n.tracer, now, dir.0 as usize, TraceKind::Scheduled { at_ns: at }, bytes);
-        n.events.push(Ev { at, seq, dir: dir.0, data: bytes.to_vec() });
+        n.events.push(Ev { at, seq, dir: dir.0, data: bytes.to_vec(), ce: false });
     }
 
     /// Datagrams on `dir` that its receiver has not taken yet: in flight, or arrived
@@ -773,6 +799,13 @@ impl SimLink {
         self.pool.in_use()
     }
 
+    /// Makes this end's datagrams ECN-capable (or not, the default): an
+    /// ECN-marking bottleneck ([`LinkParams::ecn_mark_bytes`]) marks them instead of
+    /// letting its queue grow.
+    pub fn set_ecn(&mut self, capable: bool) {
+        self.net.inner.borrow_mut().dirs[self.tx_dir].ect = capable;
+    }
+
     /// Makes this end claim (or not, the default) a carrier that checks payloads
     /// itself, as UDP's checksum does ([`Link::carrier_checksum`]): the reliability
     /// layer over it may then cover headers only. The net does not check payloads,
@@ -853,8 +886,9 @@ impl Link for SimLink {
             }
             d
         };
-        let Some(d) = d else { return Ok(false) };
+        let Some((d, ce)) = d else { return Ok(false) };
         self.stats.datagrams_received += 1;
+        self.stats.ce_marked += u64::from(ce);
         handle(&d);
         self.net.inner.borrow_mut().recycle(d);
         Ok(true)
@@ -878,6 +912,10 @@ impl Link for SimLink {
 
     fn carrier_checksum(&self) -> bool {
         self.carrier_checksum
+    }
+
+    fn ce_marked(&self) -> u64 {
+        self.stats.ce_marked
     }
 }
 

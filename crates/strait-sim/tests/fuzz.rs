@@ -27,6 +27,7 @@ fn scenario(seed: u64) -> Scenario {
         reorder_delay_ns: r.range_inclusive(1, 300_000),
         corrupt: prob(&mut r, 0.1),
         truncate: prob(&mut r, 0.03),
+        ecn_mark_bytes: 0,
     };
     let mut sc = Scenario::new(seed);
     sc.params = params;
@@ -49,6 +50,11 @@ fn scenario(seed: u64) -> Scenario {
         let from = r.range_inclusive(0, 2_000_000);
         sc.partition = Some((from, Some(from + r.range_inclusive(1, 1_000_000_000))));
     }
+    // (Drawn last, so that the draws above, and the scenarios of earlier seeds,
+    // stay what they were.) An ECN-marking bottleneck, ECN-capable links or both:
+    // marks must slow the sender, never lose or repeat a message.
+    sc.params.ecn_mark_bytes = [0, 8 * 1024, 32 * 1024][r.below(3) as usize];
+    sc.link.ecn = r.chance(0.5);
     sc.limits.wall = Duration::from_secs(60);
     sc
 }

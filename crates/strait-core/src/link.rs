@@ -161,6 +161,14 @@ pub trait Link {
     fn ce_marked(&self) -> u64 {
         0
     }
+
+    /// Stops marking datagrams ECN-capable, for a path that seems to drop them (a
+    /// middlebox that does is rare but real: QUIC validates ECN for the same
+    /// reason). True if marking was on and is now off. The reliability layer calls
+    /// it when its connection setup goes unanswered for several tries.
+    fn ecn_off(&mut self) -> bool {
+        false
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {
@@ -175,6 +183,9 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn ce_marked(&self) -> u64 {
         (**self).ce_marked()
+    }
+    fn ecn_off(&mut self) -> bool {
+        (**self).ecn_off()
     }
     fn tx_alloc(&mut self) -> Option<u32> {
         (**self).tx_alloc()

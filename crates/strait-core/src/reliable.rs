@@ -251,9 +251,18 @@ pub struct ReliableStats {
     /// Congestion window reductions for CE marks the peer echoed (one per recovery
     /// episode, as for losses; also counted in `cc_reductions`).
     pub cc_ecn_reductions: u64,
+    /// The link stopped marking its datagrams ECN-capable because the connection
+    /// setup went unanswered ([`ECN_FALLBACK_AFTER`] tries): a path that may drop
+    /// them.
+    pub ecn_fallbacks: u64,
     /// Link counters.
     pub link: LinkStats,
 }
+
+/// Unanswered connection-setup tries after which the link stops marking its
+/// datagrams ECN-capable ([`Link::ecn_off`]): with the initial 20 ms timeout and
+/// its doubling, about 140 ms into an unanswered setup.
+pub const ECN_FALLBACK_AFTER: u32 = 3;
 
 /// One data or FIN packet until the peer acknowledges it.
 struct TxPkt {
@@ -1442,6 +1451,11 @@ impl<L: Link> Reliable<L> {
         if !self.c.established {
             if now.saturating_sub(self.c.last_syn_ns) >= self.c.current_rto() {
                 self.c.backoff = (self.c.backoff + 1).min(6);
+                // A path that drops ECN-capable datagrams never answers: after a few
+                // unanswered tries, the rest go without the mark.
+                if self.c.backoff == ECN_FALLBACK_AFTER && self.link.ecn_off() {
+                    self.c.rstats.ecn_fallbacks += 1;
+                }
                 self.send_syn(now);
             }
             if self.c.ack_now && self.c.peer_id != 0 {

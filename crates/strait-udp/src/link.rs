@@ -417,6 +417,25 @@ impl Link for UdpLink {
         self.checksummed
     }
 
+    fn ecn_off(&mut self) -> bool {
+        if !self.ecn {
+            return false;
+        }
+        let fd = self.sock.as_raw_fd();
+        let (level, tos) = match self.sock.local_addr() {
+            Ok(std::net::SocketAddr::V6(_)) => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
+            _ => (libc::IPPROTO_IP, libc::IP_TOS),
+        };
+        // Arrivals' codepoints are still read (the peer may keep marking); only
+        // ours go out Not-ECT, keeping the DSCP bits.
+        let Ok(old) = sys::getsockopt_int(fd, level, tos) else { return false };
+        if sys::setsockopt_int(fd, level, tos, old & !3).is_err() {
+            return false;
+        }
+        self.ecn = false;
+        true
+    }
+
     fn ce_marked(&self) -> u64 {
         match &self.inner {
             Inner::Uring(u) => u.stats.ce_marked,

@@ -427,3 +427,27 @@ fn ecn_marks(backend: Backend) {
 }
 
 common::test_per_backend!(ecn_marks_slow_the_sender_uring, ecn_marks_slow_the_sender_mmsg: ecn_marks);
+
+/// A path that drops ECN-capable datagrams (a rare middlebox; here iptables drops
+/// every ECT(0) datagram arriving at either side): the connection setup goes
+/// unanswered, each side's link stops marking after a few tries, and a 1 MiB
+/// transfer completes, hashed. Without the fallback the setup never completes
+/// (the liveness timeout ends it).
+fn ect_dropping_path(backend: Backend) {
+    let _serial = one_at_a_time();
+    let pair = VethPair::create().expect("cannot create network namespaces and a veth pair (root needed)");
+    strait_udp::netns::ensure_iptables().expect("iptables");
+    for side in 0..2 {
+        pair.exec(
+            side,
+            &["iptables", "-A", "INPUT", "-p", "udp", "-m", "tos", "--tos", "0x02/0x03", "-j", "DROP"],
+        )
+        .expect("cannot install the iptables rule that drops ECN-capable datagrams");
+    }
+    let (a, b, _) = device_pair(&pair, false, backend);
+    let (elapsed, rel) = transfer(a, b, 1 << 20);
+    eprintln!("{backend:?}, ECT dropped: 1 MiB in {:.2} s; {rel:?}", elapsed.as_secs_f64());
+    assert!(rel.ecn_fallbacks >= 1, "the sender never stopped marking: {rel:?}");
+}
+
+common::test_per_backend!(a_path_that_drops_ecn_capable_datagrams_falls_back_uring, a_path_that_drops_ecn_capable_datagrams_falls_back_mmsg: ect_dropping_path);

@@ -514,6 +514,17 @@ name = f'\0strait.tcp.{ns}.{port}.00000000000000000000ffff7f000001'
 MAGIC, VERSION, RING = 0x3130504354545253, @LAYOUT_VERSION@, 1 << 16
 CHOSEN = [0, 1, 2, 3, 7, 8, 4095, 4096, RING - 1, RING, RING + 1, 1 << 31, 1 << 40, (1 << 63) - 1, 1 << 63,
           (1 << 64) - 1, os.getpid(), 1, os.getppid()]
+def stopped_for(secs):
+    # Stops this process (SIGSTOP, as a debugger or job control would) until a child
+    # continues it `secs` later.
+    import signal
+    me, waker = os.getpid(), os.fork()
+    if waker == 0:
+        time.sleep(secs)
+        os.kill(me, signal.SIGCONT)
+        os._exit(0)
+    os.kill(me, signal.SIGSTOP)
+    os.waitpid(waker, 0)
 for seed in range(first, first + seeds):
     rnd = random.Random(seed)
     t = socket.socket()
@@ -587,19 +598,12 @@ for seed in range(first, first + seeds):
                     pass
             time.sleep(0.0005)
     elif scenario == 'stopped-writer':
-        import signal
         state = slice(1024 + 768, 1024 + 776)  # direction 0: we write, the victim reads
         stop_end = time.time() + 6
         while time.time() < stop_end:
             if mm[state] == struct.pack('<Q', 1):  # posted
                 mm[state] = struct.pack('<Q', 2)  # filling
-                me, waker = os.getpid(), os.fork()
-                if waker == 0:
-                    time.sleep(2.5)
-                    os.kill(me, signal.SIGCONT)
-                    os._exit(0)
-                os.kill(me, signal.SIGSTOP)
-                os.waitpid(waker, 0)
+                stopped_for(2.5)
                 mm[1024 + 800:1024 + 808] = struct.pack('<Q', 100)
                 mm[state] = struct.pack('<Q', 3)  # done: 100 bytes
                 try:
@@ -628,14 +632,7 @@ for seed in range(first, first + seeds):
                         mm[state] = struct.pack('<Q', 6)  # reading, for ever
                     elif scenario == 'stopped':
                         mm[state] = struct.pack('<Q', 6)  # reading (first: the offer is brief)
-                        import signal
-                        me, waker = os.getpid(), os.fork()
-                        if waker == 0:
-                            time.sleep(2.5)
-                            os.kill(me, signal.SIGCONT)
-                            os._exit(0)
-                        os.kill(me, signal.SIGSTOP)
-                        os.waitpid(waker, 0)
+                        stopped_for(2.5)
                         mm[b + 832:b + 840] = struct.pack('<Q', 0)
                         mm[state] = struct.pack('<Q', 7)  # read nothing: the writer writes it
                     else:

@@ -134,29 +134,7 @@ impl VethPair {
     /// `statistic` rule in its namespace); replaces any earlier rule. `p == 0`
     /// removes it.
     pub fn set_loss(&self, i: usize, p: f64) -> io::Result<()> {
-        ensure_iptables()?;
-        for tool in ["iptables", "ip6tables"] {
-            run(Command::new("ip").args(["netns", "exec", &self.ns[i], tool, "-F", "INPUT"]))?;
-            if p > 0.0 {
-                run(Command::new("ip").args([
-                    "netns",
-                    "exec",
-                    &self.ns[i],
-                    tool,
-                    "-A",
-                    "INPUT",
-                    "-m",
-                    "statistic",
-                    "--mode",
-                    "random",
-                    "--probability",
-                    &format!("{p}"),
-                    "-j",
-                    "DROP",
-                ]))?;
-            }
-        }
-        Ok(())
+        self.set_random_rule(i, "filter", "INPUT", &[], p, &["DROP"])
     }
 
     /// Marks a random fraction `p` of the ECN-capable (ECT(0)) UDP datagrams that
@@ -164,37 +142,32 @@ impl VethPair {
     /// dropping them (iptables' `TOS` target on the mangle table's `PREROUTING`;
     /// this kernel has no marking qdisc). 0 removes the rules.
     pub fn set_ce_marking(&self, i: usize, p: f64) -> io::Result<()> {
+        let ect0 = ["-p", "udp", "-m", "tos", "--tos", "0x02/0x03"];
+        self.set_random_rule(i, "mangle", "PREROUTING", &ect0, p, &["TOS", "--set-tos", "0x03/0x03"])
+    }
+
+    /// Replaces side `i`'s rules of `chain` in `table` (IPv4 and IPv6) with one that
+    /// sends a random fraction `p` of the packets that match `matches` to `target`;
+    /// 0 leaves the chain empty.
+    fn set_random_rule(
+        &self,
+        i: usize,
+        table: &str,
+        chain: &str,
+        matches: &[&str],
+        p: f64,
+        target: &[&str],
+    ) -> io::Result<()> {
         ensure_iptables()?;
+        let (on, p) = (p > 0.0, format!("{p}"));
         for tool in ["iptables", "ip6tables"] {
-            let exec = |args: &[&str]| {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", &self.ns[i], tool]).args(args);
-                run(&mut c)
-            };
-            exec(&["-t", "mangle", "-F", "PREROUTING"])?;
-            if p > 0.0 {
-                exec(&[
-                    "-t",
-                    "mangle",
-                    "-A",
-                    "PREROUTING",
-                    "-p",
-                    "udp",
-                    "-m",
-                    "tos",
-                    "--tos",
-                    "0x02/0x03",
-                    "-m",
-                    "statistic",
-                    "--mode",
-                    "random",
-                    "--probability",
-                    &format!("{p}"),
-                    "-j",
-                    "TOS",
-                    "--set-tos",
-                    "0x03/0x03",
-                ])?;
+            self.exec(i, &[tool, "-t", table, "-F", chain])?;
+            if on {
+                let mut args = vec![tool, "-t", table, "-A", chain];
+                args.extend_from_slice(matches);
+                args.extend_from_slice(&["-m", "statistic", "--mode", "random", "--probability", &p, "-j"]);
+                args.extend_from_slice(target);
+                self.exec(i, &args)?;
             }
         }
         Ok(())

@@ -462,13 +462,15 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recv(fd, buf, n, flags) };
-    guard(real, || match crate::settle::socket(fd).as_deref() {
-        Some(Socket::Tcp(c)) => do_recv(c, fd, &[(buf.cast(), n)], flags),
-        // SAFETY: forwarded arguments.
-        Some(Socket::Udp(u)) => udp_recv(u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
-            real::recv(fd, buf, n, flags | x)
-        }),
-        _ => real(),
+    guard(real, || {
+        match crate::settle::socket_settling(fd, crate::settle::Settling::for_recv(flags)).as_deref() {
+            Some(Socket::Tcp(c)) => do_recv(c, fd, &[(buf.cast(), n)], flags),
+            // SAFETY: forwarded arguments.
+            Some(Socket::Udp(u)) => udp_recv(u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
+                real::recv(fd, buf, n, flags | x)
+            }),
+            _ => real(),
+        }
     })
 }
 
@@ -507,22 +509,24 @@ pub unsafe fn recvfrom(
 ) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) };
-    guard(real, || match crate::settle::socket(fd).as_deref() {
-        Some(Socket::Tcp(c)) => {
-            let r = do_recv(c, fd, &[(buf.cast(), n)], flags);
-            if r >= 0 && !addr.is_null() && !alen.is_null() {
-                // SAFETY: the caller's length word. TCP reports no source address.
-                unsafe { *alen = 0 };
+    guard(real, || {
+        match crate::settle::socket_settling(fd, crate::settle::Settling::for_recv(flags)).as_deref() {
+            Some(Socket::Tcp(c)) => {
+                let r = do_recv(c, fd, &[(buf.cast(), n)], flags);
+                if r >= 0 && !addr.is_null() && !alen.is_null() {
+                    // SAFETY: the caller's length word. TCP reports no source address.
+                    unsafe { *alen = 0 };
+                }
+                r
             }
-            r
+            Some(Socket::Udp(u)) => {
+                udp_recv(u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
+                    // SAFETY: forwarded arguments.
+                    unsafe { real::recvfrom(fd, buf, n, flags | x, addr, alen) }
+                })
+            }
+            _ => real(),
         }
-        Some(Socket::Udp(u)) => {
-            udp_recv(u, fd, &[(buf.cast(), n)], flags, Name::Addr(addr, alen), &mut |x| {
-                // SAFETY: forwarded arguments.
-                unsafe { real::recvfrom(fd, buf, n, flags | x, addr, alen) }
-            })
-        }
-        _ => real(),
     })
 }
 
@@ -634,7 +638,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
         if msg.is_null() {
             return real();
         }
-        match crate::settle::socket(fd).as_deref() {
+        match crate::settle::socket_settling(fd, crate::settle::Settling::for_recv(flags)).as_deref() {
             Some(Socket::Tcp(c)) => {
                 // SAFETY: the caller's msghdr and its iovecs.
                 let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
@@ -1044,7 +1048,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::shutdown(fd, how) };
     guard(real, || {
-        if let Some(c) = crate::settle::accel(fd) {
+        if let Some(c) = crate::settle::accel_now(fd) {
             if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
                 real::set_errno(libc::EINVAL);
                 return -1;
@@ -1184,7 +1188,7 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: usize) -> c_int {
     }
     guard(real, || {
         if req == libc::FIONREAD && arg != 0 {
-            let queued = match crate::settle::socket(fd).as_deref() {
+            let queued = match crate::settle::socket_now(fd).as_deref() {
                 Some(Socket::Tcp(c)) => Some(c.fionread().min(c_int::MAX as usize)),
                 // UDP: the size of the next datagram (shared memory first, as a
                 // receive would take it).
@@ -1341,7 +1345,7 @@ pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -
     if !(table::any_live() || crate::table::any_udp()) {
         return kernel();
     }
-    guard(real, || match crate::settle::socket(fd).as_deref() {
+    guard(real, || match crate::settle::socket_now(fd).as_deref() {
         Some(Socket::Tcp(c)) => crate::epoll::ctl(ep, op, fd, c.clone(), ev),
         // The kernel set keeps the socket (kernel datagrams); the library adds
         // its shared-memory side.

@@ -1168,13 +1168,17 @@ impl PendingC {
 /// A pending connector whose peer never attached: back to the kernel for good.
 pub fn give_up(fd: c_int, conn: &Arc<Conn>) {
     debug_assert_eq!(conn.state(), KERNEL);
+    if crate::table::remove_conn(conn) == 0 {
+        // Another thread gave it up (two of the program's calls were settling it,
+        // a read and a write): once.
+        return;
+    }
     if let Some(how) = conn.deferred_kernel_shutdown() {
         // The program shut it down while it waited: the kernel socket does now.
         // SAFETY: plain syscall on the program's socket.
         unsafe { real::shutdown(fd, how) };
     }
     crate::conn::KERNEL_FALLBACKS.fetch_add(1, Ordering::Relaxed);
-    crate::table::remove_conn(conn);
     // A non-blocking connector may already be in epoll sets: its socket joins them.
     crate::epoll::to_kernel(conn);
 }

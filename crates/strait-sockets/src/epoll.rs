@@ -101,6 +101,12 @@ struct Entry {
     /// is dirty or armed, so a scan only touches dirty entries (a connection's
     /// shared lines are not pulled from the peer on every epoll_wait).
     armed: bool,
+    /// A connector that was waiting for its acceptor when it was added or last
+    /// looked at: its pairs are looked at again at its next look, including the
+    /// one at which it is found settled (it may have settled in another call, a
+    /// send that answered a path-B ask, and then rings through a pair this set
+    /// does not watch yet).
+    settling: bool,
 }
 
 /// The accelerated members of one epoll set. Every look-up a call makes is by key
@@ -393,13 +399,14 @@ impl EpSet {
     }
 
     /// A pending connector's pairs may have changed (a path-B asker got one):
-    /// watches the new ones; once it settled, stops looking.
-    fn rewatch_settling(&mut self, epfd: c_int, key: usize) {
-        let Some(reg) = self.wakers.get(&key) else { return };
+    /// watches the new ones; once it settled, stops looking. True if it watches
+    /// a bell it did not before.
+    fn rewatch_settling(&mut self, epfd: c_int, key: usize) -> bool {
+        let Some(reg) = self.wakers.get(&key) else { return false };
         if !reg.settling {
-            return;
+            return false;
         }
-        let Socket::Tcp(c) = &reg.member else { return };
+        let Socket::Tcp(c) = &reg.member else { return false };
         let c = c.clone();
         let member = reg.member.clone();
         let mut counted = reg.pairs.clone();
@@ -411,11 +418,13 @@ impl EpSet {
         if let Some(u) = link {
             self.add_waker(epfd, u, MAGIC_BELL, libc::EPOLLIN, &member);
         }
+        let added = link.is_some() || self.wakers.get(&key).is_some_and(|r| r.pairs.len() != counted.len());
         if let Some(reg) = self.wakers.get_mut(&key) {
             reg.pairs = counted;
             reg.fds.extend(link);
             reg.settling = c.awaiting_attach();
         }
+        added
     }
 
     /// Pair bell `bell` rang: the members that rang (or, when the pair cannot
@@ -555,6 +564,7 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
             if !set.wakers.contains_key(&conn.key()) && !set.add_wakers(epfd, &conn, fd) {
                 set.pending_udp = true;
             }
+            let settling = matches!(&conn, Socket::Tcp(c) if c.awaiting_attach());
             set.insert(Entry {
                 fd,
                 conn,
@@ -566,6 +576,7 @@ fn ctl_member(epfd: c_int, op: c_int, fd: c_int, conn: Socket, ev: *const epoll_
                 disabled: false,
                 dirty: false,
                 armed: false,
+                settling,
             });
         }
         libc::EPOLL_CTL_MOD => {
@@ -804,9 +815,10 @@ fn collect(epfd: c_int, set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize)
         // waiting for its acceptor is looked at every time (its deadline rings no
         // bell).
         // (After the look: a path-B asker served in it got a pair of its own.)
-        let settling = matches!(&e.conn, Socket::Tcp(c) if c.awaiting_attach());
+        let awaiting = matches!(&e.conn, Socket::Tcp(c) if c.awaiting_attach());
+        let settling = std::mem::replace(&mut e.settling, awaiting);
         let key = e.conn.key();
-        let mut stay = (bits != 0 && level) || matches!(&e.conn, Socket::Tcp(c) if c.awaiting_attach());
+        let mut stay = (bits != 0 && level) || awaiting;
         if !stay && !e.armed {
             e.conn.announce(e.events & libc::EPOLLIN as u32 != 0, e.events & libc::EPOLLOUT as u32 != 0);
             e.armed = true;
@@ -819,8 +831,9 @@ fn collect(epfd: c_int, set: &mut EpSet, out: &mut Vec<epoll_event>, max: usize)
             // them all in turn.
             set.queue.push_back((i, gen));
         }
-        if settling {
-            set.rewatch_settling(epfd, key);
+        if settling && set.rewatch_settling(epfd, key) {
+            // A bell watched only now may have rung before: looked at once more.
+            set.mark(i);
         }
     }
 }

@@ -15,9 +15,11 @@ use crate::conn::Conn;
 use crate::udp::UdpSock;
 use crate::wait::{kernel_poll, remaining, slice_until};
 
-/// Accelerated entries of a pollfd array: (index, connection).
+/// Accelerated entries of a pollfd array: (index, connection); a connector still
+/// waiting for its acceptor is one (a poll never waits for it to settle: its
+/// readiness says when it did).
 fn accel_entries(fds: &[pollfd]) -> Vec<(usize, Arc<Conn>)> {
-    fds.iter().enumerate().filter_map(|(i, p)| crate::settle::accel(p.fd).map(|c| (i, c))).collect()
+    fds.iter().enumerate().filter_map(|(i, p)| crate::settle::accel_now(p.fd).map(|c| (i, c))).collect()
 }
 
 fn conn_revents(c: &Conn, fd: c_int, events: i16) -> i16 {

@@ -12,15 +12,55 @@ use crate::socket::Socket;
 use crate::table::Held;
 use crate::{discover, process, remote, table};
 
+/// Whether a look-up may wait for a connector's acceptor.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Settling {
+    /// The call would block on the kernel too (a blocking read, whose bytes can
+    /// only come once the acceptor took the connection): a blocking connector
+    /// waits (bounded by its deadline, longer while the connection sits unaccepted
+    /// in the listener's queue) for its acceptor.
+    MayWait,
+    /// The call never blocks on the kernel (`poll`, `select`, `epoll_ctl`,
+    /// `ioctl`, `shutdown`, a `MSG_DONTWAIT` receive): one look, and a connector
+    /// still waiting is returned pending, as a non-blocking one always is (its
+    /// readiness says nothing yet; a receive answers EAGAIN). Waiting here hung a
+    /// client that put blocking connections in an epoll set before its server,
+    /// busy with another of them, had accepted them.
+    Now,
+}
+
+impl Settling {
+    /// A receive with `flags`: no wait with `MSG_DONTWAIT`.
+    pub(crate) fn for_recv(flags: c_int) -> Settling {
+        if flags & libc::MSG_DONTWAIT != 0 {
+            Settling::Now
+        } else {
+            Settling::MayWait
+        }
+    }
+}
+
 /// What the library carries behind `fd` (one look-up of the descriptor table for
 /// every kind), a TCP connection only once settled: `None` for a descriptor the
 /// kernel alone carries, or a connection that settled on the kernel.
 #[inline]
 pub(crate) fn socket(fd: c_int) -> Option<Held> {
+    socket_settling(fd, Settling::MayWait)
+}
+
+/// As [`socket`], for a call that never blocks on the kernel ([`Settling::Now`]).
+#[inline]
+pub(crate) fn socket_now(fd: c_int) -> Option<Held> {
+    socket_settling(fd, Settling::Now)
+}
+
+/// As [`socket`], settling as `how` says.
+#[inline]
+pub(crate) fn socket_settling(fd: c_int, how: Settling) -> Option<Held> {
     process::check_new_process();
     let s = table::get_held(fd)?;
     match &*s {
-        Socket::Tcp(c) if !settled(fd, c) => None,
+        Socket::Tcp(c) if !settled(fd, c, how) => None,
         _ => Some(s),
     }
 }
@@ -34,7 +74,7 @@ pub(crate) fn socket_to_write(fd: c_int) -> Option<Held> {
     let s = table::get_held(fd)?;
     match &*s {
         Socket::Tcp(c) if c.side == 0 && c.awaiting_attach() && c.try_settle(fd).is_none() => Some(s),
-        Socket::Tcp(c) if !settled(fd, c) => None,
+        Socket::Tcp(c) if !settled(fd, c, Settling::MayWait) => None,
         _ => Some(s),
     }
 }
@@ -42,15 +82,28 @@ pub(crate) fn socket_to_write(fd: c_int) -> Option<Held> {
 /// The accelerated TCP connection behind `fd`, after settling a pending connect.
 #[inline]
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
-    process::check_new_process();
-    let c = table::lookup(fd)?;
-    settled(fd, &c).then_some(c)
+    accel_settling(fd, Settling::MayWait)
 }
 
-/// True once `c`, the connection behind `fd`, is settled (false: it settled on the
-/// kernel).
+/// As [`accel`], for a call that never blocks on the kernel ([`Settling::Now`]):
+/// possibly a connector still waiting for its acceptor.
 #[inline]
-fn settled(fd: c_int, c: &Arc<Conn>) -> bool {
+pub(crate) fn accel_now(fd: c_int) -> Option<Arc<Conn>> {
+    accel_settling(fd, Settling::Now)
+}
+
+#[inline]
+fn accel_settling(fd: c_int, how: Settling) -> Option<Arc<Conn>> {
+    process::check_new_process();
+    let c = table::lookup(fd)?;
+    settled(fd, &c, how).then_some(c)
+}
+
+/// True once `c`, the connection behind `fd`, is settled or (for
+/// [`Settling::Now`] or a non-blocking socket) still waiting for its acceptor;
+/// false: it settled on the kernel.
+#[inline]
+fn settled(fd: c_int, c: &Arc<Conn>, how: Settling) -> bool {
     // A connection to another host: the first use waits (bounded) for the other end.
     if let Some(ok) = remote::settle(fd, c) {
         if !ok {
@@ -62,7 +115,11 @@ fn settled(fd: c_int, c: &Arc<Conn>) -> bool {
     // A connector's first use waits (bounded) for the acceptor to attach; on a
     // non-blocking socket it does not wait (the connection answers EAGAIN until then).
     if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
-        let settled = if c.nonblock.load(Ordering::Relaxed) { c.try_settle(fd) } else { Some(c.settle(fd)) };
+        let settled = if how == Settling::Now || c.nonblock.load(Ordering::Relaxed) {
+            c.try_settle(fd)
+        } else {
+            Some(c.settle(fd))
+        };
         let Some(attached) = settled else { return true };
         if !attached {
             discover::give_up(fd, c);

@@ -301,11 +301,13 @@ pub fn remove_listening(fd: c_int) {
     }
 }
 
-/// Removes every descriptor of `conn` (it fell back to the kernel).
-pub fn remove_conn(conn: &Arc<Conn>) {
+/// Removes every descriptor of `conn` (it fell back to the kernel); how many
+/// there were (0: removed already).
+pub fn remove_conn(conn: &Arc<Conn>) -> usize {
     let n = SOCKETS.remove_all(&Socket::Tcp(conn.clone()));
     TCP_FDS.fetch_sub(n, Ordering::Relaxed);
     forget_held();
+    n
 }
 
 /// The table's write locks, taken.

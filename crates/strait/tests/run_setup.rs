@@ -141,6 +141,85 @@ fn bytes_written_before_a_slow_accept_arrive() {
     assert_eq!(stat(&serr, "accelerated"), 1, "server: {serr}");
 }
 
+/// Accepts `n` connections one at a time (argv: port, n), each only once the one
+/// before sent its byte: reads one byte, answers `ok`, keeps the connection.
+const ONE_AT_A_TIME_SERVER: &str = r#"
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(64)
+print('LISTENING', flush=True)
+held = []
+for _ in range(n):
+    c, _ = l.accept()
+    c.recv(1)
+    c.sendall(b'ok')
+    held.append(c)
+"#;
+
+/// Makes `n` blocking connections (argv: port, n) and, right after each connect,
+/// before the server has accepted it, looks at it the ways that never block on
+/// the kernel: adds it to an epoll set, polls it with no timeout, asks FIONREAD
+/// and receives with MSG_DONTWAIT (EAGAIN); then sends a byte on each and waits
+/// in the epoll set for every answer (20 s at most).
+const LOOK_BEFORE_ACCEPT_CLIENT: &str = r#"
+import array, errno, fcntl, select, socket, sys, termios, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+ep = select.epoll()
+conns, odd = {}, []
+for _ in range(n):
+    c = socket.socket()
+    c.connect(('127.0.0.1', port))
+    ep.register(c.fileno(), select.EPOLLIN)
+    p = select.poll()
+    p.register(c.fileno(), select.POLLIN)
+    if p.poll(0):
+        odd.append('poll')
+    q = array.array('i', [-1])
+    fcntl.ioctl(c.fileno(), termios.FIONREAD, q)
+    if q[0] != 0:
+        odd.append('fionread %d' % q[0])
+    try:
+        c.recv(1, socket.MSG_DONTWAIT)
+        odd.append('recv')
+    except BlockingIOError:
+        pass
+    conns[c.fileno()] = c
+for c in conns.values():
+    c.sendall(b'x')
+got, deadline = 0, time.time() + 20
+while got < n and time.time() < deadline:
+    for fd, ev in ep.poll(1):
+        if conns[fd].recv(2) == b'ok':
+            got += 1
+        ep.unregister(fd)
+print('ANSWERS', got, 'of', n, 'ODD', odd, flush=True)
+"#;
+
+/// Calls that never block on the kernel do not wait for a blocking connector's
+/// acceptor either: a client that adds each new connection to an epoll set (and
+/// polls it, asks FIONREAD, receives with MSG_DONTWAIT) before using any, against
+/// a server that accepts the next connection only once the one before sent its
+/// byte. The look-ups waited for the accept before (the second `epoll_ctl` for 60
+/// attach timeouts: the connection sat unaccepted in the queue), so the client
+/// hung where the kernel's calls answer at once.
+#[test]
+fn looking_at_a_connection_before_its_accept_does_not_wait_for_it() {
+    ensure(PYTHON, "python3");
+    let (srv, cli) = (
+        script("one-at-a-time", ONE_AT_A_TIME_SERVER),
+        script("look-before-accept", LOOK_BEFORE_ACCEPT_CLIENT),
+    );
+    let (mut server, _, out) = server_then_client(&srv, "6", &cli, "1000", "6");
+    let _ = server.kill();
+    let _ = server.wait();
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("ANSWERS 6 of 6 ODD []"), "{stdout}\n{err}");
+    assert_eq!(stat(&err, "accelerated"), 6, "{err}");
+}
+
 /// A connection that waits in its listener's accept queue past the attach timeout
 /// (200 ms; accept at 800 ms) is waited for: the acceptor had not accepted it, as
 /// the kernel's socket diagnostics tell (no inode), so it is still accelerated when

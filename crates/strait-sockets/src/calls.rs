@@ -142,7 +142,7 @@ fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssi
     // The rest (all of it, or what a blocking write could not put out early) after
     // settling, as any first use: accelerated, or on the kernel.
     let rest = skip_bytes(iov, early);
-    let r = match crate::settle::accel(fd) {
+    let r = match crate::settle::accel_to_write(fd) {
         Some(c) => io_result(c.send(fd, &rest, flags & libc::MSG_DONTWAIT != 0), sigpipe),
         None => crate::sock::kernel_sendmsg(fd, &rest, usize::MAX, flags),
     };
@@ -679,7 +679,7 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, count: siz
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::sendfile(out, inp, off, count) };
     guard(real, || {
-        let Some(c) = crate::settle::accel(out) else { return real() };
+        let Some(c) = crate::settle::accel_to_write(out) else { return real() };
         let mut buf = vec![0u8; count.min(256 << 10)];
         let mut done = 0usize;
         while done < count {
@@ -780,7 +780,7 @@ pub unsafe fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags:
                 )
             };
         }
-        let Some(c) = crate::settle::accel(fd) else { return real() };
+        let Some(c) = crate::settle::accel_to_write(fd) else { return real() };
         // SAFETY: the caller's array of `n` mmsghdrs and their iovecs.
         unsafe {
             each_mmsg(
@@ -879,7 +879,7 @@ pub unsafe fn splice(
     guard(real, || {
         let nb = if flags & libc::SPLICE_F_NONBLOCK != 0 { libc::MSG_DONTWAIT } else { 0 };
         let mut buf = vec![0u8; len.min(64 << 10)];
-        if let Some(c) = crate::settle::accel(fd_out) {
+        if let Some(c) = crate::settle::accel_to_write(fd_out) {
             // SAFETY: reads from the caller's pipe into our buffer.
             let n = unsafe { real::read(fd_in, buf.as_mut_ptr().cast(), buf.len()) };
             if n <= 0 {

@@ -1165,9 +1165,20 @@ impl Conn {
     /// answering an acceptor that asks directly (path B). True if the connection is
     /// carried by shared memory from now on.
     pub fn settle(&self, fd: c_int) -> bool {
+        // (Without a deadline it returns only once settled.)
+        self.settle_within(fd, None).unwrap_or(false)
+    }
+
+    /// As [`Conn::settle`], giving up at `deadline` (the socket's SO_RCVTIMEO or
+    /// SO_SNDTIMEO from the call's start: the kernel's call would have returned
+    /// EAGAIN by then): `None` if it is still waiting for its acceptor then.
+    pub fn settle_within(&self, fd: c_int, deadline: Option<Instant>) -> Option<bool> {
         loop {
             if let Some(ok) = self.try_settle(fd) {
-                return ok;
+                return Some(ok);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
             }
             let listener =
                 self.pending.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(-1, |p| p.listener);

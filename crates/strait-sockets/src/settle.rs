@@ -4,22 +4,29 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use libc::c_int;
 
 use crate::conn::{self, Conn};
 use crate::socket::Socket;
 use crate::table::Held;
+use crate::wait::sock_timeout;
 use crate::{discover, process, remote, table};
 
 /// Whether a look-up may wait for a connector's acceptor.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Settling {
-    /// The call would block on the kernel too (a blocking read, whose bytes can
-    /// only come once the acceptor took the connection): a blocking connector
-    /// waits (bounded by its deadline, longer while the connection sits unaccepted
-    /// in the listener's queue) for its acceptor.
+    /// A read that would block on the kernel too (its bytes can only come once
+    /// the acceptor took the connection): a blocking connector waits for its
+    /// acceptor (bounded by its deadline, longer while the connection sits
+    /// unaccepted in the listener's queue), and no longer than the socket's
+    /// SO_RCVTIMEO, after which it is returned pending (the read answers EAGAIN,
+    /// as the kernel's would have by then).
     MayWait,
+    /// A write that would block on the kernel (what did not go out early): as
+    /// [`Settling::MayWait`], within SO_SNDTIMEO.
+    MayWaitToWrite,
     /// The call never blocks on the kernel (`poll`, `select`, `epoll_ctl`,
     /// `ioctl`, `shutdown`, a `MSG_DONTWAIT` receive): one look, and a connector
     /// still waiting is returned pending, as a non-blocking one always is (its
@@ -74,7 +81,7 @@ pub(crate) fn socket_to_write(fd: c_int) -> Option<Held> {
     let s = table::get_held(fd)?;
     match &*s {
         Socket::Tcp(c) if c.side == 0 && c.awaiting_attach() && c.try_settle(fd).is_none() => Some(s),
-        Socket::Tcp(c) if !settled(fd, c, Settling::MayWait) => None,
+        Socket::Tcp(c) if !settled(fd, c, Settling::MayWaitToWrite) => None,
         _ => Some(s),
     }
 }
@@ -83,6 +90,12 @@ pub(crate) fn socket_to_write(fd: c_int) -> Option<Held> {
 #[inline]
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
     accel_settling(fd, Settling::MayWait)
+}
+
+/// As [`accel`], for a write ([`Settling::MayWaitToWrite`]).
+#[inline]
+pub(crate) fn accel_to_write(fd: c_int) -> Option<Arc<Conn>> {
+    accel_settling(fd, Settling::MayWaitToWrite)
 }
 
 /// As [`accel`], for a call that never blocks on the kernel ([`Settling::Now`]):
@@ -115,10 +128,21 @@ fn settled(fd: c_int, c: &Arc<Conn>, how: Settling) -> bool {
     // A connector's first use waits (bounded) for the acceptor to attach; on a
     // non-blocking socket it does not wait (the connection answers EAGAIN until then).
     if c.side == 0 && !c.counted.load(Ordering::Relaxed) {
-        let settled = if how == Settling::Now || c.nonblock.load(Ordering::Relaxed) {
-            c.try_settle(fd)
-        } else {
-            Some(c.settle(fd))
+        let settled = match how {
+            _ if c.nonblock.load(Ordering::Relaxed) => c.try_settle(fd),
+            Settling::Now => c.try_settle(fd),
+            Settling::MayWait | Settling::MayWaitToWrite => {
+                // The socket's timeout is looked up only when the wait is long.
+                let start = Instant::now();
+                match c.try_settle(fd) {
+                    Some(ok) => Some(ok),
+                    None => {
+                        let opt =
+                            if how == Settling::MayWait { libc::SO_RCVTIMEO } else { libc::SO_SNDTIMEO };
+                        c.settle_within(fd, sock_timeout(fd, opt).map(|t| start + t))
+                    }
+                }
+            }
         };
         let Some(attached) = settled else { return true };
         if !attached {

@@ -220,6 +220,38 @@ fn looking_at_a_connection_before_its_accept_does_not_wait_for_it() {
     assert_eq!(stat(&err, "accelerated"), 6, "{err}");
 }
 
+/// Connects, writes one byte, then reads with a 300 ms SO_RCVTIMEO (before the
+/// server's accept nothing can come: EAGAIN, as on the kernel), then reads
+/// without a timeout (the echo, once the server accepted).
+const TIMED_READ_CLIENT: &str = r#"
+import socket, struct, sys
+c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+c.sendall(b'x')
+c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 300000))
+try:
+    first = repr(c.recv(1))
+except OSError as e:
+    first = type(e).__name__
+c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 0))
+print('FIRST', first, 'SECOND', repr(c.recv(1)), flush=True)
+"#;
+
+/// A blocking read's wait for the acceptor ends at the socket's SO_RCVTIMEO
+/// (EAGAIN, as the kernel's read ends while the connection sits unaccepted),
+/// and the connection is still set up once the server accepts (at 1.5 s). The
+/// read waited for the accept before, past its timeout, and got the echo.
+#[test]
+fn a_read_timeout_ends_the_wait_for_the_acceptor() {
+    ensure(PYTHON, "python3");
+    let (srv, cli) = (script("slow-echo", SLOW_SERVER), script("timed-read", TIMED_READ_CLIENT));
+    let (mut server, _, out) = server_then_client(&srv, "1.5", &cli, "1000", "");
+    let _ = server.kill();
+    let _ = server.wait();
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("FIRST BlockingIOError SECOND b'x'"), "{stdout}\n{err}");
+    assert_eq!(stat(&err, "accelerated"), 1, "{err}");
+}
+
 /// A connection that waits in its listener's accept queue past the attach timeout
 /// (200 ms; accept at 800 ms) is waited for: the acceptor had not accepted it, as
 /// the kernel's socket diagnostics tell (no inode), so it is still accelerated when

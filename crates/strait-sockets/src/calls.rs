@@ -142,9 +142,10 @@ fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssi
     // The rest (all of it, or what a blocking write could not put out early) after
     // settling, as any first use: accelerated, or on the kernel.
     let rest = skip_bytes(iov, early);
-    let r = match crate::settle::accel_to_write(fd) {
-        Some(c) => io_result(c.send(fd, &rest, flags & libc::MSG_DONTWAIT != 0), sigpipe),
-        None => crate::sock::kernel_sendmsg(fd, &rest, usize::MAX, flags),
+    let r = match crate::settle::accel_to_write_or_interrupted(fd) {
+        Ok(Some(c)) => io_result(c.send(fd, &rest, flags & libc::MSG_DONTWAIT != 0), sigpipe),
+        Ok(None) => crate::sock::kernel_sendmsg(fd, &rest, usize::MAX, flags),
+        Err(crate::settle::Interrupted) => interrupted(),
     };
     match (early, r) {
         (0, r) => r,
@@ -152,6 +153,12 @@ fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssi
         (n, r) if r < 0 => n as ssize_t,
         (n, r) => (n + r as usize) as ssize_t,
     }
+}
+
+/// A call whose wait for a connector's acceptor a signal ended: -1, EINTR.
+fn interrupted() -> ssize_t {
+    real::set_errno(libc::EINTR);
+    -1
 }
 
 /// `iov` without its first `skip` bytes.
@@ -375,13 +382,16 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::read(fd, buf, n) };
-    let r = guard(real, || match crate::settle::socket(fd).as_deref() {
-        Some(Socket::Tcp(c)) => do_recv(c, fd, &[(buf.cast(), n)], 0),
-        // SAFETY: forwarded arguments.
-        Some(Socket::Udp(u)) => {
-            udp_recv(u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe { real::recv(fd, buf, n, x) })
+    let r = guard(real, || {
+        let Ok(s) = crate::settle::socket_to_read(fd, 0) else { return interrupted() };
+        match s.as_deref() {
+            Some(Socket::Tcp(c)) => do_recv(c, fd, &[(buf.cast(), n)], 0),
+            // SAFETY: forwarded arguments.
+            Some(Socket::Udp(u)) => udp_recv(u, fd, &[(buf.cast(), n)], 0, Name::None, &mut |x| unsafe {
+                real::recv(fd, buf, n, x)
+            }),
+            _ => real(),
         }
-        _ => real(),
     });
     strait_probe::probe!(strait_probe::Stage::ReadReturn);
     r
@@ -416,22 +426,25 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
 pub unsafe fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::readv(fd, iov, n) };
-    guard(real, || match crate::settle::socket(fd).as_deref() {
-        // SAFETY: the caller's iovecs.
-        Some(Socket::Tcp(c)) => do_recv(c, fd, &unsafe { iovs_mut(iov, n) }, 0),
-        Some(Socket::Udp(u)) => {
+    guard(real, || {
+        let Ok(s) = crate::settle::socket_to_read(fd, 0) else { return interrupted() };
+        match s.as_deref() {
             // SAFETY: the caller's iovecs.
-            let v = unsafe { iovs_mut(iov, n) };
-            udp_recv(u, fd, &v, 0, Name::None, &mut |x| {
-                // SAFETY: msghdr is plain old data; it points at the caller's iovecs.
-                let mut m: msghdr = unsafe { std::mem::zeroed() };
-                m.msg_iov = iov.cast_mut();
-                m.msg_iovlen = n.max(0) as _;
-                // SAFETY: as above.
-                unsafe { real::recvmsg(fd, &mut m, x) }
-            })
+            Some(Socket::Tcp(c)) => do_recv(c, fd, &unsafe { iovs_mut(iov, n) }, 0),
+            Some(Socket::Udp(u)) => {
+                // SAFETY: the caller's iovecs.
+                let v = unsafe { iovs_mut(iov, n) };
+                udp_recv(u, fd, &v, 0, Name::None, &mut |x| {
+                    // SAFETY: msghdr is plain old data; it points at the caller's iovecs.
+                    let mut m: msghdr = unsafe { std::mem::zeroed() };
+                    m.msg_iov = iov.cast_mut();
+                    m.msg_iovlen = n.max(0) as _;
+                    // SAFETY: as above.
+                    unsafe { real::recvmsg(fd, &mut m, x) }
+                })
+            }
+            _ => real(),
         }
-        _ => real(),
     })
 }
 
@@ -463,7 +476,8 @@ pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssiz
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recv(fd, buf, n, flags) };
     guard(real, || {
-        match crate::settle::socket_settling(fd, crate::settle::Settling::for_recv(flags)).as_deref() {
+        let Ok(s) = crate::settle::socket_to_read(fd, flags) else { return interrupted() };
+        match s.as_deref() {
             Some(Socket::Tcp(c)) => do_recv(c, fd, &[(buf.cast(), n)], flags),
             // SAFETY: forwarded arguments.
             Some(Socket::Udp(u)) => udp_recv(u, fd, &[(buf.cast(), n)], flags, Name::None, &mut |x| unsafe {
@@ -510,7 +524,8 @@ pub unsafe fn recvfrom(
     // SAFETY: forwarded arguments.
     let real = || unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) };
     guard(real, || {
-        match crate::settle::socket_settling(fd, crate::settle::Settling::for_recv(flags)).as_deref() {
+        let Ok(s) = crate::settle::socket_to_read(fd, flags) else { return interrupted() };
+        match s.as_deref() {
             Some(Socket::Tcp(c)) => {
                 let r = do_recv(c, fd, &[(buf.cast(), n)], flags);
                 if r >= 0 && !addr.is_null() && !alen.is_null() {
@@ -638,7 +653,8 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
         if msg.is_null() {
             return real();
         }
-        match crate::settle::socket_settling(fd, crate::settle::Settling::for_recv(flags)).as_deref() {
+        let Ok(s) = crate::settle::socket_to_read(fd, flags) else { return interrupted() };
+        match s.as_deref() {
             Some(Socket::Tcp(c)) => {
                 // SAFETY: the caller's msghdr and its iovecs.
                 let v = unsafe { iovs_mut((*msg).msg_iov, (*msg).msg_iovlen as c_int) };

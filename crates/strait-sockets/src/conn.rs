@@ -506,6 +506,18 @@ pub struct Ready {
     pub tx_head: u64,
 }
 
+/// How a connector's wait for its acceptor ended ([`Conn::settle_within`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleWait {
+    /// Decided: true if shared memory carries the connection from now on, false
+    /// if the kernel does.
+    Decided(bool),
+    /// Still waiting at the call's deadline.
+    TimedOut,
+    /// A signal came whose handler does not restart the call.
+    Interrupted,
+}
+
 pub enum IoErr {
     /// A non-blocking message larger than the ring (message mode).
     MsgSize,
@@ -1165,20 +1177,22 @@ impl Conn {
     /// answering an acceptor that asks directly (path B). True if the connection is
     /// carried by shared memory from now on.
     pub fn settle(&self, fd: c_int) -> bool {
-        // (Without a deadline it returns only once settled.)
-        self.settle_within(fd, None).unwrap_or(false)
+        // (Without a deadline or signals it returns only once decided.)
+        matches!(self.settle_within(fd, None, false), SettleWait::Decided(true))
     }
 
-    /// As [`Conn::settle`], giving up at `deadline` (the socket's SO_RCVTIMEO or
-    /// SO_SNDTIMEO from the call's start: the kernel's call would have returned
-    /// EAGAIN by then): `None` if it is still waiting for its acceptor then.
-    pub fn settle_within(&self, fd: c_int, deadline: Option<Instant>) -> Option<bool> {
+    /// As [`Conn::settle`], for a program's call: giving up at `deadline` (the
+    /// socket's SO_RCVTIMEO or SO_SNDTIMEO from the call's start: the kernel's
+    /// call would have returned EAGAIN by then), and, if `interruptible`, when a
+    /// signal came whose handler would not have the kernel restart the call (its
+    /// EINTR; the handler itself ran in the wait).
+    pub fn settle_within(&self, fd: c_int, deadline: Option<Instant>, interruptible: bool) -> SettleWait {
         loop {
             if let Some(ok) = self.try_settle(fd) {
-                return Some(ok);
+                return SettleWait::Decided(ok);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return None;
+                return SettleWait::TimedOut;
             }
             let listener =
                 self.pending.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(-1, |p| p.listener);
@@ -1187,8 +1201,15 @@ impl Conn {
                 libc::pollfd { fd: listener, events: libc::POLLIN, revents: 0 },
             ];
             // SAFETY: two pollfds on the stack (a negative fd is ignored).
-            unsafe { real::poll(fds.as_mut_ptr(), 2, 5) };
-            if fds[0].revents != 0 {
+            let r = unsafe { real::poll(fds.as_mut_ptr(), 2, 5) };
+            if r < 0
+                && interruptible
+                && real::errno() == libc::EINTR
+                && !crate::wait::signal_restarts(deadline.is_some())
+            {
+                return SettleWait::Interrupted;
+            }
+            if r > 0 && fds[0].revents != 0 {
                 self.after_bell(fds[0].fd);
             }
         }

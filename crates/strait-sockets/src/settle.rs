@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use libc::c_int;
 
-use crate::conn::{self, Conn};
+use crate::conn::{self, Conn, SettleWait};
 use crate::socket::Socket;
 use crate::table::Held;
 use crate::wait::sock_timeout;
@@ -48,31 +48,41 @@ impl Settling {
 }
 
 /// What the library carries behind `fd` (one look-up of the descriptor table for
-/// every kind), a TCP connection only once settled: `None` for a descriptor the
-/// kernel alone carries, or a connection that settled on the kernel.
-#[inline]
-pub(crate) fn socket(fd: c_int) -> Option<Held> {
-    socket_settling(fd, Settling::MayWait)
-}
-
-/// As [`socket`], for a call that never blocks on the kernel ([`Settling::Now`]).
+/// every kind) for a call that never blocks on the kernel ([`Settling::Now`]): a
+/// TCP connection settled or still waiting for its acceptor; `None` for a
+/// descriptor the kernel alone carries, or a connection that settled on the kernel.
 #[inline]
 pub(crate) fn socket_now(fd: c_int) -> Option<Held> {
-    socket_settling(fd, Settling::Now)
-}
-
-/// As [`socket`], settling as `how` says.
-#[inline]
-pub(crate) fn socket_settling(fd: c_int, how: Settling) -> Option<Held> {
     process::check_new_process();
     let s = table::get_held(fd)?;
     match &*s {
-        Socket::Tcp(c) if !settled(fd, c, how) => None,
+        Socket::Tcp(c) if settled(fd, c, Settling::Now) == Found::Kernel => None,
         _ => Some(s),
     }
 }
 
-/// As [`socket`], for a call that writes: a connector still waiting for its
+/// A wait for a connector's acceptor that a signal ended (the call answers EINTR).
+#[derive(Debug)]
+pub(crate) struct Interrupted;
+
+/// As [`socket_now`], for a receive with `flags` ([`Settling::for_recv`]), a
+/// connection once settled unless the socket's receive timeout ended the wait;
+/// `Err` if a signal whose handler does not restart the call ended it.
+#[inline]
+pub(crate) fn socket_to_read(fd: c_int, flags: c_int) -> Result<Option<Held>, Interrupted> {
+    process::check_new_process();
+    let Some(s) = table::get_held(fd) else { return Ok(None) };
+    match &*s {
+        Socket::Tcp(c) => match settled(fd, c, Settling::for_recv(flags)) {
+            Found::Kernel => Ok(None),
+            Found::Interrupted => Err(Interrupted),
+            Found::Carried => Ok(Some(s)),
+        },
+        _ => Ok(Some(s)),
+    }
+}
+
+/// As [`socket_now`], for a call that writes: a connector still waiting for its
 /// acceptor is not settled first (its writes go out early: [`Conn::send_early`]);
 /// one whose wait is decided settles as any first use.
 #[inline]
@@ -81,7 +91,7 @@ pub(crate) fn socket_to_write(fd: c_int) -> Option<Held> {
     let s = table::get_held(fd)?;
     match &*s {
         Socket::Tcp(c) if c.side == 0 && c.awaiting_attach() && c.try_settle(fd).is_none() => Some(s),
-        Socket::Tcp(c) if !settled(fd, c, Settling::MayWaitToWrite) => None,
+        Socket::Tcp(c) if settled(fd, c, Settling::MayWaitToWrite) == Found::Kernel => None,
         _ => Some(s),
     }
 }
@@ -105,25 +115,51 @@ pub(crate) fn accel_now(fd: c_int) -> Option<Arc<Conn>> {
     accel_settling(fd, Settling::Now)
 }
 
+/// As [`accel_to_write`], `Err` if a signal whose handler does not restart the
+/// call ended the wait for the acceptor.
+#[inline]
+pub(crate) fn accel_to_write_or_interrupted(fd: c_int) -> Result<Option<Arc<Conn>>, Interrupted> {
+    process::check_new_process();
+    let Some(c) = table::lookup(fd) else { return Ok(None) };
+    match settled(fd, &c, Settling::MayWaitToWrite) {
+        Found::Kernel => Ok(None),
+        Found::Interrupted => Err(Interrupted),
+        Found::Carried => Ok(Some(c)),
+    }
+}
+
 #[inline]
 fn accel_settling(fd: c_int, how: Settling) -> Option<Arc<Conn>> {
     process::check_new_process();
     let c = table::lookup(fd)?;
-    settled(fd, &c, how).then_some(c)
+    (settled(fd, &c, how) != Found::Kernel).then_some(c)
 }
 
-/// True once `c`, the connection behind `fd`, is settled or (for
-/// [`Settling::Now`] or a non-blocking socket) still waiting for its acceptor;
-/// false: it settled on the kernel.
+/// What is behind a connection once [`settled`] looked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// The library carries it, or (for [`Settling::Now`], a non-blocking socket
+    /// or a wait that reached the socket's timeout) it still waits for its
+    /// acceptor.
+    Carried,
+    /// It settled on the kernel.
+    Kernel,
+    /// Still waiting: a signal whose handler does not restart the call ended the
+    /// wait.
+    Interrupted,
+}
+
+/// Settles `c`, the connection behind `fd`, as far as `how` allows.
 #[inline]
-fn settled(fd: c_int, c: &Arc<Conn>, how: Settling) -> bool {
+fn settled(fd: c_int, c: &Arc<Conn>, how: Settling) -> Found {
     // A connection to another host: the first use waits (bounded) for the other end.
     if let Some(ok) = remote::settle(fd, c) {
         if !ok {
             // Counted once, where it was decided.
             table::remove_conn(c);
+            return Found::Kernel;
         }
-        return ok;
+        return Found::Carried;
     }
     // A connector's first use waits (bounded) for the acceptor to attach; on a
     // non-blocking socket it does not wait (the connection answers EAGAIN until then).
@@ -139,19 +175,23 @@ fn settled(fd: c_int, c: &Arc<Conn>, how: Settling) -> bool {
                     None => {
                         let opt =
                             if how == Settling::MayWait { libc::SO_RCVTIMEO } else { libc::SO_SNDTIMEO };
-                        c.settle_within(fd, sock_timeout(fd, opt).map(|t| start + t))
+                        match c.settle_within(fd, sock_timeout(fd, opt).map(|t| start + t), true) {
+                            SettleWait::Decided(ok) => Some(ok),
+                            SettleWait::TimedOut => None,
+                            SettleWait::Interrupted => return Found::Interrupted,
+                        }
                     }
                 }
             }
         };
-        let Some(attached) = settled else { return true };
+        let Some(attached) = settled else { return Found::Carried };
         if !attached {
             discover::give_up(fd, c);
-            return false;
+            return Found::Kernel;
         }
         if !c.counted.swap(true, Ordering::Relaxed) {
             conn::ACCELERATED.fetch_add(1, Ordering::Relaxed);
         }
     }
-    true
+    Found::Carried
 }

@@ -252,6 +252,71 @@ fn a_read_timeout_ends_the_wait_for_the_acceptor() {
     assert_eq!(stat(&err, "accelerated"), 1, "{err}");
 }
 
+/// Listens, waits (30 s at most) for the file named by argv[2] to exist, then
+/// accepts one connection and echoes it.
+const ACCEPT_AFTER_FILE_SERVER: &str = r#"
+import os, socket, sys, time
+port, flag = int(sys.argv[1]), sys.argv[2]
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', port))
+l.listen(8)
+print('LISTENING', flush=True)
+end = time.time() + 30
+while not os.path.exists(flag) and time.time() < end:
+    time.sleep(0.01)
+c, _ = l.accept()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    c.sendall(b)
+"#;
+
+/// Connects, writes a byte, then reads with a 300 ms interval timer whose
+/// handler raises (Python's handlers do not restart calls); once interrupted,
+/// creates the file named by argv[2] (the server accepts only then) and reads the
+/// echo.
+const INTERRUPTED_READ_CLIENT: &str = r#"
+import signal, socket, sys
+c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+c.sendall(b'x')
+def alarm(*_):
+    raise TimeoutError('alarm')
+signal.signal(signal.SIGALRM, alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+try:
+    first = repr(c.recv(1))
+except TimeoutError as e:
+    first = str(e)
+signal.setitimer(signal.ITIMER_REAL, 0)
+open(sys.argv[2], 'w').close()
+print('FIRST', first, 'SECOND', repr(c.recv(1)), flush=True)
+"#;
+
+/// A signal whose handler does not restart calls ends a blocking read's wait
+/// for the acceptor with EINTR, as it ends the kernel's read of a connection not
+/// accepted yet. The server accepts only once the client's read was interrupted:
+/// the wait swallowed the signal before, and the two waited for each other.
+#[test]
+fn a_signal_ends_a_reads_wait_for_the_acceptor() {
+    ensure(PYTHON, "python3");
+    let (srv, cli) = (
+        script("accept-after-file", ACCEPT_AFTER_FILE_SERVER),
+        script("interrupted-read", INTERRUPTED_READ_CLIENT),
+    );
+    let flag = std::env::temp_dir().join(format!("strait-setup-interrupted-{}", std::process::id()));
+    let _ = std::fs::remove_file(&flag);
+    let flag_s = flag.to_str().expect("path");
+    let (mut server, _, out) = server_then_client(&srv, flag_s, &cli, "1000", flag_s);
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_file(&flag);
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("FIRST alarm SECOND b'x'"), "{stdout}\n{err}");
+    assert_eq!(stat(&err, "accelerated"), 1, "{err}");
+}
+
 /// A connection that waits in its listener's accept queue past the attach timeout
 /// (200 ms; accept at 800 ms) is waited for: the acceptor had not accepted it, as
 /// the kernel's socket diagnostics tell (no inode), so it is still accelerated when

@@ -17,7 +17,7 @@ use crate::real;
 use crate::settings::Settings;
 use crate::socket::Socket;
 use crate::udp::UdpSock;
-use crate::wait::{remaining, slice_until};
+use crate::wait::{remaining, slice_left};
 
 // ---------------------------------------------------------------- epoll
 
@@ -912,30 +912,55 @@ pub(crate) unsafe fn kernel_wait(
     ms: c_int,
     mask: Option<*const sigset_t>,
 ) -> c_int {
-    // SAFETY (both calls): the caller's buffer of `max` entries.
-    let now = |ms: c_int| unsafe {
+    let timeout = u64::try_from(ms).ok().map(Duration::from_millis);
+    // SAFETY: the caller's contract.
+    unsafe { kernel_wait_for(epfd, events, max, timeout, mask) }
+}
+
+/// [`kernel_wait`] for exactly `timeout` (`None`: no bound): a part of a
+/// millisecond is slept as such (`epoll_pwait2`, `ppoll`), not rounded up, so a
+/// wait that spun first ends when the program's timeout does (it ran late by the
+/// spin: an event loop's 1 ms timers fired after 1.19 ms instead of the kernel's
+/// 1.12).
+///
+/// # Safety
+/// `events` has room for `max` entries.
+pub(crate) unsafe fn kernel_wait_for(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: Option<Duration>,
+    mask: Option<*const sigset_t>,
+) -> c_int {
+    // SAFETY (every call): the caller's buffer of `max` entries.
+    let now = |t: Option<Duration>| unsafe {
+        let ms = t.map_or(-1, |t| c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX));
+        if let Some(t) = t.filter(|t| !t.subsec_nanos().is_multiple_of(1_000_000)) {
+            let ts = crate::wait::timespec(t);
+            let r = real::epoll_pwait2(epfd, events, max, &ts, mask.unwrap_or(std::ptr::null()));
+            if r >= 0 || real::errno() != libc::ENOSYS {
+                return r;
+            }
+        }
         match mask {
             None => real::epoll_wait(epfd, events, max, ms),
             Some(m) => real::epoll_pwait(epfd, events, max, ms, m),
         }
     };
-    if ms == 0 {
-        return now(0);
+    if timeout == Some(Duration::ZERO) {
+        return now(timeout);
     }
-    // What is left of the timeout in milliseconds (`None`: none), counted down by
-    // the slices that ran out (a slice that times out slept at least its length):
-    // the usual sleep reads no clock. Only a pass that ends early without events
-    // (another thread took them) reads it, around that pass.
-    let mut left: Option<u64> = u64::try_from(ms).ok();
-    let slice_max = crate::wait::SLICE.as_millis() as u64;
+    // What is left of the timeout (`None`: none), counted down by the slices that
+    // ran out (a slice that times out slept at least its length): the usual sleep
+    // reads no clock. Only a pass that ends early without events (another thread
+    // took them) reads it, around that pass.
+    let mut left = timeout;
     loop {
-        let slice = left.map_or(slice_max, |l| l.min(slice_max));
+        let slice = left.map_or(crate::wait::SLICE, |l| l.min(crate::wait::SLICE));
         let slept = match crate::vault::direct_wait() {
-            Some(direct) if !direct.holds_back_closes() => {
-                return now(left.map_or(-1, |l| c_int::try_from(l).unwrap_or(c_int::MAX)));
-            }
+            Some(direct) if !direct.holds_back_closes() => return now(left),
             Some(direct) => {
-                let r = now(slice as c_int);
+                let r = now(Some(slice));
                 drop(direct);
                 if r != 0 {
                     return r;
@@ -945,7 +970,7 @@ pub(crate) unsafe fn kernel_wait(
             None => {
                 let began = Instant::now();
                 let mut set = [libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 }];
-                let r = crate::wait::kernel_poll(&mut set, slice as c_int, mask);
+                let r = crate::wait::kernel_poll_for(&mut set, slice, mask);
                 if r < 0 {
                     return r;
                 }
@@ -959,13 +984,13 @@ pub(crate) unsafe fn kernel_wait(
                         return n;
                     }
                     // Another thread took the events: sleep on for the rest.
-                    began.elapsed().as_millis() as u64
+                    began.elapsed()
                 }
             }
         };
         if let Some(l) = &mut left {
             *l = l.saturating_sub(slept);
-            if *l == 0 {
+            if l.is_zero() {
                 return 0;
             }
         }
@@ -1052,9 +1077,8 @@ unsafe fn wait_kernel_set(
         |rest, mask| {
             // Not spun: the caller's own call.
             let mask = mask?;
-            let ms = rest.map_or(-1, |t| c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX));
             // SAFETY: the caller's buffer; the thread's own saved mask.
-            Some(unsafe { kernel_wait(epfd, events, max, ms, Some(mask)) })
+            Some(unsafe { kernel_wait_for(epfd, events, max, rest, Some(mask)) })
         },
     )
 }
@@ -1198,14 +1222,14 @@ unsafe fn wait_once(
         let sleep = acc.is_empty() && !poll_only && (first || !now_due);
         first = false;
         let room = max - acc.len();
-        let ms = if sleep { slice_until(deadline, attach.into_iter()) } else { 0 };
+        let nap = if sleep { slice_left(deadline, attach.into_iter()) } else { Duration::ZERO };
         // Kernel events go straight into the caller's buffer (no copy of a possibly
         // huge maxevents array); ours are appended after them.
         let r = if room == 0 {
             0
         } else {
             // SAFETY: the caller's buffer has room for `max >= room` entries.
-            unsafe { kernel_wait(epfd, events, room as c_int, ms, mask) }
+            unsafe { kernel_wait_for(epfd, events, room as c_int, Some(nap), mask) }
         };
         if r < 0 {
             if !acc.is_empty() {
@@ -1354,6 +1378,59 @@ mod tests {
     /// [`crate::wait::SLICE`] and counts down what is left by the slices that ran
     /// out (no clock reading): a timeout longer than a slice is slept whole, not
     /// cut short at the first slice nor restarted at each.
+    #[test]
+    fn a_wait_of_part_of_a_millisecond_sleeps_that_part_not_a_whole_one() {
+        use std::time::{Duration, Instant};
+        let _g = crate::vault::tests::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        // What is left of a program's timeout after a spin is rarely whole
+        // milliseconds; rounded up to one, each such wait ran late by up to a
+        // millisecond. Twenty waits of 1.5 ms on an empty set, both ways the
+        // kernel sleeps (directly, and in `poll` while a ring's teardown may come).
+        let timeout = Duration::from_micros(1500);
+        for ring_live in [false, true] {
+            let k = ring_live.then(|| {
+                let m = strait_sys::sealed_memfd(c"epoll-test", 4096)
+                    .map(std::os::fd::IntoRawFd::into_raw_fd)
+                    .expect("memfd");
+                let k = crate::vault::keep(m);
+                // SAFETY: our memfd (the vault holds its own reference).
+                unsafe { libc::close(m) };
+                k
+            });
+            // SAFETY: plain syscalls on a fresh epoll set; a local event array.
+            let mut slept: Vec<Duration> = unsafe {
+                let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+                assert!(ep >= 0);
+                let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+                let slept = (0..20)
+                    .map(|_| {
+                        let t = Instant::now();
+                        let n = super::kernel_wait_for(ep, ev.as_mut_ptr(), 4, Some(timeout), None);
+                        assert_eq!(n, 0, "an empty set times out");
+                        t.elapsed()
+                    })
+                    .collect();
+                libc::close(ep);
+                slept
+            };
+            if let Some(k) = k {
+                crate::vault::release(k);
+            }
+            slept.sort();
+            // Never early (the kernel's guarantee), and not a whole 2 ms.
+            assert!(
+                slept[0] >= timeout,
+                "ring {ring_live}: a wait of {timeout:?} ended after {:?}",
+                slept[0]
+            );
+            assert!(
+                slept[10] < Duration::from_micros(1900),
+                "ring {ring_live}: median {:?}: {slept:?}",
+                slept[10]
+            );
+        }
+    }
+
     #[test]
     fn a_wait_longer_than_a_slice_sleeps_its_whole_timeout() {
         use std::time::{Duration, Instant};

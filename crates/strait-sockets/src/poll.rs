@@ -13,7 +13,7 @@ use libc::{c_int, pollfd, sigset_t};
 
 use crate::conn::Conn;
 use crate::udp::UdpSock;
-use crate::wait::{kernel_poll, remaining, slice_until};
+use crate::wait::{kernel_poll_for, remaining, slice_left};
 
 /// Accelerated entries of a pollfd array: (index, connection); a connector still
 /// waiting for its acceptor is one (a poll never waits for it to settle: its
@@ -116,13 +116,13 @@ pub fn poll(fds: &mut [pollfd], deadline: Option<Instant>, mask: Option<*const s
             tmp.push(pollfd { fd: rx.marker(), events: libc::POLLIN, revents: 0 });
             tmp.push(pollfd { fd: if sleep { rx.efd } else { -1 }, events: libc::POLLIN, revents: 0 });
         }
-        let ms = if sleep {
-            slice_until(deadline, acc.iter().filter_map(|(_, c)| c.attach_deadline()))
+        let nap = if sleep {
+            slice_left(deadline, acc.iter().filter_map(|(_, c)| c.attach_deadline()))
         } else {
-            0
+            Duration::ZERO
         };
         let saved: Vec<i16> = acc.iter().map(|(i, _)| tmp[*i].revents).collect();
-        let r = kernel_poll(&mut tmp, ms, mask);
+        let r = kernel_poll_for(&mut tmp, nap, mask);
         if r < 0 {
             return Some(-1);
         }

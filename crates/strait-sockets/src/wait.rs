@@ -16,21 +16,40 @@ pub(crate) fn remaining(deadline: Option<Instant>) -> Option<Duration> {
     deadline.map(|d| d.saturating_duration_since(Instant::now()))
 }
 
-pub(crate) fn slice_ms(deadline: Option<Instant>) -> c_int {
-    match remaining(deadline) {
-        None => SLICE.as_millis() as c_int,
-        Some(r) => r.min(SLICE).as_micros().div_ceil(1000) as c_int,
+/// The exact sleep before a deadline: what is left of it (at most [`SLICE`]), or
+/// less if the earliest of `attach` deadlines comes first (a pending connector
+/// decides for the kernel then, and its program must hear it). Not rounded up to
+/// a millisecond: a wait that spun first and then slept the rest rounded up ended
+/// up to a millisecond late, and an event loop's timers with it.
+pub(crate) fn slice_left(deadline: Option<Instant>, attach: impl Iterator<Item = Instant>) -> Duration {
+    let now = Instant::now();
+    let mut d = deadline.map_or(SLICE, |d| d.saturating_duration_since(now).min(SLICE));
+    if let Some(a) = attach.min() {
+        d = d.min(a.saturating_duration_since(now));
     }
+    d
 }
 
-/// [`slice_ms`], also ending when the earliest of `attach` deadlines passes (a
-/// pending connector decides for the kernel then, and its program must hear it).
-pub(crate) fn slice_until(deadline: Option<Instant>, attach: impl Iterator<Item = Instant>) -> c_int {
-    let ms = slice_ms(deadline);
-    match attach.min() {
-        Some(a) => ms.min(a.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000) as c_int),
-        None => ms,
+/// The duration as a `timespec`.
+pub(crate) fn timespec(d: Duration) -> libc::timespec {
+    libc::timespec { tv_sec: d.as_secs() as _, tv_nsec: d.subsec_nanos() as _ }
+}
+
+/// [`kernel_poll`] for exactly `d` (`ppoll` with a `timespec`); a whole number of
+/// milliseconds, or a set the descriptor limit refuses, as [`kernel_poll`].
+pub(crate) fn kernel_poll_for(fds: &mut [pollfd], d: Duration, mask: Option<*const sigset_t>) -> c_int {
+    let ms = c_int::try_from(d.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX);
+    if d.subsec_nanos().is_multiple_of(1_000_000) {
+        return kernel_poll(fds, ms, mask);
     }
+    let ts = timespec(d);
+    // SAFETY: a slice of pollfds and its length; the mask is the caller's or null.
+    let r =
+        unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as nfds_t, &ts, mask.unwrap_or(std::ptr::null())) };
+    if r >= 0 || real::errno() != libc::EINVAL {
+        return r;
+    }
+    kernel_poll(fds, ms, mask)
 }
 
 /// The kernel's `poll` (or `ppoll` with `mask`) over `fds` for at most `ms`

@@ -917,6 +917,9 @@ pub(crate) unsafe fn kernel_wait(
     unsafe { kernel_wait_for(epfd, events, max, timeout, mask) }
 }
 
+/// `epoll_pwait2` failed as a call the kernel or a seccomp filter does not allow.
+static PWAIT2_REFUSED: AtomicBool = AtomicBool::new(false);
+
 /// [`kernel_wait`] for exactly `timeout` (`None`: no bound): a part of a
 /// millisecond is slept as such (`epoll_pwait2`, `ppoll`), not rounded up, so a
 /// wait that spun first ends when the program's timeout does (it ran late by the
@@ -935,12 +938,17 @@ pub(crate) unsafe fn kernel_wait_for(
     // SAFETY (every call): the caller's buffer of `max` entries.
     let now = |t: Option<Duration>| unsafe {
         let ms = t.map_or(-1, |t| c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX));
-        if let Some(t) = t.filter(|t| !t.subsec_nanos().is_multiple_of(1_000_000)) {
+        let exact = t.filter(|t| !t.subsec_nanos().is_multiple_of(1_000_000));
+        if let Some(t) = exact.filter(|_| !PWAIT2_REFUSED.load(Ordering::Relaxed)) {
             let ts = crate::wait::timespec(t);
             let r = real::epoll_pwait2(epfd, events, max, &ts, mask.unwrap_or(std::ptr::null()));
-            if r >= 0 || real::errno() != libc::ENOSYS {
+            let e = real::errno();
+            if r >= 0 || !matches!(e, libc::ENOSYS | libc::EPERM | libc::EACCES) {
                 return r;
             }
+            // An older kernel, or a seccomp filter that knows only the older calls
+            // (systemd's `SystemCallFilter=` lists, sandboxes): those from now on.
+            PWAIT2_REFUSED.store(true, Ordering::Relaxed);
         }
         match mask {
             None => real::epoll_wait(epfd, events, max, ms),

@@ -46,7 +46,9 @@ pub(crate) fn kernel_poll_for(fds: &mut [pollfd], d: Duration, mask: Option<*con
     // SAFETY: a slice of pollfds and its length; the mask is the caller's or null.
     let r =
         unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as nfds_t, &ts, mask.unwrap_or(std::ptr::null())) };
-    if r >= 0 || real::errno() != libc::EINVAL {
+    // (EINVAL: more descriptors than the limit; EPERM, ENOSYS: a seccomp filter
+    // that allows `poll` only.)
+    if r >= 0 || !matches!(real::errno(), libc::EINVAL | libc::EPERM | libc::ENOSYS) {
         return r;
     }
     kernel_poll(fds, ms, mask)

@@ -14,16 +14,22 @@ use strait_testkit::stat;
 
 const PYTHON: &str = "/usr/bin/python3";
 
-/// Accepts after `delay` seconds, then echoes everything until end of stream.
+/// Accepts after argv[2] seconds (or, if argv[2] is not a number, once the file it
+/// names exists, 30 s at most), then echoes everything until end of stream.
 const SLOW_SERVER: &str = r#"
-import socket, sys, time
-port, delay = int(sys.argv[1]), float(sys.argv[2])
+import os, socket, sys, time
+port, after = int(sys.argv[1]), sys.argv[2]
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(('127.0.0.1', port))
 l.listen(8)
 print('LISTENING', flush=True)
-time.sleep(delay)
+try:
+    time.sleep(float(after))
+except ValueError:
+    end = time.time() + 30
+    while not os.path.exists(after) and time.time() < end:
+        time.sleep(0.01)
 c, _ = l.accept()
 while True:
     b = c.recv(65536)
@@ -111,6 +117,16 @@ fn server_then_client_envs(
     )
     .expect("client finished");
     (server, sout, out)
+}
+
+/// Runs the server `srv` (second argument `after`) and the client `cli` (second
+/// argument `arg`) as [`server_then_client`] does, with a 1 s attach timeout, and
+/// stops the server: the client's stdout and stderr.
+fn client_output(srv: &Path, after: &str, cli: &Path, arg: &str) -> (String, String) {
+    let (mut server, _, out) = server_then_client(srv, after, cli, "1000", arg);
+    let _ = server.kill();
+    let _ = server.wait();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// Runs the slow server and the early client; fails the test unless the client's
@@ -212,27 +228,39 @@ fn looking_at_a_connection_before_its_accept_does_not_wait_for_it() {
         script("one-at-a-time", ONE_AT_A_TIME_SERVER),
         script("look-before-accept", LOOK_BEFORE_ACCEPT_CLIENT),
     );
-    let (mut server, _, out) = server_then_client(&srv, "6", &cli, "1000", "6");
-    let _ = server.kill();
-    let _ = server.wait();
-    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (stdout, err) = client_output(&srv, "6", &cli, "6");
     assert!(stdout.contains("ANSWERS 6 of 6 ODD []"), "{stdout}\n{err}");
     assert_eq!(stat(&err, "accelerated"), 6, "{err}");
 }
 
-/// Connects, writes one byte, then reads with a 300 ms SO_RCVTIMEO (before the
-/// server's accept nothing can come: EAGAIN, as on the kernel), then reads
-/// without a timeout (the echo, once the server accepted).
-const TIMED_READ_CLIENT: &str = r#"
-import socket, struct, sys
+/// Connects, writes one byte, then reads, ended after 300 ms (before the server's
+/// accept nothing can come): by a SO_RCVTIMEO (argv[2] `timeout`: EAGAIN, as on
+/// the kernel), or by an interval timer whose handler raises (argv[2] names a file:
+/// Python's handlers do not restart calls), after which it creates that file (the
+/// server accepts only then). Then it reads the echo without a bound.
+const FIRST_READ_CLIENT: &str = r#"
+import signal, socket, struct, sys
 c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
 c.sendall(b'x')
-c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 300000))
+flag = None if sys.argv[2] == 'timeout' else sys.argv[2]
+if flag is None:
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 300000))
+else:
+    def alarm(*_):
+        raise TimeoutError('alarm')
+    signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
 try:
     first = repr(c.recv(1))
+except TimeoutError as e:
+    first = str(e)
 except OSError as e:
     first = type(e).__name__
-c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 0))
+if flag is None:
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 0, 0))
+else:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    open(flag, 'w').close()
 print('FIRST', first, 'SECOND', repr(c.recv(1)), flush=True)
 "#;
 
@@ -243,56 +271,11 @@ print('FIRST', first, 'SECOND', repr(c.recv(1)), flush=True)
 #[test]
 fn a_read_timeout_ends_the_wait_for_the_acceptor() {
     ensure(PYTHON, "python3");
-    let (srv, cli) = (script("slow-echo", SLOW_SERVER), script("timed-read", TIMED_READ_CLIENT));
-    let (mut server, _, out) = server_then_client(&srv, "1.5", &cli, "1000", "");
-    let _ = server.kill();
-    let _ = server.wait();
-    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (srv, cli) = (script("slow-echo", SLOW_SERVER), script("timed-read", FIRST_READ_CLIENT));
+    let (stdout, err) = client_output(&srv, "1.5", &cli, "timeout");
     assert!(stdout.contains("FIRST BlockingIOError SECOND b'x'"), "{stdout}\n{err}");
     assert_eq!(stat(&err, "accelerated"), 1, "{err}");
 }
-
-/// Listens, waits (30 s at most) for the file named by argv[2] to exist, then
-/// accepts one connection and echoes it.
-const ACCEPT_AFTER_FILE_SERVER: &str = r#"
-import os, socket, sys, time
-port, flag = int(sys.argv[1]), sys.argv[2]
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(8)
-print('LISTENING', flush=True)
-end = time.time() + 30
-while not os.path.exists(flag) and time.time() < end:
-    time.sleep(0.01)
-c, _ = l.accept()
-while True:
-    b = c.recv(65536)
-    if not b:
-        break
-    c.sendall(b)
-"#;
-
-/// Connects, writes a byte, then reads with a 300 ms interval timer whose
-/// handler raises (Python's handlers do not restart calls); once interrupted,
-/// creates the file named by argv[2] (the server accepts only then) and reads the
-/// echo.
-const INTERRUPTED_READ_CLIENT: &str = r#"
-import signal, socket, sys
-c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
-c.sendall(b'x')
-def alarm(*_):
-    raise TimeoutError('alarm')
-signal.signal(signal.SIGALRM, alarm)
-signal.setitimer(signal.ITIMER_REAL, 0.3)
-try:
-    first = repr(c.recv(1))
-except TimeoutError as e:
-    first = str(e)
-signal.setitimer(signal.ITIMER_REAL, 0)
-open(sys.argv[2], 'w').close()
-print('FIRST', first, 'SECOND', repr(c.recv(1)), flush=True)
-"#;
 
 /// A signal whose handler does not restart calls ends a blocking read's wait
 /// for the acceptor with EINTR, as it ends the kernel's read of a connection not
@@ -301,18 +284,13 @@ print('FIRST', first, 'SECOND', repr(c.recv(1)), flush=True)
 #[test]
 fn a_signal_ends_a_reads_wait_for_the_acceptor() {
     ensure(PYTHON, "python3");
-    let (srv, cli) = (
-        script("accept-after-file", ACCEPT_AFTER_FILE_SERVER),
-        script("interrupted-read", INTERRUPTED_READ_CLIENT),
-    );
+    let (srv, cli) =
+        (script("accept-after-file", SLOW_SERVER), script("interrupted-read", FIRST_READ_CLIENT));
     let flag = std::env::temp_dir().join(format!("strait-setup-interrupted-{}", std::process::id()));
     let _ = std::fs::remove_file(&flag);
     let flag_s = flag.to_str().expect("path");
-    let (mut server, _, out) = server_then_client(&srv, flag_s, &cli, "1000", flag_s);
-    let _ = server.kill();
-    let _ = server.wait();
+    let (stdout, err) = client_output(&srv, flag_s, &cli, flag_s);
     let _ = std::fs::remove_file(&flag);
-    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("FIRST alarm SECOND b'x'"), "{stdout}\n{err}");
     assert_eq!(stat(&err, "accelerated"), 1, "{err}");
 }

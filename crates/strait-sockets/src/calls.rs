@@ -143,6 +143,17 @@ fn do_send(c: &Conn, fd: c_int, iov: &[(*const u8, usize)], flags: c_int) -> ssi
     // settling, as any first use: accelerated, or on the kernel.
     let rest = skip_bytes(iov, early);
     let r = match crate::settle::accel_to_write_or_interrupted(fd) {
+        // The socket's SO_SNDTIMEO ran out before the acceptor attached: what the
+        // ring and the kernel socket take now goes, as the kernel's timed-out
+        // write returns what its buffers took (EAGAIN if nothing).
+        Ok(Some(c)) if c.awaiting_attach() => match c.send_early(fd, &rest, flags | libc::MSG_DONTWAIT) {
+            Early::Sent(n) => n as ssize_t,
+            Early::Kernel => -1,
+            Early::NotNow => {
+                real::set_errno(libc::EAGAIN);
+                -1
+            }
+        },
         Ok(Some(c)) => io_result(c.send(fd, &rest, flags & libc::MSG_DONTWAIT != 0), sigpipe),
         Ok(None) => crate::sock::kernel_sendmsg(fd, &rest, usize::MAX, flags),
         Err(crate::settle::Interrupted) => interrupted(),

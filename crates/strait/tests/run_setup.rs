@@ -17,19 +17,14 @@ const PYTHON: &str = "/usr/bin/python3";
 /// Accepts after argv[2] seconds (or, if argv[2] is not a number, once the file it
 /// names exists, 30 s at most), then echoes everything until end of stream.
 const SLOW_SERVER: &str = r#"
-import os, socket, sys, time
+import socket, sys
 port, after = int(sys.argv[1]), sys.argv[2]
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(('127.0.0.1', port))
 l.listen(8)
 print('LISTENING', flush=True)
-try:
-    time.sleep(float(after))
-except ValueError:
-    end = time.time() + 30
-    while not os.path.exists(after) and time.time() < end:
-        time.sleep(0.01)
+wait_to_accept(after)
 c, _ = l.accept()
 while True:
     b = c.recv(65536)
@@ -48,9 +43,22 @@ got = echo_back(c, (data[:10], data[10:1000], data[1000:]))
 print('ECHO', 'ok' if got == data else 'BAD %d of %d' % (len(got), len(data)), flush=True)
 "#;
 
+/// Put before every script: `wait_to_accept(after)` sleeps `after` seconds or, if
+/// it is not a number, until the file it names exists (30 s at most).
+const PY_PRELUDE: &str = r#"
+import os as _os, time as _time
+def wait_to_accept(after):
+    try:
+        _time.sleep(float(after))
+    except ValueError:
+        end = _time.time() + 30
+        while not _os.path.exists(after) and _time.time() < end:
+            _time.sleep(0.01)
+"#;
+
 fn script(tag: &str, body: &str) -> std::path::PathBuf {
     let p = std::env::temp_dir().join(format!("strait-setup-{tag}-{}.py", std::process::id()));
-    std::fs::write(&p, body).expect("script");
+    std::fs::write(&p, [PY_PRELUDE, body].concat()).expect("script");
     p
 }
 
@@ -316,16 +324,17 @@ fn bytes_written_before_a_late_accept_reach_the_kernel_path_in_order() {
     assert_eq!(stat(&err, "kernel-fallback"), 1, "client: {err}");
 }
 
-/// Reads one connection to its end (accepting after `delay` seconds) and prints the
-/// SHA-256 of what came.
+/// Reads one connection to its end (accepting after argv[2] seconds or, if argv[2]
+/// is not a number, once the file it names exists) and prints the SHA-256 of what
+/// came.
 const DRAIN_SERVER: &str = r#"
-import hashlib, socket, sys, time
+import hashlib, socket, sys
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(('127.0.0.1', int(sys.argv[1])))
 l.listen(8)
 print('LISTENING', flush=True)
-time.sleep(float(sys.argv[2]))
+wait_to_accept(sys.argv[2])
 c, _ = l.accept()
 h, n = hashlib.sha256(), 0
 while True:
@@ -390,6 +399,55 @@ fn bytes_written_and_closed_before_the_accept_arrive() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// Connects and, before the server's accept, sends 32 MiB in one `send` with a
+/// 300 ms SO_SNDTIMEO (more than the ring and the kernel's buffers take: a part
+/// goes, as on the kernel); then creates the file named by argv[2] (the server
+/// accepts only then), sends the rest without a bound and closes.
+const TIMED_WRITE_CLIENT: &str = r#"
+import hashlib, os, socket, struct, sys
+c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+data = os.urandom(32 << 20)
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack('ll', 0, 300000))
+try:
+    n = c.send(data)
+    first = 'partial' if 0 < n < len(data) else 'all' if n == len(data) else 'none'
+except BlockingIOError:
+    n, first = 0, 'none'
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack('ll', 0, 0))
+open(sys.argv[2], 'w').close()
+c.sendall(data[n:])
+c.close()
+print('FIRST', first, flush=True)
+print('SENT', len(data), hashlib.sha256(data).hexdigest(), flush=True)
+"#;
+
+/// A blocking write's wait for the acceptor ends at the socket's SO_SNDTIMEO: the
+/// write returns what went out early (a partial count, as the kernel's write does
+/// once its buffers are full), and the rest, written once the server accepts, all
+/// arrives, accelerated. The server accepts only after that first write returned:
+/// the write waited for the accept before, and the two waited for each other.
+#[test]
+fn a_write_timeout_ends_the_wait_for_the_acceptor() {
+    ensure(PYTHON, "python3");
+    let (srv, cli) = (script("drain-after-file", DRAIN_SERVER), script("timed-write", TIMED_WRITE_CLIENT));
+    let flag = std::env::temp_dir().join(format!("strait-setup-written-{}", std::process::id()));
+    let _ = std::fs::remove_file(&flag);
+    let flag_s = flag.to_str().expect("path");
+    let (mut server, mut sout, out) = server_then_client(&srv, flag_s, &cli, "1000", flag_s);
+    let mut got = String::new();
+    {
+        use std::io::Read;
+        sout.read_to_string(&mut got).expect("server output");
+    }
+    let _ = server.wait();
+    let _ = std::fs::remove_file(&flag);
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("FIRST partial"), "{stdout}\n{err}");
+    let sent = stdout.lines().find(|l| l.starts_with("SENT ")).unwrap_or_else(|| panic!("{stdout}\n{err}"));
+    assert_eq!(got.trim(), sent.replacen("SENT", "GOT", 1), "{err}");
+    assert_eq!(stat(&err, "accelerated"), 1, "{err}");
 }
 
 /// Accepts `n` connections, answers each one's payload with its SHA-256, then

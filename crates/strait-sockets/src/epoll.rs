@@ -410,6 +410,7 @@ impl EpSet {
         let c = c.clone();
         let member = reg.member.clone();
         let mut counted = reg.pairs.clone();
+        let watched_before = counted.len();
         for p in c.watched_pairs() {
             self.watch_pair(epfd, &p, &mut counted);
         }
@@ -418,7 +419,7 @@ impl EpSet {
         if let Some(u) = link {
             self.add_waker(epfd, u, MAGIC_BELL, libc::EPOLLIN, &member);
         }
-        let added = link.is_some() || self.wakers.get(&key).is_some_and(|r| r.pairs.len() != counted.len());
+        let added = link.is_some() || counted.len() != watched_before;
         if let Some(reg) = self.wakers.get_mut(&key) {
             reg.pairs = counted;
             reg.fds.extend(link);

@@ -23,9 +23,9 @@ pub(crate) enum Settling {
     /// unaccepted in the listener's queue), and no longer than the socket's
     /// SO_RCVTIMEO, after which it is returned pending (the read answers EAGAIN,
     /// as the kernel's would have by then).
-    MayWait,
+    MayWaitToRead,
     /// A write that would block on the kernel (what did not go out early): as
-    /// [`Settling::MayWait`], within SO_SNDTIMEO.
+    /// [`Settling::MayWaitToRead`], within SO_SNDTIMEO.
     MayWaitToWrite,
     /// The call never blocks on the kernel (`poll`, `select`, `epoll_ctl`,
     /// `ioctl`, `shutdown`, a `MSG_DONTWAIT` receive): one look, and a connector
@@ -42,7 +42,7 @@ impl Settling {
         if flags & libc::MSG_DONTWAIT != 0 {
             Settling::Now
         } else {
-            Settling::MayWait
+            Settling::MayWaitToRead
         }
     }
 }
@@ -73,11 +73,7 @@ pub(crate) fn socket_to_read(fd: c_int, flags: c_int) -> Result<Option<Held>, In
     process::check_new_process();
     let Some(s) = table::get_held(fd) else { return Ok(None) };
     match &*s {
-        Socket::Tcp(c) => match settled(fd, c, Settling::for_recv(flags)) {
-            Found::Kernel => Ok(None),
-            Found::Interrupted => Err(Interrupted),
-            Found::Carried => Ok(Some(s)),
-        },
+        Socket::Tcp(c) => settled(fd, c, Settling::for_recv(flags)).give(s),
         _ => Ok(Some(s)),
     }
 }
@@ -99,7 +95,7 @@ pub(crate) fn socket_to_write(fd: c_int) -> Option<Held> {
 /// The accelerated TCP connection behind `fd`, after settling a pending connect.
 #[inline]
 pub(crate) fn accel(fd: c_int) -> Option<Arc<Conn>> {
-    accel_settling(fd, Settling::MayWait)
+    accel_settling(fd, Settling::MayWaitToRead)
 }
 
 /// As [`accel`], for a write ([`Settling::MayWaitToWrite`]).
@@ -121,13 +117,11 @@ pub(crate) fn accel_now(fd: c_int) -> Option<Arc<Conn>> {
 pub(crate) fn accel_to_write_or_interrupted(fd: c_int) -> Result<Option<Arc<Conn>>, Interrupted> {
     process::check_new_process();
     let Some(c) = table::lookup(fd) else { return Ok(None) };
-    match settled(fd, &c, Settling::MayWaitToWrite) {
-        Found::Kernel => Ok(None),
-        Found::Interrupted => Err(Interrupted),
-        Found::Carried => Ok(Some(c)),
-    }
+    settled(fd, &c, Settling::MayWaitToWrite).give(c)
 }
 
+/// As [`accel_to_write_or_interrupted`], settling as `how` says; an interrupted
+/// wait leaves the connection pending (its call answers EAGAIN).
 #[inline]
 fn accel_settling(fd: c_int, how: Settling) -> Option<Arc<Conn>> {
     process::check_new_process();
@@ -149,6 +143,18 @@ enum Found {
     Interrupted,
 }
 
+impl Found {
+    /// `x`, the socket or connection looked at, as its call sees it: `None` once
+    /// it settled on the kernel, `Err` if a signal ended the wait.
+    fn give<T>(self, x: T) -> Result<Option<T>, Interrupted> {
+        match self {
+            Found::Carried => Ok(Some(x)),
+            Found::Kernel => Ok(None),
+            Found::Interrupted => Err(Interrupted),
+        }
+    }
+}
+
 /// Settles `c`, the connection behind `fd`, as far as `how` allows.
 #[inline]
 fn settled(fd: c_int, c: &Arc<Conn>, how: Settling) -> Found {
@@ -167,14 +173,17 @@ fn settled(fd: c_int, c: &Arc<Conn>, how: Settling) -> Found {
         let settled = match how {
             _ if c.nonblock.load(Ordering::Relaxed) => c.try_settle(fd),
             Settling::Now => c.try_settle(fd),
-            Settling::MayWait | Settling::MayWaitToWrite => {
+            Settling::MayWaitToRead | Settling::MayWaitToWrite => {
                 // The socket's timeout is looked up only when the wait is long.
                 let start = Instant::now();
                 match c.try_settle(fd) {
                     Some(ok) => Some(ok),
                     None => {
-                        let opt =
-                            if how == Settling::MayWait { libc::SO_RCVTIMEO } else { libc::SO_SNDTIMEO };
+                        let opt = if how == Settling::MayWaitToRead {
+                            libc::SO_RCVTIMEO
+                        } else {
+                            libc::SO_SNDTIMEO
+                        };
                         match c.settle_within(fd, sock_timeout(fd, opt).map(|t| start + t), true) {
                             SettleWait::Decided(ok) => Some(ok),
                             SettleWait::TimedOut => None,

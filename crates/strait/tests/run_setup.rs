@@ -19,11 +19,7 @@ const PYTHON: &str = "/usr/bin/python3";
 const SLOW_SERVER: &str = r#"
 import socket, sys
 port, after = int(sys.argv[1]), sys.argv[2]
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(8)
-print('LISTENING', flush=True)
+l = listen(port, 8)
 wait_to_accept(after)
 c, _ = l.accept()
 while True:
@@ -43,10 +39,18 @@ got = echo_back(c, (data[:10], data[10:1000], data[1000:]))
 print('ECHO', 'ok' if got == data else 'BAD %d of %d' % (len(got), len(data)), flush=True)
 "#;
 
-/// Put before every script: `wait_to_accept(after)` sleeps `after` seconds or, if
-/// it is not a number, until the file it names exists (30 s at most).
+/// Put before every script: `listen(port, backlog)` listens on 127.0.0.1 (address
+/// reuse on) and says `LISTENING`; `wait_to_accept(after)` sleeps `after` seconds
+/// or, if it is not a number, until the file it names exists (30 s at most).
 const PY_PRELUDE: &str = r#"
-import os as _os, time as _time
+import os as _os, socket as _socket, time as _time
+def listen(port, backlog):
+    l = _socket.socket()
+    l.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    l.bind(('127.0.0.1', port))
+    l.listen(backlog)
+    print('LISTENING', flush=True)
+    return l
 def wait_to_accept(after):
     try:
         _time.sleep(float(after))
@@ -170,11 +174,7 @@ fn bytes_written_before_a_slow_accept_arrive() {
 const ONE_AT_A_TIME_SERVER: &str = r#"
 import socket, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(64)
-print('LISTENING', flush=True)
+l = listen(port, 64)
 held = []
 for _ in range(n):
     c, _ = l.accept()
@@ -329,11 +329,7 @@ fn bytes_written_before_a_late_accept_reach_the_kernel_path_in_order() {
 /// came.
 const DRAIN_SERVER: &str = r#"
 import hashlib, socket, sys
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', int(sys.argv[1])))
-l.listen(8)
-print('LISTENING', flush=True)
+l = listen(int(sys.argv[1]), 8)
 wait_to_accept(sys.argv[2])
 c, _ = l.accept()
 h, n = hashlib.sha256(), 0
@@ -1232,11 +1228,7 @@ fn run_for_child(child: &mut Child, out: &mut BufReader<ChildStdout>, bound: Dur
 const FORKED_ECHO_SERVER: &str = r#"
 import os, socket, sys
 port, workers = int(sys.argv[1]), int(sys.argv[2])
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(('127.0.0.1', port))
-l.listen(64)
-print('LISTENING', flush=True)
+l = listen(port, 64)
 def serve():
     while True:
         c, _ = l.accept()
